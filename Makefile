@@ -1,0 +1,55 @@
+# fastprof developer commands. `make help` lists them; CI runs `make test`.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+RUST_SRC := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml pyproject.toml
+
+.DEFAULT_GOAL := help
+
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(VENV)/.deps: pyproject.toml | $(PY)
+	$(PY) -m pip install -q 'maturin>=1.7,<2' 'numpy>=1.24' 'psutil>=5.9' 'torch>=2.4' \
+		'pytest>=8' 'pytest-timeout>=2.3' 'ruff>=0.6' 'mypy>=1.11'
+	touch $@
+
+$(VENV)/.built: $(RUST_SRC) $(VENV)/.deps
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+dev: $(VENV)/.built ## Create .venv with torch + test tools and build fastprof into it (editable)
+
+test: dev ## Run every test: cargo (core) then pytest (Python, real torch on CPU)
+	cargo test --workspace --exclude fastprof-py
+	$(PY) -m pytest -q
+
+lint: dev ## cargo fmt/clippy, ruff check/format, mypy, stub check
+	cargo fmt --all -- --check
+	cargo clippy --all-targets -- -D warnings
+	$(VENV)/bin/ruff check python tests benches
+	$(VENV)/bin/ruff format --check python tests benches
+	$(VENV)/bin/mypy
+	$(PY) -m mypy.stubtest fastprof._core --allowlist .stubtest-allowlist
+
+fmt: ## Format Rust and Python sources
+	cargo fmt --all
+	$(VENV)/bin/ruff format python tests benches
+
+demo: dev ## Profile a short CNN training on synthetic data
+	$(VENV)/bin/fastprof demo
+
+bench: dev ## Run the benchmarks (peers side by side, ratios printed)
+	$(PY) benches/bench_span.py
+	$(PY) benches/bench_writer.py
+	$(PY) benches/bench_training.py
+	cargo bench -p fastprof-core
+
+clean: ## Remove build outputs and the venv
+	rm -rf target $(VENV) fastprof_runs
+
+.PHONY: help dev test lint fmt demo bench clean

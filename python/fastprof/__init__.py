@@ -1,0 +1,61 @@
+"""fastprof: a low-overhead profiler for PyTorch training jobs.
+
+Recording API::
+
+    import fastprof
+
+    with fastprof.Recorder(out_dir="fastprof_runs"):
+        with fastprof.span("forward"):
+            ...
+        fastprof.instant("checkpoint", step=10)
+        fastprof.counter("loss", 0.25)
+
+Spans, instants and counters go into per-thread Rust ring buffers; a Rust
+writer thread streams them as gzip Chrome traces that Perfetto UI opens.
+"""
+
+from fastprof._core import (
+    AlreadyRunningError,
+    ConfigError,
+    FastprofError,
+    FastprofFileNotFoundError,
+    FastprofOSError,
+    FastprofPermissionError,
+    FastprofWarning,
+    Name,
+    NotRunningError,
+    TraceError,
+    __version__,
+    counter,
+    instant,
+    is_active,
+    name_id,
+    span,
+)
+from fastprof._reader import read_trace
+from fastprof._recorder import Recorder, RunStats, current, start, stop
+
+__all__ = [
+    "AlreadyRunningError",
+    "ConfigError",
+    "FastprofError",
+    "FastprofFileNotFoundError",
+    "FastprofOSError",
+    "FastprofPermissionError",
+    "FastprofWarning",
+    "Name",
+    "NotRunningError",
+    "Recorder",
+    "RunStats",
+    "TraceError",
+    "__version__",
+    "counter",
+    "current",
+    "instant",
+    "is_active",
+    "name_id",
+    "read_trace",
+    "span",
+    "start",
+    "stop",
+]

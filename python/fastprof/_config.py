@@ -1,0 +1,188 @@
+"""Recorder options: defaults, ``FASTPROF_*`` environment overrides, and the
+torchrun environment (RANK, WORLD_SIZE, ...). Explicit arguments win over the
+environment, which wins over defaults, so a launcher can set options for a
+script that does not pass them."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, TypeVar
+
+from fastprof._core import ConfigError
+
+T = TypeVar("T")
+
+DEFAULT_OUT_DIR = "fastprof_runs"
+#: Events per thread ring; 24 bytes each, pages committed only as used.
+DEFAULT_BUFFER_SIZE = 1 << 20
+#: Seconds between writer flushes: the most a killed process can lose.
+DEFAULT_FLUSH_INTERVAL = 1.0
+#: Compressed bytes per segment before rotating.
+DEFAULT_SEGMENT_SIZE = 256 << 20
+DEFAULT_SEGMENT_SECONDS = 0.0
+DEFAULT_COMPRESSION_LEVEL = 1
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``"64MiB"``, ``"64M"``, ``"65536"`` -> bytes (binary units)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (examples: 65536, 64K, 256MiB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+@dataclass(frozen=True)
+class Options:
+    """Resolved recorder options (what ``fastprof.start`` runs with)."""
+
+    out_dir: Path
+    run_name: str
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    buffer_size: int
+    flush_interval: float
+    segment_size: int
+    segment_seconds: float
+    compression_level: int
+
+    @property
+    def run_dir(self) -> Path:
+        return self.out_dir / self.run_name
+
+    @property
+    def trace_dir(self) -> Path:
+        return self.run_dir / f"rank{self.rank}"
+
+    def as_json_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["out_dir"] = str(self.out_dir)
+        return d
+
+
+def _pick(
+    name: str,
+    value: Any,
+    env: Mapping[str, str],
+    var: str,
+    conv: Callable[[Any], T],
+    default: T,
+) -> T:
+    if value is not None:
+        try:
+            return conv(value)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"invalid option {name}: {e}") from None
+    raw = env.get(var)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return conv(raw)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"invalid environment variable {var}={raw!r}: {e}") from None
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool):
+        raise TypeError("expected an integer, got a bool")
+    if isinstance(v, str):
+        return parse_size(v)
+    if isinstance(v, float) and not v.is_integer():
+        raise ValueError(f"expected an integer, got {v}")
+    return int(v)
+
+
+def _float(v: Any) -> float:
+    if isinstance(v, bool):
+        raise TypeError("expected a number, got a bool")
+    return float(v)
+
+
+def _default_run_name(env: Mapping[str, str], world_size: int) -> str:
+    # Every rank of a torchrun job must agree on the run name without talking:
+    # the elastic run id is shared; a timestamp is not.
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    if world_size > 1 and run_id and run_id != "none":
+        return f"run-{run_id}"
+    return _dt.datetime.now().strftime("run-%Y%m%d-%H%M%S")
+
+
+def resolve(
+    out_dir: str | os.PathLike[str] | None = None,
+    run_name: str | None = None,
+    *,
+    rank: int | None = None,
+    buffer_size: int | None = None,
+    flush_interval: float | None = None,
+    segment_size: int | str | None = None,
+    segment_seconds: float | None = None,
+    compression_level: int | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Options:
+    """Resolve options from arguments, ``FASTPROF_*`` variables and torchrun's environment."""
+    env = os.environ if env is None else env
+    world_size = _pick("world_size", None, env, "WORLD_SIZE", _int, 1)
+    rank_v = _pick("rank", rank, env, "FASTPROF_RANK", _int, _pick("rank", None, env, "RANK", _int, 0))
+    local_rank = _pick("local_rank", None, env, "LOCAL_RANK", _int, 0)
+    local_world = _pick("local_world_size", None, env, "LOCAL_WORLD_SIZE", _int, 1)
+    node_rank = _pick("node_rank", None, env, "GROUP_RANK", _int, 0)
+    if rank_v < 0 or world_size < 1:
+        raise ConfigError(f"invalid option rank: rank {rank_v} with world size {world_size}")
+    # A rank given by hand outside torchrun implies a world at least that big.
+    world_size = max(world_size, rank_v + 1)
+    fmt = {
+        "rank": rank_v,
+        "local_rank": local_rank,
+        "world_size": world_size,
+        "local_world_size": local_world,
+        "node_rank": node_rank,
+    }
+    out = _pick("out_dir", out_dir, env, "FASTPROF_OUT_DIR", str, DEFAULT_OUT_DIR)
+    name = _pick("run_name", run_name, env, "FASTPROF_RUN_NAME", str, "")
+    name = name or _default_run_name(env, world_size)
+    try:
+        fmt_all = {**fmt, "run_name": name}
+        out = out.format(**fmt_all)
+        name = name.format(**fmt_all)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ConfigError(f"invalid format variable in out_dir/run_name: {e}") from None
+    if not name or "/" in name or name in (".", ".."):
+        raise ConfigError(f"invalid option run_name: {name!r} must be a plain directory name")
+    opts = Options(
+        out_dir=Path(out),
+        run_name=name,
+        rank=rank_v,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        node_rank=node_rank,
+        buffer_size=_pick("buffer_size", buffer_size, env, "FASTPROF_BUFFER_SIZE", _int, DEFAULT_BUFFER_SIZE),
+        flush_interval=_pick(
+            "flush_interval", flush_interval, env, "FASTPROF_FLUSH_INTERVAL", _float, DEFAULT_FLUSH_INTERVAL
+        ),
+        segment_size=_pick("segment_size", segment_size, env, "FASTPROF_SEGMENT_SIZE", _int, DEFAULT_SEGMENT_SIZE),
+        segment_seconds=_pick(
+            "segment_seconds", segment_seconds, env, "FASTPROF_SEGMENT_SECONDS", _float, DEFAULT_SEGMENT_SECONDS
+        ),
+        compression_level=_pick(
+            "compression_level",
+            compression_level,
+            env,
+            "FASTPROF_COMPRESSION_LEVEL",
+            _int,
+            DEFAULT_COMPRESSION_LEVEL,
+        ),
+    )
+    for field in ("buffer_size", "segment_size", "compression_level"):
+        if getattr(opts, field) < 0:
+            raise ConfigError(f"invalid option {field}: must not be negative, got {getattr(opts, field)}")
+    return opts

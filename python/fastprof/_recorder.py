@@ -1,0 +1,225 @@
+"""The process-wide recorder handle: start/stop, the context manager, the
+stop report, and the process hooks (atexit, fork)."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastprof import _core
+from fastprof._config import Options, resolve
+
+_lock = threading.Lock()
+_current: Recorder | None = None
+_atexit_registered = False
+
+
+@dataclass
+class RunStats:
+    """What the writer reports when a recorder stops."""
+
+    events_written: int
+    dropped: int
+    dropped_per_thread: dict[int, int]
+    segments: list[Path]
+    unclosed_spans: int
+    bytes_compressed: int
+    error: str | None = None
+    run_dir: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Recorder:
+    """Records spans, instants and counters of this process into
+    ``<out_dir>/<run_name>/rank{R}/fastprof.{N}.json.gz``.
+
+    Use as a context manager (``with fastprof.Recorder(...) as rec:``) or
+    through :func:`fastprof.start` / :func:`fastprof.stop`. One recorder runs
+    per process at a time. Options not given come from ``FASTPROF_*``
+    environment variables, then defaults; rank and world size come from
+    torchrun's environment.
+
+    Options:
+        out_dir: parent of the run directory (``FASTPROF_OUT_DIR``, default ``fastprof_runs``).
+        run_name: the run directory's name (``FASTPROF_RUN_NAME``; default ``run-<timestamp>``,
+            or the torchrun run id when there are several ranks).
+        rank: this process's rank (``FASTPROF_RANK``, then ``RANK``, then 0).
+        buffer_size: events per thread ring, rounded up to a power of two
+            (``FASTPROF_BUFFER_SIZE``, default 1Mi events = 24 MiB of address space per thread).
+        flush_interval: seconds between writer flushes, the most a killed process loses
+            (``FASTPROF_FLUSH_INTERVAL``, default 1.0).
+        segment_size: compressed bytes before the next segment file (``FASTPROF_SEGMENT_SIZE``,
+            accepts ``64MiB``; default 256 MiB).
+        segment_seconds: also rotate after this many seconds, 0 = never (``FASTPROF_SEGMENT_SECONDS``).
+        compression_level: gzip level 1-9 (``FASTPROF_COMPRESSION_LEVEL``, default 1).
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str] | None = None,
+        run_name: str | None = None,
+        *,
+        rank: int | None = None,
+        buffer_size: int | None = None,
+        flush_interval: float | None = None,
+        segment_size: int | str | None = None,
+        segment_seconds: float | None = None,
+        compression_level: int | None = None,
+    ) -> None:
+        self.options: Options = resolve(
+            out_dir,
+            run_name,
+            rank=rank,
+            buffer_size=buffer_size,
+            flush_interval=flush_interval,
+            segment_size=segment_size,
+            segment_seconds=segment_seconds,
+            compression_level=compression_level,
+        )
+        self.stats: RunStats | None = None
+        self._started = False
+
+    @property
+    def run_dir(self) -> Path:
+        return self.options.run_dir
+
+    @property
+    def trace_dir(self) -> Path:
+        return self.options.trace_dir
+
+    @property
+    def active(self) -> bool:
+        return self._started and _core.is_active()
+
+    def start(self) -> Recorder:
+        """Start recording. Raises :class:`fastprof.ConfigError`,
+        :class:`fastprof.AlreadyRunningError` or an ``OSError`` subclass of
+        :class:`fastprof.FastprofError` before anything is recorded."""
+        global _current, _atexit_registered
+        o = self.options
+        with _lock:
+            _core.start(
+                str(o.trace_dir),
+                o.run_name,
+                o.rank,
+                o.world_size,
+                o.local_rank,
+                o.buffer_size,
+                o.flush_interval,
+                o.segment_size,
+                o.segment_seconds,
+                o.compression_level,
+                json.dumps({"out_dir": str(o.out_dir), "local_world_size": o.local_world_size}),
+            )
+            self._started = True
+            _current = self
+            if not _atexit_registered:
+                atexit.register(_stop_at_exit)
+                _atexit_registered = True
+        return self
+
+    def stop(self) -> RunStats:
+        """Stop recording, close the last segment and return the report.
+
+        Warns (:class:`fastprof.FastprofWarning`) when events were dropped or
+        when a failure stopped recording early; never raises for those."""
+        global _current
+        with _lock:
+            if not self._started:
+                if self.stats is not None:
+                    return self.stats
+                raise _core.NotRunningError("this recorder was never started")
+            raw = _core.stop()
+            self._started = False
+            if _current is self:
+                _current = None
+        stats = RunStats(
+            events_written=raw["events_written"],
+            dropped=raw["dropped"],
+            dropped_per_thread=dict(raw["dropped_per_thread"]),
+            segments=[Path(p) for p in raw["segments"]],
+            unclosed_spans=raw["unclosed_spans"],
+            bytes_compressed=raw["bytes_compressed"],
+            error=raw["error"],
+            run_dir=self.run_dir,
+        )
+        self.stats = stats
+        if stats.error:
+            warnings.warn(f"fastprof stopped recording early: {stats.error}", _core.FastprofWarning, stacklevel=2)
+        if stats.dropped:
+            warnings.warn(
+                f"fastprof dropped {stats.dropped} events because a thread's ring was full "
+                f"(buffer_size={self.options.buffer_size}); raise buffer_size or lower flush_interval",
+                _core.FastprofWarning,
+                stacklevel=2,
+            )
+        return stats
+
+    def __enter__(self) -> Recorder:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._started:
+            self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self._started else "stopped"
+        return f"<fastprof.Recorder {state} trace_dir={str(self.trace_dir)!r}>"
+
+
+def start(
+    out_dir: str | os.PathLike[str] | None = None,
+    run_name: str | None = None,
+    **options: Any,
+) -> Recorder:
+    """Start the process-wide recorder; see :class:`Recorder` for the options."""
+    return Recorder(out_dir, run_name, **options).start()
+
+
+def stop() -> RunStats | None:
+    """Stop the running recorder and return its report (``None`` if none runs)."""
+    rec = _current
+    if rec is None:
+        return None
+    return rec.stop()
+
+
+def current() -> Recorder | None:
+    """The running recorder, if any."""
+    return _current
+
+
+def _stop_at_exit() -> None:
+    # A recorder the user forgot to stop is finalized here; interpreter exit
+    # must never fail because of fastprof, so everything is caught.
+    rec = _current
+    if rec is None:
+        return
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rec.stop()
+        for w in caught:
+            print(f"fastprof: {w.message}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - exit must go on
+        print(f"fastprof: could not finalize the trace at exit: {e}", file=sys.stderr)
+
+
+def _after_fork_in_child() -> None:
+    # The child has no writer thread and may have inherited locks held by
+    # threads that do not exist there: drop the recorder entirely.
+    global _current, _lock
+    _core._after_fork_in_child()
+    _current = None
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

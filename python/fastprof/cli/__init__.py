@@ -1,0 +1,1 @@
+"""The ``fastprof`` command line: one module per verb."""

@@ -1,0 +1,91 @@
+"""``fastprof demo``: profile a short training run of a small CNN on
+synthetic CIFAR-shaped data (CPU, or the GPU when there is one), with spans
+around data, forward, backward and the optimizer step, and print where the
+trace is and how to open it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import fastprof
+from fastprof.workloads import make_workload, require_torch
+
+#: The span names the demo records once per step, in order.
+STEP_SPANS = ("data", "forward", "backward", "optimizer_step")
+
+
+def add_parser(verbs: Any) -> None:
+    p = verbs.add_parser(
+        "demo",
+        help="profile a short CNN training on synthetic data",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-o", "--out-dir", default=None, help="parent of the run directory (default: fastprof_runs)")
+    p.add_argument("--run-name", default=None, help="run directory name (default: run-<timestamp>)")
+    p.add_argument("--steps", type=int, default=100, help="training steps (default: 100)")
+    p.add_argument("--batch-size", type=int, default=32, help="batch size (default: 32)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the trace location")
+    p.set_defaults(run=run)
+
+
+def train(steps: int, batch_size: int, device: str | None, progress: bool) -> None:
+    """The profiled loop: a 'step' span holding data/forward/backward/optimizer_step."""
+    torch = require_torch()
+    w = make_workload(batch_size=batch_size, device=device)
+    step_span, data, fwd, bwd, opt = (fastprof.name_id(n) for n in ("step", *STEP_SPANS))
+    w.model.train()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        with step_span:
+            with data:
+                x, y = w.batches[i % len(w.batches)]
+                x, y = x.to(w.device, non_blocking=True), y.to(w.device, non_blocking=True)
+            with fwd:
+                loss = w.loss_fn(w.model(x), y)
+            with bwd:
+                w.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+            with opt:
+                w.optimizer.step()
+            if w.device.type == "cuda":
+                torch.cuda.synchronize()
+        fastprof.counter("loss", float(loss.detach()))
+        if progress and (i + 1) % max(1, steps // 10) == 0:
+            rate = (i + 1) / (time.perf_counter() - t0)
+            print(f"  step {i + 1:>5}/{steps}  loss {float(loss):.3f}  {rate:.1f} steps/s", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastprof.cli.main import CommandError
+
+    if args.steps < 1:
+        raise CommandError("--steps must be at least 1", exit_code=2)
+    if args.batch_size < 1:
+        raise CommandError("--batch-size must be at least 1", exit_code=2)
+    rec = fastprof.Recorder(args.out_dir, args.run_name)
+    if not args.quiet:
+        print(f"fastprof demo: training a small CNN for {args.steps} steps, recording into {rec.trace_dir}")
+    with rec:
+        fastprof.instant("train_begin", steps=args.steps, batch_size=args.batch_size)
+        train(args.steps, args.batch_size, args.device, progress=not args.quiet)
+        fastprof.instant("train_end")
+    stats = rec.stats
+    assert stats is not None
+    segments = [Path(p) for p in stats.segments]
+    if args.quiet:
+        for s in segments:
+            print(s)
+        return 0
+    print(f"\nwrote {stats.events_written} events ({stats.dropped} dropped) in {len(segments)} segment(s):")
+    for s in segments:
+        print(f"  {s}")
+    print("\nopen it: drag the file into https://ui.perfetto.dev (or chrome://tracing)")
+    print(f"read it: python -c \"import fastprof; print(len(fastprof.read_trace('{segments[0]}')['traceEvents']))\"")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,214 @@
+//! Recorder configuration and its validation. Defaults suit always-on use in
+//! long jobs; every field can be overridden from Python (and from
+//! `FASTPROF_*` environment variables, resolved in the Python layer).
+
+use crate::error::{CoreError, Result};
+use std::path::PathBuf;
+
+/// Everything a recorder needs to start.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Directory for this rank's segments (`<out>/<run>/rank{R}`); created if missing.
+    pub trace_dir: PathBuf,
+    /// Run name, written into the metadata.
+    pub run_name: String,
+    /// This process's rank and the world size, written into the metadata.
+    pub rank: u32,
+    pub world_size: u32,
+    pub local_rank: u32,
+    /// Events per thread ring (rounded up to a power of two). Larger rings
+    /// survive longer bursts without drops but reserve 24 bytes per slot per
+    /// recording thread (pages are committed as they are first used).
+    pub buffer_size: usize,
+    /// Seconds between writer flushes. A killed process loses at most this
+    /// much; shorter intervals cost more syscalls and slightly worse gzip.
+    pub flush_interval_s: f64,
+    /// Compressed bytes after which the segment is closed and a new one begun.
+    /// Smaller segments bound what one corrupt file can take with it; each
+    /// segment repeats the metadata.
+    pub segment_size: u64,
+    /// Seconds after which a segment is closed regardless of size (0 = never).
+    pub segment_seconds: f64,
+    /// gzip level (1 = fastest, 9 = smallest). The writer runs on its own
+    /// thread, so this trades that thread's CPU against disk.
+    pub compression_level: u32,
+    /// Extra JSON object merged into `otherData.config` (what the Python layer knows).
+    pub extra_config_json: String,
+}
+
+/// Smallest segment size we accept: below it the per-segment metadata dominates.
+pub const MIN_SEGMENT_SIZE: u64 = 64 * 1024;
+/// Upper bound for a ring: 2^26 slots is 1.5 GiB per thread, surely a typo beyond.
+pub const MAX_BUFFER_SIZE: usize = 1 << 26;
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            trace_dir: PathBuf::from("fastprof_runs/run/rank0"),
+            run_name: "run".into(),
+            rank: 0,
+            world_size: 1,
+            local_rank: 0,
+            buffer_size: 1 << 20,
+            flush_interval_s: 1.0,
+            segment_size: 256 << 20,
+            segment_seconds: 0.0,
+            compression_level: 1,
+            extra_config_json: "{}".into(),
+        }
+    }
+}
+
+impl Config {
+    /// Check every field; the first bad one is reported by name.
+    pub fn validate(&self) -> Result<()> {
+        if self.buffer_size < 16 || self.buffer_size > MAX_BUFFER_SIZE {
+            return Err(CoreError::config(
+                "buffer_size",
+                format!(
+                    "must be between 16 and {MAX_BUFFER_SIZE} events per thread, got {}",
+                    self.buffer_size
+                ),
+            ));
+        }
+        if !(self.flush_interval_s.is_finite()
+            && self.flush_interval_s >= 0.001
+            && self.flush_interval_s <= 3600.0)
+        {
+            return Err(CoreError::config(
+                "flush_interval",
+                format!(
+                    "must be between 0.001 and 3600 seconds, got {}",
+                    self.flush_interval_s
+                ),
+            ));
+        }
+        if self.segment_size < MIN_SEGMENT_SIZE {
+            return Err(CoreError::config(
+                "segment_size",
+                format!(
+                    "must be at least {MIN_SEGMENT_SIZE} bytes, got {}",
+                    self.segment_size
+                ),
+            ));
+        }
+        if !(self.segment_seconds.is_finite() && self.segment_seconds >= 0.0) {
+            return Err(CoreError::config(
+                "segment_seconds",
+                format!("must be >= 0 (0 = off), got {}", self.segment_seconds),
+            ));
+        }
+        if !(1..=9).contains(&self.compression_level) {
+            return Err(CoreError::config(
+                "compression_level",
+                format!("must be 1..9, got {}", self.compression_level),
+            ));
+        }
+        if self.world_size == 0 || self.rank >= self.world_size {
+            return Err(CoreError::config(
+                "rank",
+                format!(
+                    "rank {} is not below world_size {}",
+                    self.rank, self.world_size
+                ),
+            ));
+        }
+        if serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(
+            &self.extra_config_json,
+        )
+        .is_err()
+        {
+            return Err(CoreError::config(
+                "extra_config_json",
+                "must be a JSON object",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Ring capacity actually used: `buffer_size` rounded up to a power of two.
+    pub fn ring_capacity(&self) -> usize {
+        self.buffer_size.next_power_of_two()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid() {
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn bad_values_name_the_option() {
+        let cases: Vec<(Config, &str)> = vec![
+            (
+                Config {
+                    buffer_size: 0,
+                    ..Default::default()
+                },
+                "buffer_size",
+            ),
+            (
+                Config {
+                    flush_interval_s: -1.0,
+                    ..Default::default()
+                },
+                "flush_interval",
+            ),
+            (
+                Config {
+                    flush_interval_s: f64::NAN,
+                    ..Default::default()
+                },
+                "flush_interval",
+            ),
+            (
+                Config {
+                    segment_size: 10,
+                    ..Default::default()
+                },
+                "segment_size",
+            ),
+            (
+                Config {
+                    segment_seconds: -2.0,
+                    ..Default::default()
+                },
+                "segment_seconds",
+            ),
+            (
+                Config {
+                    compression_level: 0,
+                    ..Default::default()
+                },
+                "compression_level",
+            ),
+            (
+                Config {
+                    rank: 2,
+                    world_size: 2,
+                    ..Default::default()
+                },
+                "rank",
+            ),
+        ];
+        for (cfg, name) in cases {
+            match cfg.validate() {
+                Err(CoreError::Config { option, .. }) => assert_eq!(option, name),
+                other => panic!("{name}: expected a config error, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn capacity_is_power_of_two() {
+        let cfg = Config {
+            buffer_size: 1000,
+            ..Default::default()
+        };
+        assert_eq!(cfg.ring_capacity(), 1024);
+    }
+}

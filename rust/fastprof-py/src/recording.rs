@@ -1,0 +1,274 @@
+//! The recording calls: interned `Name`s (reusable context managers, no
+//! allocation per use), `ArgSpan`s for spans with args, and the module-level
+//! `span`/`instant`/`counter`/`name_id` that pick the fast or slow path.
+
+use crate::convert::{args_json, counter_json};
+use fastprof_core::record::{Extra, NAME_IN_EXTRA};
+use fastprof_core::{names, recorder};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyString};
+
+/// The Python thread's name, asked once per thread per recording.
+fn thread_namer(py: Python<'_>) -> impl FnMut() -> String + '_ {
+    move || {
+        py.import("threading")
+            .and_then(|t| t.call_method0("current_thread"))
+            .and_then(|t| t.getattr("name"))
+            .and_then(|n| n.extract::<String>())
+            .unwrap_or_else(|_| "thread".to_string())
+    }
+}
+
+/// An interned name: `with name:` records a span, and the same object serves
+/// `instant(name)` and `counter(name, v)`. Immutable and stateless (the open
+/// span lives in the thread's ring), so one object is shared by every thread.
+#[pyclass(frozen, module = "fastprof._core")]
+pub struct Name {
+    id: u32,
+    name: Py<PyString>,
+}
+
+#[pymethods]
+impl Name {
+    fn __enter__<'py>(slf: &Bound<'py, Self>) -> Bound<'py, Self> {
+        recorder::begin(slf.get().id, &mut thread_namer(slf.py()));
+        slf.clone()
+    }
+
+    #[pyo3(signature = (exc_type=None, _exc=None, _tb=None))]
+    fn __exit__(
+        &self,
+        exc_type: Option<&Bound<'_, PyAny>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> bool {
+        recorder::end(exc_type.is_some_and(|t| !t.is_none()));
+        false
+    }
+
+    /// Use as a decorator: `@fastprof.span("name")`.
+    fn __call__(slf: &Bound<'_, Self>, func: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        decorate(slf.as_any(), func)
+    }
+
+    #[getter]
+    fn name(&self, py: Python<'_>) -> Py<PyString> {
+        self.name.clone_ref(py)
+    }
+
+    #[getter]
+    fn id(&self) -> u32 {
+        self.id
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "fastprof.Name({:?}, id={})",
+            self.name.bind(py).to_string(),
+            self.id
+        )
+    }
+}
+
+/// A span with args (or with a name the interner had no room for). Made per
+/// call; each `__enter__` hands the writer its own copy of the args.
+#[pyclass(frozen, module = "fastprof._core")]
+pub struct ArgSpan {
+    id: u32,
+    name: Option<Box<str>>,
+    args: Option<Box<str>>,
+}
+
+impl ArgSpan {
+    fn extra(&self) -> Box<Extra> {
+        Box::new(Extra {
+            name: self.name.clone(),
+            args_json: self.args.clone(),
+        })
+    }
+}
+
+#[pymethods]
+impl ArgSpan {
+    fn __enter__<'py>(slf: &Bound<'py, Self>) -> Bound<'py, Self> {
+        let me = slf.get();
+        recorder::begin_extra(me.id, me.extra(), &mut thread_namer(slf.py()));
+        slf.clone()
+    }
+
+    #[pyo3(signature = (exc_type=None, _exc=None, _tb=None))]
+    fn __exit__(
+        &self,
+        exc_type: Option<&Bound<'_, PyAny>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> bool {
+        recorder::end(exc_type.is_some_and(|t| !t.is_none()));
+        false
+    }
+
+    fn __call__(slf: &Bound<'_, Self>, func: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        decorate(slf.as_any(), func)
+    }
+}
+
+/// Wrap `func` so each call runs inside `span` (written in Python, where
+/// `functools.wraps` and coroutine handling belong).
+fn decorate(span: &Bound<'_, PyAny>, func: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    let py = span.py();
+    Ok(py
+        .import("fastprof._decorate")?
+        .call_method1("wrap", (span, func))?
+        .unbind())
+}
+
+/// str -> Name, so a span by string costs one dict lookup (str hashes are cached).
+static CACHE: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
+
+/// The interned `Name` for `s`, or `None` if the interner is full.
+fn lookup<'py>(s: &Bound<'py, PyString>) -> PyResult<Option<Bound<'py, Name>>> {
+    let py = s.py();
+    let cache = CACHE.get_or_init(py, || PyDict::new(py).unbind()).bind(py);
+    if let Some(hit) = cache.get_item(s)? {
+        return Ok(Some(hit.cast_into::<Name>()?));
+    }
+    let text = s.to_cow()?;
+    let Some(id) = names::intern(&text) else {
+        return Ok(None);
+    };
+    let name = Bound::new(
+        py,
+        Name {
+            id,
+            name: s.clone().unbind(),
+        },
+    )?;
+    cache.set_item(s, &name)?;
+    Ok(Some(name))
+}
+
+enum Target<'py> {
+    Interned(Bound<'py, Name>),
+    Owned(Box<str>),
+}
+
+fn target<'py>(name: &Bound<'py, PyAny>) -> PyResult<Target<'py>> {
+    if let Ok(n) = name.cast::<Name>() {
+        return Ok(Target::Interned(n.clone()));
+    }
+    let s = name.cast::<PyString>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "a fastprof name must be a str or fastprof.Name, not {}",
+            name.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    })?;
+    Ok(match lookup(s)? {
+        Some(n) => Target::Interned(n),
+        None => Target::Owned(s.to_cow()?.into()),
+    })
+}
+
+fn id_and_name(t: Target<'_>) -> (u32, Option<Box<str>>) {
+    match t {
+        Target::Interned(n) => (n.get().id, None),
+        Target::Owned(s) => (NAME_IN_EXTRA, Some(s)),
+    }
+}
+
+/// `span(name, **args)`: the shared `Name` when there are no args, else an `ArgSpan`.
+#[pyfunction]
+#[pyo3(signature = (name, **args))]
+pub fn span<'py>(
+    name: &Bound<'py, PyAny>,
+    args: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = name.py();
+    let args = match args {
+        Some(a) => args_json(a)?,
+        None => None,
+    };
+    match (target(name)?, args) {
+        (Target::Interned(n), None) => Ok(n.into_any()),
+        (t, args) => {
+            let (id, name) = id_and_name(t);
+            Ok(Bound::new(py, ArgSpan { id, name, args })?.into_any())
+        }
+    }
+}
+
+/// The interned `Name` for a str (for hot loops: look it up once, reuse it).
+#[pyfunction]
+pub fn name_id<'py>(name: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    match target(name)? {
+        Target::Interned(n) => Ok(n.into_any()),
+        Target::Owned(_) => Err(PyTypeError::new_err(
+            "fastprof's name table is full; use fastprof.span(str) instead",
+        )),
+    }
+}
+
+/// A point event.
+#[pyfunction]
+#[pyo3(signature = (name, **args))]
+pub fn instant(name: &Bound<'_, PyAny>, args: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    if !recorder::is_active() {
+        return Ok(());
+    }
+    let py = name.py();
+    let args = match args {
+        Some(a) => args_json(a)?,
+        None => None,
+    };
+    let (id, owned) = id_and_name(target(name)?);
+    let extra = (owned.is_some() || args.is_some()).then(|| {
+        Box::new(Extra {
+            name: owned,
+            args_json: args,
+        })
+    });
+    recorder::instant(id, extra, &mut thread_namer(py));
+    Ok(())
+}
+
+/// A counter sample: a number, or a mapping of series name to number.
+#[pyfunction]
+pub fn counter(name: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+    if !recorder::is_active() {
+        return Ok(());
+    }
+    let py = name.py();
+    let (id, owned) = id_and_name(target(name)?);
+    match (value.extract::<f64>(), owned) {
+        (Ok(v), None) => recorder::counter(id, v, &mut thread_namer(py)),
+        (Ok(v), Some(owned)) => {
+            let mut a = Vec::new();
+            a.extend_from_slice(b"{\"value\":");
+            fastprof_core::json::write_f64(&mut a, v);
+            a.push(b'}');
+            let args = String::from_utf8(a).unwrap_or_default().into_boxed_str();
+            let x = Box::new(Extra {
+                name: Some(owned),
+                args_json: Some(args),
+            });
+            recorder::counter_extra(id, x, &mut thread_namer(py))
+        }
+        (Err(_), owned) => {
+            if !value.hasattr("items")? {
+                return Err(PyTypeError::new_err(
+                    "counter value must be a number or a mapping of names to numbers",
+                ));
+            }
+            let x = Box::new(Extra {
+                name: owned,
+                args_json: Some(counter_json(value)?),
+            });
+            recorder::counter_extra(id, x, &mut thread_namer(py))
+        }
+    }
+    Ok(())
+}
