@@ -107,13 +107,19 @@ def _float(v: Any) -> float:
     return float(v)
 
 
-def _default_run_name(env: Mapping[str, str], world_size: int) -> str:
+def _default_run_name(env: Mapping[str, str], world_size: int, out_dir: Path) -> str:
     # Every rank of a torchrun job must agree on the run name without talking:
     # the elastic run id is shared; a timestamp is not.
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
     if world_size > 1 and run_id and run_id != "none":
         return f"run-{run_id}"
-    return _dt.datetime.now().strftime("run-%Y%m%d-%H%M%S")
+    # A single process owns its name: never land in an earlier run's directory.
+    base = _dt.datetime.now().strftime("run-%Y%m%d-%H%M%S")
+    name, n = base, 1
+    while (out_dir / name).exists():
+        n += 1
+        name = f"{base}-{n}"
+    return name
 
 
 def resolve(
@@ -148,7 +154,7 @@ def resolve(
     }
     out = _pick("out_dir", out_dir, env, "FASTPROF_OUT_DIR", str, DEFAULT_OUT_DIR)
     name = _pick("run_name", run_name, env, "FASTPROF_RUN_NAME", str, "")
-    name = name or _default_run_name(env, world_size)
+    name = name or _default_run_name(env, world_size, Path(out))
     try:
         fmt_all = {**fmt, "run_name": name}
         out = out.format(**fmt_all)

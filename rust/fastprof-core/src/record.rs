@@ -26,7 +26,7 @@ pub const FLAG_EXCEPTION: u8 = 2;
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct Record {
-    /// CLOCK_MONOTONIC ns.
+    /// Ticks ([`crate::clock::ticks`]); the writer converts them to CLOCK_MONOTONIC ns.
     pub ts: u64,
     /// f64 bits of a counter value, or a `Box<Extra>` pointer (see [`FLAG_EXTRA`]).
     pub payload: u64,

@@ -58,9 +58,11 @@ pub struct Shared {
     /// Set (under `wake`'s mutex) to ask the writer to finish.
     pub stop: Mutex<bool>,
     pub wake: Condvar,
-    /// Monotonic ns when stop was requested: open spans are closed there.
+    /// Ticks when stop was requested: open spans are closed there.
     pub stop_ts: AtomicU64,
     pub start_anchor: Anchor,
+    /// What record timestamps are ("tsc" or "CLOCK_MONOTONIC").
+    pub clock_source: &'static str,
 }
 
 impl Shared {
@@ -125,6 +127,7 @@ pub fn start(config: Config) -> Result<()> {
         });
     }
     let generation = NEXT_GEN.fetch_add(1, Ordering::Relaxed) + 1;
+    let clock_source = clock::select_source();
     let shared = Arc::new(Shared {
         generation,
         config,
@@ -133,6 +136,7 @@ pub fn start(config: Config) -> Result<()> {
         wake: Condvar::new(),
         stop_ts: AtomicU64::new(0),
         start_anchor: Anchor::take(),
+        clock_source,
     });
     let writer = Writer::create(shared.clone())?;
     let handle = std::thread::Builder::new()
@@ -154,7 +158,7 @@ pub fn start(config: Config) -> Result<()> {
 pub fn stop() -> Result<WriterReport> {
     let running = lock_state().take().ok_or(CoreError::NotRunning)?;
     let sh = &running.shared;
-    sh.stop_ts.store(clock::monotonic_ns(), Ordering::Relaxed);
+    sh.stop_ts.store(clock::ticks(), Ordering::Relaxed);
     sh.disable();
     *sh.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
     sh.wake.notify_all();
@@ -343,11 +347,7 @@ fn begin_record(l: &Local, e: &ThreadEntry, rec: Record) {
 #[inline]
 pub fn begin(name: u32, thread_name: &mut dyn FnMut() -> String) {
     with_entry(thread_name, |l, e| {
-        begin_record(
-            l,
-            e,
-            Record::new(Kind::Begin, name, clock::monotonic_ns(), 0, 0),
-        )
+        begin_record(l, e, Record::new(Kind::Begin, name, clock::ticks(), 0, 0))
     });
 }
 
@@ -357,12 +357,12 @@ pub fn begin_extra(name: u32, extra: Box<Extra>, thread_name: &mut dyn FnMut() -
         begin_record(
             l,
             e,
-            Record::with_extra(Kind::Begin, name, clock::monotonic_ns(), extra),
+            Record::with_extra(Kind::Begin, name, clock::ticks(), extra),
         )
     });
 }
 
-/// Close this thread's innermost open span.
+/// Close this thread's innermost open span (`exception`: its body raised).
 #[inline]
 pub fn end(exception: bool) {
     let gen = ACTIVE_GEN.load(Ordering::Relaxed);
@@ -388,12 +388,7 @@ pub fn end(exception: bool) {
         // SAFETY: `owner` keeps the entry alive while the generation matches.
         let e = unsafe { &*l.entry.get() };
         let flags = if exception { FLAG_EXCEPTION } else { 0 };
-        let ok = push(
-            l,
-            e,
-            Record::new(Kind::End, 0, clock::monotonic_ns(), 0, flags),
-            0,
-        );
+        let ok = push(l, e, Record::new(Kind::End, 0, clock::ticks(), 0, flags), 0);
         // The slot was reserved when the Begin was pushed.
         debug_assert!(ok, "reserved End slot missing");
         l.open_recorded.set(l.open_recorded.get().saturating_sub(1));
@@ -411,17 +406,13 @@ fn point_record(l: &Local, e: &ThreadEntry, rec: Record) {
 pub fn instant(name: u32, extra: Option<Box<Extra>>, thread_name: &mut dyn FnMut() -> String) {
     match extra {
         None => with_entry(thread_name, |l, e| {
-            point_record(
-                l,
-                e,
-                Record::new(Kind::Instant, name, clock::monotonic_ns(), 0, 0),
-            )
+            point_record(l, e, Record::new(Kind::Instant, name, clock::ticks(), 0, 0))
         }),
         Some(x) => with_entry(thread_name, |l, e| {
             point_record(
                 l,
                 e,
-                Record::with_extra(Kind::Instant, name, clock::monotonic_ns(), x),
+                Record::with_extra(Kind::Instant, name, clock::ticks(), x),
             )
         }),
     };
@@ -434,13 +425,7 @@ pub fn counter(name: u32, value: f64, thread_name: &mut dyn FnMut() -> String) {
         point_record(
             l,
             e,
-            Record::new(
-                Kind::Counter,
-                name,
-                clock::monotonic_ns(),
-                value.to_bits(),
-                0,
-            ),
+            Record::new(Kind::Counter, name, clock::ticks(), value.to_bits(), 0),
         )
     });
 }
@@ -451,7 +436,7 @@ pub fn counter_extra(name: u32, extra: Box<Extra>, thread_name: &mut dyn FnMut()
         point_record(
             l,
             e,
-            Record::with_extra(Kind::Counter, name, clock::monotonic_ns(), extra),
+            Record::with_extra(Kind::Counter, name, clock::ticks(), extra),
         )
     });
 }

@@ -15,7 +15,7 @@
 //! Spans become complete (`X`) events when they end: half as many events as
 //! B/E pairs, and every segment stays balanced on its own.
 
-use crate::clock::{self, Anchor};
+use crate::clock::{self, Anchor, Calibration};
 use crate::error::{CoreError, Result};
 use crate::json;
 use crate::names;
@@ -86,7 +86,9 @@ enum SpanName {
 
 struct Open {
     name: SpanName,
-    ts: u64,
+    /// CLOCK_MONOTONIC ns, converted when the Begin was drained (while the
+    /// calibration around it was current).
+    ns: u64,
     args: Option<Box<str>>,
 }
 
@@ -117,6 +119,7 @@ pub struct Writer {
     report: WriterReport,
     last_flush_ns: u64,
     last_anchor_ns: u64,
+    cal: Calibration,
 }
 
 fn hostname() -> String {
@@ -169,7 +172,11 @@ impl Writer {
             "local_rank": cfg.local_rank,
             "run_name": cfg.run_name,
             "config": config,
-            "clock": {"source": "CLOCK_MONOTONIC", "start": anchor_json(&start, "start")},
+            "clock": {
+                "source": "CLOCK_MONOTONIC",
+                "ticks": shared.clock_source,
+                "start": anchor_json(&start, "start"),
+            },
         }) {
             Value::Object(m) => m,
             _ => unreachable!(),
@@ -192,7 +199,11 @@ impl Writer {
             buf: Vec::with_capacity(CHUNK + 4096),
             scratch: Vec::new(),
             report: WriterReport::default(),
+            cal: Calibration::new(),
         };
+        // Never overwrite: a job resumed under the same run name continues
+        // the numbering after the segments already there.
+        w.next_index = next_free_index(&w.shared.config.trace_dir)?;
         w.open_segment()?;
         Ok(w)
     }
@@ -264,12 +275,13 @@ impl Writer {
         self.adopt_new_threads();
         self.drain_all()?;
         let stop_ts = match self.shared.stop_ts.load(Ordering::Relaxed) {
-            0 => clock::monotonic_ns(),
+            0 => clock::ticks(),
             t => t,
         };
+        let stop_ns = self.cal.to_ns(stop_ts);
         for i in 0..self.threads.len() {
             while let Some(open) = self.threads[i].stack.pop() {
-                self.write_span(i, open, stop_ts, &[("unclosed", "true")])?;
+                self.write_span(i, open, stop_ns, &[("unclosed", "true")])?;
                 self.report.unclosed_spans += 1;
             }
         }
@@ -353,6 +365,9 @@ impl Writer {
     }
 
     fn drain_all(&mut self) -> io::Result<()> {
+        // A fresh calibration pair first: every record drained below was
+        // pushed after the previous pair, so conversion interpolates.
+        self.cal.update();
         let mut scratch = std::mem::take(&mut self.scratch);
         for i in 0..self.threads.len() {
             scratch.clear();
@@ -379,11 +394,8 @@ impl Writer {
         };
         match rec.kind() {
             Kind::Begin => {
-                self.threads[ti].stack.push(Open {
-                    name,
-                    ts: rec.ts,
-                    args,
-                });
+                let ns = self.cal.to_ns(rec.ts);
+                self.threads[ti].stack.push(Open { name, ns, args });
                 Ok(())
             }
             Kind::End => match self.threads[ti].stack.pop() {
@@ -393,18 +405,19 @@ impl Writer {
                     } else {
                         &[]
                     };
-                    self.write_span(ti, open, rec.ts, flags)
+                    let end = self.cal.to_ns(rec.ts);
+                    self.write_span(ti, open, end, flags)
                 }
                 None => Ok(()), // unreachable by the producer's protocol
             },
             Kind::Instant => {
-                self.event_head(ti, b"i", &name, rec.ts)?;
+                self.event_head(ti, b"i", &name, self.cal.to_ns(rec.ts))?;
                 self.buf.extend_from_slice(b",\"s\":\"t\"");
                 write_args(&mut self.buf, args.as_deref(), &[]);
                 self.event_tail()
             }
             Kind::Counter => {
-                self.event_head(ti, b"C", &name, rec.ts)?;
+                self.event_head(ti, b"C", &name, self.cal.to_ns(rec.ts))?;
                 match args {
                     Some(a) => write_args(&mut self.buf, Some(&a), &[]),
                     None => {
@@ -418,22 +431,24 @@ impl Writer {
         }
     }
 
+    /// An X event; `end_ns` in CLOCK_MONOTONIC ns.
     fn write_span(
         &mut self,
         ti: usize,
         open: Open,
-        end: u64,
+        end_ns: u64,
         flags: &[(&str, &str)],
     ) -> io::Result<()> {
-        self.event_head(ti, b"X", &open.name, open.ts)?;
+        self.event_head(ti, b"X", &open.name, open.ns)?;
         self.buf.extend_from_slice(b",\"dur\":");
-        json::write_us(&mut self.buf, end.saturating_sub(open.ts) as i64);
+        json::write_us(&mut self.buf, end_ns.saturating_sub(open.ns) as i64);
         write_args(&mut self.buf, open.args.as_deref(), flags);
         self.event_tail()
     }
 
-    /// `,\n{"ph":..,"cat":"user","name":..,"pid":..,"tid":..,"ts":..` (no closing brace).
-    fn event_head(&mut self, ti: usize, ph: &[u8], name: &SpanName, ts: u64) -> io::Result<()> {
+    /// `,\n{"ph":..,"cat":"user","name":..,"pid":..,"tid":..,"ts":..` (no closing
+    /// brace); `ns` in CLOCK_MONOTONIC ns.
+    fn event_head(&mut self, ti: usize, ph: &[u8], name: &SpanName, ns: u64) -> io::Result<()> {
         let seg_index = self.seg.as_ref().map(|s| s.index);
         if self.threads[ti].named_in != seg_index {
             self.threads[ti].named_in = seg_index;
@@ -467,7 +482,7 @@ impl Writer {
         self.buf.extend_from_slice(b",\"tid\":");
         json::write_int(&mut self.buf, tid);
         self.buf.extend_from_slice(b",\"ts\":");
-        let rel = ts as i64 - self.shared.start_anchor.monotonic_ns as i64;
+        let rel = ns as i64 - self.shared.start_anchor.monotonic_ns as i64;
         json::write_us(&mut self.buf, rel);
         Ok(())
     }
@@ -628,6 +643,26 @@ impl Writer {
         self.report.segments.push(seg.done);
         Ok(())
     }
+}
+
+/// One past the highest `fastprof.{N}.json.gz[.part]` index in `dir`.
+fn next_free_index(dir: &Path) -> Result<u32> {
+    let mut next = 0;
+    for entry in std::fs::read_dir(dir).map_err(|e| CoreError::io(dir, e))? {
+        let name = entry.map_err(|e| CoreError::io(dir, e))?.file_name();
+        let name = name.to_string_lossy();
+        let index = name
+            .strip_prefix("fastprof.")
+            .and_then(|r| {
+                r.strip_suffix(".json.gz")
+                    .or_else(|| r.strip_suffix(".json.gz.part"))
+            })
+            .and_then(|n| n.parse::<u32>().ok());
+        if let Some(i) = index {
+            next = next.max(i + 1);
+        }
+    }
+    Ok(next)
 }
 
 fn rename(from: &Path, to: &Path) -> io::Result<()> {

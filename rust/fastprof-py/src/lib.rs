@@ -112,6 +112,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(recording::span, m)?)?;
     m.add_function(wrap_pyfunction!(recording::name_id, m)?)?;
     m.add_function(wrap_pyfunction!(recording::instant, m)?)?;
+    m.add_function(wrap_pyfunction!(recording::end, m)?)?;
     m.add_function(wrap_pyfunction!(recording::counter, m)?)?;
     m.add_function(wrap_pyfunction!(start, m)?)?;
     m.add_function(wrap_pyfunction!(stop, m)?)?;

@@ -48,6 +48,12 @@ impl Name {
         false
     }
 
+    /// Open the span without a `with` block (close it with `fastprof.end()`):
+    /// one C call each way, for the hottest loops.
+    fn begin(slf: &Bound<'_, Self>) {
+        recorder::begin(slf.get().id, &mut thread_namer(slf.py()));
+    }
+
     /// Use as a decorator: `@fastprof.span("name")`.
     fn __call__(slf: &Bound<'_, Self>, func: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         decorate(slf.as_any(), func)
@@ -210,6 +216,12 @@ pub fn name_id<'py>(name: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
             "fastprof's name table is full; use fastprof.span(str) instead",
         )),
     }
+}
+
+/// Close this thread's innermost open span (pairs with `Name.begin()`).
+#[pyfunction]
+pub fn end() {
+    recorder::end(false);
 }
 
 /// A point event.

@@ -1,0 +1,174 @@
+//! Writes a trace through the real recorder (threads, rings, writer, gzip)
+//! and reads it back with the core's reader: counts, nesting, time format.
+
+use fastprof_core::config::Config;
+use fastprof_core::record::Extra;
+use fastprof_core::{names, reader, recorder};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// The recorder is process-wide: tests in this file take turns.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn tmpdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("fastprof-core-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn events(doc: &Value) -> &Vec<Value> {
+    doc["traceEvents"].as_array().expect("traceEvents")
+}
+
+#[test]
+fn threads_spans_roundtrip() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tmpdir("roundtrip");
+    recorder::start(Config {
+        trace_dir: dir.clone(),
+        flush_interval_s: 0.05,
+        ..Config::default()
+    })
+    .unwrap();
+    let outer = names::intern("outer").unwrap();
+    let inner = names::intern("inner").unwrap();
+    let handles: Vec<_> = (0..3)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut namer = || format!("worker-{t}");
+                for i in 0..10_000u32 {
+                    recorder::begin(outer, &mut namer);
+                    if i % 100 == 0 {
+                        let x = Box::new(Extra {
+                            name: None,
+                            args_json: Some(format!("{{\"i\":{i}}}").into()),
+                        });
+                        recorder::begin_extra(inner, x, &mut namer);
+                    } else {
+                        recorder::begin(inner, &mut namer);
+                    }
+                    recorder::end(false);
+                    recorder::end(false);
+                }
+                recorder::counter(outer, 1.5, &mut namer);
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let report = recorder::stop().unwrap();
+    assert_eq!(report.dropped, 0);
+    assert_eq!(report.segments.len(), 1);
+    let doc = reader::read_trace(&report.segments[0]).unwrap();
+    assert!(!doc.salvaged);
+    let evs = events(&doc.value);
+    let mut per: HashMap<(String, String), usize> = HashMap::new();
+    for e in evs.iter().filter(|e| e["ph"] == "X") {
+        *per.entry((e["name"].as_str().unwrap().into(), e["tid"].to_string()))
+            .or_default() += 1;
+    }
+    assert_eq!(per.len(), 6, "{per:?}");
+    assert!(per.values().all(|&n| n == 10_000));
+    let with_args = evs.iter().filter(|e| e["args"]["i"].is_number()).count();
+    assert_eq!(with_args, 300);
+    let names: Vec<&str> = evs
+        .iter()
+        .filter(|e| e["name"] == "thread_name")
+        .map(|e| e["args"]["name"].as_str().unwrap())
+        .collect();
+    for t in 0..3 {
+        assert!(names.contains(&format!("worker-{t}").as_str()));
+    }
+    assert_eq!(evs.iter().filter(|e| e["ph"] == "C").count(), 3);
+    assert!(doc.value["baseTimeNanoseconds"].as_u64().unwrap() > 1_600_000_000_000_000_000);
+    assert_eq!(doc.value["otherData"]["final"], Value::Bool(true));
+    assert_eq!(doc.value["otherData"]["drops"]["total"], 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn tiny_ring_counts_every_drop_and_keeps_nesting() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tmpdir("drops");
+    recorder::start(Config {
+        trace_dir: dir.clone(),
+        buffer_size: 16,
+        flush_interval_s: 10.0,
+        ..Config::default()
+    })
+    .unwrap();
+    let a = names::intern("a").unwrap();
+    let b = names::intern("b").unwrap();
+    let mut namer = || "main".to_string();
+    let issued = 5_000u64;
+    for _ in 0..issued / 2 {
+        recorder::begin(a, &mut namer);
+        recorder::begin(b, &mut namer);
+        recorder::end(false);
+        recorder::end(false);
+    }
+    let report = recorder::stop().unwrap();
+    let doc = reader::read_trace(&report.segments[0]).unwrap();
+    let spans: Vec<&Value> = events(&doc.value)
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .collect();
+    assert!(report.dropped > 0);
+    assert_eq!(spans.len() as u64 + report.dropped, issued);
+    // every recorded "b" lies inside a recorded "a"
+    let bs = spans.iter().filter(|e| e["name"] == "b").count();
+    let as_ = spans.iter().filter(|e| e["name"] == "a").count();
+    assert!(bs <= as_);
+    assert_eq!(doc.value["otherData"]["drops"]["total"], report.dropped);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn open_span_is_closed_at_stop_and_marked() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tmpdir("unclosed");
+    recorder::start(Config {
+        trace_dir: dir.clone(),
+        ..Config::default()
+    })
+    .unwrap();
+    let a = names::intern("left-open").unwrap();
+    recorder::begin(a, &mut || "main".into());
+    let report = recorder::stop().unwrap();
+    recorder::end(false); // after stop: a no-op
+    assert_eq!(report.unclosed_spans, 1);
+    let doc = reader::read_trace(&report.segments[0]).unwrap();
+    let e = events(&doc.value)
+        .iter()
+        .find(|e| e["name"] == "left-open")
+        .unwrap();
+    assert_eq!(e["args"]["unclosed"], Value::Bool(true));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn second_start_is_refused() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tmpdir("twice");
+    recorder::start(Config {
+        trace_dir: dir.clone(),
+        ..Config::default()
+    })
+    .unwrap();
+    let again = recorder::start(Config {
+        trace_dir: dir.clone(),
+        ..Config::default()
+    });
+    assert!(matches!(
+        again,
+        Err(fastprof_core::CoreError::AlreadyRunning { .. })
+    ));
+    recorder::stop().unwrap();
+    assert!(matches!(
+        recorder::stop(),
+        Err(fastprof_core::CoreError::NotRunning)
+    ));
+    let _ = std::fs::remove_dir_all(dir);
+}
