@@ -8,9 +8,10 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from fastprof._core import ConfigError
 

@@ -1,7 +1,8 @@
 """Type stubs for the compiled module ``fastprof._core`` (see rust/fastprof-py)."""
 
+from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, Callable, Mapping, TypeVar, final
+from typing import Any, TypeVar, final
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -52,6 +53,19 @@ class ArgSpan:
         _tb: TracebackType | None = None,
     ) -> bool: ...
     def __call__(self, func: _F) -> _F: ...
+
+@final
+class _NullSpan:
+    """Enter and exit do nothing (benchmark floor)."""
+
+    def __init__(self) -> None: ...
+    def __enter__(self) -> _NullSpan: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        _exc: BaseException | None = None,
+        _tb: TracebackType | None = None,
+    ) -> bool: ...
 
 def span(name: str | Name, **args: Any) -> Name | ArgSpan: ...
 def name_id(name: str | Name) -> Name: ...

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, ContextManager, TypeVar
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def wrap(span: ContextManager[Any], func: F) -> F:
+def wrap(span: AbstractContextManager[Any], func: F) -> F:
     """Return ``func`` wrapped so every call runs inside ``span``.
 
     Return values and exceptions pass through unchanged; for a coroutine

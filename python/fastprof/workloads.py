@@ -58,9 +58,7 @@ def make_workload(batch_size: int = 32, num_batches: int = 8, device: str | None
     torch.manual_seed(seed)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = make_cnn().to(dev)
-    batches = [
-        (torch.randn(batch_size, 3, 32, 32), torch.randint(0, 10, (batch_size,))) for _ in range(num_batches)
-    ]
+    batches = [(torch.randn(batch_size, 3, 32, 32), torch.randint(0, 10, (batch_size,))) for _ in range(num_batches)]
     return Workload(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),

@@ -109,6 +109,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<recording::Name>()?;
     m.add_class::<recording::ArgSpan>()?;
+    m.add_class::<recording::_NullSpan>()?;
     m.add_function(wrap_pyfunction!(recording::span, m)?)?;
     m.add_function(wrap_pyfunction!(recording::name_id, m)?)?;
     m.add_function(wrap_pyfunction!(recording::instant, m)?)?;

@@ -1,0 +1,50 @@
+"""Shared helpers for the benchmarks: interleaved timing and ratio tables."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+
+def machine() -> str:
+    try:
+        import torch
+
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    except ImportError:
+        gpu = "no GPU (torch not installed)"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+    except OSError:
+        cpu = platform.processor() or "?"
+    import os
+
+    return f"{cpu}, {os.cpu_count()} CPUs, {gpu}, Python {platform.python_version()}"
+
+
+def interleaved(cases: dict[str, Callable[[], None]], rounds: int) -> dict[str, list[float]]:
+    """Run every case once per round, in rotating order; seconds per run."""
+    out: dict[str, list[float]] = {k: [] for k in cases}
+    names = list(cases)
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            t0 = time.perf_counter()
+            cases[name]()
+            out[name].append(time.perf_counter() - t0)
+    return out
+
+
+def best(xs: list[float]) -> float:
+    return min(xs)
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
