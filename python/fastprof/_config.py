@@ -26,6 +26,10 @@ DEFAULT_FLUSH_INTERVAL = 1.0
 DEFAULT_SEGMENT_SIZE = 256 << 20
 DEFAULT_SEGMENT_SECONDS = 0.0
 DEFAULT_COMPRESSION_LEVEL = 1
+#: Sampler ticks per second (0 = off): cheap enough to leave on in long jobs.
+DEFAULT_SAMPLE_HZ = 10.0
+#: Samples kept in memory per metric for Recorder.counters() (the trace keeps all).
+DEFAULT_SAMPLE_HISTORY = 1 << 16
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -55,6 +59,11 @@ class Options:
     segment_size: int
     segment_seconds: float
     compression_level: int
+    sample_hz: float
+    sample_per_cpu: bool
+    #: None = every visible GPU, [] = no NVML, else NVML indices / UUIDs.
+    sample_gpus: list[str] | None
+    sample_history: int
 
     @property
     def run_dir(self) -> Path:
@@ -108,6 +117,52 @@ def _float(v: Any) -> float:
     return float(v)
 
 
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    text = str(v).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean (1/0, true/false), got {v!r}")
+
+
+def _gpus(v: Any) -> str | list[str]:
+    if isinstance(v, str):
+        text = v.strip().lower()
+        if text in ("auto", "all", "none"):
+            return text
+        return [x.strip() for x in v.split(",") if x.strip()]
+    if isinstance(v, int) and not isinstance(v, bool):
+        return [str(v)]
+    return [str(x) for x in v]
+
+
+def resolve_gpus(choice: str | list[str], env: Mapping[str, str], local_rank: int, world_size: int) -> list[str] | None:
+    """Which NVML devices to sample.
+
+    ``auto``: in a multi-process job, the device this rank uses (entry
+    LOCAL_RANK of CUDA_VISIBLE_DEVICES, or index LOCAL_RANK); in a single
+    process, every visible device. ``all``: every device. ``none``: no NVML.
+    CUDA_VISIBLE_DEVICES indices match NVML's only with CUDA_DEVICE_ORDER=PCI_BUS_ID;
+    UUIDs always match.
+    """
+    if isinstance(choice, list):
+        return choice
+    if choice == "none":
+        return []
+    visible_raw = env.get("CUDA_VISIBLE_DEVICES")
+    visible = None if visible_raw is None else [x.strip() for x in visible_raw.split(",") if x.strip()]
+    if choice == "all":
+        return None
+    if world_size > 1:
+        if visible is not None:
+            return [visible[local_rank]] if local_rank < len(visible) else []
+        return [str(local_rank)]
+    return visible
+
+
 def _default_run_name(env: Mapping[str, str], world_size: int, out_dir: Path) -> str:
     # Every rank of a torchrun job must agree on the run name without talking:
     # the elastic run id is shared; a timestamp is not.
@@ -133,6 +188,10 @@ def resolve(
     segment_size: int | str | None = None,
     segment_seconds: float | None = None,
     compression_level: int | None = None,
+    sample_hz: float | None = None,
+    sample_per_cpu: bool | None = None,
+    sample_gpus: str | int | list[str] | list[int] | None = None,
+    sample_history: int | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Options:
     """Resolve options from arguments, ``FASTPROF_*`` variables and torchrun's environment."""
@@ -188,8 +247,21 @@ def resolve(
             _int,
             DEFAULT_COMPRESSION_LEVEL,
         ),
+        sample_hz=_pick("sample_hz", sample_hz, env, "FASTPROF_SAMPLE_HZ", _float, DEFAULT_SAMPLE_HZ),
+        sample_per_cpu=_pick("sample_per_cpu", sample_per_cpu, env, "FASTPROF_SAMPLE_PER_CPU", _bool, False),
+        sample_gpus=resolve_gpus(
+            _pick("sample_gpus", sample_gpus, env, "FASTPROF_SAMPLE_GPUS", _gpus, _gpus("auto")),
+            env,
+            local_rank,
+            world_size,
+        ),
+        sample_history=_pick(
+            "sample_history", sample_history, env, "FASTPROF_SAMPLE_HISTORY", _int, DEFAULT_SAMPLE_HISTORY
+        ),
     )
-    for field in ("buffer_size", "segment_size", "compression_level"):
+    if opts.sample_hz != 0 and not 1 <= opts.sample_hz <= 1000:
+        raise ConfigError(f"invalid option sample_hz: must be 0 (off) or between 1 and 1000, got {opts.sample_hz}")
+    for field in ("buffer_size", "segment_size", "compression_level", "sample_history"):
         if getattr(opts, field) < 0:
             raise ConfigError(f"invalid option {field}: must not be negative, got {getattr(opts, field)}")
     return opts

@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fastprof import _core
 from fastprof._config import Options, resolve
+from fastprof._gpu import inventory
 
 _lock = threading.Lock()
 _current: Recorder | None = None
@@ -59,6 +62,13 @@ class Recorder:
             accepts ``64MiB``; default 256 MiB).
         segment_seconds: also rotate after this many seconds, 0 = never (``FASTPROF_SEGMENT_SECONDS``).
         compression_level: gzip level 1-9 (``FASTPROF_COMPRESSION_LEVEL``, default 1).
+        sample_hz: host/process/GPU sampler ticks per second, 1-1000, 0 = off
+            (``FASTPROF_SAMPLE_HZ``, default 10).
+        sample_per_cpu: also sample each core's utilisation (``FASTPROF_SAMPLE_PER_CPU``).
+        sample_gpus: ``"auto"`` (the device this rank uses; every visible one in a
+            single process), ``"all"``, ``"none"``, or NVML indices/UUIDs (``FASTPROF_SAMPLE_GPUS``).
+        sample_history: samples kept in memory per metric for :meth:`counters`
+            (``FASTPROF_SAMPLE_HISTORY``, default 65536; the trace keeps every sample).
     """
 
     def __init__(
@@ -72,6 +82,10 @@ class Recorder:
         segment_size: int | str | None = None,
         segment_seconds: float | None = None,
         compression_level: int | None = None,
+        sample_hz: float | None = None,
+        sample_per_cpu: bool | None = None,
+        sample_gpus: str | int | list[str] | list[int] | None = None,
+        sample_history: int | None = None,
     ) -> None:
         self.options: Options = resolve(
             out_dir,
@@ -82,6 +96,10 @@ class Recorder:
             segment_size=segment_size,
             segment_seconds=segment_seconds,
             compression_level=compression_level,
+            sample_hz=sample_hz,
+            sample_per_cpu=sample_per_cpu,
+            sample_gpus=sample_gpus,
+            sample_history=sample_history,
         )
         self.stats: RunStats | None = None
         self._started = False
@@ -104,6 +122,9 @@ class Recorder:
         :class:`fastprof.FastprofError` before anything is recorded."""
         global _current, _atexit_registered
         o = self.options
+        extra: dict[str, Any] = {"out_dir": str(o.out_dir), "local_world_size": o.local_world_size}
+        if o.sample_hz and o.sample_gpus != []:
+            extra["gpu_inventory"] = inventory()
         with _lock:
             _core.start(
                 str(o.trace_dir),
@@ -116,7 +137,11 @@ class Recorder:
                 o.segment_size,
                 o.segment_seconds,
                 o.compression_level,
-                json.dumps({"out_dir": str(o.out_dir), "local_world_size": o.local_world_size}),
+                json.dumps(extra),
+                sample_hz=o.sample_hz,
+                sample_per_cpu=o.sample_per_cpu,
+                sample_gpus=o.sample_gpus,
+                sample_history=o.sample_history,
             )
             self._started = True
             _current = self
@@ -161,6 +186,25 @@ class Recorder:
                 stacklevel=2,
             )
         return stats
+
+    def counters(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """The sampler's readings as numpy arrays, by metric name (units in the
+        name, e.g. ``"proc.rss [B]"``): ``(timestamps, values)`` with
+        timestamps in CLOCK_MONOTONIC ns (``time.monotonic_ns()``'s clock).
+        Works while running and after stop; empty when sampling was off."""
+        return _core.sampler_series()
+
+    def sampler_info(self) -> dict[str, Any] | None:
+        """What the sampler found (host source, NVML availability and reason,
+        devices, disabled fields) and its own cost per tick."""
+        return _core.sampler_info()
+
+    def energy_j(self, t0_ns: int, t1_ns: int, gpu: str | int = 0) -> tuple[float, str] | None:
+        """Joules GPU ``gpu`` used between two ``time.monotonic_ns()`` instants,
+        and the source: ``"energy_counter"`` (the driver's cumulative counter)
+        or ``"integrated_power"`` where that is unsupported. None without data."""
+        label = gpu if isinstance(gpu, str) else f"gpu{gpu}"
+        return _core.energy_between(label, t0_ns, t1_ns)
 
     def __enter__(self) -> Recorder:
         return self.start()

@@ -3,6 +3,7 @@
 //! `FASTPROF_*` environment variables, resolved in the Python layer).
 
 use crate::error::{CoreError, Result};
+use crate::sampler::SamplerConfig;
 use std::path::PathBuf;
 
 /// Everything a recorder needs to start.
@@ -34,6 +35,8 @@ pub struct Config {
     pub compression_level: u32,
     /// Extra JSON object merged into `otherData.config` (what the Python layer knows).
     pub extra_config_json: String,
+    /// The always-on sampler; `None` turns it off.
+    pub sampler: Option<SamplerConfig>,
 }
 
 /// Smallest segment size we accept: below it the per-segment metadata dominates.
@@ -55,6 +58,7 @@ impl Default for Config {
             segment_seconds: 0.0,
             compression_level: 1,
             extra_config_json: "{}".into(),
+            sampler: None,
         }
     }
 }
@@ -112,6 +116,23 @@ impl Config {
                     self.rank, self.world_size
                 ),
             ));
+        }
+        if let Some(sc) = &self.sampler {
+            if !(sc.hz.is_finite() && (1.0..=1000.0).contains(&sc.hz)) {
+                return Err(CoreError::config(
+                    "sample_hz",
+                    format!(
+                        "must be between 1 and 1000 (or 0 to turn sampling off), got {}",
+                        sc.hz
+                    ),
+                ));
+            }
+            if sc.history < 2 {
+                return Err(CoreError::config(
+                    "sample_history",
+                    format!("must be at least 2 samples, got {}", sc.history),
+                ));
+            }
         }
         if serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(
             &self.extra_config_json,

@@ -5,6 +5,7 @@
 //!   (`begin`/`end`/`instant`/`counter`), start and stop.
 //! * [`writer`]: the writer thread that drains rings into gzip Chrome-trace segments.
 //! * [`reader`]: reads traces back, salvaging truncated ones.
+//! * [`sampler`]: the always-on host / process / NVML sampler thread.
 //! * [`clock`]: CLOCK_MONOTONIC / CLOCK_REALTIME and anchor pairs.
 
 pub mod clock;
@@ -16,6 +17,7 @@ pub mod reader;
 pub mod record;
 pub mod recorder;
 pub mod ring;
+pub mod sampler;
 pub mod writer;
 
 pub use error::{CoreError, Result};

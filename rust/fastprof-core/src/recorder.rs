@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::error::{CoreError, Result};
 use crate::record::{Extra, Kind, Record, FLAG_EXCEPTION};
 use crate::ring::Ring;
+use crate::sampler::{Sampler, SamplerShared};
 use crate::writer::{Writer, WriterReport};
 use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
@@ -63,6 +64,8 @@ pub struct Shared {
     pub start_anchor: Anchor,
     /// What record timestamps are ("tsc" or "CLOCK_MONOTONIC").
     pub clock_source: &'static str,
+    /// The sampler's metadata and readings, when sampling is on.
+    pub sampler: Mutex<Option<Arc<SamplerShared>>>,
 }
 
 impl Shared {
@@ -78,6 +81,19 @@ impl Shared {
 struct Running {
     shared: Arc<Shared>,
     writer: JoinHandle<WriterReport>,
+    sampler: Option<Sampler>,
+}
+
+/// The sampler of the running or most recently stopped recorder, so that its
+/// readings stay available to Python after `stop`.
+static LAST_SAMPLER: Mutex<Option<Arc<SamplerShared>>> = Mutex::new(None);
+
+/// The running (or last) recorder's sampler data, if it sampled.
+pub fn sampler() -> Option<Arc<SamplerShared>> {
+    LAST_SAMPLER
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
 }
 
 type State = Mutex<Option<Running>>;
@@ -137,6 +153,7 @@ pub fn start(config: Config) -> Result<()> {
         stop_ts: AtomicU64::new(0),
         start_anchor: Anchor::take(),
         clock_source,
+        sampler: Mutex::new(None),
     });
     let writer = Writer::create(shared.clone())?;
     let handle = std::thread::Builder::new()
@@ -146,17 +163,41 @@ pub fn start(config: Config) -> Result<()> {
     *st = Some(Running {
         shared: shared.clone(),
         writer: handle,
+        sampler: None,
     });
     // Release: a thread that sees this generation and registers finds the
     // state above (it re-reads it under the mutex anyway).
     ACTIVE_GEN.store(generation, Ordering::Release);
+    // The sampler records like any thread, so it starts once recording has.
+    if let Some(sc) = shared.config.sampler.clone() {
+        match Sampler::start(sc) {
+            Ok(s) => {
+                *shared.sampler.lock().unwrap_or_else(|e| e.into_inner()) = Some(s.shared.clone());
+                *LAST_SAMPLER.lock().unwrap_or_else(|e| e.into_inner()) = Some(s.shared.clone());
+                if let Some(r) = st.as_mut() {
+                    r.sampler = Some(s);
+                }
+            }
+            Err(e) => {
+                drop(st);
+                let _ = stop();
+                return Err(CoreError::io(&shared.config.trace_dir, e));
+            }
+        }
+    } else {
+        *LAST_SAMPLER.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
     Ok(())
 }
 
 /// Stop recording: drain every ring, close open spans at this instant,
 /// finalize the segment, and return the writer's report.
 pub fn stop() -> Result<WriterReport> {
-    let running = lock_state().take().ok_or(CoreError::NotRunning)?;
+    let mut running = lock_state().take().ok_or(CoreError::NotRunning)?;
+    // Sampler first: its last readings still go into the trace.
+    if let Some(s) = running.sampler.take() {
+        s.stop();
+    }
     let sh = &running.shared;
     sh.stop_ts.store(clock::ticks(), Ordering::Relaxed);
     sh.disable();
@@ -426,6 +467,19 @@ pub fn counter(name: u32, value: f64, thread_name: &mut dyn FnMut() -> String) {
             l,
             e,
             Record::new(Kind::Counter, name, clock::ticks(), value.to_bits(), 0),
+        )
+    });
+}
+
+/// A counter sample at an explicit tick time (the sampler stamps all readings
+/// of one tick alike).
+#[inline]
+pub fn counter_at(name: u32, value: f64, ticks: u64, thread_name: &mut dyn FnMut() -> String) {
+    with_entry(thread_name, |l, e| {
+        point_record(
+            l,
+            e,
+            Record::new(Kind::Counter, name, ticks, value.to_bits(), 0),
         )
     });
 }

@@ -632,6 +632,16 @@ impl Writer {
         other.insert("events_written".into(), json!(self.report.events_written));
         other.insert("segment_events".into(), json!(seg.events));
         other.insert("unclosed_spans".into(), json!(self.report.unclosed_spans));
+        let sampler = self
+            .shared
+            .sampler
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(s) = sampler {
+            let meta = s.meta.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            other.insert("sampler".into(), meta);
+        }
         let mut tail = b"\n],\"otherData\":".to_vec();
         tail.extend_from_slice(&serde_json::to_vec(&other).unwrap_or_else(|_| b"{}".to_vec()));
         tail.extend_from_slice(b"}\n");

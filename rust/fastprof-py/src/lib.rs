@@ -8,7 +8,10 @@ mod recording;
 
 use errors::Error;
 use fastprof_core::config::Config;
+use fastprof_core::sampler::gpu::GpuSelect;
+use fastprof_core::sampler::SamplerConfig;
 use fastprof_core::{reader, recorder};
+use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
@@ -18,7 +21,8 @@ use std::path::PathBuf;
 #[pyfunction]
 #[pyo3(signature = (trace_dir, run_name, rank, world_size, local_rank, buffer_size,
                     flush_interval, segment_size, segment_seconds, compression_level,
-                    extra_config_json))]
+                    extra_config_json, sample_hz=0.0, sample_per_cpu=false, sample_gpus=None,
+                    sample_history=65536))]
 #[allow(clippy::too_many_arguments)]
 fn start(
     py: Python<'_>,
@@ -33,7 +37,24 @@ fn start(
     segment_seconds: f64,
     compression_level: u32,
     extra_config_json: String,
+    sample_hz: f64,
+    sample_per_cpu: bool,
+    sample_gpus: Option<Vec<String>>,
+    sample_history: usize,
 ) -> PyResult<()> {
+    // sample_gpus: None = all visible devices, [] = no NVML, else indices/UUIDs.
+    let gpus = match sample_gpus {
+        None => GpuSelect::All,
+        Some(v) if v.is_empty() => GpuSelect::None,
+        Some(v) => GpuSelect::Some(v),
+    };
+    let sampler = (sample_hz != 0.0).then(|| SamplerConfig {
+        hz: sample_hz,
+        per_cpu: sample_per_cpu,
+        gpus,
+        history: sample_history,
+        ..SamplerConfig::default()
+    });
     let cfg = Config {
         trace_dir,
         run_name,
@@ -46,6 +67,7 @@ fn start(
         segment_seconds,
         compression_level,
         extra_config_json,
+        sampler,
     };
     py.detach(|| recorder::start(cfg)).map_err(Error)?;
     Ok(())
@@ -80,6 +102,46 @@ fn is_active() -> bool {
 #[pyfunction]
 fn is_started() -> bool {
     recorder::is_started()
+}
+
+/// Every sampled metric of the running (or last) recorder:
+/// `{name: (timestamps int64 CLOCK_MONOTONIC ns, values float64)}`.
+#[pyfunction]
+fn sampler_series(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    let Some(s) = recorder::sampler() else {
+        return Ok(d);
+    };
+    let snap = py.detach(|| s.store.lock().unwrap_or_else(|e| e.into_inner()).snapshot());
+    for (name, ts, vals) in snap {
+        let ts: Vec<i64> = ts.into_iter().map(|t| t as i64).collect();
+        let t = PyArray1::from_vec(py, ts);
+        let v = PyArray1::from_vec(py, vals);
+        t.readwrite().make_nonwriteable();
+        v.readwrite().make_nonwriteable();
+        d.set_item(name, (t, v))?;
+    }
+    Ok(d)
+}
+
+/// The sampler's metadata (availability, devices, disabled fields, self-cost)
+/// as a dict, or None when the recorder did not sample.
+#[pyfunction]
+fn sampler_info(py: Python<'_>) -> PyResult<Option<Bound<'_, PyAny>>> {
+    let Some(s) = recorder::sampler() else {
+        return Ok(None);
+    };
+    let meta = s.meta.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    Ok(Some(convert::to_py(py, &meta)?))
+}
+
+/// Joules `gpu` (e.g. "gpu0") used between two CLOCK_MONOTONIC ns instants,
+/// with the source ("energy_counter" or "integrated_power"); None if unknown.
+#[pyfunction]
+fn energy_between(gpu: &str, t0_ns: u64, t1_ns: u64) -> Option<(f64, &'static str)> {
+    let s = recorder::sampler()?;
+    let store = s.store.lock().unwrap_or_else(|e| e.into_inner());
+    store.energy_between(gpu, t0_ns, t1_ns)
 }
 
 /// Called in a forked child (os.register_at_fork): forget the parent's recorder.
@@ -122,6 +184,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(_noop, m)?)?;
     m.add_function(wrap_pyfunction!(read_trace, m)?)?;
+    m.add_function(wrap_pyfunction!(sampler_series, m)?)?;
+    m.add_function(wrap_pyfunction!(sampler_info, m)?)?;
+    m.add_function(wrap_pyfunction!(energy_between, m)?)?;
     m.add("__version__", fastprof_core::VERSION)?;
     Ok(())
 }

@@ -1,0 +1,173 @@
+//! NVML readings, with the library loaded at run time. No library, no driver
+//! or no device is a normal state: it is reported once (with the reason) in
+//! the sampler metadata, never raised and never warned per tick. A field a
+//! device does not support is disabled for that device, recorded once.
+
+use nvml_wrapper::enum_wrappers::device::{Clock, PcieUtilCounter, TemperatureSensor};
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
+use serde_json::{json, Value};
+use std::time::Instant;
+
+/// Which devices to sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuSelect {
+    /// No NVML at all.
+    None,
+    /// All visible devices.
+    All,
+    /// Devices by NVML index or UUID (what CUDA_VISIBLE_DEVICES and LOCAL_RANK point to).
+    Some(Vec<String>),
+}
+
+/// The fields read per device, in the order of [`FIELDS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    Util,
+    MemUtil,
+    MemUsed,
+    MemTotal,
+    Power,
+    Energy,
+    SmClock,
+    MemClock,
+    Temp,
+    Throttle,
+    PcieRx,
+    PcieTx,
+}
+
+/// (field, metric suffix with unit) for every per-device metric.
+pub const FIELDS: [(Field, &str); 12] = [
+    (Field::Util, "util [%]"),
+    (Field::MemUtil, "mem_util [%]"),
+    (Field::MemUsed, "mem_used [B]"),
+    (Field::MemTotal, "mem_total [B]"),
+    (Field::Power, "power [W]"),
+    (Field::Energy, "energy [J]"),
+    (Field::SmClock, "sm_clock [MHz]"),
+    (Field::MemClock, "mem_clock [MHz]"),
+    (Field::Temp, "temperature [C]"),
+    (Field::Throttle, "throttle_reasons"),
+    (Field::PcieRx, "pcie_rx [B/s]"),
+    (Field::PcieTx, "pcie_tx [B/s]"),
+];
+
+/// Why a reading failed: unsupported fields are switched off for good.
+fn unsupported(e: &NvmlError) -> bool {
+    matches!(e, NvmlError::NotSupported | NvmlError::FunctionNotFound)
+}
+
+/// Per-device state: which fields still work.
+pub struct GpuDevice<'n> {
+    pub label: String,
+    dev: Device<'n>,
+    enabled: [bool; FIELDS.len()],
+    pub disabled: Vec<(String, String)>,
+}
+
+/// Open NVML and the selected devices. Err = why NVML is unavailable.
+pub fn open(select: &GpuSelect) -> Result<Nvml, String> {
+    if *select == GpuSelect::None {
+        return Err("disabled by configuration".into());
+    }
+    Nvml::init().map_err(|e| match e {
+        NvmlError::LibloadingError(l) => format!("NVML library not found ({l})"),
+        other => format!("NVML could not start: {other}"),
+    })
+}
+
+pub fn devices<'n>(nvml: &'n Nvml, select: &GpuSelect) -> (Vec<GpuDevice<'n>>, Vec<String>) {
+    let mut errors = Vec::new();
+    let ids: Vec<String> = match select {
+        GpuSelect::Some(ids) => ids.clone(),
+        _ => match nvml.device_count() {
+            Ok(n) => (0..n).map(|i| i.to_string()).collect(),
+            Err(e) => {
+                errors.push(format!("device count: {e}"));
+                Vec::new()
+            }
+        },
+    };
+    let mut out = Vec::new();
+    for id in ids {
+        let dev = match id.parse::<u32>() {
+            Ok(i) => nvml.device_by_index(i),
+            Err(_) => nvml.device_by_uuid(id.as_str()),
+        };
+        match dev {
+            Ok(dev) => {
+                let index = dev.index().map(|i| i.to_string()).unwrap_or(id.clone());
+                out.push(GpuDevice {
+                    label: format!("gpu{index}"),
+                    dev,
+                    enabled: [true; FIELDS.len()],
+                    disabled: Vec::new(),
+                });
+            }
+            Err(e) => errors.push(format!("device {id}: {e}")),
+        }
+    }
+    (out, errors)
+}
+
+impl GpuDevice<'_> {
+    /// Static facts for the metadata.
+    pub fn inventory(&self) -> Value {
+        json!({
+            "label": self.label,
+            "name": self.dev.name().ok(),
+            "uuid": self.dev.uuid().ok(),
+            "power_limit_w": self.dev.enforced_power_limit().ok().map(|mw| mw as f64 / 1000.0),
+            "memory_total_bytes": self.dev.memory_info().ok().map(|m| m.total),
+        })
+    }
+
+    /// Read every enabled field (PCIe only when `with_pcie`: that call blocks
+    /// ~20 ms in the driver, so it runs on its own slower cadence). Calls
+    /// `emit(field index, value)` per reading; returns ns spent in NVML.
+    pub fn read(&mut self, with_pcie: bool, emit: &mut dyn FnMut(usize, f64)) -> u64 {
+        let t0 = Instant::now();
+        for (i, (field, suffix)) in FIELDS.iter().enumerate() {
+            if !self.enabled[i] {
+                continue;
+            }
+            let r: Result<f64, NvmlError> = match field {
+                Field::Util => self.dev.utilization_rates().map(|u| u.gpu as f64),
+                Field::MemUtil => self.dev.utilization_rates().map(|u| u.memory as f64),
+                Field::MemUsed => self.dev.memory_info().map(|m| m.used as f64),
+                Field::MemTotal => self.dev.memory_info().map(|m| m.total as f64),
+                Field::Power => self.dev.power_usage().map(|mw| mw as f64 / 1000.0),
+                Field::Energy => self
+                    .dev
+                    .total_energy_consumption()
+                    .map(|mj| mj as f64 / 1000.0),
+                Field::SmClock => self.dev.clock_info(Clock::SM).map(|c| c as f64),
+                Field::MemClock => self.dev.clock_info(Clock::Memory).map(|c| c as f64),
+                Field::Temp => self
+                    .dev
+                    .temperature(TemperatureSensor::Gpu)
+                    .map(|c| c as f64),
+                Field::Throttle => self.dev.current_throttle_reasons().map(|r| r.bits() as f64),
+                Field::PcieRx | Field::PcieTx if !with_pcie => continue,
+                Field::PcieRx => self
+                    .dev
+                    .pcie_throughput(PcieUtilCounter::Receive)
+                    .map(|k| k as f64 * 1024.0),
+                Field::PcieTx => self
+                    .dev
+                    .pcie_throughput(PcieUtilCounter::Send)
+                    .map(|k| k as f64 * 1024.0),
+            };
+            match r {
+                Ok(v) => emit(i, v),
+                Err(e) if unsupported(&e) => {
+                    self.enabled[i] = false;
+                    self.disabled.push((suffix.to_string(), e.to_string()));
+                }
+                Err(_) => {} // transient (e.g. GPU busy resetting): skip this tick
+            }
+        }
+        t0.elapsed().as_nanos() as u64
+    }
+}

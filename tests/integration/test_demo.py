@@ -1,0 +1,106 @@
+"""``fastprof demo`` end to end: the console script and ``python -m fastprof``
+as real subprocesses, plus one in-process run through ``main([...])``.
+
+The demo promises (python/fastprof/cli/demo.py) one ``step`` span per step
+holding ``data``, ``forward``, ``backward`` and ``optimizer_step``, a
+``loss`` counter per step, and ``train_begin``/``train_end`` instants.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+STEPS = 5
+STEP_SPANS = ("data", "forward", "backward", "optimizer_step")
+
+
+def _console_script() -> str:
+    beside = Path(sys.executable).parent / "fastprof"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("fastprof")
+    if found is None:
+        pytest.fail("the fastprof console script is not installed next to the interpreter or on PATH")
+    return found
+
+
+def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=100, cwd=cwd)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{cmd} did not finish within 100 s\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}")
+
+
+def _check_demo_trace(trace_dir: Path, stdout: str, traces) -> None:
+    run = traces.read(trace_dir)
+    for seg in run.segments:
+        assert str(seg.path) in stdout, f"{seg.path} not printed:\n{stdout}"
+        traces.time_format(seg.text)
+    steps = run.of("X", "step")
+    assert len(steps) == STEPS
+    for name in STEP_SPANS:
+        assert len(run.of("X", name)) == STEPS, name
+    assert len(run.of("C", "loss")) == STEPS
+    assert all(isinstance(e["args"]["value"], (int, float)) for e in run.of("C", "loss"))
+    (begin,) = run.of("i", "train_begin")
+    assert begin["args"]["steps"] == STEPS
+    assert len(run.of("i", "train_end")) == 1
+    assert run.final["final"] is True
+    assert run.final["drops"]["total"] == 0
+
+    # Each step holds its four phases, in order, directly inside it.
+    nested = traces.nesting(run)
+    (main_tid,) = {e["tid"] for e in steps}
+    spans = sorted(nested[main_tid], key=lambda s: s[0])
+    order = [e["name"] for _, _, d, e in spans if d == 1]
+    assert order == list(STEP_SPANS) * STEPS
+    assert all(e["name"] == "step" for _, _, d, e in spans if d == 0)
+
+
+def test_demo_console_script(tmp_path, traces):
+    out = tmp_path / "D"
+    proc = _run([_console_script(), "demo", "--out-dir", str(out), "--steps", str(STEPS)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (run_dir,) = out.iterdir()
+    trace_dir = run_dir / "rank0"
+    assert str(trace_dir) in proc.stdout
+    _check_demo_trace(trace_dir, proc.stdout, traces)
+
+
+def test_demo_python_dash_m(tmp_path, traces):
+    out = tmp_path / "D"
+    proc = _run(
+        [sys.executable, "-m", "fastprof", "demo", "--out-dir", str(out), "--steps", str(STEPS), "--run-name", "m"],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    _check_demo_trace(out / "m" / "rank0", proc.stdout, traces)
+
+
+def test_demo_rejects_bad_steps_in_one_line(tmp_path):
+    out = tmp_path / "D"
+    proc = _run([sys.executable, "-m", "fastprof", "demo", "--out-dir", str(out), "--steps", "0"], tmp_path)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert "steps" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_demo_in_process(tmp_path, capsys, traces):
+    from fastprof.cli.main import main
+
+    out = tmp_path / "D"
+    assert main(["demo", "--out-dir", str(out), "--run-name", "inproc", "--steps", str(STEPS), "-q"]) == 0
+    stdout = capsys.readouterr().out
+    trace_dir = out / "inproc" / "rank0"
+    _check_demo_trace(trace_dir, stdout, traces)
+    # --quiet prints only the segment paths.
+    assert [Path(line) for line in stdout.split()] == sorted(trace_dir.glob("fastprof.*.json.gz"))
