@@ -1,0 +1,242 @@
+"""The always-on sampler: real CPU burn, real allocations, real disk writes,
+real DataLoader worker processes, cross-checked against psutil; the trace's
+counter tracks; NVML reported honestly as unavailable where there is none."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+import fastprof
+
+
+def window(series: tuple[np.ndarray, np.ndarray], t0: int, t1: int) -> np.ndarray:
+    ts, vals = series
+    return vals[(ts >= t0) & (ts <= t1)]
+
+
+def integrate_rate(series: tuple[np.ndarray, np.ndarray], t0: int, t1: int) -> float:
+    """Bytes moved in [t0, t1] from a bytes/s series (each sample covers the interval before it)."""
+    ts, vals = series
+    keep = (ts > t0) & (ts <= t1)
+    dts = np.diff(ts, prepend=ts[0])[keep] / 1e9
+    return float(np.sum(vals[keep] * dts))
+
+
+def burn(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < end:
+        x += sum(range(1000))
+
+
+def test_cpu_burn_shows_in_process_cpu_and_matches_psutil(tmp_path):
+    rec = fastprof.start(tmp_path, "cpu", sample_hz=50, sample_gpus="none")
+    proc = psutil.Process()
+    time.sleep(0.3)
+    proc.cpu_percent()
+    b0 = time.monotonic_ns()
+    t = threading.Thread(target=burn, args=(2.0,))
+    t.start()
+    t.join()
+    b1 = time.monotonic_ns()
+    ps_burn = proc.cpu_percent()
+    time.sleep(1.5)
+    a1 = time.monotonic_ns()
+    rec.stop()
+    c = rec.counters()
+    cpu = (c["proc.cpu_user [%]"][0], c["proc.cpu_user [%]"][1] + c["proc.cpu_system [%]"][1])
+    during = window(cpu, b0 + 200_000_000, b1)
+    after = window(cpu, b1 + 300_000_000, a1)
+    assert during.size >= 50 and after.size >= 25
+    assert during.mean() > 50, during.mean()
+    assert after.mean() < 20, after.mean()
+    assert abs(during.mean() - ps_burn) < 10, (during.mean(), ps_burn)
+
+
+def test_rss_rises_by_what_was_touched(tmp_path):
+    rec = fastprof.start(tmp_path, "rss", sample_hz=50, sample_gpus="none")
+    time.sleep(0.4)
+    t0 = time.monotonic_ns()
+    block = np.ones(300 * 2**20 // 8)  # allocated and written: every page touched
+    t1 = time.monotonic_ns()
+    time.sleep(0.4)
+    t2 = time.monotonic_ns()
+    rec.stop()
+    rss = rec.counters()["proc.rss [B]"]
+    before = np.median(window(rss, t0 - 300_000_000, t0))
+    after = np.median(window(rss, t1 + 100_000_000, t2))
+    assert abs((after - before) - 300 * 2**20) < 30 * 2**20, (after - before) / 2**20
+    del block
+
+
+def test_disk_writes_show_in_write_counters(tmp_path):
+    rec = fastprof.start(tmp_path, "disk", sample_hz=50, sample_gpus="none")
+    time.sleep(0.3)
+    t0 = time.monotonic_ns()
+    chunk = os.urandom(1 << 20)
+    with open(tmp_path / "blob.bin", "wb") as f:
+        for _ in range(200):
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    time.sleep(0.5)
+    t1 = time.monotonic_ns()
+    rec.stop()
+    c = rec.counters()
+    proc_bytes = integrate_rate(c["proc.write [B/s]"], t0, t1)
+    sys_bytes = integrate_rate(c["sys.disk_write [B/s]"], t0, t1)
+    assert max(proc_bytes, sys_bytes) >= 150e6, (proc_bytes / 1e6, sys_bytes / 1e6)
+
+
+class BurnDataset:
+    """Each item burns ~40 ms of CPU in the worker process."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> int:
+        burn(0.04)
+        return i
+
+
+def test_dataloader_workers_are_counted_with_their_cpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    rec = fastprof.start(tmp_path, "workers", sample_hz=20, sample_gpus="none")
+    loader = torch.utils.data.DataLoader(BurnDataset(), batch_size=4, num_workers=2)
+    t0 = time.monotonic_ns()
+    n = sum(1 for _ in loader)
+    t1 = time.monotonic_ns()
+    del loader
+    rec.stop()
+    assert n == 16
+    c = rec.counters()
+    count = window(c["children.count"], t0, t1)
+    cpu = window(c["children.cpu [%]"], t0, t1)
+    rss = window(c["children.rss [B]"], t0, t1)
+    assert count.max() >= 2
+    assert cpu.max() > 50, cpu.max()
+    assert rss.max() > 10 * 2**20
+
+
+def test_1000_hz_for_3_seconds(tmp_path):
+    rec = fastprof.start(tmp_path, "fast", sample_hz=1000, sample_gpus="none")
+    time.sleep(3.0)
+    rec.stop()
+    c = rec.counters()
+    for name in ("sys.cpu [%]", "proc.rss [B]", "proc.cpu_user [%]", "children.count"):
+        ts, vals = c[name]
+        assert ts.size >= 2500, (name, ts.size)
+        assert ts.dtype == np.int64 and vals.dtype == np.float64
+        assert np.all(np.diff(ts) > 0), name
+    info = rec.sampler_info()
+    assert info is not None and info["self_cost"]["ticks"] >= 2500
+
+
+def test_counters_in_trace_and_metadata(tmp_path, traces):
+    rec = fastprof.start(tmp_path, "trace", sample_hz=20)
+    with fastprof.span("work"):
+        time.sleep(0.5)
+    rec.stop()
+    run = traces.read(rec.trace_dir)
+    counters = [e for e in run.events if e.get("ph") == "C"]
+    names = {e["name"] for e in counters}
+    assert {"sys.cpu [%]", "proc.rss [B]", "sys.mem_used [B]", "children.count"} <= names
+    assert all("[" in n or n in ("sys.load1", "proc.threads", "children.count") for n in names)
+    assert all(set(e["args"]) == {"value"} for e in counters)
+    span = next(e for e in run.events if e.get("name") == "work")
+    inside = [e for e in counters if span["ts"] <= e["ts"] <= span["ts"] + span["dur"]]
+    assert len(inside) >= 5  # same time base as spans
+    sampler_tids = {e["tid"] for e in counters}
+    assert len(sampler_tids) == 1
+    tid = sampler_tids.pop()
+    assert run.thread_names()[tid] == "fastprof-sampler"
+    meta = run.final["sampler"]
+    assert meta["hz"] == 20 and meta["host"]["available"] is True
+    assert meta["self_cost"]["ticks"] >= 5
+    assert meta["self_cost"]["cpu_ns_per_tick_mean"] > 0
+
+
+def nvml_present() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(nvml_present(), reason="NVML is present on this machine")
+def test_no_nvml_is_reported_once_without_warnings(tmp_path):
+    # filterwarnings=error: any warning from the sampler would fail this test.
+    rec = fastprof.start(tmp_path, "nonvml", sample_hz=100)
+    time.sleep(0.5)
+    rec.stop()
+    info = rec.sampler_info()
+    assert info is not None
+    assert info["nvml"]["available"] is False
+    assert "NVML" in info["nvml"]["reason"] or "nvidia" in info["nvml"]["reason"].lower()
+    assert not any(k.startswith("gpu") for k in rec.counters())
+    assert rec.energy_j(0, time.monotonic_ns()) is None
+    with gzip.open(rec.stats.segments[-1], "rt") as f:
+        other = json.load(f)["otherData"]
+    assert other["sampler"]["nvml"]["available"] is False
+    assert other["config"]["gpu_inventory"]["available"] is False
+
+
+def test_sampling_off_and_bad_rates(tmp_path):
+    rec = fastprof.start(tmp_path, "off", sample_hz=0)
+    rec.stop()
+    assert rec.counters() == {} and rec.sampler_info() is None
+    for bad in (-1, 0.5, 5000, float("nan")):
+        with pytest.raises(fastprof.ConfigError, match="sample_hz"):
+            fastprof.Recorder(tmp_path, "bad", sample_hz=bad)
+    assert not fastprof.is_active()
+
+
+def test_env_turns_sampler_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTPROF_SAMPLE_HZ", "50")
+    monkeypatch.setenv("FASTPROF_SAMPLE_PER_CPU", "1")
+    rec = fastprof.start(tmp_path, "env", sample_gpus="none")
+    time.sleep(0.3)
+    rec.stop()
+    names = set(rec.counters())
+    assert "sys.cpu0 [%]" in names and "sys.cpu [%]" in names
+    assert rec.sampler_info()["hz"] == 50
+
+
+@pytest.mark.gpu
+def test_gpu_readings_under_matmul(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    rec = fastprof.start(tmp_path, "gpu", sample_hz=50, sample_gpus=[0])
+    time.sleep(1.0)
+    idle1 = time.monotonic_ns()
+    a = torch.randn(8192, 8192, device="cuda")
+    t0 = time.monotonic_ns()
+    while time.monotonic_ns() - t0 < 3e9:
+        a = (a @ a).clamp_(-1, 1)
+    torch.cuda.synchronize()
+    t1 = time.monotonic_ns()
+    rec.stop()
+    c = rec.counters()
+    util_busy = window(c["gpu0.util [%]"], t0 + 500_000_000, t1)
+    util_idle = window(c["gpu0.util [%]"], 0, idle1)
+    assert util_busy.mean() > 50 and util_busy.mean() > util_idle.mean() + 30
+    energy = c["gpu0.energy [J]"][1]
+    assert np.all(np.diff(energy) >= 0)
+    limit = rec.sampler_info()["nvml"]["devices"][0]["power_limit_w"]
+    power = c["gpu0.power [W]"][1]
+    assert 0 < power.max() <= limit * 1.1
+    joules, source = rec.energy_j(t0, t1, gpu=0)
+    assert joules > 0 and source in ("energy_counter", "integrated_power")
