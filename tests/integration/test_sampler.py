@@ -171,7 +171,7 @@ def nvml_present() -> bool:
         pynvml.nvmlInit()
         pynvml.nvmlShutdown()
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001 - any NVML failure means absent
         return False
 
 
