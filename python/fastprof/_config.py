@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -64,6 +65,8 @@ class Options:
     #: None = every visible GPU, [] = no NVML, else NVML indices / UUIDs.
     sample_gpus: list[str] | None
     sample_history: int
+    #: "procfs" (Rust reads /proc) or "psutil" (a Python thread, for non-Linux hosts).
+    host_sampler: str
 
     @property
     def run_dir(self) -> Path:
@@ -163,6 +166,15 @@ def resolve_gpus(choice: str | list[str], env: Mapping[str, str], local_rank: in
     return visible
 
 
+def _host_sampler(v: Any) -> str:
+    text = str(v).strip().lower()
+    if text == "auto":
+        return "procfs" if sys.platform.startswith("linux") else "psutil"
+    if text not in ("procfs", "psutil"):
+        raise ValueError(f"expected auto, procfs or psutil, got {v!r}")
+    return text
+
+
 def _default_run_name(env: Mapping[str, str], world_size: int, out_dir: Path) -> str:
     # Every rank of a torchrun job must agree on the run name without talking:
     # the elastic run id is shared; a timestamp is not.
@@ -192,6 +204,7 @@ def resolve(
     sample_per_cpu: bool | None = None,
     sample_gpus: str | int | list[str] | list[int] | None = None,
     sample_history: int | None = None,
+    host_sampler: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Options:
     """Resolve options from arguments, ``FASTPROF_*`` variables and torchrun's environment."""
@@ -257,6 +270,9 @@ def resolve(
         ),
         sample_history=_pick(
             "sample_history", sample_history, env, "FASTPROF_SAMPLE_HISTORY", _int, DEFAULT_SAMPLE_HISTORY
+        ),
+        host_sampler=_pick(
+            "host_sampler", host_sampler, env, "FASTPROF_HOST_SAMPLER", _host_sampler, _host_sampler("auto")
         ),
     )
     if opts.sample_hz != 0 and not 1 <= opts.sample_hz <= 1000:

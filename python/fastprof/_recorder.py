@@ -18,6 +18,7 @@ import numpy as np
 from fastprof import _core
 from fastprof._config import Options, resolve
 from fastprof._gpu import inventory
+from fastprof._psutil_sampler import PsutilHostSampler
 
 _lock = threading.Lock()
 _current: Recorder | None = None
@@ -69,6 +70,8 @@ class Recorder:
             single process), ``"all"``, ``"none"``, or NVML indices/UUIDs (``FASTPROF_SAMPLE_GPUS``).
         sample_history: samples kept in memory per metric for :meth:`counters`
             (``FASTPROF_SAMPLE_HISTORY``, default 65536; the trace keeps every sample).
+        host_sampler: ``"auto"`` (Rust reading /proc on Linux, psutil elsewhere),
+            ``"procfs"`` or ``"psutil"`` (``FASTPROF_HOST_SAMPLER``).
     """
 
     def __init__(
@@ -86,6 +89,7 @@ class Recorder:
         sample_per_cpu: bool | None = None,
         sample_gpus: str | int | list[str] | list[int] | None = None,
         sample_history: int | None = None,
+        host_sampler: str | None = None,
     ) -> None:
         self.options: Options = resolve(
             out_dir,
@@ -100,9 +104,11 @@ class Recorder:
             sample_per_cpu=sample_per_cpu,
             sample_gpus=sample_gpus,
             sample_history=sample_history,
+            host_sampler=host_sampler,
         )
         self.stats: RunStats | None = None
         self._started = False
+        self._psutil: PsutilHostSampler | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -125,6 +131,8 @@ class Recorder:
         extra: dict[str, Any] = {"out_dir": str(o.out_dir), "local_world_size": o.local_world_size}
         if o.sample_hz and o.sample_gpus != []:
             extra["gpu_inventory"] = inventory()
+        use_psutil = bool(o.sample_hz) and o.host_sampler == "psutil"
+        extra["host_sampler"] = o.host_sampler if o.sample_hz else None
         with _lock:
             _core.start(
                 str(o.trace_dir),
@@ -142,8 +150,12 @@ class Recorder:
                 sample_per_cpu=o.sample_per_cpu,
                 sample_gpus=o.sample_gpus,
                 sample_history=o.sample_history,
+                sample_host=not use_psutil,
             )
             self._started = True
+            if use_psutil:
+                self._psutil = PsutilHostSampler(o.sample_hz, o.sample_history)
+                self._psutil.start()
             _current = self
             if not _atexit_registered:
                 atexit.register(_stop_at_exit)
@@ -161,6 +173,8 @@ class Recorder:
                 if self.stats is not None:
                     return self.stats
                 raise _core.NotRunningError("this recorder was never started")
+            if self._psutil is not None:
+                self._psutil.stop()
             raw = _core.stop()
             self._started = False
             if _current is self:
@@ -192,7 +206,10 @@ class Recorder:
         name, e.g. ``"proc.rss [B]"``): ``(timestamps, values)`` with
         timestamps in CLOCK_MONOTONIC ns (``time.monotonic_ns()``'s clock).
         Works while running and after stop; empty when sampling was off."""
-        return _core.sampler_series()
+        series = _core.sampler_series()
+        if self._psutil is not None:
+            series.update(self._psutil.snapshot())
+        return series
 
     def sampler_info(self) -> dict[str, Any] | None:
         """What the sampler found (host source, NVML availability and reason,

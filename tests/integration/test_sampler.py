@@ -240,3 +240,24 @@ def test_gpu_readings_under_matmul(tmp_path):
     assert 0 < power.max() <= limit * 1.1
     joules, source = rec.energy_j(t0, t1, gpu=0)
     assert joules > 0 and source in ("energy_counter", "integrated_power")
+
+
+def test_psutil_host_sampler_gives_the_same_metrics(tmp_path, traces):
+    rec = fastprof.start(tmp_path, "psutil", sample_hz=20, host_sampler="psutil", sample_gpus="none")
+    time.sleep(1.0)
+    # A GIL-bound burn starves a Python sampler (the reason the Rust one
+    # exists): fewer samples, but the ones taken must see the burn.
+    t = threading.Thread(target=burn, args=(1.5,))
+    t.start()
+    t.join()
+    rec.stop()
+    c = rec.counters()
+    for name in ("sys.cpu [%]", "proc.rss [B]", "proc.cpu_user [%]", "children.count", "sys.mem_used [B]"):
+        assert c[name][0].size >= 12, name
+    assert c["proc.cpu_user [%]"][1].max() > 50
+    run = traces.read(rec.trace_dir)
+    names = run.thread_names()
+    tids = {e["tid"] for e in run.of("C", "proc.rss [B]")}
+    assert [names[t] for t in tids] == ["fastprof-psutil-sampler"]
+    assert run.final["sampler"]["host"]["source"].startswith("psutil")
+    assert run.final["config"]["host_sampler"] == "psutil"

@@ -103,3 +103,30 @@ def test_smallest_valid_options(tmp_path):
     stats = fastprof.stop()
     assert stats.events_written == 1
     assert rec.trace_dir.is_dir()
+
+
+def test_gpu_selection_follows_torchrun_and_cuda_visible_devices():
+    from fastprof._config import resolve_gpus
+
+    env = {"CUDA_VISIBLE_DEVICES": "3,1,GPU-abc"}
+    assert resolve_gpus("auto", env, local_rank=1, world_size=4) == ["1"]
+    assert resolve_gpus("auto", env, local_rank=2, world_size=4) == ["GPU-abc"]
+    assert resolve_gpus("auto", env, local_rank=5, world_size=8) == []
+    assert resolve_gpus("auto", {}, local_rank=2, world_size=4) == ["2"]
+    assert resolve_gpus("auto", env, local_rank=0, world_size=1) == ["3", "1", "GPU-abc"]
+    assert resolve_gpus("auto", {}, local_rank=0, world_size=1) is None
+    assert resolve_gpus("all", env, local_rank=1, world_size=4) is None
+    assert resolve_gpus("none", env, local_rank=1, world_size=4) == []
+    assert resolve_gpus(["0", "2"], env, local_rank=1, world_size=4) == ["0", "2"]
+
+
+def test_sampler_options_from_env_and_errors(monkeypatch):
+    from fastprof._config import resolve
+
+    o = resolve(env={"FASTPROF_SAMPLE_HZ": "100", "FASTPROF_SAMPLE_GPUS": "0,1", "FASTPROF_HOST_SAMPLER": "psutil"})
+    assert (o.sample_hz, o.sample_gpus, o.host_sampler) == (100.0, ["0", "1"], "psutil")
+    assert resolve(env={}).sample_hz == 10.0
+    with pytest.raises(fastprof.ConfigError, match="FASTPROF_HOST_SAMPLER"):
+        resolve(env={"FASTPROF_HOST_SAMPLER": "magic"})
+    with pytest.raises(fastprof.ConfigError, match="FASTPROF_SAMPLE_PER_CPU"):
+        resolve(env={"FASTPROF_SAMPLE_PER_CPU": "maybe"})

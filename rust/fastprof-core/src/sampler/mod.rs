@@ -39,6 +39,9 @@ pub struct SamplerConfig {
     pub history: usize,
     /// Seconds between PCIe throughput reads (each blocks ~20 ms in the driver).
     pub pcie_every_s: f64,
+    /// Read host/process counters here (/proc); off when the Python layer
+    /// samples them with psutil instead (non-Linux hosts).
+    pub host: bool,
 }
 
 impl Default for SamplerConfig {
@@ -49,6 +52,7 @@ impl Default for SamplerConfig {
             gpus: GpuSelect::All,
             history: 1 << 16,
             pcie_every_s: 1.0,
+            host: true,
         }
     }
 }
@@ -304,7 +308,8 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
     let clk_tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    let linux = cfg!(target_os = "linux") && std::path::Path::new("/proc/self/stat").exists();
+    let procfs_ok = cfg!(target_os = "linux") && std::path::Path::new("/proc/self/stat").exists();
+    let linux = cfg.host && procfs_ok;
     let mut stat = ProcFile::open("/proc/stat");
     let mut meminfo = ProcFile::open("/proc/meminfo");
     let mut diskstats = ProcFile::open("/proc/diskstats");
@@ -332,6 +337,8 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
     };
     let host_meta = if linux {
         json!({"available": true, "source": "procfs", "disks": disks})
+    } else if !cfg.host {
+        json!({"available": true, "source": "psutil (Python thread)"})
     } else {
         json!({"available": false, "reason": "host sampling reads /proc, which this OS lacks"})
     };
@@ -456,7 +463,7 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
             m.emit("children.rss [B]", rss as f64);
         }
         let ru = rusage();
-        if !first {
+        if !first && cfg.host {
             // µs of CPU per ns of wall, as % of one core.
             m.emit(
                 "proc.cpu_user [%]",
