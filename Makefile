@@ -47,6 +47,7 @@ bench: dev ## Run the benchmarks (peers side by side, ratios printed)
 	$(PY) benches/bench_span.py
 	$(PY) benches/bench_writer.py
 	$(PY) benches/bench_training.py
+	$(PY) benches/bench_sampler.py
 	cargo bench -p fastprof-core
 
 clean: ## Remove build outputs and the venv
