@@ -33,6 +33,7 @@ from fastprof._core import (
     name_id,
     span,
 )
+from fastprof._merge import merge
 from fastprof._reader import read_trace
 from fastprof._recorder import Recorder, RunStats, current, start, stop
 
@@ -55,6 +56,7 @@ __all__ = [
     "end",
     "instant",
     "is_active",
+    "merge",
     "name_id",
     "read_trace",
     "span",

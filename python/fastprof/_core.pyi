@@ -98,4 +98,20 @@ def _noop() -> None: ...
 def sampler_series() -> dict[str, tuple[Any, Any]]: ...
 def sampler_info() -> dict[str, Any] | None: ...
 def energy_between(gpu: str, t0_ns: int, t1_ns: int) -> tuple[float, str] | None: ...
+def merge(
+    inputs: list[str],
+    output: str,
+    *,
+    force: bool = False,
+    ranks: list[int] | None = None,
+    start: float | None = None,
+    end: float | None = None,
+    steps: tuple[int, int] | None = None,
+    include_categories: list[str] = ...,
+    exclude_categories: list[str] = ...,
+    max_bytes: int | None = None,
+    threads: int = 0,
+    compression_level: int = 1,
+    progress: bool = False,
+) -> dict[str, Any]: ...
 def read_trace(path: str) -> tuple[Any, list[str], bool, int]: ...

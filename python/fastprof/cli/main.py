@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from fastprof import __version__
 from fastprof._core import FastprofError
-from fastprof.cli import demo
+from fastprof.cli import demo, merge
 
 
 class CommandError(Exception):
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fastprof {__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     demo.add_parser(verbs)
+    merge.add_parser(verbs)
     return parser
 
 

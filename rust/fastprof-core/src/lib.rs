@@ -6,18 +6,22 @@
 //! * [`writer`]: the writer thread that drains rings into gzip Chrome-trace segments.
 //! * [`reader`]: reads traces back, salvaging truncated ones.
 //! * [`sampler`]: the always-on host / process / NVML sampler thread.
+//! * [`scan`], [`merge`], [`pargz`]: the streaming scanner, `fastprof merge`, parallel single-member gzip.
 //! * [`clock`]: CLOCK_MONOTONIC / CLOCK_REALTIME and anchor pairs.
 
 pub mod clock;
 pub mod config;
 pub mod error;
 pub mod json;
+pub mod merge;
 pub mod names;
+pub mod pargz;
 pub mod reader;
 pub mod record;
 pub mod recorder;
 pub mod ring;
 pub mod sampler;
+pub mod scan;
 pub mod writer;
 
 pub use error::{CoreError, Result};

@@ -146,6 +146,79 @@ fn energy_between(gpu: &str, t0_ns: u64, t1_ns: u64) -> Option<(f64, &'static st
     store.energy_between(gpu, t0_ns, t1_ns)
 }
 
+/// Merge traces (see `fastprof merge --help`); runs in Rust with the GIL released.
+#[pyfunction]
+#[pyo3(signature = (inputs, output, *, force=false, ranks=None, start=None, end=None, steps=None,
+                    include_categories=Vec::new(), exclude_categories=Vec::new(), max_bytes=None,
+                    threads=0, compression_level=1, progress=false))]
+#[allow(clippy::too_many_arguments)]
+fn merge(
+    py: Python<'_>,
+    inputs: Vec<PathBuf>,
+    output: PathBuf,
+    force: bool,
+    ranks: Option<Vec<u32>>,
+    start: Option<f64>,
+    end: Option<f64>,
+    steps: Option<(u64, u64)>,
+    include_categories: Vec<String>,
+    exclude_categories: Vec<String>,
+    max_bytes: Option<u64>,
+    threads: usize,
+    compression_level: u32,
+    progress: bool,
+) -> PyResult<Bound<'_, PyDict>> {
+    use fastprof_core::merge::{MergeOptions, Window};
+    let window = match (steps, start, end) {
+        (Some((from, to)), _, _) => Window::Steps { from, to },
+        (None, None, None) => Window::All,
+        (None, s, e) => Window::Seconds { start: s, end: e },
+    };
+    let opts = MergeOptions {
+        inputs,
+        output,
+        force,
+        ranks,
+        window,
+        include_categories,
+        exclude_categories,
+        max_bytes,
+        threads,
+        compression_level,
+        progress,
+    };
+    let s = py
+        .detach(|| fastprof_core::merge::merge(&opts))
+        .map_err(Error)?;
+    let d = PyDict::new(py);
+    d.set_item("output", s.output)?;
+    d.set_item("files", s.files)?;
+    d.set_item("skipped_files", s.skipped_files)?;
+    d.set_item("ranks", s.ranks)?;
+    d.set_item("events_in", s.events_in)?;
+    d.set_item("events_out", s.events_out)?;
+    d.set_item("metadata_added", s.metadata_added)?;
+    d.set_item("metadata_replaced", s.metadata_replaced)?;
+    d.set_item("filtered_window", s.filtered_window)?;
+    d.set_item("filtered_category", s.filtered_category)?;
+    d.set_item("filtered_rank", s.filtered_rank)?;
+    d.set_item("filtered_max_bytes", s.filtered_max_bytes)?;
+    d.set_item("dropped_categories", s.dropped_categories)?;
+    d.set_item("salvaged_bytes", s.salvaged_bytes)?;
+    d.set_item("base_ns", s.base_ns)?;
+    d.set_item("start_ns", s.start_ns)?;
+    d.set_item("end_ns", s.end_ns)?;
+    d.set_item("uncertainty_ns", s.uncertainty_ns)?;
+    d.set_item("bytes_uncompressed", s.bytes_uncompressed)?;
+    d.set_item("bytes_written", s.bytes_written)?;
+    d.set_item("warnings", s.warnings)?;
+    d.set_item(
+        "inputs",
+        convert::to_py(py, &serde_json::Value::Array(s.inputs_json))?,
+    )?;
+    Ok(d)
+}
+
 /// Called in a forked child (os.register_at_fork): forget the parent's recorder.
 #[pyfunction]
 fn _after_fork_in_child() {
@@ -189,6 +262,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sampler_series, m)?)?;
     m.add_function(wrap_pyfunction!(sampler_info, m)?)?;
     m.add_function(wrap_pyfunction!(energy_between, m)?)?;
+    m.add_function(wrap_pyfunction!(merge, m)?)?;
     m.add("__version__", fastprof_core::VERSION)?;
     Ok(())
 }

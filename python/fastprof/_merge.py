@@ -1,0 +1,61 @@
+"""``fastprof.merge``: the Python face of the Rust merger."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from fastprof import _core
+
+
+def merge(
+    inputs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    output: str | os.PathLike[str],
+    *,
+    force: bool = False,
+    ranks: Sequence[int] | None = None,
+    start: float | None = None,
+    end: float | None = None,
+    steps: tuple[int, int] | None = None,
+    include_categories: Sequence[str] = (),
+    exclude_categories: Sequence[str] = (),
+    max_bytes: int | None = None,
+    threads: int = 0,
+    compression_level: int = 1,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Merge fastprof segments, torch.profiler traces and every rank into one
+    timeline at ``output`` (gzip unless it ends in ``.json``).
+
+    ``inputs``: files, directories (searched recursively) or glob patterns.
+    ``start``/``end``: seconds from the start of the merged timeline;
+    ``steps=(a, b)``: steps a..b inclusive by step markers (torch
+    ``ProfilerStep#N`` or fastprof ``step`` spans). ``max_bytes`` bounds the
+    uncompressed output by dropping low-value categories first
+    (python_function first); what was dropped is in the output's
+    ``otherData.max_bytes``. Runs in Rust with the GIL released, in constant
+    memory. Returns the summary; salvaged inputs emit a
+    :class:`fastprof.FastprofWarning` naming the file and offset.
+    """
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    summary: dict[str, Any] = _core.merge(
+        [os.fspath(p) for p in inputs],
+        os.fspath(output),
+        force=force,
+        ranks=list(ranks) if ranks is not None else None,
+        start=start,
+        end=end,
+        steps=steps,
+        include_categories=list(include_categories),
+        exclude_categories=list(exclude_categories),
+        max_bytes=max_bytes,
+        threads=threads,
+        compression_level=compression_level,
+        progress=progress,
+    )
+    for message in summary["warnings"]:
+        warnings.warn(message, _core.FastprofWarning, stacklevel=2)
+    return summary

@@ -1,0 +1,813 @@
+//! `fastprof merge`: one aligned timeline from fastprof segments,
+//! torch.profiler (Kineto) traces and every rank of a distributed run,
+//! streaming in constant memory.
+//!
+//! Two passes over each input, both streaming through [`crate::scan`]:
+//! 1. [`plan`]: base time, rank, clock offset, pids, step markers, time range,
+//!    bytes per category. Needed first because Kineto may write
+//!    `baseTimeNanoseconds` after `traceEvents`, and windows by step need
+//!    every rank's steps before any event is placed.
+//! 2. write: each event's raw bytes are copied through with only the fields
+//!    merging must change rewritten (`pid`, `ts`, flow/async `id`s, process
+//!    names and sort indexes), in ~1 MiB chunks compressed in parallel into a
+//!    single-member gzip ([`crate::pargz`]), written to a temporary name and
+//!    renamed when complete.
+//!
+//! Timestamps are parsed as decimal text into integer ns, never through a
+//! float, brought to epoch ns (base + ts + the rank's clock offset), and
+//! written against one output `baseTimeNanoseconds`.
+
+pub mod inputs;
+pub mod plan;
+
+use crate::error::{CoreError, Result};
+use crate::json;
+use crate::pargz::ParGzWriter;
+use crate::scan::{self, Fields, Item, Scanner};
+use plan::{InputInfo, Kind};
+use serde_json::{json, Value};
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Which part of the timeline to keep.
+#[derive(Debug, Clone, Default)]
+pub enum Window {
+    #[default]
+    All,
+    /// Seconds from the start of the merged timeline.
+    Seconds {
+        start: Option<f64>,
+        end: Option<f64>,
+    },
+    /// Steps `from..=to` by step markers (torch `ProfilerStep#N`, fastprof `step` spans).
+    Steps { from: u64, to: u64 },
+}
+
+/// Categories dropped first when `max_bytes` must be met, lowest value first.
+pub const LOW_VALUE_CATEGORIES: &[&str] = &[
+    "python_function",
+    "Trace",
+    "cpu_instant_event",
+    "fwdbwd",
+    "ac2g",
+    "cuda_runtime",
+    "cuda_driver",
+    "gpu_memset",
+    "gpu_memcpy",
+    "cpu_op",
+    "user_annotation",
+    "gpu_user_annotation",
+    "kernel",
+];
+
+#[derive(Debug, Clone)]
+pub struct MergeOptions {
+    pub inputs: Vec<PathBuf>,
+    pub output: PathBuf,
+    /// Overwrite an existing output.
+    pub force: bool,
+    /// Keep only these ranks.
+    pub ranks: Option<Vec<u32>>,
+    pub window: Window,
+    /// Keep only events with one of these categories (metadata always kept).
+    pub include_categories: Vec<String>,
+    pub exclude_categories: Vec<String>,
+    /// Upper bound on the uncompressed output; low-value categories are dropped to meet it.
+    pub max_bytes: Option<u64>,
+    /// Worker threads (0 = every core).
+    pub threads: usize,
+    pub compression_level: u32,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+}
+
+impl Default for MergeOptions {
+    fn default() -> Self {
+        MergeOptions {
+            inputs: Vec::new(),
+            output: PathBuf::from("trace.json.gz"),
+            force: false,
+            ranks: None,
+            window: Window::All,
+            include_categories: Vec::new(),
+            exclude_categories: Vec::new(),
+            max_bytes: None,
+            threads: 0,
+            compression_level: 1,
+            progress: false,
+        }
+    }
+}
+
+/// What a merge did.
+#[derive(Debug, Clone, Default)]
+pub struct MergeSummary {
+    pub output: PathBuf,
+    pub files: usize,
+    pub skipped_files: Vec<String>,
+    pub ranks: Vec<u32>,
+    pub events_in: u64,
+    pub events_out: u64,
+    pub metadata_added: u64,
+    /// Original `process_sort_index` events, replaced by rank-ordered ones.
+    pub metadata_replaced: u64,
+    pub filtered_window: u64,
+    pub filtered_category: u64,
+    pub filtered_rank: u64,
+    pub filtered_max_bytes: u64,
+    pub dropped_categories: Vec<String>,
+    pub salvaged_bytes: u64,
+    pub base_ns: i64,
+    pub start_ns: i64,
+    pub end_ns: i64,
+    pub uncertainty_ns: u64,
+    pub bytes_uncompressed: u64,
+    pub bytes_written: u64,
+    pub warnings: Vec<String>,
+    /// One JSON object per input: path, kind, rank, base, offset, counts.
+    pub inputs_json: Vec<Value>,
+}
+
+struct Ctx<'a> {
+    info: &'a InputInfo,
+    rank: u32,
+    /// Added to numeric flow / async ids so they never join across inputs.
+    id_offset: i64,
+    pid_map: &'a HashMap<(u32, Vec<u8>), i64>,
+    out_base: i64,
+    /// Epoch-ns window for this input's rank (a step window is per rank).
+    window: Option<(i64, i64)>,
+    include: &'a [String],
+    exclude: &'a [String],
+    dropped: &'a [String],
+}
+
+#[derive(Default)]
+struct Counts {
+    out: u64,
+    replaced: u64,
+    utf8_fixed: u64,
+    window: u64,
+    category: u64,
+    max_bytes: u64,
+}
+
+fn cats_of(raw: &[u8], f: &Fields) -> Vec<String> {
+    f.cat
+        .clone()
+        .and_then(|r| scan::str_value(&raw[r]))
+        .map(|c| {
+            String::from_utf8_lossy(c)
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Rewrite one event into `out` (prefixed by `,\n`), or count why it was left out.
+/// Invalid UTF-8 (torch writes such names with `with_stack`) is replaced by
+/// U+FFFD so the output is always strict JSON.
+fn rewrite(raw: &[u8], ctx: &Ctx<'_>, counts: &mut Counts, out: &mut Vec<u8>) {
+    if std::str::from_utf8(raw).is_err() {
+        let fixed = String::from_utf8_lossy(raw).into_owned();
+        counts.utf8_fixed += 1;
+        return rewrite_valid(fixed.as_bytes(), ctx, counts, out);
+    }
+    rewrite_valid(raw, ctx, counts, out)
+}
+
+fn rewrite_valid(raw: &[u8], ctx: &Ctx<'_>, counts: &mut Counts, out: &mut Vec<u8>) {
+    let Some(f) = Fields::parse(raw) else {
+        // Not an object: copy through untouched (viewers ignore what they do not know).
+        out.extend_from_slice(b",\n");
+        out.extend_from_slice(raw);
+        counts.out += 1;
+        return;
+    };
+    let ph =
+        f.ph.clone()
+            .and_then(|r| scan::str_value(&raw[r]))
+            .unwrap_or(b"");
+    let name = f
+        .name
+        .clone()
+        .and_then(|r| scan::str_value(&raw[r]))
+        .unwrap_or(b"");
+    let meta = ph == b"M";
+    if meta && name == b"process_sort_index" {
+        counts.replaced += 1; // ours, in rank order, are written instead
+        return;
+    }
+    if !meta {
+        let cats = cats_of(raw, &f);
+        if cats.iter().any(|c| ctx.dropped.contains(c)) {
+            counts.max_bytes += 1;
+            return;
+        }
+        if (!ctx.include.is_empty() && !cats.iter().any(|c| ctx.include.contains(c)))
+            || cats.iter().any(|c| ctx.exclude.contains(c))
+        {
+            counts.category += 1;
+            return;
+        }
+    }
+    let ts = f.ts.clone().and_then(|r| scan::parse_us_to_ns(&raw[r]));
+    if let (false, Some((w0, w1)), Some(t)) = (meta, ctx.window, ts) {
+        let start = ctx.info.abs(t);
+        let dur = f
+            .dur
+            .clone()
+            .and_then(|r| scan::parse_us_to_ns(&raw[r]))
+            .unwrap_or(0)
+            .max(0);
+        // Overlap, not mere contact: a span ending where the window begins
+        // (the previous step) is outside; an instant on the edge is inside.
+        let outside = if dur > 0 {
+            start + dur <= w0 || start >= w1
+        } else {
+            start < w0 || start > w1
+        };
+        if outside {
+            counts.window += 1;
+            return;
+        }
+    }
+    let mut reps: Vec<(Range<usize>, Vec<u8>)> = Vec::with_capacity(4);
+    if let Some(r) = f.pid.clone() {
+        if let Some(&p) = ctx.pid_map.get(&(ctx.rank, raw[r.clone()].to_vec())) {
+            let mut v = Vec::new();
+            json::write_int(&mut v, p);
+            reps.push((r, v));
+        }
+    }
+    if let (Some(r), Some(t)) = (f.ts.clone(), ts) {
+        let mut v = Vec::new();
+        json::write_us(&mut v, ctx.info.abs(t) - ctx.out_base);
+        reps.push((r, v));
+    }
+    let flowish = matches!(
+        ph,
+        b"s" | b"t" | b"f" | b"b" | b"e" | b"n" | b"S" | b"T" | b"F" | b"O" | b"N" | b"D"
+    );
+    for r in [if flowish { f.id.clone() } else { None }, f.bind_id.clone()]
+        .into_iter()
+        .flatten()
+    {
+        let v = match scan::parse_int(&raw[r.clone()]) {
+            Some(id) => {
+                let mut v = Vec::new();
+                json::write_int(&mut v, id.wrapping_add(ctx.id_offset));
+                v
+            }
+            None => {
+                let inner = scan::str_value(&raw[r.clone()]).unwrap_or(&raw[r.clone()]);
+                let mut v = format!("\"r{}:", ctx.id_offset >> 40).into_bytes();
+                v.extend_from_slice(inner);
+                v.push(b'"');
+                v
+            }
+        };
+        reps.push((r, v));
+    }
+    if meta && name == b"process_name" {
+        if let (Some(a), Some(p)) = (f.args.clone(), f.pid.clone()) {
+            let orig = ctx
+                .info
+                .process_names
+                .get(&raw[p])
+                .cloned()
+                .unwrap_or_default();
+            let mut v = b"{\"name\":".to_vec();
+            json::write_str(&mut v, &format!("rank {}: {}", ctx.rank, orig));
+            v.push(b'}');
+            reps.push((a, v));
+        }
+    }
+    reps.sort_by_key(|(r, _)| r.start);
+    out.extend_from_slice(b",\n");
+    let mut at = 0;
+    for (r, v) in reps {
+        if r.start < at {
+            continue; // overlapping ranges: keep the first rewrite
+        }
+        out.extend_from_slice(&raw[at..r.start]);
+        out.extend_from_slice(&v);
+        at = r.end;
+    }
+    out.extend_from_slice(&raw[at..]);
+    counts.out += 1;
+}
+
+enum Sink {
+    Gz(Box<ParGzWriter>),
+    Plain(BufWriter<File>, u64),
+}
+
+impl Sink {
+    fn write(&mut self, chunk: Vec<u8>) -> std::io::Result<()> {
+        match self {
+            Sink::Gz(w) => w.write_chunk(chunk),
+            Sink::Plain(w, n) => {
+                *n += chunk.len() as u64;
+                w.write_all(&chunk)
+            }
+        }
+    }
+
+    fn finish(self) -> std::io::Result<(u64, u64)> {
+        match self {
+            Sink::Gz(w) => (*w).finish(),
+            Sink::Plain(mut w, n) => {
+                w.flush()?;
+                Ok((n, n))
+            }
+        }
+    }
+}
+
+const CHUNK: usize = 1 << 20;
+
+fn progress_thread(
+    done: Arc<AtomicU64>,
+    total: u64,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut stderr = std::io::stderr();
+        while !stop.load(Ordering::Relaxed) {
+            let d = done.load(Ordering::Relaxed).min(total);
+            let frac = if total > 0 {
+                d as f64 / total as f64
+            } else {
+                1.0
+            };
+            let bar = (frac * 30.0) as usize;
+            let _ = write!(
+                stderr,
+                "\r  merging [{}{}] {:3.0}%  {:.1}/{:.1} MB read ",
+                "#".repeat(bar),
+                " ".repeat(30 - bar),
+                frac * 100.0,
+                d as f64 / 2e6,
+                total as f64 / 2e6
+            );
+            let _ = stderr.flush();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let _ = write!(stderr, "\r{}\r", " ".repeat(72));
+    })
+}
+
+/// Run a merge. On error nothing is left at `output`.
+pub fn merge(opts: &MergeOptions) -> Result<MergeSummary> {
+    if opts.output.exists() && !opts.force {
+        return Err(CoreError::io(
+            &opts.output,
+            std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "already exists; pass -f/--force to overwrite",
+            ),
+        ));
+    }
+    let out_abs = opts.output.canonicalize().ok();
+    let files: Vec<PathBuf> = inputs::expand(&opts.inputs)?
+        .into_iter()
+        .filter(|p| {
+            out_abs
+                .as_ref()
+                .is_none_or(|o| p.canonicalize().ok().as_ref() != Some(o))
+        })
+        .collect();
+    if files.is_empty() {
+        return Err(CoreError::config(
+            "inputs",
+            "no trace files found in the inputs",
+        ));
+    }
+    let threads = if opts.threads == 0 {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+    } else {
+        opts.threads
+    };
+    let total: u64 = 2 * files
+        .iter()
+        .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum::<u64>();
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let bar = opts
+        .progress
+        .then(|| progress_thread(done.clone(), total, stop.clone()));
+    let result = run(opts, files, threads, &done);
+    stop.store(true, Ordering::Relaxed);
+    if let Some(b) = bar {
+        let _ = b.join();
+    }
+    result
+}
+
+fn parallel<T: Send, R: Send>(items: Vec<T>, threads: usize, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+    let n = items.len();
+    let queue = Mutex::new(items.into_iter().enumerate().collect::<Vec<_>>());
+    let results: Mutex<Vec<Option<R>>> = Mutex::new((0..n).map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..threads.min(n).max(1) {
+            s.spawn(|| loop {
+                let Some((i, item)) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop() else {
+                    break;
+                };
+                let r = f(item);
+                results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
+            });
+        }
+    });
+    results
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+fn run(
+    opts: &MergeOptions,
+    files: Vec<PathBuf>,
+    threads: usize,
+    done: &Arc<AtomicU64>,
+) -> Result<MergeSummary> {
+    // ---- pass 1
+    let infos: Vec<Result<InputInfo>> = parallel(files, threads, |p| plan::scan_input(p, done));
+    let mut summary = MergeSummary {
+        output: opts.output.clone(),
+        ..Default::default()
+    };
+    let mut kept: Vec<InputInfo> = Vec::new();
+    for r in infos {
+        let info = r?;
+        summary.warnings.extend(info.warnings.iter().cloned());
+        if info.merged_output {
+            summary
+                .skipped_files
+                .push(format!("{} (a previous merge output)", info.path.display()));
+            continue;
+        }
+        summary.events_in += info.events;
+        summary.salvaged_bytes += info.salvaged_bytes;
+        kept.push(info);
+    }
+    // Ranks: from metadata, the path, or else the order of unranked inputs.
+    let mut unranked = 0;
+    for info in kept.iter_mut() {
+        if info.rank.is_none() {
+            summary.warnings.push(format!(
+                "{}: no rank in metadata or path; taken as rank 0",
+                info.path.display()
+            ));
+            info.rank = Some(0);
+            unranked += 1;
+        }
+    }
+    if unranked > 1 {
+        summary.warnings.push(format!(
+            "{unranked} inputs had no rank; their processes still get distinct pids"
+        ));
+    }
+    // Clock offsets are per rank: inputs of a rank without one take the rank's fastprof offset.
+    let mut rank_offset: HashMap<u32, (i64, u64)> = HashMap::new();
+    for i in kept.iter().filter(|i| i.kind == Kind::Fastprof) {
+        rank_offset
+            .entry(i.rank.unwrap_or(0))
+            .or_insert((i.offset_ns, i.offset_uncertainty_ns));
+    }
+    for i in kept.iter_mut().filter(|i| i.kind != Kind::Fastprof) {
+        if let Some(&(o, u)) = rank_offset.get(&i.rank.unwrap_or(0)) {
+            i.offset_ns = o;
+            i.offset_uncertainty_ns = u;
+        }
+    }
+    if let Some(want) = &opts.ranks {
+        let before = kept.len();
+        let mut gone = 0;
+        kept.retain(|i| {
+            let keep = want.contains(&i.rank.unwrap_or(0));
+            if !keep {
+                gone += i.events;
+            }
+            keep
+        });
+        summary.filtered_rank = gone;
+        if kept.is_empty() {
+            return Err(CoreError::config(
+                "ranks",
+                format!("none of the {before} inputs has a rank in {want:?}"),
+            ));
+        }
+    }
+    let ranks: BTreeSet<u32> = kept.iter().map(|i| i.rank.unwrap_or(0)).collect();
+    summary.ranks = ranks.iter().copied().collect();
+    let start = kept
+        .iter()
+        .filter_map(|i| i.min_ts.map(|t| i.abs(t)))
+        .min()
+        .unwrap_or(0);
+    let end = kept
+        .iter()
+        .filter_map(|i| i.max_ts.map(|t| i.abs(t)))
+        .max()
+        .unwrap_or(start);
+    // Per-rank step windows: each rank keeps its own steps A..=B.
+    let mut rank_windows: HashMap<u32, (i64, i64)> = HashMap::new();
+    let window = match &opts.window {
+        Window::All => None,
+        Window::Seconds { start: s, end: e } => Some((
+            start + (s.unwrap_or(0.0) * 1e9) as i64,
+            e.map_or(i64::MAX, |e| start + (e * 1e9) as i64),
+        )),
+        Window::Steps { from, to } => {
+            let sel: Vec<(i64, i64)> = kept
+                .iter()
+                .flat_map(|i| {
+                    i.steps
+                        .iter()
+                        .filter(|s| s.number >= *from && s.number <= *to)
+                        .map(|s| (i.abs(s.start), i.abs(s.end)))
+                })
+                .collect();
+            for i in &kept {
+                for st in i
+                    .steps
+                    .iter()
+                    .filter(|s| s.number >= *from && s.number <= *to)
+                {
+                    let w = rank_windows
+                        .entry(i.rank.unwrap_or(0))
+                        .or_insert((i64::MAX, i64::MIN));
+                    w.0 = w.0.min(i.abs(st.start));
+                    w.1 = w.1.max(i.abs(st.end));
+                }
+            }
+            if sel.is_empty() {
+                return Err(CoreError::config(
+                    "steps",
+                    format!("no step markers numbered {from}..={to} (ProfilerStep#N or fastprof 'step' spans) in the inputs"),
+                ));
+            }
+            Some((
+                sel.iter().map(|x| x.0).min().unwrap_or(start),
+                sel.iter().map(|x| x.1).max().unwrap_or(end),
+            ))
+        }
+    };
+    // max_bytes: drop low-value categories until the estimate fits.
+    let mut dropped: Vec<String> = Vec::new();
+    if let Some(max) = opts.max_bytes {
+        let mut estimate: u64 = kept.iter().map(|i| i.bytes).sum();
+        let mut by_cat: HashMap<&str, u64> = HashMap::new();
+        for i in &kept {
+            for (c, n) in &i.cat_bytes {
+                *by_cat.entry(c.as_str()).or_insert(0) += n;
+            }
+        }
+        for c in LOW_VALUE_CATEGORIES {
+            if estimate <= max {
+                break;
+            }
+            if let Some(n) = by_cat.get(c) {
+                estimate = estimate.saturating_sub(*n);
+                dropped.push(c.to_string());
+            }
+        }
+        if estimate > max {
+            summary.warnings.push(format!(
+                "--max-bytes {max}: still ~{estimate} bytes after dropping every low-value category"
+            ));
+        }
+    }
+    summary.dropped_categories = dropped.clone();
+    // pids: unique per (rank, original pid), numbered so the rank shows.
+    let mut pid_map: HashMap<(u32, Vec<u8>), i64> = HashMap::new();
+    let mut per_rank_next: HashMap<u32, i64> = HashMap::new();
+    let mut order: Vec<&InputInfo> = kept.iter().collect();
+    order.sort_by_key(|i| (i.rank, i.kind != Kind::Fastprof));
+    let mut sort_events: Vec<u8> = Vec::new();
+    for i in &order {
+        let rank = i.rank.unwrap_or(0);
+        for p in &i.pids {
+            if pid_map.contains_key(&(rank, p.clone())) {
+                continue;
+            }
+            let n = per_rank_next.entry(rank).or_insert(0);
+            let new = (rank as i64 + 1) * 100_000 + *n;
+            *n += 1;
+            pid_map.insert((rank, p.clone()), new);
+            sort_events
+                .extend_from_slice(b",\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":");
+            json::write_int(&mut sort_events, new);
+            sort_events.extend_from_slice(b",\"tid\":0,\"args\":{\"sort_index\":");
+            json::write_int(&mut sort_events, new);
+            sort_events.extend_from_slice(b"}}");
+            summary.metadata_added += 1;
+            if !kept
+                .iter()
+                .any(|k| k.rank == Some(rank) && k.process_names.contains_key(p))
+            {
+                sort_events
+                    .extend_from_slice(b",\n{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":");
+                json::write_int(&mut sort_events, new);
+                sort_events.extend_from_slice(b",\"tid\":0,\"args\":{\"name\":");
+                json::write_str(
+                    &mut sort_events,
+                    &format!("rank {rank}: pid {}", String::from_utf8_lossy(p)),
+                );
+                sort_events.extend_from_slice(b"}}");
+                summary.metadata_added += 1;
+            }
+        }
+    }
+    let out_base = window.map_or(start, |w| w.0.max(start));
+    summary.base_ns = out_base;
+    summary.start_ns = window.map_or(start, |w| w.0.max(start));
+    summary.end_ns = window.map_or(end, |w| w.1.min(end));
+    summary.uncertainty_ns = kept
+        .iter()
+        .map(|i| i.offset_uncertainty_ns + i.anchor_uncertainty_ns)
+        .max()
+        .unwrap_or(0);
+
+    // ---- pass 2
+    let dir = opts
+        .output
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        opts.output
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    let file = File::create(&tmp).map_err(|e| CoreError::io(&tmp, e))?;
+    let gz = !opts.output.to_string_lossy().ends_with(".json");
+    let sink = if gz {
+        match ParGzWriter::new(Box::new(file), threads, opts.compression_level) {
+            Ok(w) => Sink::Gz(Box::new(w)),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(CoreError::io(&tmp, e));
+            }
+        }
+    } else {
+        Sink::Plain(BufWriter::with_capacity(CHUNK, file), 0)
+    };
+    let sink = Mutex::new(sink);
+    let write_result = (|| -> Result<Vec<Counts>> {
+        let mut head = b"{\"baseTimeNanoseconds\":".to_vec();
+        json::write_int(&mut head, out_base);
+        head.extend_from_slice(b",\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+        head.extend_from_slice(
+            b"{\"ph\":\"M\",\"name\":\"fastprof_merge\",\"pid\":0,\"tid\":0,\"args\":{\"inputs\":",
+        );
+        json::write_int(&mut head, kept.len());
+        head.extend_from_slice(b"}}");
+        head.extend_from_slice(&sort_events);
+        sink.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .write(head)
+            .map_err(|e| CoreError::io(&tmp, e))?;
+        let jobs: Vec<(usize, &InputInfo)> = kept.iter().enumerate().collect();
+        let results = parallel(jobs, threads, |(idx, info)| -> Result<Counts> {
+            let ctx = Ctx {
+                info,
+                rank: info.rank.unwrap_or(0),
+                id_offset: (idx as i64 + 1) << 40,
+                pid_map: &pid_map,
+                out_base,
+                window: rank_windows
+                    .get(&info.rank.unwrap_or(0))
+                    .copied()
+                    .or(window),
+                include: &opts.include_categories,
+                exclude: &opts.exclude_categories,
+                dropped: &dropped,
+            };
+            let mut counts = Counts::default();
+            let mut sc = Scanner::open(&info.path)?;
+            let mut chunk = Vec::with_capacity(CHUNK + 4096);
+            let mut last = 0;
+            while let Some(item) = sc.next_item()? {
+                if let Item::Event(raw) = item {
+                    rewrite(raw, &ctx, &mut counts, &mut chunk);
+                    if chunk.len() >= CHUNK {
+                        let c = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK + 4096));
+                        sink.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .write(c)
+                            .map_err(|e| CoreError::io(&tmp, e))?;
+                        let r = sc.compressed_read();
+                        done.fetch_add(r - last, Ordering::Relaxed);
+                        last = r;
+                    }
+                }
+            }
+            done.fetch_add(sc.compressed_read().saturating_sub(last), Ordering::Relaxed);
+            if !chunk.is_empty() {
+                sink.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .write(chunk)
+                    .map_err(|e| CoreError::io(&tmp, e))?;
+            }
+            Ok(counts)
+        });
+        results.into_iter().collect()
+    })();
+    let counts = match write_result {
+        Ok(c) => c,
+        Err(e) => {
+            drop(sink);
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    for (c, info) in counts.iter().zip(&kept) {
+        summary.events_out += c.out;
+        summary.metadata_replaced += c.replaced;
+        if c.utf8_fixed > 0 {
+            summary.warnings.push(format!(
+                "{}: invalid UTF-8 in {} events replaced by U+FFFD",
+                info.path.display(),
+                c.utf8_fixed
+            ));
+        }
+        summary.filtered_window += c.window;
+        summary.filtered_category += c.category;
+        summary.filtered_max_bytes += c.max_bytes;
+        summary.inputs_json.push(json!({
+            "path": info.path.display().to_string(),
+            "kind": info.kind.as_str(),
+            "rank": info.rank,
+            "base_ns": info.base_ns,
+            "offset_ns": info.offset_ns,
+            "offset_uncertainty_ns": info.offset_uncertainty_ns,
+            "events_in": info.events,
+            "events_out": c.out,
+            "salvaged_bytes": info.salvaged_bytes,
+        }));
+    }
+    summary.files = kept.len();
+    let other = json!({
+        "producer": "fastprof merge",
+        "version": crate::VERSION,
+        "merged": true,
+        "inputs": summary.inputs_json,
+        "skipped_inputs": summary.skipped_files,
+        "ranks": summary.ranks,
+        "alignment": {
+            "method": "baseTimeNanoseconds (or epoch µs) + per-rank clock offset from fastprof metadata",
+            "uncertainty_ns": summary.uncertainty_ns,
+        },
+        "window": {"start_ns": summary.start_ns, "end_ns": summary.end_ns, "filtered": summary.filtered_window},
+        "categories": {
+            "include": opts.include_categories,
+            "exclude": opts.exclude_categories,
+            "filtered": summary.filtered_category,
+        },
+        "max_bytes": {"limit": opts.max_bytes, "dropped_categories": summary.dropped_categories, "filtered": summary.filtered_max_bytes},
+        "filtered_rank": summary.filtered_rank,
+        "events_in": summary.events_in,
+        "events_out": summary.events_out,
+        "metadata_added": summary.metadata_added,
+        "metadata_replaced": summary.metadata_replaced,
+        "salvaged_bytes": summary.salvaged_bytes,
+        "warnings": summary.warnings,
+    });
+    let mut tail = b"\n],\"otherData\":".to_vec();
+    tail.extend_from_slice(&serde_json::to_vec(&other).unwrap_or_else(|_| b"{}".to_vec()));
+    tail.extend_from_slice(b"}\n");
+    let mut sink = sink.into_inner().unwrap_or_else(|e| e.into_inner());
+    let finished = sink.write(tail).and_then(|_| sink.finish());
+    match finished {
+        Ok((u, c)) => {
+            summary.bytes_uncompressed = u;
+            summary.bytes_written = c;
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(CoreError::io(&opts.output, e));
+        }
+    }
+    std::fs::rename(&tmp, &opts.output).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        CoreError::io(&opts.output, e)
+    })?;
+    Ok(summary)
+}

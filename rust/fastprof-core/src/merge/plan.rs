@@ -1,0 +1,282 @@
+//! Pass 1 of a merge: scan every input once (in parallel, constant memory)
+//! for what alignment and filtering need: base time, rank, clock offset,
+//! pids and process names, step markers, time range and bytes per category.
+//! Nothing is kept per event.
+
+use crate::error::Result;
+use crate::scan::{self, Fields, Item, Scanner};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What kind of producer wrote an input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Fastprof,
+    Kineto,
+    Chrome,
+}
+
+impl Kind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Kind::Fastprof => "fastprof",
+            Kind::Kineto => "kineto",
+            Kind::Chrome => "chrome",
+        }
+    }
+}
+
+/// A step marker: `ProfilerStep#N` (torch) or a fastprof span named `step`.
+#[derive(Debug, Clone, Copy)]
+pub struct Step {
+    pub number: u64,
+    /// Input-relative ns (add the input's base to get epoch ns).
+    pub start: i64,
+    pub end: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct InputInfo {
+    pub path: PathBuf,
+    pub kind: Kind,
+    pub base_ns: Option<i64>,
+    pub rank: Option<u32>,
+    /// Per-rank clock offset written by fastprof (clock-sync handshake), added to every ts.
+    pub offset_ns: i64,
+    pub offset_uncertainty_ns: u64,
+    /// Uncertainty of the input's own realtime anchor, where it says.
+    pub anchor_uncertainty_ns: u64,
+    /// pids in order of first appearance.
+    pub pids: Vec<Vec<u8>>,
+    pub process_names: HashMap<Vec<u8>, String>,
+    pub steps: Vec<Step>,
+    /// Input-relative ns.
+    pub min_ts: Option<i64>,
+    pub max_ts: Option<i64>,
+    pub events: u64,
+    pub bytes: u64,
+    pub cat_bytes: HashMap<String, u64>,
+    pub salvaged_bytes: u64,
+    pub warnings: Vec<String>,
+    /// A previous `fastprof merge` output: skipped.
+    pub merged_output: bool,
+}
+
+impl InputInfo {
+    /// Epoch ns of an input-relative ns value (base + offset applied).
+    pub fn abs(&self, rel: i64) -> i64 {
+        self.base_ns.unwrap_or(0) + rel + self.offset_ns
+    }
+}
+
+fn json_u32(v: &Value) -> Option<u32> {
+    v.as_u64().and_then(|x| u32::try_from(x).ok())
+}
+
+fn apply_fastprof_meta(info: &mut InputInfo, meta: &Value) {
+    info.kind = Kind::Fastprof;
+    if let Some(r) = meta.get("rank").and_then(json_u32) {
+        info.rank = Some(r);
+    }
+    let clock = meta.get("clock");
+    if let Some(off) = clock
+        .and_then(|c| c.get("offset_ns"))
+        .and_then(Value::as_i64)
+    {
+        info.offset_ns = off;
+    }
+    if let Some(u) = clock
+        .and_then(|c| c.get("offset_uncertainty_ns"))
+        .and_then(Value::as_u64)
+    {
+        info.offset_uncertainty_ns = u;
+    }
+    let anchor = clock
+        .and_then(|c| c.get("start"))
+        .or_else(|| clock.and_then(|c| c.get("anchors")).and_then(|a| a.get(0)));
+    if let Some(u) = anchor
+        .and_then(|a| a.get("uncertainty_ns"))
+        .and_then(Value::as_u64)
+    {
+        info.anchor_uncertainty_ns = u;
+    }
+}
+
+/// Scan one input. `progress` counts compressed bytes read.
+pub fn scan_input(path: PathBuf, progress: &AtomicU64) -> Result<InputInfo> {
+    let mut sc = Scanner::open(&path)?;
+    let mut info = InputInfo {
+        rank: super::inputs::rank_from_path(&path),
+        path,
+        kind: Kind::Chrome,
+        base_ns: None,
+        offset_ns: 0,
+        offset_uncertainty_ns: 0,
+        anchor_uncertainty_ns: 0,
+        pids: Vec::new(),
+        process_names: HashMap::new(),
+        steps: Vec::new(),
+        min_ts: None,
+        max_ts: None,
+        events: 0,
+        bytes: 0,
+        cat_bytes: HashMap::new(),
+        salvaged_bytes: 0,
+        warnings: Vec::new(),
+        merged_output: false,
+    };
+    let mut rank_from_meta = false;
+    let mut fastprof_steps = 0u64;
+    let mut last_progress = 0;
+    while let Some(item) = sc.next_item()? {
+        match item {
+            Item::Meta { key, raw } => match key {
+                "baseTimeNanoseconds" => info.base_ns = scan::parse_int(raw),
+                "distributedInfo" => {
+                    if let Ok(v) = serde_json::from_slice::<Value>(raw) {
+                        if let Some(r) = v.get("rank").and_then(json_u32) {
+                            info.rank = Some(r);
+                            rank_from_meta = true;
+                        }
+                    }
+                    info.kind = Kind::Kineto;
+                }
+                "schemaVersion" | "deviceProperties" | "traceName" if info.kind == Kind::Chrome => {
+                    info.kind = Kind::Kineto;
+                }
+                "otherData" => {
+                    if let Ok(v) = serde_json::from_slice::<Value>(raw) {
+                        if v.get("merged") == Some(&Value::Bool(true)) {
+                            info.merged_output = true;
+                        }
+                        if v.get("producer").and_then(Value::as_str) == Some("fastprof") {
+                            apply_fastprof_meta(&mut info, &v);
+                            rank_from_meta = true;
+                        }
+                    }
+                }
+                _ => {}
+            },
+            Item::Event(raw) => {
+                info.events += 1;
+                info.bytes += raw.len() as u64 + 2;
+                let Some(f) = Fields::parse(raw) else {
+                    continue;
+                };
+                let ph =
+                    f.ph.clone()
+                        .and_then(|r| scan::str_value(&raw[r]))
+                        .unwrap_or(b"");
+                if let Some(r) = f.pid.clone() {
+                    let pid = raw[r].to_vec();
+                    if !info.pids.contains(&pid) {
+                        info.pids.push(pid);
+                    }
+                }
+                if let Some(c) = f.cat.clone().and_then(|r| scan::str_value(&raw[r])) {
+                    let c = String::from_utf8_lossy(c);
+                    match info.cat_bytes.get_mut(c.as_ref()) {
+                        Some(n) => *n += raw.len() as u64,
+                        None => {
+                            info.cat_bytes.insert(c.into_owned(), raw.len() as u64);
+                        }
+                    }
+                }
+                let name = f
+                    .name
+                    .clone()
+                    .and_then(|r| scan::str_value(&raw[r]))
+                    .unwrap_or(b"");
+                if ph == b"M" {
+                    if name == b"fastprof_info" && !rank_from_meta {
+                        if let Some(a) = f
+                            .args
+                            .clone()
+                            .and_then(|r| serde_json::from_slice::<Value>(&raw[r]).ok())
+                        {
+                            apply_fastprof_meta(&mut info, &a);
+                        }
+                    } else if name == b"process_name" {
+                        if let (Some(p), Some(a)) = (f.pid.clone(), f.args.clone()) {
+                            if let Ok(v) = serde_json::from_slice::<Value>(&raw[a]) {
+                                if let Some(n) = v.get("name").and_then(Value::as_str) {
+                                    info.process_names.insert(raw[p].to_vec(), n.to_string());
+                                }
+                            }
+                        }
+                    }
+                    continue; // metadata timestamps (Kineto stamps them) are not event times
+                }
+                let Some(ts) = f.ts.clone().and_then(|r| scan::parse_us_to_ns(&raw[r])) else {
+                    continue;
+                };
+                let dur = f
+                    .dur
+                    .clone()
+                    .and_then(|r| scan::parse_us_to_ns(&raw[r]))
+                    .unwrap_or(0)
+                    .max(0);
+                info.min_ts = Some(info.min_ts.map_or(ts, |m| m.min(ts)));
+                info.max_ts = Some(info.max_ts.map_or(ts + dur, |m| m.max(ts + dur)));
+                if ph == b"X" {
+                    if let Some(n) = name.strip_prefix(b"ProfilerStep#") {
+                        if let Some(number) =
+                            std::str::from_utf8(n).ok().and_then(|s| s.parse().ok())
+                        {
+                            info.steps.push(Step {
+                                number,
+                                start: ts,
+                                end: ts + dur,
+                            });
+                        }
+                    } else if name == b"step" && info.kind == Kind::Fastprof {
+                        let number = f
+                            .args
+                            .clone()
+                            .and_then(|r| serde_json::from_slice::<Value>(&raw[r]).ok())
+                            .and_then(|a| a.get("step").and_then(Value::as_u64))
+                            .unwrap_or(fastprof_steps);
+                        fastprof_steps += 1;
+                        info.steps.push(Step {
+                            number,
+                            start: ts,
+                            end: ts + dur,
+                        });
+                    }
+                }
+            }
+        }
+        let read = sc.compressed_read();
+        progress.fetch_add(read - last_progress, Ordering::Relaxed);
+        last_progress = read;
+    }
+    let read = sc.compressed_read();
+    progress.fetch_add(read.saturating_sub(last_progress), Ordering::Relaxed);
+    info.warnings.extend(sc.warnings().iter().cloned());
+    if let Some(s) = sc.salvage() {
+        info.salvaged_bytes = s.unused_bytes;
+        info.warnings.push(format!(
+            "{}: salvaged: {} at byte {}; {} bytes after it unused",
+            info.path.display(),
+            s.reason,
+            s.offset,
+            s.unused_bytes
+        ));
+    }
+    if info.kind != Kind::Fastprof && info.base_ns.is_none() {
+        // Kineto before torch 2.4 and most Chrome traces: absolute epoch µs.
+        if info
+            .min_ts
+            .is_some_and(|t| t < 1_000_000_000_000_000_000 / 2)
+            && info.events > 0
+        {
+            info.warnings.push(format!(
+                "{}: no baseTimeNanoseconds and timestamps are not epoch times; placed as if they were",
+                info.path.display()
+            ));
+        }
+    }
+    Ok(info)
+}
