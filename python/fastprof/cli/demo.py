@@ -85,7 +85,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nwrote {stats.events_written} events ({stats.dropped} dropped) in {len(segments)} segment(s):")
     for s in segments:
         print(f"  {s}")
+    counters = rec.counters()
+    if "proc.rss [B]" in counters:
+        rss = counters["proc.rss [B]"][1]
+        cpu = counters.get("proc.cpu_user [%]", (None, rss[:0]))[1]
+        line = f"sampled: peak RSS {rss.max() / 2**20:.0f} MiB"
+        if cpu.size:
+            line += f", mean CPU {cpu.mean():.0f}% of a core"
+        info = rec.sampler_info() or {}
+        nvml = info.get("nvml", {})
+        line += "; GPU: " + ("sampled" if nvml.get("available") else f"unavailable ({nvml.get('reason', '?')})")
+        print(line)
     print("\nopen it: drag the file into https://ui.perfetto.dev (or chrome://tracing)")
-    print(f"read it: python -c \"import fastprof; print(len(fastprof.read_trace('{segments[0]}')['traceEvents']))\"")
+    print(f"next:    fastprof merge {rec.run_dir}    # one trace for every rank and torch.profiler window")
     sys.stdout.flush()
     return 0
