@@ -19,7 +19,7 @@ metadata, gzip level 1, one file per rank.
    on the same subset); also on the full inputs when its subset figures say it
    finishes there in under 5 minutes and in under 40% of RAM.
 3. Peak RSS of ``fastprof merge -q`` (a subprocess; its own ``ru_maxrss``
-   from ``wait4``) on >= 2 GB of JSON (default 8 ranks x 275 MB), and of the
+   from ``wait4`` in a fresh parent, see ``SPAWN``) on >= 2 GB of JSON (default 8 ranks x 275 MB), and of the
    Python merge on the subset for contrast.
 4. Correctness: the output is a single gzip member whose CRC and length
    check; event count == events_out + metadata added + 1 (the merge's own
@@ -423,19 +423,32 @@ def python_merge(output: str, inputs: list[str]) -> None:
 # ---------------------------------------------------------------- measuring
 
 
-def run_measured(cmd: list[str], log: Path) -> tuple[float, int, int]:
-    """Run ``cmd``; (wall seconds, its own peak RSS in bytes, exit code). The
-    peak comes from ``wait4`` on that child, so earlier children do not mask it."""
+# Linux charges a child's ru_maxrss with the RSS high-water mark of the memory
+# it was forked (or vforked) from, so a child of this process, which holds
+# parsed traces, would report this process's peak. The command therefore runs
+# under a fresh small interpreter and the figure is that grandchild's.
+SPAWN = """
+import os, subprocess, sys, time
+t0 = time.perf_counter()
+p = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(p.pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(f"{time.perf_counter() - t0} {usage.ru_maxrss * 1024} {os.waitstatus_to_exitcode(status)}")
+"""
+
+
+def run_measured(cmd: list[str], log: Path) -> tuple[float, int]:
+    """Run ``cmd``; (wall seconds, its own peak RSS in bytes)."""
+    result = log.with_suffix(".rusage")
     with open(log, "wb") as out:
-        t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(p.pid, 0)
-        dt = time.perf_counter() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
+        subprocess.run(
+            [sys.executable, "-c", SPAWN, str(result), *cmd], stdout=out, stderr=subprocess.STDOUT, check=True
+        )
+    wall, rss, code = result.read_text().split()
+    if int(code) != 0:
         sys.stdout.write(log.read_text(errors="replace")[-4000:])
-        raise SystemExit(f"{cmd[:3]}... failed with exit code {p.returncode}")
-    return dt, usage.ru_maxrss * 1024, p.returncode
+        raise SystemExit(f"{cmd[:3]}... failed with exit code {code}")
+    return float(wall), int(rss)
 
 
 def fastprof_merge(inputs: list[str], output: str) -> dict[str, Any]:
@@ -587,14 +600,15 @@ def main() -> None:
     print(f"machine: {machine()}")
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     print(f"RAM {ram / 2**30:.1f} GiB; fastprof merge threads: every core ({os.cpu_count()})\n")
+    load0 = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="fastprof-bench-merge-", dir="/tmp"))
     try:
-        run(args, tmp, ram)
+        run(args, tmp, ram, load0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def run(args: argparse.Namespace, tmp: Path, ram: int) -> None:
+def run(args: argparse.Namespace, tmp: Path, ram: int, load0: float) -> None:
     # ---- 1. throughput against the gzip floor
     paths, json_bytes, n_events, gen_s = generate_set(tmp, "main", args.ranks, args.mb)
     gz_bytes = sum(os.path.getsize(p) for p in paths)
@@ -622,7 +636,16 @@ def run(args: argparse.Namespace, tmp: Path, ram: int) -> None:
         f"  {'gzip -dc | gzip -1 > /dev/null':34} {gz_t:8.2f} {mb_s(json_bytes, gz_t):20.0f}   "
         f"({median(times['gzip']):.2f} s)"
     )
+    med_ratio = median(times["fastprof"]) / median(times["gzip"])
     print(f"  ratio fastprof / gzip floor        {ratio:8.2f}     target <= 1.0: {verdict(ratio <= 1.0)}")
+    print(f"  ratio of the medians               {med_ratio:8.2f}")
+    print(
+        "  every round: fastprof "
+        + " ".join(f"{t:.2f}" for t in times["fastprof"])
+        + " s; gzip "
+        + " ".join(f"{t:.2f}" for t in times["gzip"])
+        + f" s; load average before the run {load0:.2f} (other work on the machine widens the spread)"
+    )
     print(
         f"  output: {s['bytes_uncompressed'] / 1e6:.0f} MB JSON -> {s['bytes_written'] / 1e6:.0f} MB gzip; "
         f"events in {s['events_in']}, out {s['events_out']}, metadata replaced {s['metadata_replaced']}, "
@@ -640,13 +663,13 @@ def run(args: argparse.Namespace, tmp: Path, ram: int) -> None:
     sub_fp = interleaved({"fastprof": lambda: summaries.append(fastprof_merge(sub_paths, sub_out))}, 3)["fastprof"]
     sub_s = summaries[-1]
     py_cmd = [sys.executable, str(HERE / "bench_merge.py"), "--python-merge", str(tmp / "py.json.gz")]
-    py_sub_t, py_sub_rss, _ = run_measured(py_cmd + sub_paths, tmp / "py.log")
+    py_sub_t, py_sub_rss = run_measured(py_cmd + sub_paths, tmp / "py.log")
     os.remove(tmp / "py.json.gz")
     est_t = py_sub_t * json_bytes / sub_bytes
     est_rss = py_sub_rss * (args.mb / SUBSET_MB)  # one file in memory at a time
     full_py: tuple[float, int] | None = None
     if est_t < 300 and est_rss < 0.4 * ram:
-        py_t, py_rss, _ = run_measured(py_cmd + paths, tmp / "py.log")
+        py_t, py_rss = run_measured(py_cmd + paths, tmp / "py.log")
         os.remove(tmp / "py.json.gz")
         full_py = (py_t, py_rss)
     print("2. against a Composer-style Python merge (json.load, shift ts, remap pids, json.dumps -> gzip -1):")
@@ -684,20 +707,20 @@ def run(args: argparse.Namespace, tmp: Path, ram: int) -> None:
     per_rank_mb = args.big_gb * 1000 / BIG_RANKS
     big_paths, big_bytes, _, big_gen_s = generate_set(tmp, "big", BIG_RANKS, per_rank_mb)
     big_out = str(tmp / "big.json.gz")
-    big_t, big_rss, _ = run_measured([FASTPROF_CLI, "merge", *big_paths, "-o", big_out, "-f", "-q"], tmp / "big.log")
+    big_t, big_rss = run_measured([FASTPROF_CLI, "merge", *big_paths, "-o", big_out, "-f", "-q"], tmp / "big.log")
     big_written = os.path.getsize(big_out)
     shutil.rmtree(tmp / "big")
     os.remove(big_out)
-    print("3. peak RSS (ru_maxrss of the merging process, from wait4):")
+    print("3. peak RSS (ru_maxrss of the merging process itself, from wait4 in a fresh parent):")
     print(
         f"  fastprof merge -q, {BIG_RANKS} ranks x {per_rank_mb:.0f} MB = {big_bytes / 1e6:.0f} MB JSON "
-        f"(generated in {big_gen_s:.0f} s): {big_rss / 2**20:.0f} MiB, {big_t:.1f} s "
+        f"(generated in {big_gen_s:.0f} s): {big_rss / 1e6:.0f} MB, {big_t:.1f} s "
         f"({mb_s(big_bytes, big_t):.0f} MB/s), "
         f"{big_written / 1e6:.0f} MB written   target <= 100 MB: {verdict(big_rss <= 100e6)}"
     )
-    print(f"  Python merge, subset {SUBSET_RANKS} x {SUBSET_MB} MB: {py_sub_rss / 2**20:.0f} MiB")
+    print(f"  Python merge, subset {SUBSET_RANKS} x {SUBSET_MB} MB: {py_sub_rss / 1e6:.0f} MB")
     if full_py is not None:
-        print(f"  Python merge, full {args.ranks} x {args.mb:g} MB: {full_py[1] / 2**20:.0f} MiB")
+        print(f"  Python merge, full {args.ranks} x {args.mb:g} MB: {full_py[1] / 1e6:.0f} MB")
     print()
 
     # ---- 4. correctness

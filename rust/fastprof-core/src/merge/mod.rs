@@ -623,10 +623,13 @@ fn run(
                     .extend_from_slice(b",\n{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":");
                 json::write_int(&mut sort_events, new);
                 sort_events.extend_from_slice(b",\"tid\":0,\"args\":{\"name\":");
-                json::write_str(
-                    &mut sort_events,
-                    &format!("rank {rank}: pid {}", String::from_utf8_lossy(p)),
-                );
+                // A string pid ("Spans", or Kineto's "" for its window-end marker) reads as its text.
+                let shown = match scan::str_value(p) {
+                    Some(b"") => "(unnamed)".to_string(),
+                    Some(t) => String::from_utf8_lossy(t).into_owned(),
+                    None => format!("pid {}", String::from_utf8_lossy(p)),
+                };
+                json::write_str(&mut sort_events, &format!("rank {rank}: {shown}"));
                 sort_events.extend_from_slice(b"}}");
                 summary.metadata_added += 1;
             }
