@@ -33,7 +33,7 @@ SPANS = 1_500_000
 
 def drain_throughput(tmp: str) -> tuple[float, float]:
     fwd = fastprof.name_id("forward")
-    rec = fastprof.start(tmp, "drain", buffer_size=1 << 24, flush_interval=3600)
+    rec = fastprof.start(tmp, "drain", buffer_size=1 << 24, flush_interval=3600, sample_hz=0)
     begin, end = fwd.begin, fastprof.end
     for _ in range(SPANS):
         begin()
@@ -61,7 +61,7 @@ def python_peer(tmp: str) -> tuple[float, float]:
 
 def burst(tmp: str, n: int) -> tuple[float, int, int]:
     fwd = fastprof.name_id("forward")
-    rec = fastprof.start(tmp, f"burst{n}")
+    rec = fastprof.start(tmp, f"burst{n}", sample_hz=0)
     t0 = time.perf_counter()
     for _ in range(n):
         with fwd:
@@ -75,7 +75,7 @@ def burst(tmp: str, n: int) -> tuple[float, int, int]:
 
 def flood(tmp: str, seconds: float) -> tuple[float, int, int]:
     fwd = fastprof.name_id("forward")
-    rec = fastprof.start(tmp, "flood")
+    rec = fastprof.start(tmp, "flood", sample_hz=0)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         for _ in range(10_000):
