@@ -246,8 +246,11 @@ fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// (user µs, system µs, voluntary + involuntary context switches) of this process.
-fn rusage() -> (u64, u64, u64) {
+/// This process's (user µs, system µs, context switches, storage bytes read,
+/// storage bytes written). On Linux `ru_inblock`/`ru_oublock` are the task I/O
+/// accounting's read_bytes/write_bytes in 512-byte units, so one syscall
+/// replaces reading /proc/self/io.
+fn rusage() -> (u64, u64, u64, u64, u64) {
     // SAFETY: zeroed rusage is valid; getrusage only writes into it.
     let mut r: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut r) };
@@ -256,6 +259,8 @@ fn rusage() -> (u64, u64, u64) {
         us(r.ru_utime),
         us(r.ru_stime),
         (r.ru_nvcsw + r.ru_nivcsw) as u64,
+        r.ru_inblock as u64 * 512,
+        r.ru_oublock as u64 * 512,
     )
 }
 
@@ -296,8 +301,7 @@ struct Prev {
     cpus: Vec<(u64, u64)>,
     disk: (u64, u64),
     net: (u64, u64),
-    rusage: (u64, u64, u64),
-    io: (u64, u64),
+    rusage: (u64, u64, u64, u64, u64),
 }
 
 fn rate(now: u64, before: u64, dt_ns: u64) -> f64 {
@@ -312,12 +316,15 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
     let linux = cfg.host && procfs_ok;
     let mut stat = ProcFile::open("/proc/stat");
     let mut meminfo = ProcFile::open("/proc/meminfo");
-    let mut diskstats = ProcFile::open("/proc/diskstats");
     let mut netdev = ProcFile::open("/proc/net/dev");
-    let mut loadavg = ProcFile::open("/proc/loadavg");
     let mut self_stat = ProcFile::open("/proc/self/stat");
-    let mut self_io = ProcFile::open("/proc/self/io");
     let disks = procfs::whole_disks();
+    // One small /sys/block/<d>/stat per disk is cheaper than /proc/diskstats,
+    // which formats every block device (loops, partitions) on each read.
+    let mut disk_files: Vec<ProcFile> = disks
+        .iter()
+        .filter_map(|d| ProcFile::open(format!("/sys/block/{d}/stat")))
+        .collect();
     let mut children = Children::new(std::process::id(), page, 1_000_000_000 / clk_tck);
 
     let nvml = gpu::open(&cfg.gpus);
@@ -402,11 +409,11 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
                 m.emit("sys.mem_available [B]", v[1] as f64);
                 m.emit("sys.swap_used [B]", v[2].saturating_sub(v[3]) as f64);
             }
-            if let Some(d) = diskstats
-                .as_mut()
-                .and_then(|f| f.read())
-                .map(|t| procfs::parse_diskstats(t, &disks))
-            {
+            if !disk_files.is_empty() {
+                let d = disk_files
+                    .iter_mut()
+                    .filter_map(|f| f.read().map(procfs::parse_block_stat))
+                    .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
                 if !first {
                     m.emit("sys.disk_read [B/s]", rate(d.0, prev.disk.0, dt));
                     m.emit("sys.disk_write [B/s]", rate(d.1, prev.disk.1, dt));
@@ -424,15 +431,6 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
                 }
                 prev.net = n;
             }
-            if let Some(l) = loadavg.as_mut().and_then(|f| f.read()) {
-                if let Some(v) = l
-                    .split_ascii_whitespace()
-                    .next()
-                    .and_then(|x| x.parse::<f64>().ok())
-                {
-                    m.emit("sys.load1", v);
-                }
-            }
             if let Some((threads, rss, _)) = self_stat
                 .as_mut()
                 .and_then(|f| f.read())
@@ -440,17 +438,6 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
             {
                 m.emit("proc.rss [B]", (rss * page) as f64);
                 m.emit("proc.threads", threads as f64);
-            }
-            if let Some(io) = self_io
-                .as_mut()
-                .and_then(|f| f.read())
-                .map(procfs::parse_io)
-            {
-                if !first {
-                    m.emit("proc.read [B/s]", rate(io.0, prev.io.0, dt));
-                    m.emit("proc.write [B/s]", rate(io.1, prev.io.1, dt));
-                }
-                prev.io = io;
             }
             if tick_no % refresh_children_every == 0 {
                 children.refresh();
@@ -474,6 +461,10 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
                 (ru.1 - prev.rusage.1.min(ru.1)) as f64 * 1e5 / dt as f64,
             );
             m.emit("proc.ctx_switches [1/s]", rate(ru.2, prev.rusage.2, dt));
+            if linux {
+                m.emit("proc.read [B/s]", rate(ru.3, prev.rusage.3, dt));
+                m.emit("proc.write [B/s]", rate(ru.4, prev.rusage.4, dt));
+            }
         }
         prev.rusage = ru;
 
