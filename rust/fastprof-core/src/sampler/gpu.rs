@@ -53,9 +53,13 @@ pub const FIELDS: [(Field, &str); 12] = [
     (Field::PcieTx, "pcie_tx [B/s]"),
 ];
 
-/// Why a reading failed: unsupported fields are switched off for good.
+/// Why a reading failed: unsupported fields are switched off for good. A
+/// driver too old to have the function at all reports `FailedToLoadSymbol`.
 fn unsupported(e: &NvmlError) -> bool {
-    matches!(e, NvmlError::NotSupported | NvmlError::FunctionNotFound)
+    matches!(
+        e,
+        NvmlError::NotSupported | NvmlError::FunctionNotFound | NvmlError::FailedToLoadSymbol(_)
+    )
 }
 
 /// Per-device state: which fields still work.
@@ -128,46 +132,76 @@ impl GpuDevice<'_> {
     /// `emit(field index, value)` per reading; returns ns spent in NVML.
     pub fn read(&mut self, with_pcie: bool, emit: &mut dyn FnMut(usize, f64)) -> u64 {
         let t0 = Instant::now();
+        // (unsupported for good?, message): classified once, so one NVML call
+        // can serve the two fields it returns.
+        let classify = |e: &NvmlError| (unsupported(e), e.to_string());
+        let util = (self.enabled[0] || self.enabled[1]).then(|| {
+            self.dev
+                .utilization_rates()
+                .map(|u| (u.gpu as f64, u.memory as f64))
+                .map_err(|e| classify(&e))
+        });
+        let mem = (self.enabled[2] || self.enabled[3]).then(|| {
+            self.dev
+                .memory_info()
+                .map(|m| (m.used as f64, m.total as f64))
+                .map_err(|e| classify(&e))
+        });
+        let pick = |r: &Option<Result<(f64, f64), (bool, String)>>, second: bool| match r {
+            Some(Ok((a, b))) => Ok(if second { *b } else { *a }),
+            Some(Err(e)) => Err(e.clone()),
+            None => Err((false, String::new())),
+        };
         for (i, (field, suffix)) in FIELDS.iter().enumerate() {
             if !self.enabled[i] {
                 continue;
             }
-            let r: Result<f64, NvmlError> = match field {
-                Field::Util => self.dev.utilization_rates().map(|u| u.gpu as f64),
-                Field::MemUtil => self.dev.utilization_rates().map(|u| u.memory as f64),
-                Field::MemUsed => self.dev.memory_info().map(|m| m.used as f64),
-                Field::MemTotal => self.dev.memory_info().map(|m| m.total as f64),
-                Field::Power => self.dev.power_usage().map(|mw| mw as f64 / 1000.0),
-                Field::Energy => self
-                    .dev
-                    .total_energy_consumption()
-                    .map(|mj| mj as f64 / 1000.0),
-                Field::SmClock => self.dev.clock_info(Clock::SM).map(|c| c as f64),
-                Field::MemClock => self.dev.clock_info(Clock::Memory).map(|c| c as f64),
-                Field::Temp => self
-                    .dev
-                    .temperature(TemperatureSensor::Gpu)
-                    .map(|c| c as f64),
-                Field::Throttle => self.dev.current_throttle_reasons().map(|r| r.bits() as f64),
+            let r: Result<f64, (bool, String)> = match field {
+                Field::Util => pick(&util, false),
+                Field::MemUtil => pick(&util, true),
+                Field::MemUsed => pick(&mem, false),
+                Field::MemTotal => pick(&mem, true),
                 Field::PcieRx | Field::PcieTx if !with_pcie => continue,
-                Field::PcieRx => self
-                    .dev
-                    .pcie_throughput(PcieUtilCounter::Receive)
-                    .map(|k| k as f64 * 1024.0),
-                Field::PcieTx => self
-                    .dev
-                    .pcie_throughput(PcieUtilCounter::Send)
-                    .map(|k| k as f64 * 1024.0),
+                other => self.read_one(*other).map_err(|e| classify(&e)),
             };
             match r {
                 Ok(v) => emit(i, v),
-                Err(e) if unsupported(&e) => {
+                Err((true, msg)) => {
                     self.enabled[i] = false;
-                    self.disabled.push((suffix.to_string(), e.to_string()));
+                    self.disabled.push((suffix.to_string(), msg));
                 }
-                Err(_) => {} // transient (e.g. GPU busy resetting): skip this tick
+                Err((false, _)) => {} // transient (e.g. GPU busy resetting): skip this tick
             }
         }
         t0.elapsed().as_nanos() as u64
+    }
+
+    /// One NVML call for the fields that have their own.
+    fn read_one(&self, field: Field) -> Result<f64, NvmlError> {
+        match field {
+            Field::Power => self.dev.power_usage().map(|mw| mw as f64 / 1000.0),
+            Field::Energy => self
+                .dev
+                .total_energy_consumption()
+                .map(|mj| mj as f64 / 1000.0),
+            Field::SmClock => self.dev.clock_info(Clock::SM).map(|c| c as f64),
+            Field::MemClock => self.dev.clock_info(Clock::Memory).map(|c| c as f64),
+            Field::Temp => self
+                .dev
+                .temperature(TemperatureSensor::Gpu)
+                .map(|c| c as f64),
+            Field::Throttle => self.dev.current_throttle_reasons().map(|r| r.bits() as f64),
+            Field::PcieRx => self
+                .dev
+                .pcie_throughput(PcieUtilCounter::Receive)
+                .map(|k| k as f64 * 1024.0),
+            Field::PcieTx => self
+                .dev
+                .pcie_throughput(PcieUtilCounter::Send)
+                .map(|k| k as f64 * 1024.0),
+            Field::Util | Field::MemUtil | Field::MemUsed | Field::MemTotal => {
+                Err(NvmlError::NotSupported)
+            }
+        }
     }
 }
