@@ -62,6 +62,9 @@ fn unsupported(e: &NvmlError) -> bool {
     )
 }
 
+/// A call that serves two fields: their values, or (unsupported for good?, message).
+type PairReading = Result<(f64, f64), (bool, String)>;
+
 /// Per-device state: which fields still work.
 pub struct GpuDevice<'n> {
     pub label: String,
@@ -147,7 +150,7 @@ impl GpuDevice<'_> {
                 .map(|m| (m.used as f64, m.total as f64))
                 .map_err(|e| classify(&e))
         });
-        let pick = |r: &Option<Result<(f64, f64), (bool, String)>>, second: bool| match r {
+        let pick = |r: &Option<PairReading>, second: bool| match r {
             Some(Ok((a, b))) => Ok(if second { *b } else { *a }),
             Some(Err(e)) => Err(e.clone()),
             None => Err((false, String::new())),
