@@ -1497,14 +1497,14 @@ mod tests {
                 continue;
             }
             let salvage = s.salvage().unwrap_or_else(|| panic!("cut at {cut}"));
-            let last = if cut >= ends[4] + 1 {
-                ends[4] + 1
-            } else if complete == 0 {
-                header.len()
-            } else {
-                ends[complete - 1]
-            };
-            if cut < ends[4] + 1 {
+            // Inside the list the cut is after the last complete event;
+            // after the `]` it is wherever the last top-level value ended.
+            if cut <= ends[4] {
+                let last = if complete == 0 {
+                    header.len()
+                } else {
+                    ends[complete - 1]
+                };
                 assert_eq!(salvage.offset, last as u64, "cut at {cut}");
             }
             assert_eq!(
@@ -1687,6 +1687,43 @@ mod tests {
             s.warnings()
         );
         assert!(s.buf.len() <= 2 * DEFAULT_BUF);
+    }
+
+    #[test]
+    fn memory_stays_constant_over_a_long_stream() {
+        /// ~22 MB of events, produced as they are read.
+        struct Gen {
+            i: usize,
+            pending: Cursor<Vec<u8>>,
+        }
+        impl Read for Gen {
+            fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+                let n = self.pending.read(out)?;
+                if n > 0 || self.i > 50_000 {
+                    return Ok(n);
+                }
+                let text = match self.i {
+                    0 => format!(r#"{{"traceEvents":[{}"#, kineto(0)),
+                    50_000 => r#"],"otherData":{}}"#.to_string(),
+                    i => format!(",{}", kineto(i)),
+                };
+                self.i += 1;
+                self.pending = Cursor::new(text.into_bytes());
+                self.read(out)
+            }
+        }
+        let gen = Gen {
+            i: 0,
+            pending: Cursor::new(Vec::new()),
+        };
+        let mut s = Scanner::from_reader(Path::new("gen"), Box::new(gen));
+        let mut n = 0;
+        while s.next_item().unwrap().is_some() {
+            n += 1;
+            assert_eq!(s.buf.len(), DEFAULT_BUF);
+        }
+        assert_eq!(n, 50_001);
+        assert!(s.offset() > 20 << 20 && s.salvage().is_none());
     }
 
     #[test]
