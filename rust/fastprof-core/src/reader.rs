@@ -565,50 +565,9 @@ impl<'a> Scanner<'a> {
 /// Length of the balanced value at the start of `text` without interpreting
 /// it, so that a value serde_json refuses can be stepped over. `None` when
 /// the value runs into the end of the text or does not start like a value.
+/// The same walk the streaming scanner uses.
 fn raw_end(text: &[u8]) -> Option<usize> {
-    match text.first()? {
-        b'{' | b'[' => {
-            // Iterative: nesting past serde_json's recursion limit lands here.
-            let mut depth = 0usize;
-            let mut i = 0;
-            while i < text.len() {
-                match text[i] {
-                    b'"' => i = string_end(text, i)? - 1,
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return Some(i + 1);
-                        }
-                    }
-                    _ => {}
-                }
-                i += 1;
-            }
-            None
-        }
-        b'"' => string_end(text, 0),
-        b'-' | b'0'..=b'9' => {
-            let len = text
-                .iter()
-                .position(|b| !matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))?;
-            Some(len)
-        }
-        _ => None,
-    }
-}
-
-/// Index just past the closing quote of the string opening at `open`.
-fn string_end(text: &[u8], open: usize) -> Option<usize> {
-    let mut i = open + 1;
-    while i < text.len() {
-        match text[i] {
-            b'\\' => i += 2,
-            b'"' => return Some(i + 1),
-            _ => i += 1,
-        }
-    }
-    None
+    crate::scan::value_end(text, 0)
 }
 
 /// Byte offset within `text` of the line/column serde_json reported. Only
