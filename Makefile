@@ -48,6 +48,7 @@ bench: dev ## Run the benchmarks (peers side by side, ratios printed)
 	$(PY) benches/bench_writer.py
 	$(PY) benches/bench_training.py
 	$(PY) benches/bench_sampler.py
+	$(PY) benches/bench_merge.py
 	cargo bench -p fastprof-core
 
 clean: ## Remove build outputs and the venv
