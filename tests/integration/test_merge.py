@@ -300,3 +300,36 @@ def test_cli_subprocess_default_output(two_rank_run, tmp_path):
         timeout=120,
     )
     assert r2.returncode == 0 and "skipped" in r2.stdout
+
+
+def test_per_rank_clock_offsets_are_applied_to_every_input_of_the_rank(tmp_path):
+    base = 1_700_000_000_000_000_000
+    fp0 = {
+        "baseTimeNanoseconds": base,
+        "traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0.0, "dur": 1.0}],
+        "otherData": {
+            "producer": "fastprof",
+            "rank": 0,
+            "clock": {"offset_ns": 5_000_000, "offset_uncertainty_ns": 1234},
+        },
+    }
+    torch0 = {
+        "baseTimeNanoseconds": base,
+        "distributedInfo": {"rank": 0},
+        "traceEvents": [{"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": 0.0, "dur": 1.0}],
+    }
+    fp1 = {
+        "baseTimeNanoseconds": base,
+        "traceEvents": [{"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": 0.0, "dur": 1.0}],
+        "otherData": {"producer": "fastprof", "rank": 1, "clock": {"offset_ns": 0, "offset_uncertainty_ns": 10}},
+    }
+    for name, doc in (("fp0.json", fp0), ("torch0.json", torch0), ("fp1.json", fp1)):
+        (tmp_path / name).write_text(json.dumps(doc))
+    s = fastprof.merge([tmp_path / n for n in ("fp0.json", "torch0.json", "fp1.json")], tmp_path / "o.json")
+    doc = load_single_member(tmp_path / "o.json")
+    ts = {e["name"]: e["ts"] for e in doc["traceEvents"] if e.get("ph") == "X"}
+    assert ts == {"b": 0.0, "a": 5000.0, "k": 5000.0}  # rank 0 shifted by its offset, torch trace too
+    assert s["ranks"] == [0, 1] and s["uncertainty_ns"] >= 1234
+    offsets = {(i["rank"], i["kind"]): i["offset_ns"] for i in doc["otherData"]["inputs"]}
+    assert offsets == {(0, "fastprof"): 5_000_000, (0, "kineto"): 5_000_000, (1, "fastprof"): 0}
+    assert doc["otherData"]["alignment"]["uncertainty_ns"] == s["uncertainty_ns"]
