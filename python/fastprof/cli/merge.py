@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"  events: {s['events_in']} in, {s['events_out']} out, {filtered} filtered "
         f"(window {s['filtered_window']}, category {s['filtered_category']}, rank {s['filtered_rank']}, "
-        f"max-bytes {s['filtered_max_bytes']}), {s['metadata_added']} metadata added"
+        f"max-bytes {s['filtered_max_bytes']}), {s['metadata_replaced']} sort indexes replaced, "
+        f"{s['metadata_added']} metadata added"
     )
     if s["dropped_categories"]:
         print(f"  dropped categories to fit --max-bytes: {', '.join(s['dropped_categories'])}")
