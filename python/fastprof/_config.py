@@ -10,7 +10,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -75,11 +75,6 @@ class Options:
     @property
     def trace_dir(self) -> Path:
         return self.run_dir / f"rank{self.rank}"
-
-    def as_json_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["out_dir"] = str(self.out_dir)
-        return d
 
 
 def _pick(

@@ -9,7 +9,7 @@ import os
 import sys
 import threading
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,6 @@ class RunStats:
     bytes_compressed: int
     error: str | None = None
     run_dir: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Recorder:

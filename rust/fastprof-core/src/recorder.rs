@@ -24,7 +24,6 @@ use crate::ring::Ring;
 use crate::sampler::{Sampler, SamplerShared};
 use crate::writer::{Writer, WriterReport};
 use std::cell::{Cell, RefCell};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -212,19 +211,6 @@ pub fn stop() -> Result<WriterReport> {
 /// True while a recorder runs and has not been disabled by a failure.
 pub fn is_active() -> bool {
     ACTIVE_GEN.load(Ordering::Relaxed) != 0
-}
-
-/// True while a recorder has been started and not yet stopped, even one that
-/// a writer failure disabled (it still needs `stop` to report).
-pub fn is_started() -> bool {
-    lock_state().is_some()
-}
-
-/// The running recorder's trace directory.
-pub fn trace_dir() -> Option<PathBuf> {
-    lock_state()
-        .as_ref()
-        .map(|r| r.shared.config.trace_dir.clone())
 }
 
 /// Forget all recorder state in a freshly forked child: the writer thread does

@@ -649,7 +649,7 @@ impl Writer {
         let counting = seg.gz.finish()?;
         self.report.bytes_compressed += counting.bytes;
         drop(counting);
-        rename(&seg.part, &seg.done)?;
+        std::fs::rename(&seg.part, &seg.done)?;
         self.report.segments.push(seg.done);
         Ok(())
     }
@@ -673,10 +673,6 @@ fn next_free_index(dir: &Path) -> Result<u32> {
         }
     }
     Ok(next)
-}
-
-fn rename(from: &Path, to: &Path) -> io::Result<()> {
-    std::fs::rename(from, to)
 }
 
 fn into_io(e: CoreError) -> io::Error {

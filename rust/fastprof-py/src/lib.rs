@@ -100,12 +100,6 @@ fn is_active() -> bool {
     recorder::is_active()
 }
 
-/// True between start and stop, even after a failure disabled recording.
-#[pyfunction]
-fn is_started() -> bool {
-    recorder::is_started()
-}
-
 /// Every sampled metric of the running (or last) recorder:
 /// `{name: (timestamps int64 CLOCK_MONOTONIC ns, values float64)}`.
 #[pyfunction]
@@ -255,7 +249,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(start, m)?)?;
     m.add_function(wrap_pyfunction!(stop, m)?)?;
     m.add_function(wrap_pyfunction!(is_active, m)?)?;
-    m.add_function(wrap_pyfunction!(is_started, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(_noop, m)?)?;
     m.add_function(wrap_pyfunction!(read_trace, m)?)?;

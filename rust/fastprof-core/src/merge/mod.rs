@@ -138,7 +138,8 @@ struct Ctx<'a> {
     rank: u32,
     /// Added to numeric flow / async ids so they never join across inputs.
     id_offset: i64,
-    pid_map: &'a HashMap<(u32, Vec<u8>), i64>,
+    /// This rank's original pid (raw JSON bytes) -> merged pid.
+    pids: Option<&'a HashMap<Vec<u8>, i64>>,
     out_base: i64,
     /// Epoch-ns window for this input's rank (a step window is per rank).
     window: Option<(i64, i64)>,
@@ -157,17 +158,13 @@ struct Counts {
     max_bytes: u64,
 }
 
-fn cats_of(raw: &[u8], f: &Fields) -> Vec<String> {
-    f.cat
-        .clone()
-        .and_then(|r| scan::str_value(&raw[r]))
-        .map(|c| {
-            String::from_utf8_lossy(c)
-                .split(',')
-                .map(|s| s.trim().to_string())
-                .collect()
-        })
-        .unwrap_or_default()
+/// Whether one of an event's comma-separated categories is in `set`; no
+/// allocation, and nothing to do when the set is empty (the usual case).
+fn any_cat_in(cats: &[u8], set: &[String]) -> bool {
+    !set.is_empty()
+        && cats
+            .split(|&b| b == b',')
+            .any(|c| set.iter().any(|s| s.as_bytes() == c.trim_ascii()))
 }
 
 /// Rewrite one event into `out` (prefixed by `,\n`), or count why it was left out.
@@ -205,13 +202,17 @@ fn rewrite_valid(raw: &[u8], ctx: &Ctx<'_>, counts: &mut Counts, out: &mut Vec<u
         return;
     }
     if !meta {
-        let cats = cats_of(raw, &f);
-        if cats.iter().any(|c| ctx.dropped.contains(c)) {
+        let cats = f
+            .cat
+            .clone()
+            .and_then(|r| scan::str_value(&raw[r]))
+            .unwrap_or(b"");
+        if any_cat_in(cats, ctx.dropped) {
             counts.max_bytes += 1;
             return;
         }
-        if (!ctx.include.is_empty() && !cats.iter().any(|c| ctx.include.contains(c)))
-            || cats.iter().any(|c| ctx.exclude.contains(c))
+        if (!ctx.include.is_empty() && !any_cat_in(cats, ctx.include))
+            || any_cat_in(cats, ctx.exclude)
         {
             counts.category += 1;
             return;
@@ -240,7 +241,7 @@ fn rewrite_valid(raw: &[u8], ctx: &Ctx<'_>, counts: &mut Counts, out: &mut Vec<u
     }
     let mut reps: Vec<(Range<usize>, Vec<u8>)> = Vec::with_capacity(4);
     if let Some(r) = f.pid.clone() {
-        if let Some(&p) = ctx.pid_map.get(&(ctx.rank, raw[r.clone()].to_vec())) {
+        if let Some(&p) = ctx.pids.and_then(|m| m.get(&raw[r.clone()])) {
             let mut v = Vec::new();
             json::write_int(&mut v, p);
             reps.push((r, v));
@@ -593,21 +594,19 @@ fn run(
     }
     summary.dropped_categories = dropped.clone();
     // pids: unique per (rank, original pid), numbered so the rank shows.
-    let mut pid_map: HashMap<(u32, Vec<u8>), i64> = HashMap::new();
-    let mut per_rank_next: HashMap<u32, i64> = HashMap::new();
+    let mut pid_maps: HashMap<u32, HashMap<Vec<u8>, i64>> = HashMap::new();
     let mut order: Vec<&InputInfo> = kept.iter().collect();
     order.sort_by_key(|i| (i.rank, i.kind != Kind::Fastprof));
     let mut sort_events: Vec<u8> = Vec::new();
     for i in &order {
         let rank = i.rank.unwrap_or(0);
+        let pid_map = pid_maps.entry(rank).or_default();
         for p in &i.pids {
-            if pid_map.contains_key(&(rank, p.clone())) {
+            if pid_map.contains_key(p) {
                 continue;
             }
-            let n = per_rank_next.entry(rank).or_insert(0);
-            let new = (rank as i64 + 1) * 100_000 + *n;
-            *n += 1;
-            pid_map.insert((rank, p.clone()), new);
+            let new = (rank as i64 + 1) * 100_000 + pid_map.len() as i64;
+            pid_map.insert(p.clone(), new);
             sort_events
                 .extend_from_slice(b",\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":");
             json::write_int(&mut sort_events, new);
@@ -693,7 +692,7 @@ fn run(
                 info,
                 rank: info.rank.unwrap_or(0),
                 id_offset: (idx as i64 + 1) << 40,
-                pid_map: &pid_map,
+                pids: pid_maps.get(&info.rank.unwrap_or(0)),
                 out_base,
                 window: rank_windows
                     .get(&info.rank.unwrap_or(0))

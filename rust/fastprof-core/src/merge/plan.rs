@@ -170,9 +170,10 @@ pub fn scan_input(path: PathBuf, progress: &AtomicU64) -> Result<InputInfo> {
                         .and_then(|r| scan::str_value(&raw[r]))
                         .unwrap_or(b"");
                 if let Some(r) = f.pid.clone() {
-                    let pid = raw[r].to_vec();
-                    if !info.pids.contains(&pid) {
-                        info.pids.push(pid);
+                    // Few distinct pids per file: a scan beats hashing, and
+                    // nothing is allocated for the pids already known.
+                    if !info.pids.iter().any(|p| p[..] == raw[r.clone()]) {
+                        info.pids.push(raw[r].to_vec());
                     }
                 }
                 if let Some(c) = f.cat.clone().and_then(|r| scan::str_value(&raw[r])) {

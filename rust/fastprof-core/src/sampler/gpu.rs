@@ -68,6 +68,8 @@ type PairReading = Result<(f64, f64), (bool, String)>;
 /// Per-device state: which fields still work.
 pub struct GpuDevice<'n> {
     pub label: String,
+    /// `"{label}.{field}"` for each of [`FIELDS`], made once rather than per tick.
+    pub metric_names: Vec<String>,
     dev: Device<'n>,
     enabled: [bool; FIELDS.len()],
     pub disabled: Vec<(String, String)>,
@@ -105,8 +107,13 @@ pub fn devices<'n>(nvml: &'n Nvml, select: &GpuSelect) -> (Vec<GpuDevice<'n>>, V
         match dev {
             Ok(dev) => {
                 let index = dev.index().map(|i| i.to_string()).unwrap_or(id.clone());
+                let label = format!("gpu{index}");
                 out.push(GpuDevice {
-                    label: format!("gpu{index}"),
+                    metric_names: FIELDS
+                        .iter()
+                        .map(|(_, suffix)| format!("{label}.{suffix}"))
+                        .collect(),
+                    label,
                     dev,
                     enabled: [true; FIELDS.len()],
                     disabled: Vec::new(),
@@ -132,8 +139,8 @@ impl GpuDevice<'_> {
 
     /// Read every enabled field (PCIe only when `with_pcie`: that call blocks
     /// ~20 ms in the driver, so it runs on its own slower cadence). Calls
-    /// `emit(field index, value)` per reading; returns ns spent in NVML.
-    pub fn read(&mut self, with_pcie: bool, emit: &mut dyn FnMut(usize, f64)) -> u64 {
+    /// `emit(metric name, value)` per reading; returns ns spent in NVML.
+    pub fn read(&mut self, with_pcie: bool, emit: &mut dyn FnMut(&str, f64)) -> u64 {
         let t0 = Instant::now();
         // (unsupported for good?, message): classified once, so one NVML call
         // can serve the two fields it returns.
@@ -168,7 +175,7 @@ impl GpuDevice<'_> {
                 other => self.read_one(*other).map_err(|e| classify(&e)),
             };
             match r {
-                Ok(v) => emit(i, v),
+                Ok(v) => emit(&self.metric_names[i], v),
                 Err((true, msg)) => {
                     self.enabled[i] = false;
                     self.disabled.push((suffix.to_string(), msg));

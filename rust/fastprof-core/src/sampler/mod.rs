@@ -366,6 +366,8 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
         cursor: 0,
     };
     let mut prev = Prev::default();
+    // Per-core metric names, made once (cores come in order, 0..).
+    let mut cpu_names: Vec<String> = Vec::new();
     let mut namer = || "fastprof-sampler".to_string();
     let mut tick_no: u64 = 0;
     let mut next = std::time::Instant::now();
@@ -394,7 +396,10 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
                         if i == 0 {
                             m.emit("sys.cpu [%]", pct);
                         } else {
-                            m.emit(&format!("sys.cpu{} [%]", i - 1), pct);
+                            if cpu_names.len() < i {
+                                cpu_names.push(format!("sys.cpu{} [%]", i - 1));
+                            }
+                            m.emit(&cpu_names[i - 1], pct);
                         }
                     }
                 }
@@ -471,12 +476,7 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
         let mut nvml_ns = 0;
         let with_pcie = tick_no % pcie_every == 0;
         for d in devices.iter_mut() {
-            let label = d.label.clone();
-            let mut got: Vec<(usize, f64)> = Vec::new();
-            nvml_ns += d.read(with_pcie, &mut |i, v| got.push((i, v)));
-            for (i, v) in got {
-                m.emit(&format!("{label}.{}", gpu::FIELDS[i].1), v);
-            }
+            nvml_ns += d.read(with_pcie, &mut |name, v| m.emit(name, v));
         }
         prev.mono = mono;
 
