@@ -81,6 +81,9 @@ pub fn ticks() -> u64 {
     monotonic_ns()
 }
 
+/// Smallest time between two calibration knots.
+pub const MIN_KNOT_GAP_NS: u64 = 100_000;
+
 /// Converts ticks to CLOCK_MONOTONIC ns between calibration pairs.
 #[derive(Debug, Clone, Copy)]
 pub struct Calibration {
@@ -92,7 +95,11 @@ pub struct Calibration {
 impl Calibration {
     /// Start calibrating for the source chosen by [`select_source`].
     pub fn new() -> Calibration {
-        let p = pair();
+        let p = if USE_TSC.load(Ordering::Relaxed) {
+            pair()
+        } else {
+            (0, 0)
+        };
         Calibration {
             identity: !USE_TSC.load(Ordering::Relaxed),
             prev: p,
@@ -100,19 +107,24 @@ impl Calibration {
         }
     }
 
-    /// Take a new pair; ticks up to it (and a little beyond) convert through
-    /// the line from the previous pair to this one.
-    pub fn update(&mut self) {
+    /// Take a new knot. The caller converts only ticks read before this call
+    /// (the writer snapshots every ring's head first), so conversion always
+    /// interpolates between two knots and never extrapolates: the mapping is
+    /// one continuous, increasing piecewise-linear function however often the
+    /// writer drains, and a record converted in one drain can never land after
+    /// a later record converted in the next. Knots are kept at least
+    /// [`MIN_KNOT_GAP_NS`] apart (waiting out the rest when drains come faster)
+    /// so pair jitter (tens of ns) cannot tilt a segment much.
+    pub fn advance(&mut self) {
         if self.identity {
             return;
         }
-        let p = pair();
-        // Keep at least 1 ms between pairs so read jitter (tens of ns) does
-        // not swing the slope.
-        if p.1.saturating_sub(self.cur.1) >= 1_000_000 {
-            self.prev = self.cur;
-            self.cur = p;
+        let since = monotonic_ns().saturating_sub(self.cur.1);
+        if since < MIN_KNOT_GAP_NS {
+            std::thread::sleep(std::time::Duration::from_nanos(MIN_KNOT_GAP_NS - since));
         }
+        self.prev = self.cur;
+        self.cur = pair();
     }
 
     /// CLOCK_MONOTONIC ns of a tick value.
@@ -213,19 +225,27 @@ mod tests {
         select_source();
         let mut cal = Calibration::new();
         std::thread::sleep(std::time::Duration::from_millis(20));
-        cal.update();
         let t = ticks();
         let m = monotonic_ns();
+        cal.advance();
         let est = cal.to_ns(t) as i64;
         assert!(
             (est - m as i64).abs() < 200_000,
             "off by {} ns",
             est - m as i64
         );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        cal.update();
-        let (a, b) = (ticks(), ticks());
-        assert!(cal.to_ns(b) >= cal.to_ns(a));
+        // Knots in quick succession (drains back to back) still give one
+        // increasing mapping: a tick converted before a knot never lands
+        // after a later tick converted after it.
+        let mut last = 0;
+        for _ in 0..50 {
+            let (a, b) = (ticks(), ticks());
+            let na = cal.to_ns(a);
+            cal.advance();
+            let nb = cal.to_ns(b);
+            assert!(na >= last && nb >= na, "{last} {na} {nb}");
+            last = nb;
+        }
     }
 
     #[test]

@@ -20,13 +20,13 @@ use crate::clock::{self, Anchor};
 use crate::config::Config;
 use crate::error::{CoreError, Result};
 use crate::record::{Extra, Kind, Record, FLAG_EXCEPTION};
-use crate::ring::Ring;
+use crate::ring::{Push, Ring};
 use crate::sampler::{Sampler, SamplerShared};
 use crate::writer::{Writer, WriterReport};
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::{JoinHandle, Thread};
 
 /// The generation being recorded, or 0 when no recorder runs. Hot-path loads
 /// are Relaxed: a stale read only means one event more or less around a
@@ -48,6 +48,8 @@ pub struct ThreadEntry {
     /// Set by the thread-local destructor; Release so that the writer, seeing
     /// it with Acquire, also sees every record pushed before the exit.
     pub exited: AtomicBool,
+    /// The writer, unparked each time another quarter of this ring fills.
+    pub writer: Option<Thread>,
 }
 
 /// State shared between the recorder handle, the registering threads and the writer.
@@ -55,9 +57,12 @@ pub struct Shared {
     pub generation: u64,
     pub config: Config,
     pub threads: Mutex<Vec<Arc<ThreadEntry>>>,
-    /// Set (under `wake`'s mutex) to ask the writer to finish.
-    pub stop: Mutex<bool>,
-    pub wake: Condvar,
+    /// Set (then the writer unparked) to ask the writer to finish. The writer
+    /// sleeps until its next flush is due or a producer nudges it (a ring has
+    /// filled another quarter), so an idle recorder wakes once per flush
+    /// interval instead of polling.
+    pub stop: AtomicBool,
+    pub writer_thread: OnceLock<Thread>,
     /// Ticks when stop was requested: open spans are closed there.
     pub stop_ts: AtomicU64,
     pub start_anchor: Anchor,
@@ -147,8 +152,8 @@ pub fn start(config: Config) -> Result<()> {
         generation,
         config,
         threads: Mutex::new(Vec::new()),
-        stop: Mutex::new(false),
-        wake: Condvar::new(),
+        stop: AtomicBool::new(false),
+        writer_thread: OnceLock::new(),
         stop_ts: AtomicU64::new(0),
         start_anchor: Anchor::take(),
         clock_source,
@@ -159,6 +164,7 @@ pub fn start(config: Config) -> Result<()> {
         .name("fastprof-writer".into())
         .spawn(move || writer.run())
         .map_err(|e| CoreError::io(&shared.config.trace_dir, e))?;
+    let _ = shared.writer_thread.set(handle.thread().clone());
     *st = Some(Running {
         shared: shared.clone(),
         writer: handle,
@@ -200,8 +206,9 @@ pub fn stop() -> Result<WriterReport> {
     let sh = &running.shared;
     sh.stop_ts.store(clock::ticks(), Ordering::Relaxed);
     sh.disable();
-    *sh.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
-    sh.wake.notify_all();
+    // Release: the writer's Acquire load sees stop_ts and every push before it.
+    sh.stop.store(true, Ordering::Release);
+    running.writer.thread().unpark();
     running.writer.join().map_err(|_| CoreError::Io {
         path: sh.config.trace_dir.clone(),
         source: std::io::Error::other("the fastprof writer thread panicked"),
@@ -293,6 +300,7 @@ fn register(l: &Local, gen: u64, thread_name: &mut dyn FnMut() -> String) -> boo
         name,
         drops: AtomicU64::new(0),
         exited: AtomicBool::new(false),
+        writer: running.shared.writer_thread.get().cloned(),
     });
     running
         .shared
@@ -341,9 +349,21 @@ fn with_entry<R>(
 fn push(l: &Local, e: &ThreadEntry, rec: Record, reserve: u64) -> bool {
     let mut ct = l.cached_tail.get();
     // SAFETY: only this thread pushes into its own ring.
-    let ok = unsafe { e.ring.push(rec, reserve, &mut ct) };
+    let r = unsafe { e.ring.push(rec, reserve, &mut ct) };
     l.cached_tail.set(ct);
-    ok
+    if r == Push::Nudge {
+        nudge(e);
+    }
+    r.stored()
+}
+
+/// Wake the writer: this thread's ring has filled another quarter.
+#[cold]
+#[inline(never)]
+fn nudge(e: &ThreadEntry) {
+    if let Some(w) = &e.writer {
+        w.unpark();
+    }
 }
 
 #[cold]

@@ -23,9 +23,30 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[repr(align(128))]
 struct Padded(AtomicU64);
 
+/// What [`Ring::push`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Push {
+    /// No room: the record was not stored.
+    Dropped,
+    /// Stored.
+    Done,
+    /// Stored, and another quarter of the ring has filled since the last
+    /// nudge: the producer should wake the consumer.
+    Nudge,
+}
+
+impl Push {
+    pub fn stored(self) -> bool {
+        self != Push::Dropped
+    }
+}
+
 pub struct Ring {
     slots: Box<[UnsafeCell<MaybeUninit<Record>>]>,
     mask: u64,
+    /// `head & nudge_mask == 0` after a push: another quarter of the ring has
+    /// been written since the last such push, time to wake the consumer.
+    nudge_mask: u64,
     head: Padded,
     tail: Padded,
 }
@@ -52,6 +73,7 @@ impl Ring {
         Ring {
             slots,
             mask: capacity as u64 - 1,
+            nudge_mask: (capacity as u64 / 4).max(1) - 1,
             head: Padded(AtomicU64::new(0)),
             tail: Padded(AtomicU64::new(0)),
         }
@@ -82,8 +104,13 @@ impl Ring {
     ///
     /// # Safety
     /// Only one thread may ever call `push` on a given ring.
+    ///
+    /// Returns [`Push::Dropped`] when the ring has no room, else
+    /// [`Push::Nudge`] once every quarter of the capacity (the consumer, which
+    /// otherwise sleeps until its flush interval, should be woken) and
+    /// [`Push::Done`] the rest of the time.
     #[inline(always)]
-    pub unsafe fn push(&self, rec: Record, reserve: u64, cached_tail: &mut u64) -> bool {
+    pub unsafe fn push(&self, rec: Record, reserve: u64, cached_tail: &mut u64) -> Push {
         // Relaxed: only this thread writes head.
         let head = self.head.0.load(Ordering::Relaxed);
         let need = head + 1 + reserve;
@@ -92,14 +119,25 @@ impl Ring {
             // slots it freed are no longer being read.
             *cached_tail = self.tail.0.load(Ordering::Acquire);
             if need - *cached_tail > self.capacity() {
-                return false;
+                return Push::Dropped;
             }
         }
         let slot = &self.slots[(head & self.mask) as usize];
         (*slot.get()).write(rec);
         // Release: publishes the slot written above to the consumer.
         self.head.0.store(head + 1, Ordering::Release);
-        true
+        if (head + 1) & self.nudge_mask == 0 {
+            Push::Nudge
+        } else {
+            Push::Done
+        }
+    }
+
+    /// Consumer only: how far the producer has published (to drain up to).
+    pub fn published(&self) -> u64 {
+        // Acquire: pairs with the producer's Release store of head, so every
+        // slot below the value read is visible to the drain that follows.
+        self.head.0.load(Ordering::Acquire)
     }
 
     /// Consumer only: append every available record to `out`; returns how many.
@@ -107,10 +145,19 @@ impl Ring {
     /// # Safety
     /// Only one thread at a time may drain a given ring.
     pub unsafe fn drain_into(&self, out: &mut Vec<Record>) -> usize {
+        self.drain_upto(out, self.published())
+    }
+
+    /// Consumer only: append the records below `upto` (a value returned by
+    /// [`Ring::published`]) to `out`; returns how many.
+    ///
+    /// # Safety
+    /// Only one thread at a time may drain a given ring, and `upto` must come
+    /// from `published` on this ring.
+    pub unsafe fn drain_upto(&self, out: &mut Vec<Record>, upto: u64) -> usize {
         // Relaxed: only the consumer writes tail.
         let tail = self.tail.0.load(Ordering::Relaxed);
-        // Acquire: pairs with the producer's Release store of head.
-        let head = self.head.0.load(Ordering::Acquire);
+        let head = upto.max(tail);
         let n = (head - tail) as usize;
         out.reserve(n);
         for i in tail..head {
@@ -138,27 +185,44 @@ mod tests {
         let r = Ring::new(8);
         let mut ct = 0;
         for i in 0..8 {
-            assert!(unsafe { r.push(rec(i), 0, &mut ct) });
+            assert!(unsafe { r.push(rec(i), 0, &mut ct) }.stored());
         }
-        assert!(!unsafe { r.push(rec(8), 0, &mut ct) });
+        assert!(!unsafe { r.push(rec(8), 0, &mut ct) }.stored());
         let mut out = Vec::new();
         assert_eq!(unsafe { r.drain_into(&mut out) }, 8);
         assert_eq!(
             out.iter().map(|r| r.ts).collect::<Vec<_>>(),
             (0..8).collect::<Vec<_>>()
         );
-        assert!(unsafe { r.push(rec(9), 0, &mut ct) });
+        assert!(unsafe { r.push(rec(9), 0, &mut ct) }.stored());
     }
 
     #[test]
     fn reserve_keeps_room() {
         let r = Ring::new(4);
         let mut ct = 0;
-        assert!(unsafe { r.push(rec(0), 2, &mut ct) }); // 1 used, 2 kept free
-        assert!(!unsafe { r.push(rec(1), 3, &mut ct) }); // 2 used + 3 free > 4
-        assert!(unsafe { r.push(rec(1), 2, &mut ct) }); // 2 used + 2 free = 4
-        assert!(!unsafe { r.push(rec(2), 2, &mut ct) });
-        assert!(unsafe { r.push(rec(2), 1, &mut ct) });
+        assert!(unsafe { r.push(rec(0), 2, &mut ct) }.stored()); // 1 used, 2 kept free
+        assert!(!unsafe { r.push(rec(1), 3, &mut ct) }.stored()); // 2 used + 3 free > 4
+        assert!(unsafe { r.push(rec(1), 2, &mut ct) }.stored()); // 2 used + 2 free = 4
+        assert!(!unsafe { r.push(rec(2), 2, &mut ct) }.stored());
+        assert!(unsafe { r.push(rec(2), 1, &mut ct) }.stored());
+    }
+
+    #[test]
+    fn nudges_once_per_quarter() {
+        let r = Ring::new(16);
+        let mut ct = 0;
+        let mut out = Vec::new();
+        let mut nudges = Vec::new();
+        for i in 0..40u64 {
+            if unsafe { r.push(rec(i), 0, &mut ct) } == Push::Nudge {
+                nudges.push(i);
+            }
+            if i % 8 == 7 {
+                unsafe { r.drain_into(&mut out) };
+            }
+        }
+        assert_eq!(nudges, vec![3, 7, 11, 15, 19, 23, 27, 31, 35, 39]);
     }
 
     #[test]
@@ -177,7 +241,7 @@ mod tests {
                 let mut ct = 0;
                 let mut dropped = 0u64;
                 for i in 0..n {
-                    if !unsafe { r.push(rec(i), 0, &mut ct) } {
+                    if !unsafe { r.push(rec(i), 0, &mut ct) }.stored() {
                         dropped += 1;
                     }
                 }

@@ -32,9 +32,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How often the writer wakes to look at fill levels (drains happen at the
-/// flush interval, or sooner when a ring passes a quarter full).
-const POLL: Duration = Duration::from_millis(5);
 /// Seconds between periodic clock anchors.
 const ANCHOR_EVERY_NS: u64 = 60_000_000_000;
 /// Formatted bytes buffered before they are handed to gzip.
@@ -116,6 +113,8 @@ pub struct Writer {
     anchors: Vec<(Anchor, &'static str)>,
     buf: Vec<u8>,
     scratch: Vec<Record>,
+    /// Ring heads snapshotted before the calibration knot of a drain.
+    heads: Vec<u64>,
     report: WriterReport,
     last_flush_ns: u64,
     last_anchor_ns: u64,
@@ -198,6 +197,7 @@ impl Writer {
             retired_drops: BTreeMap::new(),
             buf: Vec::with_capacity(CHUNK + 4096),
             scratch: Vec::new(),
+            heads: Vec::new(),
             report: WriterReport::default(),
             cal: Calibration::new(),
         };
@@ -212,20 +212,17 @@ impl Writer {
     pub fn run(mut self) -> WriterReport {
         let flush_ns = (self.shared.config.flush_interval_s * 1e9) as u64;
         loop {
-            let stopping = {
-                let guard = self.shared.stop.lock().unwrap_or_else(|e| e.into_inner());
-                if *guard {
-                    true
-                } else {
-                    let wait = POLL.min(Duration::from_nanos(flush_ns));
-                    let (g, _) = self
-                        .shared
-                        .wake
-                        .wait_timeout(guard, wait)
-                        .unwrap_or_else(|e| e.into_inner());
-                    *g
-                }
-            };
+            // Sleep until the next flush is due, unless a producer nudges us
+            // (its ring filled another quarter) or stop is asked; an unpark
+            // that came before this park makes it return at once, so no
+            // nudge is lost.
+            let due = self.last_flush_ns + flush_ns;
+            let now = clock::monotonic_ns();
+            if !self.shared.stop.load(Ordering::Acquire) && due > now {
+                std::thread::park_timeout(Duration::from_nanos(due - now));
+            }
+            // Acquire: pairs with stop()'s Release store.
+            let stopping = self.shared.stop.load(Ordering::Acquire);
             let step = if stopping {
                 self.finish()
             } else {
@@ -248,13 +245,9 @@ impl Writer {
         self.adopt_new_threads();
         let now = clock::monotonic_ns();
         let flush_due = now.saturating_sub(self.last_flush_ns) >= flush_ns;
-        let pressure = self
-            .threads
-            .iter()
-            .any(|t| t.entry.ring.len() * 4 >= t.entry.ring.capacity());
-        if flush_due || pressure {
-            self.drain_all()?;
-        }
+        // Woken before the flush is due means a ring filled another quarter
+        // (or, rarely, a spurious wake-up): drain so rings never fill.
+        self.drain_all()?;
         if flush_due {
             self.last_flush_ns = now;
             if now.saturating_sub(self.last_anchor_ns) >= ANCHOR_EVERY_NS {
@@ -365,19 +358,25 @@ impl Writer {
     }
 
     fn drain_all(&mut self) -> io::Result<()> {
-        // A fresh calibration pair first: every record drained below was
-        // pushed after the previous pair, so conversion interpolates.
-        self.cal.update();
+        // Snapshot every ring's head, then take a calibration knot: every
+        // record drained below read its ticks before the knot, so conversion
+        // interpolates and never extrapolates (see `Calibration::advance`).
+        let mut heads = std::mem::take(&mut self.heads);
+        heads.clear();
+        heads.extend(self.threads.iter().map(|t| t.entry.ring.published()));
+        self.cal.advance();
         let mut scratch = std::mem::take(&mut self.scratch);
-        for i in 0..self.threads.len() {
+        for (i, &upto) in heads.iter().enumerate() {
             scratch.clear();
-            // SAFETY: the writer is the only consumer of every ring.
-            unsafe { self.threads[i].entry.ring.drain_into(&mut scratch) };
+            // SAFETY: the writer is the only consumer of every ring, and
+            // `upto` was published by this ring.
+            unsafe { self.threads[i].entry.ring.drain_upto(&mut scratch, upto) };
             for rec in &scratch {
                 self.write_record(i, rec)?;
             }
         }
         self.scratch = scratch;
+        self.heads = heads;
         Ok(())
     }
 
