@@ -29,6 +29,8 @@ DEFAULT_SEGMENT_SECONDS = 0.0
 DEFAULT_COMPRESSION_LEVEL = 1
 #: Sampler ticks per second (0 = off): cheap enough to leave on in long jobs.
 DEFAULT_SAMPLE_HZ = 10.0
+#: Reads per second of system-wide CPU, load, memory and swap (at most sample_hz).
+DEFAULT_SAMPLE_SYSTEM_HZ = 10.0
 #: Samples kept in memory per metric for Recorder.counters() (the trace keeps all).
 DEFAULT_SAMPLE_HISTORY = 1 << 16
 
@@ -61,6 +63,8 @@ class Options:
     segment_seconds: float
     compression_level: int
     sample_hz: float
+    #: System-wide CPU, load, memory and swap reads per second (<= sample_hz).
+    sample_system_hz: float
     sample_per_cpu: bool
     #: None = every visible GPU, [] = no NVML, else NVML indices / UUIDs.
     sample_gpus: list[str] | None
@@ -196,6 +200,7 @@ def resolve(
     segment_seconds: float | None = None,
     compression_level: int | None = None,
     sample_hz: float | None = None,
+    sample_system_hz: float | None = None,
     sample_per_cpu: bool | None = None,
     sample_gpus: str | int | list[str] | list[int] | None = None,
     sample_history: int | None = None,
@@ -256,6 +261,14 @@ def resolve(
             DEFAULT_COMPRESSION_LEVEL,
         ),
         sample_hz=_pick("sample_hz", sample_hz, env, "FASTPROF_SAMPLE_HZ", _float, DEFAULT_SAMPLE_HZ),
+        sample_system_hz=_pick(
+            "sample_system_hz",
+            sample_system_hz,
+            env,
+            "FASTPROF_SAMPLE_SYSTEM_HZ",
+            _float,
+            DEFAULT_SAMPLE_SYSTEM_HZ,
+        ),
         sample_per_cpu=_pick("sample_per_cpu", sample_per_cpu, env, "FASTPROF_SAMPLE_PER_CPU", _bool, False),
         sample_gpus=resolve_gpus(
             _pick("sample_gpus", sample_gpus, env, "FASTPROF_SAMPLE_GPUS", _gpus, _gpus("auto")),
@@ -272,6 +285,10 @@ def resolve(
     )
     if opts.sample_hz != 0 and not 1 <= opts.sample_hz <= 1000:
         raise ConfigError(f"invalid option sample_hz: must be 0 (off) or between 1 and 1000, got {opts.sample_hz}")
+    if not 0.1 <= opts.sample_system_hz <= 1000:
+        raise ConfigError(
+            f"invalid option sample_system_hz: must be between 0.1 and 1000, got {opts.sample_system_hz}"
+        )
     for field in ("buffer_size", "segment_size", "compression_level", "sample_history"):
         if getattr(opts, field) < 0:
             raise ConfigError(f"invalid option {field}: must not be negative, got {getattr(opts, field)}")

@@ -1,11 +1,12 @@
 """Host and process counters through psutil, for hosts without /proc.
 
-On Linux the Rust sampler reads /proc itself (no GIL, ~50 us a tick). Where
+On Linux the Rust sampler reads /proc itself (no GIL). Where
 that is impossible (macOS, Windows), or when asked with
 ``host_sampler="psutil"``, this Python thread takes the same readings under
 the same metric names and records them as counters, while the Rust sampler
 keeps NVML. It needs the GIL, so it is the slower path, and its rate is
-capped at 100 Hz.
+capped at 100 Hz. Like the Rust sampler it reads system-wide CPU, load,
+memory, swap, disk and network only ``system_hz`` times a second.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ MAX_HZ = 100.0
 
 
 class PsutilHostSampler:
-    def __init__(self, hz: float, history: int) -> None:
-        self.period = 1.0 / min(hz, MAX_HZ)
+    def __init__(self, hz: float, history: int, system_hz: float = 10.0) -> None:
+        hz = min(hz, MAX_HZ)
+        self.period = 1.0 / hz
+        self.system_every = max(1, round(hz / min(system_hz, hz)))
+        self.ticks = 0
         self.history = history
         self.series: dict[str, collections.deque[tuple[int, float]]] = {}
         self._stop = threading.Event()
@@ -73,8 +77,11 @@ class PsutilHostSampler:
     def _tick(self, proc: psutil.Process, prev: dict[str, Any]) -> None:
         now = time.monotonic_ns()
         dt = (now - prev["t"]) / 1e9 if "t" in prev else 0.0
-        vm, sw = psutil.virtual_memory(), psutil.swap_memory()
-        disk, net = psutil.disk_io_counters(), psutil.net_io_counters()
+        system = self.ticks % self.system_every == 0
+        self.ticks += 1
+        vm, sw = (psutil.virtual_memory(), psutil.swap_memory()) if system else (None, None)
+        disk, net = (psutil.disk_io_counters(), psutil.net_io_counters()) if system else (None, None)
+        sys_dt = (now - prev["sys_t"]) / 1e9 if system and "sys_t" in prev else 0.0
         cpu_t, mem, ctx = proc.cpu_times(), proc.memory_info(), proc.num_ctx_switches()
         try:
             pio = proc.io_counters()
@@ -90,11 +97,12 @@ class PsutilHostSampler:
                 continue
         with self._lock:
             emit = self._emit
-            emit(now, "sys.cpu [%]", psutil.cpu_percent())
-            emit(now, "sys.mem_used [B]", vm.total - vm.available)
-            emit(now, "sys.mem_available [B]", vm.available)
-            emit(now, "sys.swap_used [B]", sw.used)
-            emit(now, "sys.load1", psutil.getloadavg()[0])
+            if vm is not None and sw is not None:
+                emit(now, "sys.cpu [%]", psutil.cpu_percent())
+                emit(now, "sys.mem_used [B]", vm.total - vm.available)
+                emit(now, "sys.mem_available [B]", vm.available)
+                emit(now, "sys.swap_used [B]", sw.used)
+                emit(now, "sys.load1", psutil.getloadavg()[0])
             emit(now, "proc.rss [B]", mem.rss)
             emit(now, "proc.threads", proc.num_threads())
             emit(now, "children.count", len(kids))
@@ -104,16 +112,18 @@ class PsutilHostSampler:
                 emit(now, "proc.cpu_user [%]", 100 * (cpu_t.user - p["cpu"].user) / dt)
                 emit(now, "proc.cpu_system [%]", 100 * (cpu_t.system - p["cpu"].system) / dt)
                 emit(now, "proc.ctx_switches [1/s]", (sum(ctx) - sum(p["ctx"])) / dt)
-                if disk is not None and p["disk"] is not None:
-                    emit(now, "sys.disk_read [B/s]", (disk.read_bytes - p["disk"].read_bytes) / dt)
-                    emit(now, "sys.disk_write [B/s]", (disk.write_bytes - p["disk"].write_bytes) / dt)
-                if net is not None and p["net"] is not None:
-                    emit(now, "sys.net_rx [B/s]", (net.bytes_recv - p["net"].bytes_recv) / dt)
-                    emit(now, "sys.net_tx [B/s]", (net.bytes_sent - p["net"].bytes_sent) / dt)
+                if sys_dt > 0 and disk is not None and p["disk"] is not None:
+                    emit(now, "sys.disk_read [B/s]", (disk.read_bytes - p["disk"].read_bytes) / sys_dt)
+                    emit(now, "sys.disk_write [B/s]", (disk.write_bytes - p["disk"].write_bytes) / sys_dt)
+                if sys_dt > 0 and net is not None and p["net"] is not None:
+                    emit(now, "sys.net_rx [B/s]", (net.bytes_recv - p["net"].bytes_recv) / sys_dt)
+                    emit(now, "sys.net_tx [B/s]", (net.bytes_sent - p["net"].bytes_sent) / sys_dt)
                 if io is not None and p["io"] is not None:
                     emit(now, "proc.read [B/s]", (io[0] - p["io"][0]) / dt)
                     emit(now, "proc.write [B/s]", (io[1] - p["io"][1]) / dt)
                 before = p["kids"]
                 cpu = sum(k[1] - before[k[0]] for k in kids if k[0] in before)
                 emit(now, "children.cpu [%]", 100 * cpu / dt)
-        prev.update(t=now, cpu=cpu_t, ctx=ctx, disk=disk, net=net, io=io, kids={k[0]: k[1] for k in kids})
+        prev.update(t=now, cpu=cpu_t, ctx=ctx, io=io, kids={k[0]: k[1] for k in kids})
+        if system:
+            prev.update(sys_t=now, disk=disk, net=net)

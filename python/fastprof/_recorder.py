@@ -64,6 +64,11 @@ class Recorder:
         compression_level: gzip level 1-9 (``FASTPROF_COMPRESSION_LEVEL``, default 1).
         sample_hz: host/process/GPU sampler ticks per second, 1-1000, 0 = off
             (``FASTPROF_SAMPLE_HZ``, default 10).
+        sample_system_hz: reads per second of the system-wide CPU utilisation, load,
+            memory and swap, at most ``sample_hz`` (``FASTPROF_SAMPLE_SYSTEM_HZ``, default 10).
+            /proc/stat counts CPU time in 10 ms units per core, so faster reads of system
+            CPU are quantisation noise; this process, its children, disk, network and
+            GPUs are read on every tick.
         sample_per_cpu: also sample each core's utilisation (``FASTPROF_SAMPLE_PER_CPU``).
         sample_gpus: ``"auto"`` (the device this rank uses; every visible one in a
             single process), ``"all"``, ``"none"``, or NVML indices/UUIDs (``FASTPROF_SAMPLE_GPUS``).
@@ -85,6 +90,7 @@ class Recorder:
         segment_seconds: float | None = None,
         compression_level: int | None = None,
         sample_hz: float | None = None,
+        sample_system_hz: float | None = None,
         sample_per_cpu: bool | None = None,
         sample_gpus: str | int | list[str] | list[int] | None = None,
         sample_history: int | None = None,
@@ -100,6 +106,7 @@ class Recorder:
             segment_seconds=segment_seconds,
             compression_level=compression_level,
             sample_hz=sample_hz,
+            sample_system_hz=sample_system_hz,
             sample_per_cpu=sample_per_cpu,
             sample_gpus=sample_gpus,
             sample_history=sample_history,
@@ -150,10 +157,11 @@ class Recorder:
                 sample_gpus=o.sample_gpus,
                 sample_history=o.sample_history,
                 sample_host=not use_psutil,
+                sample_system_hz=o.sample_system_hz,
             )
             self._started = True
             if use_psutil:
-                self._psutil = PsutilHostSampler(o.sample_hz, o.sample_history)
+                self._psutil = PsutilHostSampler(o.sample_hz, o.sample_history, o.sample_system_hz)
                 self._psutil.start()
             _current = self
             if not _atexit_registered:

@@ -126,18 +126,44 @@ def test_dataloader_workers_are_counted_with_their_cpu(tmp_path):
     assert rss.max() > 10 * 2**20
 
 
+EVERY_TICK = ("proc.rss [B]", "proc.cpu_user [%]", "proc.threads", "proc.write [B/s]", "children.count")
+SYSTEM = ("sys.cpu [%]", "sys.mem_used [B]", "sys.swap_used [B]", "sys.load1", "sys.disk_write [B/s]", "sys.net_rx [B/s]")
+
+
 def test_1000_hz_for_3_seconds(tmp_path):
     rec = fastprof.start(tmp_path, "fast", sample_hz=1000, sample_gpus="none")
     time.sleep(3.0)
     rec.stop()
     c = rec.counters()
-    for name in ("sys.cpu [%]", "proc.rss [B]", "proc.cpu_user [%]", "children.count"):
+    for name in EVERY_TICK:
         ts, vals = c[name]
         assert ts.size >= 2500, (name, ts.size)
         assert ts.dtype == np.int64 and vals.dtype == np.float64
         assert np.all(np.diff(ts) > 0), name
+    # System-wide CPU, load, memory, swap, disk and network: sample_system_hz (10) times a second.
+    for name in SYSTEM:
+        ts, _ = c[name]
+        assert 25 <= ts.size <= 35, (name, ts.size)
+        assert np.all(np.diff(ts) > 0), name
     info = rec.sampler_info()
     assert info is not None and info["self_cost"]["ticks"] >= 2500
+    assert info["system_hz"] == 10
+
+
+def test_system_readings_at_full_rate_on_request(tmp_path):
+    rec = fastprof.start(tmp_path, "fastsys", sample_hz=1000, sample_system_hz=1000, sample_gpus="none")
+    time.sleep(3.0)
+    rec.stop()
+    c = rec.counters()
+    for name in ("sys.mem_used [B]", "sys.swap_used [B]", "sys.load1", "sys.disk_write [B/s]", "sys.net_rx [B/s]"):
+        assert c[name][0].size >= 2500, (name, c[name][0].size)
+    # /proc/stat moves in 10 ms units per core: a value only where at least one
+    # unit elapsed, averaged over the whole window since the previous value,
+    # never a made-up 0% for a window in which nothing was measured.
+    ts, cpu = c["sys.cpu [%]"]
+    n_cpu = os.cpu_count() or 1
+    assert 0.5 * 3.0 * 100 <= ts.size <= 3.0 * 100 * n_cpu + 10, ts.size
+    assert np.all((cpu >= 0) & (cpu <= 100))
 
 
 def test_counters_in_trace_and_metadata(tmp_path, traces):

@@ -477,16 +477,20 @@ pub fn counter(name: u32, value: f64, thread_name: &mut dyn FnMut() -> String) {
     });
 }
 
-/// A counter sample at an explicit tick time (the sampler stamps all readings
-/// of one tick alike).
-#[inline]
-pub fn counter_at(name: u32, value: f64, ticks: u64, thread_name: &mut dyn FnMut() -> String) {
+/// Counter samples at one tick time, pushed under one thread-local lookup
+/// (the sampler publishes a tick's readings this way).
+pub fn counters_at(items: &[(u32, f64)], ticks: u64, thread_name: &mut dyn FnMut() -> String) {
+    if items.is_empty() {
+        return;
+    }
     with_entry(thread_name, |l, e| {
-        point_record(
-            l,
-            e,
-            Record::new(Kind::Counter, name, ticks, value.to_bits(), 0),
-        )
+        for &(name, value) in items {
+            point_record(
+                l,
+                e,
+                Record::new(Kind::Counter, name, ticks, value.to_bits(), 0),
+            );
+        }
     });
 }
 

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 #[pyo3(signature = (trace_dir, run_name, rank, world_size, local_rank, buffer_size,
                     flush_interval, segment_size, segment_seconds, compression_level,
                     extra_config_json, sample_hz=0.0, sample_per_cpu=false, sample_gpus=None,
-                    sample_history=65536, sample_host=true))]
+                    sample_history=65536, sample_host=true, sample_system_hz=10.0))]
 #[allow(clippy::too_many_arguments)]
 fn start(
     py: Python<'_>,
@@ -42,6 +42,7 @@ fn start(
     sample_gpus: Option<Vec<String>>,
     sample_history: usize,
     sample_host: bool,
+    sample_system_hz: f64,
 ) -> PyResult<()> {
     // sample_gpus: None = all visible devices, [] = no NVML, else indices/UUIDs.
     let gpus = match sample_gpus {
@@ -55,6 +56,7 @@ fn start(
         gpus,
         history: sample_history,
         host: sample_host,
+        system_hz: sample_system_hz,
         ..SamplerConfig::default()
     });
     let cfg = Config {

@@ -17,7 +17,7 @@ use crate::clock;
 use crate::names;
 use crate::recorder;
 use gpu::GpuSelect;
-use procfs::{Children, ProcFile};
+use procfs::{Children, NetSource, ProcFile, TaskDir};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,12 +25,36 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// Default reads per second of the system-wide readings: CPU utilisation,
+/// load, memory, swap, disk and network. What the job itself does (this
+/// process, its descendants, its GPUs) is read on every tick: the host
+/// around it is context, read at a rate that costs next to nothing.
+///
+/// * /proc/stat counts CPU time in USER_HZ units of 10 ms per core, so a
+///   shorter window reads 0, 50 or 100% on two cores, and mostly nothing at
+///   1 kHz: quantisation noise, not information. A 100 ms window resolves
+///   10% of a core. (This process's CPU comes from getrusage in µs, its
+///   descendants' from schedstat in ns: precise at any rate.)
+/// * The load average changes every 5 s.
+/// * /proc/meminfo is the costliest file of a tick (~55 formatted lines,
+///   one walk over every block device); its counters are folded from
+///   per-CPU deltas once a second or when a delta passes a threshold.
+/// * /proc/stat's cost grows with cores and interrupt lines (a line of
+///   numbers per core and one number per IRQ), hundreds of µs on big hosts.
+/// * Each file read costs 10-30 µs when the kernel's caches have gone cold
+///   between ticks (as at 100 Hz) on the 2-vCPU VM we measured; at 100 Hz,
+///   reading the host every tick cost 1.5% of a core.
+pub const DEFAULT_SYSTEM_HZ: f64 = 10.0;
+
 /// Sampler options.
 #[derive(Debug, Clone)]
 pub struct SamplerConfig {
     /// Ticks per second (1..=1000). Higher rates resolve shorter events but
     /// cost proportionally more of the sampler thread's CPU.
     pub hz: f64,
+    /// Reads per second of system-wide CPU, load and memory (at most `hz`);
+    /// see [`DEFAULT_SYSTEM_HZ`].
+    pub system_hz: f64,
     /// Also sample every core's utilisation (one metric per core).
     pub per_cpu: bool,
     /// Which GPUs NVML samples.
@@ -48,6 +72,7 @@ impl Default for SamplerConfig {
     fn default() -> Self {
         SamplerConfig {
             hz: 10.0,
+            system_hz: DEFAULT_SYSTEM_HZ,
             per_cpu: false,
             gpus: GpuSelect::All,
             history: 1 << 16,
@@ -158,34 +183,46 @@ fn integrate(q: &VecDeque<(u64, f64)>, t0: u64, t1: u64) -> f64 {
         .sum()
 }
 
-/// The sampler's measured cost.
+/// The sampler's measured cost, from its thread's CPU clock.
 #[derive(Debug, Clone, Default)]
 pub struct SelfCost {
     pub ticks: u64,
+    /// All of the thread's CPU since its loop began (readings, publishing,
+    /// and waking up and going back to sleep) over its first `cpu_ticks`
+    /// ticks: the clock is read on measured ticks and at the end.
     pub cpu_ns_total: u64,
-    pub cpu_ns_max: u64,
+    pub cpu_ticks: u64,
+    /// CPU of the tick bodies (readings and publishing, from wake-up to
+    /// sleep), measured on every [`BODY_SAMPLE_EVERY`]th tick.
+    pub body_ticks: u64,
+    pub body_cpu_ns_total: u64,
+    pub body_cpu_ns_max: u64,
     pub wall_ns_total: u64,
     pub wall_ns_max: u64,
     pub nvml_ns_total: u64,
     pub late_ticks: u64,
 }
 
+/// One tick in this many, picked at random (periodic work such as the
+/// system readings every tenth tick must not alias with it), reads the
+/// thread's CPU clock (a syscall) before and after its body.
+pub const BODY_SAMPLE_EVERY: u64 = 8;
+
 impl SelfCost {
     fn json(&self) -> Value {
-        let per = |x: u64| {
-            if self.ticks > 0 {
-                x as f64 / self.ticks as f64
-            } else {
-                0.0
-            }
-        };
+        let per = |x: u64, n: u64| if n > 0 { x as f64 / n as f64 } else { 0.0 };
+        let total = per(self.cpu_ns_total, self.cpu_ticks);
+        let body = per(self.body_cpu_ns_total, self.body_ticks);
         json!({
             "ticks": self.ticks,
-            "cpu_ns_per_tick_mean": per(self.cpu_ns_total),
-            "cpu_ns_per_tick_max": self.cpu_ns_max,
-            "tick_wall_ns_mean": per(self.wall_ns_total),
+            "cpu_ns_per_tick_mean": total,
+            "read_cpu_ns_per_tick_mean": body,
+            "read_cpu_ns_per_tick_max": self.body_cpu_ns_max,
+            "wake_cpu_ns_per_tick_mean": (total - body).max(0.0),
+            "read_ticks_measured": self.body_ticks,
+            "tick_wall_ns_mean": per(self.wall_ns_total, self.ticks),
             "tick_wall_ns_max": self.wall_ns_max,
-            "nvml_ns_per_tick_mean": per(self.nvml_ns_total),
+            "nvml_ns_per_tick_mean": per(self.nvml_ns_total, self.ticks),
             "thread_cpu_s": self.cpu_ns_total as f64 / 1e9,
             "late_ticks": self.late_ticks,
         })
@@ -236,6 +273,10 @@ impl Sampler {
     }
 }
 
+fn mono_seed() -> u64 {
+    clock::monotonic_ns() | 1
+}
+
 fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -267,23 +308,45 @@ fn rusage() -> (u64, u64, u64, u64, u64) {
 /// Metric registry of the sampler thread: store index + interned trace name.
 struct Metrics {
     names: Vec<(String, Option<u32>)>,
+    /// Where the caller's name string lived when the metric was last seen:
+    /// names are literals or strings made once, so the same address means
+    /// the same metric without comparing bytes.
+    seen_at: Vec<*const u8>,
     pending: Vec<(usize, f64)>,
+    /// Trace counters of one tick: (interned name, value).
+    batch: Vec<(u32, f64)>,
     /// Metrics come in the same order every tick: try the next one first.
     cursor: usize,
 }
 
 impl Metrics {
+    fn new() -> Metrics {
+        Metrics {
+            names: Vec::new(),
+            seen_at: Vec::new(),
+            pending: Vec::new(),
+            batch: Vec::new(),
+            cursor: 0,
+        }
+    }
+
     fn id(&mut self, name: &str) -> usize {
-        let i = match self.names.get(self.cursor) {
-            Some((n, _)) if n == name => self.cursor,
-            _ => match self.names.iter().position(|(n, _)| n == name) {
-                Some(i) => i,
-                None => {
-                    self.names.push((name.to_string(), names::intern(name)));
-                    self.names.len() - 1
-                }
-            },
-        };
+        let c = self.cursor;
+        let i =
+            if self.seen_at.get(c) == Some(&name.as_ptr()) && self.names[c].0.len() == name.len() {
+                c
+            } else {
+                let i = match self.names.iter().position(|(n, _)| n == name) {
+                    Some(i) => i,
+                    None => {
+                        self.names.push((name.to_string(), names::intern(name)));
+                        self.seen_at.push(std::ptr::null());
+                        self.names.len() - 1
+                    }
+                };
+                self.seen_at[i] = name.as_ptr();
+                i
+            };
         self.cursor = i + 1;
         i
     }
@@ -298,10 +361,160 @@ impl Metrics {
 #[derive(Default)]
 struct Prev {
     mono: u64,
+    /// When the system-wide readings were last taken.
+    system_mono: u64,
     cpus: Vec<(u64, u64)>,
-    disk: (u64, u64),
-    net: (u64, u64),
+    disk: Option<(u64, u64)>,
+    /// `None` after a read that failed, so the next rate is skipped.
+    net: Option<(u64, u64)>,
     rusage: (u64, u64, u64, u64, u64),
+}
+
+/// The host and process readings taken from files kept open (Linux).
+struct Host {
+    stat: Option<ProcFile>,
+    meminfo: Option<ProcFile>,
+    statm: Option<ProcFile>,
+    task: Option<TaskDir>,
+    disks: Vec<String>,
+    disk_files: Vec<ProcFile>,
+    ifaces: Vec<String>,
+    net: Option<NetSource>,
+    cpus: Vec<(u64, u64)>,
+    /// Per-core metric names, made once (cores come in order, 0..).
+    cpu_names: Vec<String>,
+    page: u64,
+}
+
+impl Host {
+    /// System CPU from /proc/stat, over the window since its previous read.
+    fn sample_cpu(&mut self, cfg: &SamplerConfig, prev: &mut Prev, m: &mut Metrics) {
+        let Some(text) = self.stat.as_mut().and_then(|f| f.read()) else {
+            return;
+        };
+        procfs::parse_stat(text, cfg.per_cpu, &mut self.cpus);
+        if let (Some(&(_, t)), Some(&(_, pt))) = (self.cpus.first(), prev.cpus.first()) {
+            if t <= pt {
+                // Not one whole USER_HZ unit (10 ms of one core) since the last
+                // reading: nothing was measured. Keep the old reading, so the
+                // next value averages over the whole window.
+                return;
+            }
+        }
+        if !prev.cpus.is_empty() {
+            for (i, (&(b, t), &(pb, pt))) in self.cpus.iter().zip(&prev.cpus).enumerate() {
+                if t <= pt {
+                    continue; // this core: no whole unit yet
+                }
+                let pct = b.saturating_sub(pb) as f64 * 100.0 / (t - pt) as f64;
+                if i == 0 {
+                    m.emit("sys.cpu [%]", pct);
+                } else {
+                    if self.cpu_names.len() < i {
+                        self.cpu_names.push(format!("sys.cpu{} [%]", i - 1));
+                    }
+                    m.emit(&self.cpu_names[i - 1], pct);
+                }
+            }
+        }
+        std::mem::swap(&mut prev.cpus, &mut self.cpus);
+    }
+
+    fn open() -> Host {
+        let disks = procfs::whole_disks();
+        // One small /sys/block/<d>/stat per disk is cheaper than
+        // /proc/diskstats, which formats every block device on each read.
+        let disk_files = disks
+            .iter()
+            .filter_map(|d| ProcFile::open(format!("/sys/block/{d}/stat")))
+            .collect();
+        let ifaces = procfs::net_interfaces();
+        Host {
+            stat: ProcFile::open("/proc/stat"),
+            meminfo: ProcFile::open("/proc/meminfo"),
+            statm: ProcFile::open("/proc/self/statm"),
+            task: TaskDir::open(std::process::id()),
+            disks,
+            disk_files,
+            net: NetSource::open(&ifaces),
+            ifaces,
+            cpus: Vec::new(),
+            cpu_names: Vec::new(),
+            // SAFETY: sysconf has no preconditions.
+            page: unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64,
+        }
+    }
+
+    /// One tick's host and process readings: the system-wide ones (CPU, load,
+    /// memory, swap, disk, network) when `slow` (see [`DEFAULT_SYSTEM_HZ`]),
+    /// this process's RSS and threads every tick.
+    fn sample(
+        &mut self,
+        cfg: &SamplerConfig,
+        prev: &mut Prev,
+        m: &mut Metrics,
+        mono: u64,
+        slow: bool,
+    ) {
+        if slow {
+            self.sample_cpu(cfg, prev, m);
+            if let Some(load) = procfs::load1() {
+                m.emit("sys.load1", load);
+            }
+            if let Some(mi) = self
+                .meminfo
+                .as_mut()
+                .and_then(|f| f.read())
+                .and_then(procfs::parse_meminfo)
+            {
+                m.emit(
+                    "sys.mem_used [B]",
+                    mi.total.saturating_sub(mi.available) as f64,
+                );
+                m.emit("sys.mem_available [B]", mi.available as f64);
+                m.emit(
+                    "sys.swap_used [B]",
+                    mi.swap_total.saturating_sub(mi.swap_free) as f64,
+                );
+            }
+        }
+        if slow {
+            // Rates over the time since the previous system reading.
+            let dt = mono.saturating_sub(prev.system_mono);
+            prev.system_mono = mono;
+            if !self.disk_files.is_empty() {
+                let d = self
+                    .disk_files
+                    .iter_mut()
+                    .filter_map(|f| f.read().map(procfs::parse_block_stat))
+                    .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+                if let Some(p) = prev.disk {
+                    m.emit("sys.disk_read [B/s]", rate(d.0, p.0, dt));
+                    m.emit("sys.disk_write [B/s]", rate(d.1, p.1, dt));
+                }
+                prev.disk = Some(d);
+            }
+            if let Some(net) = self.net.as_mut() {
+                let n = net.read();
+                if let (Some(n), Some(p)) = (n, prev.net) {
+                    m.emit("sys.net_rx [B/s]", rate(n.0, p.0, dt));
+                    m.emit("sys.net_tx [B/s]", rate(n.1, p.1, dt));
+                }
+                prev.net = n;
+            }
+        }
+        if let Some(rss) = self
+            .statm
+            .as_mut()
+            .and_then(|f| f.read())
+            .and_then(procfs::parse_statm_rss)
+        {
+            m.emit("proc.rss [B]", (rss * self.page) as f64);
+        }
+        if let Some(n) = self.task.as_ref().and_then(|t| t.threads()) {
+            m.emit("proc.threads", n as f64);
+        }
+    }
 }
 
 fn rate(now: u64, before: u64, dt_ns: u64) -> f64 {
@@ -314,17 +527,7 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
     let clk_tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     let procfs_ok = cfg!(target_os = "linux") && std::path::Path::new("/proc/self/stat").exists();
     let linux = cfg.host && procfs_ok;
-    let mut stat = ProcFile::open("/proc/stat");
-    let mut meminfo = ProcFile::open("/proc/meminfo");
-    let mut netdev = ProcFile::open("/proc/net/dev");
-    let mut self_stat = ProcFile::open("/proc/self/stat");
-    let disks = procfs::whole_disks();
-    // One small /sys/block/<d>/stat per disk is cheaper than /proc/diskstats,
-    // which formats every block device (loops, partitions) on each read.
-    let mut disk_files: Vec<ProcFile> = disks
-        .iter()
-        .filter_map(|d| ProcFile::open(format!("/sys/block/{d}/stat")))
-        .collect();
+    let mut host = if linux { Some(Host::open()) } else { None };
     let mut children = Children::new(std::process::id(), page, 1_000_000_000 / clk_tck);
 
     let nvml = gpu::open(&cfg.gpus);
@@ -342,15 +545,24 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
         }),
         Err(reason) => json!({"available": false, "reason": reason}),
     };
-    let host_meta = if linux {
-        json!({"available": true, "source": "procfs", "disks": disks})
+    let host_meta = if let Some(h) = &host {
+        json!({
+            "available": true,
+            "source": "procfs",
+            "disks": h.disks,
+            "net_interfaces": h.ifaces,
+            "net_source": h.net.as_ref().map(|n| n.name()),
+        })
     } else if !cfg.host {
         json!({"available": true, "source": "psutil (Python thread)"})
     } else {
         json!({"available": false, "reason": "host sampling reads /proc, which this OS lacks"})
     };
+    let system_hz = cfg.system_hz.clamp(f64::MIN_POSITIVE, cfg.hz);
+    let slow_every = ((cfg.hz / system_hz).round() as u64).max(1);
     *sh.meta.lock().unwrap_or_else(|e| e.into_inner()) = json!({
         "hz": cfg.hz,
+        "system_hz": cfg.hz / slow_every as f64,
         "per_cpu": cfg.per_cpu,
         "history": cfg.history,
         "host": host_meta,
@@ -360,90 +572,32 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
     let period = Duration::from_secs_f64(1.0 / cfg.hz);
     let refresh_children_every = ((cfg.hz / 2.0).ceil() as u64).max(1);
     let pcie_every = ((cfg.hz * cfg.pcie_every_s).ceil() as u64).max(1);
-    let mut m = Metrics {
-        names: Vec::new(),
-        pending: Vec::new(),
-        cursor: 0,
-    };
+    let mut m = Metrics::new();
     let mut prev = Prev::default();
-    // Per-core metric names, made once (cores come in order, 0..).
-    let mut cpu_names: Vec<String> = Vec::new();
     let mut namer = || "fastprof-sampler".to_string();
     let mut tick_no: u64 = 0;
     let mut next = std::time::Instant::now();
     let mut last_meta = std::time::Instant::now();
 
+    // The cost of a tick is everything the thread uses, waking up and going
+    // back to sleep included: total thread CPU over ticks. Bodies alone are
+    // measured on every BODY_SAMPLE_EVERY-th tick.
+    let cpu_start = thread_cpu_ns();
+    let mut pick: u64 = 0x9E37_79B9_7F4A_7C15 ^ mono_seed();
     while !sh.stop.load(Ordering::Acquire) {
         let wall0 = std::time::Instant::now();
-        let cpu0 = thread_cpu_ns();
+        // xorshift64: a fresh pseudo-random draw per tick, no syscall.
+        pick ^= pick << 13;
+        pick ^= pick >> 7;
+        pick ^= pick << 17;
+        let body0 = (pick % BODY_SAMPLE_EVERY == 0).then(thread_cpu_ns);
         let ticks = clock::ticks();
         let mono = clock::monotonic_ns();
         let dt = mono.saturating_sub(prev.mono);
         let first = tick_no == 0;
 
-        if linux {
-            if let Some(cpus) = stat.as_mut().and_then(|f| f.read()).map(procfs::parse_stat) {
-                if !first {
-                    for (i, (&(b, t), &(pb, pt))) in cpus.iter().zip(&prev.cpus).enumerate() {
-                        if i > 0 && !cfg.per_cpu {
-                            break;
-                        }
-                        let pct = if t > pt {
-                            (b - pb.min(b)) as f64 * 100.0 / (t - pt) as f64
-                        } else {
-                            0.0
-                        };
-                        if i == 0 {
-                            m.emit("sys.cpu [%]", pct);
-                        } else {
-                            if cpu_names.len() < i {
-                                cpu_names.push(format!("sys.cpu{} [%]", i - 1));
-                            }
-                            m.emit(&cpu_names[i - 1], pct);
-                        }
-                    }
-                }
-                prev.cpus = cpus;
-            }
-            if let Some(text) = meminfo.as_mut().and_then(|f| f.read()) {
-                let v = procfs::parse_meminfo(
-                    text,
-                    &["MemTotal", "MemAvailable", "SwapTotal", "SwapFree"],
-                );
-                m.emit("sys.mem_used [B]", v[0].saturating_sub(v[1]) as f64);
-                m.emit("sys.mem_available [B]", v[1] as f64);
-                m.emit("sys.swap_used [B]", v[2].saturating_sub(v[3]) as f64);
-            }
-            if !disk_files.is_empty() {
-                let d = disk_files
-                    .iter_mut()
-                    .filter_map(|f| f.read().map(procfs::parse_block_stat))
-                    .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-                if !first {
-                    m.emit("sys.disk_read [B/s]", rate(d.0, prev.disk.0, dt));
-                    m.emit("sys.disk_write [B/s]", rate(d.1, prev.disk.1, dt));
-                }
-                prev.disk = d;
-            }
-            if let Some(n) = netdev
-                .as_mut()
-                .and_then(|f| f.read())
-                .map(procfs::parse_netdev)
-            {
-                if !first {
-                    m.emit("sys.net_rx [B/s]", rate(n.0, prev.net.0, dt));
-                    m.emit("sys.net_tx [B/s]", rate(n.1, prev.net.1, dt));
-                }
-                prev.net = n;
-            }
-            if let Some((threads, rss, _)) = self_stat
-                .as_mut()
-                .and_then(|f| f.read())
-                .and_then(procfs::parse_pid_stat)
-            {
-                m.emit("proc.rss [B]", (rss * page) as f64);
-                m.emit("proc.threads", threads as f64);
-            }
+        if let Some(h) = host.as_mut() {
+            h.sample(&cfg, &mut prev, &mut m, mono, tick_no % slow_every == 0);
             if tick_no % refresh_children_every == 0 {
                 children.refresh();
             }
@@ -488,21 +642,31 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
                 store.ensure(id, name);
                 store.push(id, mono, v);
                 if let Some(tid) = trace_id {
-                    recorder::counter_at(*tid, v, ticks, &mut namer);
+                    m.batch.push((*tid, v));
                 }
             }
         }
+        recorder::counters_at(&m.batch, ticks, &mut namer);
+        m.batch.clear();
         m.pending.clear();
         m.cursor = 0;
         tick_no += 1;
 
-        let cpu = thread_cpu_ns().saturating_sub(cpu0);
+        let body_end = body0.map(|b0| {
+            let now = thread_cpu_ns();
+            (now, now.saturating_sub(b0))
+        });
         let wall = wall0.elapsed().as_nanos() as u64;
         {
             let mut c = sh.cost.lock().unwrap_or_else(|e| e.into_inner());
             c.ticks += 1;
-            c.cpu_ns_total += cpu;
-            c.cpu_ns_max = c.cpu_ns_max.max(cpu);
+            if let Some((now, body)) = body_end {
+                c.cpu_ns_total = now.saturating_sub(cpu_start);
+                c.cpu_ticks = c.ticks;
+                c.body_ticks += 1;
+                c.body_cpu_ns_total += body;
+                c.body_cpu_ns_max = c.body_cpu_ns_max.max(body);
+            }
             c.wall_ns_total += wall;
             c.wall_ns_max = c.wall_ns_max.max(wall);
             c.nvml_ns_total += nvml_ns;
@@ -520,6 +684,11 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
             next = now + period;
         }
         std::thread::park_timeout(next - now);
+    }
+    {
+        let mut c = sh.cost.lock().unwrap_or_else(|e| e.into_inner());
+        c.cpu_ns_total = thread_cpu_ns().saturating_sub(cpu_start);
+        c.cpu_ticks = c.ticks;
     }
     publish_meta(&sh, &devices);
 }
