@@ -286,9 +286,7 @@ def resolve(
     if opts.sample_hz != 0 and not 1 <= opts.sample_hz <= 1000:
         raise ConfigError(f"invalid option sample_hz: must be 0 (off) or between 1 and 1000, got {opts.sample_hz}")
     if not 0.1 <= opts.sample_system_hz <= 1000:
-        raise ConfigError(
-            f"invalid option sample_system_hz: must be between 0.1 and 1000, got {opts.sample_system_hz}"
-        )
+        raise ConfigError(f"invalid option sample_system_hz: must be between 0.1 and 1000, got {opts.sample_system_hz}")
     for field in ("buffer_size", "segment_size", "compression_level", "sample_history"):
         if getattr(opts, field) < 0:
             raise ConfigError(f"invalid option {field}: must not be negative, got {getattr(opts, field)}")

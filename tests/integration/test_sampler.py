@@ -127,7 +127,14 @@ def test_dataloader_workers_are_counted_with_their_cpu(tmp_path):
 
 
 EVERY_TICK = ("proc.rss [B]", "proc.cpu_user [%]", "proc.threads", "proc.write [B/s]", "children.count")
-SYSTEM = ("sys.cpu [%]", "sys.mem_used [B]", "sys.swap_used [B]", "sys.load1", "sys.disk_write [B/s]", "sys.net_rx [B/s]")
+SYSTEM = (
+    "sys.cpu [%]",
+    "sys.mem_used [B]",
+    "sys.swap_used [B]",
+    "sys.load1",
+    "sys.disk_write [B/s]",
+    "sys.net_rx [B/s]",
+)
 
 
 def test_1000_hz_for_3_seconds(tmp_path):

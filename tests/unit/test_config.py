@@ -126,6 +126,10 @@ def test_sampler_options_from_env_and_errors(monkeypatch):
     o = resolve(env={"FASTPROF_SAMPLE_HZ": "100", "FASTPROF_SAMPLE_GPUS": "0,1", "FASTPROF_HOST_SAMPLER": "psutil"})
     assert (o.sample_hz, o.sample_gpus, o.host_sampler) == (100.0, ["0", "1"], "psutil")
     assert resolve(env={}).sample_hz == 10.0
+    assert resolve(env={}).sample_system_hz == 10.0
+    assert resolve(env={"FASTPROF_SAMPLE_SYSTEM_HZ": "100"}).sample_system_hz == 100.0
+    with pytest.raises(fastprof.ConfigError, match="sample_system_hz"):
+        resolve(sample_system_hz=0, env={})
     with pytest.raises(fastprof.ConfigError, match="FASTPROF_HOST_SAMPLER"):
         resolve(env={"FASTPROF_HOST_SAMPLER": "magic"})
     with pytest.raises(fastprof.ConfigError, match="FASTPROF_SAMPLE_PER_CPU"):
