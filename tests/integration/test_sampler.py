@@ -294,3 +294,29 @@ def test_psutil_host_sampler_gives_the_same_metrics(tmp_path, traces):
     assert [names[t] for t in tids] == ["fastprof-psutil-sampler"]
     assert run.final["sampler"]["host"]["source"].startswith("psutil")
     assert run.final["config"]["host_sampler"] == "psutil"
+
+
+def test_thread_count_follows_threads_as_they_come_and_go(tmp_path):
+    rec = fastprof.start(tmp_path, "threads", sample_hz=50, sample_gpus="none")
+    stop = threading.Event()
+    time.sleep(0.3)
+    base = psutil.Process().num_threads()
+    t0 = time.monotonic_ns()
+    extra = [threading.Thread(target=stop.wait) for _ in range(6)]
+    for t in extra:
+        t.start()
+    time.sleep(0.5)
+    t1 = time.monotonic_ns()
+    stop.set()
+    for t in extra:
+        t.join()
+    time.sleep(0.5)
+    t2 = time.monotonic_ns()
+    rec.stop()
+    series = rec.counters()["proc.threads"]
+    before = window(series, t0 - 200_000_000, t0)
+    during = window(series, t1 - 200_000_000, t1)
+    after = window(series, t2 - 200_000_000, t2)
+    assert abs(before[-1] - base) <= 1, (before[-1], base)
+    assert during[-1] - before[-1] == 6, (before[-1], during[-1])
+    assert after[-1] == before[-1], (before[-1], after[-1])
