@@ -81,8 +81,8 @@ class PsutilSampler:
         self.thread.join()
 
 
-def tick_cost(tmp: str, hz: int, seconds: float) -> dict[str, Any]:
-    rec = fastprof.start(tmp, f"tick{hz}", sample_hz=hz)
+def tick_cost(tmp: str, hz: int, seconds: float, system_hz: int) -> dict[str, Any]:
+    rec = fastprof.start(tmp, f"tick{hz}", sample_hz=hz, sample_system_hz=system_hz)
     time.sleep(seconds)
     rec.stop()
     info = rec.sampler_info()
@@ -98,15 +98,19 @@ def main() -> None:
     print(f"machine: {machine()}; torch {torch.__version__}\n")
     with tempfile.TemporaryDirectory() as tmp:
         print("sampler CPU per tick (thread CPU clock), idle training process:")
-        for hz, secs in ((100, 5.0), (1000, 3.0)):
-            c = tick_cost(tmp, hz, secs)
+        for hz, secs, system_hz in ((100, 5.0, 10), (1000, 3.0, 10), (100, 5.0, 100)):
+            c = tick_cost(tmp, hz, secs, system_hz)
             us = c["cpu_ns_per_tick_mean"] / 1e3
             print(
                 f"  {hz:>5} Hz: {us:6.1f} us/tick (reading {c['read_cpu_ns_per_tick_mean'] / 1e3:5.1f} mean, "
                 f"{c['read_cpu_ns_per_tick_max'] / 1e3:6.1f} max; waking/sleeping "
                 f"{c['wake_cpu_ns_per_tick_mean'] / 1e3:5.1f}), {c['ticks']} ticks, {c['late_ticks']} late, "
                 f"system readings {c['system_hz']:g} Hz, NVML {'on' if c['nvml'] else 'unavailable'}"
-                f"   target <= 100 us  {verdict(us <= 100)}"
+                + (
+                    f"   target <= 100 us  {verdict(us <= 100)}"
+                    if system_hz == 10
+                    else "   (host every tick: no target)"
+                )
             )
 
         w = make_workload(batch_size=32, device="cpu")
@@ -119,13 +123,15 @@ def main() -> None:
             w.optimizer.step()
             float(loss.detach())
 
-        def fp(hz: int) -> Callable[[], Any]:
-            return lambda: fastprof.Recorder(tmp, f"train{hz}", sample_hz=hz)
+        def fp(hz: int, system_hz: int = 10) -> Callable[[], Any]:
+            return lambda: fastprof.Recorder(tmp, f"train{hz}", sample_hz=hz, sample_system_hz=system_hz)
 
         variants: dict[str, Callable[[], Any]] = {
             "no sampling": lambda: None,
             "fastprof 10 Hz": fp(10),
             "fastprof 100 Hz": fp(100),
+            # Everything at 100 Hz, host included, as the psutil thread does (no target).
+            "fastprof 100 Hz, host 100": fp(100, 100),
             "psutil thread 10 Hz": lambda: PsutilSampler(10),
             "psutil thread 100 Hz": lambda: PsutilSampler(100),
         }
@@ -163,7 +169,7 @@ def main() -> None:
         " median step, and overhead = median over rounds of block median / no-sampling block median:"
     )
     for k, v in med.items():
-        print(f"  {k:<22} {v * 1e3:8.3f} ms   overhead {100 * over[k]:+6.2f}%")
+        print(f"  {k:<26} {v * 1e3:8.3f} ms   overhead {100 * over[k]:+6.2f}%")
     o10, o100 = over["fastprof 10 Hz"], over["fastprof 100 Hz"]
     p10, p100 = over["psutil thread 10 Hz"], over["psutil thread 100 Hz"]
     print(f"\n  fastprof 10 Hz  <= 0.5%: {verdict(o10 <= 0.005)}   below psutil 10 Hz:  {verdict(o10 < p10)}")
