@@ -500,6 +500,13 @@ impl Host {
                     m.emit("sys.net_rx [B/s]", rate(n.0, p.0, dt));
                     m.emit("sys.net_tx [B/s]", rate(n.1, p.1, dt));
                 }
+                if n.is_none() {
+                    // An interface went away (or came back under a new
+                    // kobject): choose the interfaces afresh; the next read
+                    // starts a new baseline.
+                    self.ifaces = procfs::net_interfaces();
+                    self.net = NetSource::open(&self.ifaces);
+                }
                 prev.net = n;
             }
         }
