@@ -168,8 +168,12 @@ def test_system_readings_at_full_rate_on_request(tmp_path):
     # unit elapsed, averaged over the whole window since the previous value,
     # never a made-up 0% for a window in which nothing was measured.
     ts, cpu = c["sys.cpu [%]"]
-    n_cpu = os.cpu_count() or 1
-    assert 0.5 * 3.0 * 100 <= ts.size <= 3.0 * 100 * n_cpu + 10, ts.size
+    ticks = rec.sampler_info()["self_cost"]["ticks"]
+    assert 0.5 * 3.0 * 100 <= ts.size <= ticks, (ts.size, ticks)
+    if (os.cpu_count() or 1) <= 2:
+        # Two cores gain a few hundred 10 ms units a second, far fewer than
+        # 1000 ticks: most 1 ms windows hold none and give no value.
+        assert ts.size < 0.5 * ticks, (ts.size, ticks)
     assert np.all((cpu >= 0) & (cpu <= 100))
 
 
