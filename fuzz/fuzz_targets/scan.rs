@@ -14,21 +14,10 @@ use fastprof_core::reader::read_trace_bytes;
 use fastprof_core::scan::{parse_int, parse_us_to_ns, str_value, Fields, Item, Scanner};
 use libfuzzer_sys::fuzz_target;
 
-/// Hands out at most `chunk` bytes per read.
-struct Trickle {
-    data: Vec<u8>,
-    at: usize,
-    chunk: usize,
-}
-
-impl Read for Trickle {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.chunk.min(out.len()).min(self.data.len() - self.at);
-        out[..n].copy_from_slice(&self.data[self.at..self.at + n]);
-        self.at += n;
-        Ok(n)
-    }
-}
+// The core's own test reader (plain std), shared rather than copied.
+#[path = "../../rust/fastprof-core/src/test_support/trickle.rs"]
+mod trickle;
+use trickle::Trickle;
 
 /// (ok, events, salvage offset) of one scan.
 fn scan(r: Box<dyn Read + Send>) -> (bool, Vec<Vec<u8>>, Option<u64>) {
@@ -109,11 +98,7 @@ fuzz_target!(|data: &[u8]| {
 
     let (ok, events, salvage) = scan(Box::new(Cursor::new(data.to_vec())));
     let chunk = 1 + data.get(1).map_or(0, |b| usize::from(b % 13));
-    let trickled = scan(Box::new(Trickle {
-        data: data.to_vec(),
-        at: 0,
-        chunk,
-    }));
+    let trickled = scan(Box::new(Trickle::new(data.to_vec(), chunk)));
     if data.starts_with(&[0x1f, 0x8b]) {
         // How much a corrupt deflate stream yields before its error depends
         // on the read sizes (flate2 drops the output of the failing call),

@@ -163,6 +163,14 @@ static nvmlReturn_t query(nvmlDevice_t d, double *l, double *e) {
     return r;
 }
 
+/* query(), then NVML_ERROR_INVALID_ARGUMENT for a NULL output pointer. */
+static nvmlReturn_t reading(nvmlDevice_t d, double *l, double *e, const void *out) {
+    nvmlReturn_t r = query(d, l, e);
+    if (r == NVML_SUCCESS && !out)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return r;
+}
+
 static nvmlReturn_t copy_string(const char *s, char *out, unsigned int length) {
     if (!out)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -278,12 +286,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
 
 EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *index) {
     double l;
-    nvmlReturn_t r = query(d, &l, NULL);
-    if (r == NVML_SUCCESS) {
-        if (!index)
-            return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = reading(d, &l, NULL, index);
+    if (r == NVML_SUCCESS)
         *index = d->index;
-    }
     return r;
 }
 
@@ -301,12 +306,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int l
 
 EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t d, unsigned int *limit) {
     double l;
-    nvmlReturn_t r = query(d, &l, NULL);
-    if (r == NVML_SUCCESS) {
-        if (!limit)
-            return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = reading(d, &l, NULL, limit);
+    if (r == NVML_SUCCESS)
         *limit = 300000;
-    }
     return r;
 }
 
@@ -317,11 +319,9 @@ static unsigned long long mem_used(double l) { return 512 * MIB + (unsigned long
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
     double l;
-    nvmlReturn_t r = query(d, &l, NULL);
+    nvmlReturn_t r = reading(d, &l, NULL, m);
     if (r != NVML_SUCCESS)
         return r;
-    if (!m)
-        return NVML_ERROR_INVALID_ARGUMENT;
     /* v1 counts the reserved memory as used */
     m->total = d->mem_total;
     m->used = mem_used(l) + MEM_RESERVED;
@@ -331,11 +331,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
     double l;
-    nvmlReturn_t r = query(d, &l, NULL);
+    nvmlReturn_t r = reading(d, &l, NULL, m);
     if (r != NVML_SUCCESS)
         return r;
-    if (!m)
-        return NVML_ERROR_INVALID_ARGUMENT;
     if (m->version != NVML_MEMORY_V2_VERSION)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     m->total = d->mem_total;
@@ -347,11 +345,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
 
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
     double l;
-    nvmlReturn_t r = query(d, &l, NULL);
+    nvmlReturn_t r = reading(d, &l, NULL, u);
     if (r != NVML_SUCCESS)
         return r;
-    if (!u)
-        return NVML_ERROR_INVALID_ARGUMENT;
     u->gpu = (unsigned int)(l + 0.5);
     u->memory = (unsigned int)(l / 2.0 + 0.5);
     return NVML_SUCCESS;
@@ -359,11 +355,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilizatio
 
 EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *power) {
     double l;
-    nvmlReturn_t r = query(d, &l, NULL);
+    nvmlReturn_t r = reading(d, &l, NULL, power);
     if (r != NVML_SUCCESS)
         return r;
-    if (!power)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *power = (unsigned int)(power_mw(l) + 0.5);
     return NVML_SUCCESS;
 }
@@ -385,11 +379,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t d, unsigned
 
 EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t d, int type, unsigned int *clock) {
     double l;
-    nvmlReturn_t r = query(d, &l, NULL);
+    nvmlReturn_t r = reading(d, &l, NULL, clock);
     if (r != NVML_SUCCESS)
         return r;
-    if (!clock)
-        return NVML_ERROR_INVALID_ARGUMENT;
     switch (type) {
     case NVML_CLOCK_GRAPHICS:
     case NVML_CLOCK_SM:
@@ -419,11 +411,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigne
 
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t d, unsigned long long *reasons) {
     double l;
-    nvmlReturn_t r = query(d, &l, NULL);
+    nvmlReturn_t r = reading(d, &l, NULL, reasons);
     if (r != NVML_SUCCESS)
         return r;
-    if (!reasons)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *reasons = l < 5 ? THROTTLE_GPU_IDLE : l >= 80 ? THROTTLE_SW_POWER_CAP : 0;
     return NVML_SUCCESS;
 }

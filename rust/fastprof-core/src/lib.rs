@@ -22,6 +22,8 @@ pub mod recorder;
 pub mod ring;
 pub mod sampler;
 pub mod scan;
+#[cfg(test)]
+mod test_support;
 pub mod writer;
 
 pub use error::{CoreError, Result};

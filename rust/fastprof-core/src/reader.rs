@@ -610,6 +610,7 @@ fn kind(value: &Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{gzip, trace_error};
     use flate2::write::GzEncoder;
     use flate2::Compression;
     use std::io::Write;
@@ -633,28 +634,6 @@ mod tests {
             .iter()
             .map(|e| e["name"].as_str().unwrap_or_default().to_string())
             .collect()
-    }
-
-    fn gzip(text: &[u8]) -> Vec<u8> {
-        let mut enc = GzEncoder::new(Vec::new(), Compression::default());
-        enc.write_all(text).unwrap();
-        enc.finish().unwrap()
-    }
-
-    /// `(offset, reason)` of a `CoreError::Trace`, failing on anything else.
-    fn trace_error(result: Result<TraceDocument>) -> (u64, String) {
-        match result {
-            Err(CoreError::Trace {
-                path,
-                offset,
-                reason,
-            }) => {
-                assert_eq!(path, Path::new("t.json"));
-                (offset, reason)
-            }
-            Err(other) => panic!("expected a Trace error, got {other}"),
-            Ok(doc) => panic!("expected a Trace error, got a document: {:?}", doc.value),
-        }
     }
 
     #[test]

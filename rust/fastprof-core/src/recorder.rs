@@ -25,7 +25,7 @@ use crate::sampler::{Sampler, SamplerShared};
 use crate::writer::{Writer, WriterReport};
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, Thread};
 
 /// The generation being recorded, or 0 when no recorder runs. Hot-path loads
@@ -49,7 +49,7 @@ pub struct ThreadEntry {
     /// it with Acquire, also sees every record pushed before the exit.
     pub exited: AtomicBool,
     /// The writer, unparked each time another quarter of this ring fills.
-    pub writer: Option<Thread>,
+    pub writer: Thread,
 }
 
 /// State shared between the recorder handle, the registering threads and the writer.
@@ -62,7 +62,6 @@ pub struct Shared {
     /// filled another quarter), so an idle recorder wakes once per flush
     /// interval instead of polling.
     pub stop: AtomicBool,
-    pub writer_thread: OnceLock<Thread>,
     /// Ticks when stop was requested: open spans are closed there.
     pub stop_ts: AtomicU64,
     pub start_anchor: Anchor,
@@ -153,7 +152,6 @@ pub fn start(config: Config) -> Result<()> {
         config,
         threads: Mutex::new(Vec::new()),
         stop: AtomicBool::new(false),
-        writer_thread: OnceLock::new(),
         stop_ts: AtomicU64::new(0),
         start_anchor: Anchor::take(),
         clock_source,
@@ -164,7 +162,6 @@ pub fn start(config: Config) -> Result<()> {
         .name("fastprof-writer".into())
         .spawn(move || writer.run())
         .map_err(|e| CoreError::io(&shared.config.trace_dir, e))?;
-    let _ = shared.writer_thread.set(handle.thread().clone());
     *st = Some(Running {
         shared: shared.clone(),
         writer: handle,
@@ -300,7 +297,7 @@ fn register(l: &Local, gen: u64, thread_name: &mut dyn FnMut() -> String) -> boo
         name,
         drops: AtomicU64::new(0),
         exited: AtomicBool::new(false),
-        writer: running.shared.writer_thread.get().cloned(),
+        writer: running.writer.thread().clone(),
     });
     running
         .shared
@@ -361,9 +358,7 @@ fn push(l: &Local, e: &ThreadEntry, rec: Record, reserve: u64) -> bool {
 #[cold]
 #[inline(never)]
 fn nudge(e: &ThreadEntry) {
-    if let Some(w) = &e.writer {
-        w.unpark();
-    }
+    e.writer.unpark();
 }
 
 #[cold]

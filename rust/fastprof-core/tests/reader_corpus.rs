@@ -4,7 +4,10 @@
 //! prefix, `err_*` is a `CoreError::Trace` naming the file. Every prefix of
 //! every file is read too, to show that no input makes the reader panic.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{corpus, file_name};
+use std::path::Path;
 
 use fastprof_core::reader::{read_trace, read_trace_bytes, TraceDocument};
 use fastprof_core::CoreError;
@@ -39,27 +42,6 @@ const EVENT_COUNTS: &[(&str, usize)] = &[
     ("salvage_truncated_gzip_sync_flush.json.gz", 41),
     ("salvage_truncated_in_other_data.json", 3),
 ];
-
-fn corpus() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|entry| entry.unwrap().path())
-        .filter(|p| {
-            let name = file_name(p);
-            ["ok_", "salvage_", "err_"]
-                .iter()
-                .any(|prefix| name.starts_with(prefix))
-        })
-        .collect();
-    files.sort();
-    assert!(files.len() >= 15, "corpus has only {} files", files.len());
-    files
-}
-
-fn file_name(path: &Path) -> &str {
-    path.file_name().unwrap().to_str().unwrap()
-}
 
 /// What every document the reader returns must satisfy, whatever the input.
 fn check_invariants(doc: &TraceDocument, what: &str) {

@@ -12,7 +12,10 @@
 //! parse are exactly as many as the reader keeps, and every prefix of every
 //! file is scanned to show that no input panics.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{corpus, file_name};
+use std::path::Path;
 
 use fastprof_core::reader::{read_trace, read_trace_bytes};
 use fastprof_core::scan::{parse_int, parse_us_to_ns, Fields, Item, Salvage, Scanner};
@@ -77,27 +80,6 @@ fn run(mut scanner: Scanner) -> Outcome {
         salvage: scanner.salvage().cloned(),
         warnings: scanner.warnings().to_vec(),
     }
-}
-
-fn corpus() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|entry| entry.unwrap().path())
-        .filter(|p| {
-            let name = file_name(p);
-            ["ok_", "salvage_", "err_"]
-                .iter()
-                .any(|prefix| name.starts_with(prefix))
-        })
-        .collect();
-    files.sort();
-    assert!(files.len() >= 15, "corpus has only {} files", files.len());
-    files
-}
-
-fn file_name(path: &Path) -> &str {
-    path.file_name().unwrap().to_str().unwrap()
 }
 
 /// Events serde_json accepts, after the reader's own UTF-8 repair.

@@ -17,7 +17,7 @@ use crate::clock;
 use crate::names;
 use crate::recorder;
 use gpu::GpuSelect;
-use procfs::{Children, NetSource, ProcFile, TaskDir};
+use procfs::{Children, NetSource, ProcFile};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -273,10 +273,6 @@ impl Sampler {
     }
 }
 
-fn mono_seed() -> u64 {
-    clock::monotonic_ns() | 1
-}
-
 fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -375,7 +371,6 @@ struct Host {
     stat: Option<ProcFile>,
     meminfo: Option<ProcFile>,
     statm: Option<ProcFile>,
-    task: Option<TaskDir>,
     disks: Vec<String>,
     disk_files: Vec<ProcFile>,
     ifaces: Vec<String>,
@@ -420,7 +415,7 @@ impl Host {
         std::mem::swap(&mut prev.cpus, &mut self.cpus);
     }
 
-    fn open() -> Host {
+    fn open(page: u64) -> Host {
         let disks = procfs::whole_disks();
         // One small /sys/block/<d>/stat per disk is cheaper than
         // /proc/diskstats, which formats every block device on each read.
@@ -433,21 +428,19 @@ impl Host {
             stat: ProcFile::open("/proc/stat"),
             meminfo: ProcFile::open("/proc/meminfo"),
             statm: ProcFile::open("/proc/self/statm"),
-            task: TaskDir::open(std::process::id()),
             disks,
             disk_files,
             net: NetSource::open(&ifaces),
             ifaces,
             cpus: Vec::new(),
             cpu_names: Vec::new(),
-            // SAFETY: sysconf has no preconditions.
-            page: unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64,
+            page,
         }
     }
 
     /// One tick's host and process readings: the system-wide ones (CPU, load,
     /// memory, swap, disk, network) when `slow` (see [`DEFAULT_SYSTEM_HZ`]),
-    /// this process's RSS and threads every tick.
+    /// this process's RSS every tick.
     fn sample(
         &mut self,
         cfg: &SamplerConfig,
@@ -518,9 +511,6 @@ impl Host {
         {
             m.emit("proc.rss [B]", (rss * self.page) as f64);
         }
-        if let Some(n) = self.task.as_ref().and_then(|t| t.threads()) {
-            m.emit("proc.threads", n as f64);
-        }
     }
 }
 
@@ -534,7 +524,7 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
     let clk_tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     let procfs_ok = cfg!(target_os = "linux") && std::path::Path::new("/proc/self/stat").exists();
     let linux = cfg.host && procfs_ok;
-    let mut host = if linux { Some(Host::open()) } else { None };
+    let mut host = if linux { Some(Host::open(page)) } else { None };
     let mut children = Children::new(std::process::id(), page, 1_000_000_000 / clk_tck);
 
     let nvml = gpu::open(&cfg.gpus);
@@ -590,7 +580,7 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
     // back to sleep included: total thread CPU over ticks. Bodies alone are
     // measured on every BODY_SAMPLE_EVERY-th tick.
     let cpu_start = thread_cpu_ns();
-    let mut pick: u64 = 0x9E37_79B9_7F4A_7C15 ^ mono_seed();
+    let mut pick: u64 = 0x9E37_79B9_7F4A_7C15 ^ clock::monotonic_ns();
     while !sh.stop.load(Ordering::Acquire) {
         let wall0 = std::time::Instant::now();
         // xorshift64: a fresh pseudo-random draw per tick, no syscall.
@@ -605,6 +595,9 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
 
         if let Some(h) = host.as_mut() {
             h.sample(&cfg, &mut prev, &mut m, mono, tick_no % slow_every == 0);
+            if let Some(n) = children.own_threads() {
+                m.emit("proc.threads", n as f64);
+            }
             if tick_no % refresh_children_every == 0 {
                 children.refresh();
             }

@@ -11,6 +11,7 @@
 //! its thread count, /proc/self/statm (not the far costlier /proc/self/stat)
 //! for its RSS.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -418,6 +419,11 @@ impl Children {
         }
     }
 
+    /// This process's thread count (one fstat of its task directory).
+    pub fn own_threads(&self) -> Option<u64> {
+        self.own.as_ref().and_then(|w| w.task.threads())
+    }
+
     /// Re-discover descendants: this process's children, theirs, and so on.
     pub fn refresh(&mut self) {
         let mut found = std::mem::take(&mut self.found);
@@ -429,12 +435,22 @@ impl Children {
         let mut i = 0;
         while i < found.len() {
             let pid = found[i];
-            let kid = self.kids.entry(pid).or_insert_with(|| Child {
-                stat: ProcFile::open(format!("/proc/{pid}/stat")).unwrap_or_else(dead),
-                schedstat: ProcFile::open(format!("/proc/{pid}/schedstat")),
-                watch: TaskWatch::open(pid),
-                last_cpu_ns: None,
-            });
+            i += 1;
+            let kid = match self.kids.entry(pid) {
+                Entry::Occupied(o) => o.into_mut(),
+                Entry::Vacant(v) => {
+                    // Gone between discovery and open: nothing to follow.
+                    let Some(stat) = ProcFile::open(format!("/proc/{pid}/stat")) else {
+                        continue;
+                    };
+                    v.insert(Child {
+                        stat,
+                        schedstat: ProcFile::open(format!("/proc/{pid}/schedstat")),
+                        watch: TaskWatch::open(pid),
+                        last_cpu_ns: None,
+                    })
+                }
+            };
             let before = found.len();
             if let Some(w) = kid.watch.as_mut() {
                 w.children_into(&mut found);
@@ -448,7 +464,6 @@ impl Children {
                     j += 1;
                 }
             }
-            i += 1;
         }
         self.kids.retain(|pid, _| found.contains(pid));
         self.found = found;
@@ -481,14 +496,6 @@ impl Children {
             0.0
         };
         (self.kids.len(), pct, rss)
-    }
-}
-
-/// A file that reads as gone: a child that exited between discovery and open.
-fn dead() -> ProcFile {
-    ProcFile {
-        file: File::open("/dev/null").expect("/dev/null exists"),
-        buf: Vec::new(),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Tests of the streaming scanner and the field parsers.
 
 use super::*;
+use crate::test_support::{gzip, trace_error, Trickle};
 use flate2::write::GzEncoder;
 use flate2::Compression;
 use std::io::Write;
@@ -11,28 +12,8 @@ enum Got {
     Event(String),
 }
 
-/// Hands out at most `chunk` bytes per read, to exercise every refill path.
-struct Trickle {
-    data: Vec<u8>,
-    at: usize,
-    chunk: usize,
-}
-
-impl Read for Trickle {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.chunk.min(out.len()).min(self.data.len() - self.at);
-        out[..n].copy_from_slice(&self.data[self.at..self.at + n]);
-        self.at += n;
-        Ok(n)
-    }
-}
-
 fn scanner(bytes: &[u8], chunk: usize) -> Scanner {
-    let r = Trickle {
-        data: bytes.to_vec(),
-        at: 0,
-        chunk,
-    };
+    let r = Trickle::new(bytes.to_vec(), chunk);
     Scanner::from_reader(Path::new("t.json"), Box::new(r))
 }
 
@@ -99,26 +80,6 @@ fn kineto(i: usize) -> String {
     }}
   }}"#
     )
-}
-
-fn gzip(text: &[u8]) -> Vec<u8> {
-    let mut enc = GzEncoder::new(Vec::new(), Compression::fast());
-    enc.write_all(text).unwrap();
-    enc.finish().unwrap()
-}
-
-fn trace_error(result: Result<Vec<Got>>) -> (u64, String) {
-    match result {
-        Err(CoreError::Trace {
-            path,
-            offset,
-            reason,
-        }) => {
-            assert_eq!(path, Path::new("t.json"));
-            (offset, reason)
-        }
-        other => panic!("expected a Trace error, got {other:?}"),
-    }
 }
 
 fn reader_count(bytes: &[u8]) -> Option<usize> {
