@@ -1,5 +1,11 @@
-"""The process-wide recorder handle: start/stop, the context manager, the
-stop report, and the process hooks (atexit, fork)."""
+"""The recorder: a Python handle on one recording session of the Rust core
+(start/stop, pause/resume, clock offset, steps, window dump, sampler data),
+the stop report, and the process hooks (atexit, fork).
+
+Each ``Recorder`` owns its ``_core.Session``: its sampler readings and
+metadata stay with it after ``stop``, so two recorders never see each other's
+data. One session records at a time; the module-level ``fastprof.span`` etc.
+record into it."""
 
 from __future__ import annotations
 
@@ -37,6 +43,8 @@ class RunStats:
     bytes_compressed: int
     error: str | None = None
     run_dir: Path | None = None
+    #: Why the sampler stopped early, if it failed (recording went on).
+    sampler_error: str | None = None
 
 
 class Recorder:
@@ -115,6 +123,8 @@ class Recorder:
         self.stats: RunStats | None = None
         self._started = False
         self._psutil: PsutilHostSampler | None = None
+        self._session: _core.Session | None = None
+        self._pid = os.getpid()
 
     @property
     def run_dir(self) -> Path:
@@ -126,7 +136,12 @@ class Recorder:
 
     @property
     def active(self) -> bool:
-        return self._started and _core.is_active()
+        """True while this recorder records (paused or not) and no failure stopped it."""
+        return self._started and self._session is not None and self._session.active
+
+    @property
+    def paused(self) -> bool:
+        return self._session is not None and self._started and self._session.paused
 
     def start(self) -> Recorder:
         """Start recording. Raises :class:`fastprof.ConfigError`,
@@ -140,7 +155,7 @@ class Recorder:
         use_psutil = bool(o.sample_hz) and o.host_sampler == "psutil"
         extra["host_sampler"] = o.host_sampler if o.sample_hz else None
         with _lock:
-            _core.start(
+            self._session = _core.Session(
                 str(o.trace_dir),
                 o.run_name,
                 o.rank,
@@ -158,7 +173,10 @@ class Recorder:
                 sample_history=o.sample_history,
                 sample_host=not use_psutil,
                 sample_system_hz=o.sample_system_hz,
+                window_seconds=float(getattr(o, "window_seconds", 0.0)),
+                window_bytes=int(getattr(o, "window_bytes", 64 << 20)),
             )
+            self._pid = os.getpid()
             self._started = True
             if use_psutil:
                 self._psutil = PsutilHostSampler(o.sample_hz, o.sample_history, o.sample_system_hz)
@@ -182,7 +200,12 @@ class Recorder:
                 raise _core.NotRunningError("this recorder was never started")
             if self._psutil is not None:
                 self._psutil.stop()
-            raw = _core.stop()
+            session = self._session
+            if session is None or os.getpid() != self._pid:
+                # A forked child's copy: the recording belongs to the parent.
+                self._started = False
+                raise _core.NotRunningError("this recorder belongs to the parent process; it records nothing here")
+            raw = session.stop()
             self._started = False
             if _current is self:
                 _current = None
@@ -195,10 +218,17 @@ class Recorder:
             bytes_compressed=raw["bytes_compressed"],
             error=raw["error"],
             run_dir=self.run_dir,
+            sampler_error=raw["sampler_error"],
         )
         self.stats = stats
         if stats.error:
             warnings.warn(f"fastprof stopped recording early: {stats.error}", _core.FastprofWarning, stacklevel=2)
+        if stats.sampler_error:
+            warnings.warn(
+                f"fastprof's sampler failed and stopped (recording went on): {stats.sampler_error}",
+                _core.FastprofWarning,
+                stacklevel=2,
+            )
         if stats.dropped:
             warnings.warn(
                 f"fastprof dropped {stats.dropped} events because a thread's ring was full "
@@ -213,7 +243,9 @@ class Recorder:
         name, e.g. ``"proc.rss [B]"``): ``(timestamps, values)`` with
         timestamps in CLOCK_MONOTONIC ns (``time.monotonic_ns()``'s clock).
         Works while running and after stop; empty when sampling was off."""
-        series = _core.sampler_series()
+        if self._session is None:
+            return {}
+        series = self._session.series()
         if self._psutil is not None:
             series.update(self._psutil.snapshot())
         return series
@@ -221,14 +253,51 @@ class Recorder:
     def sampler_info(self) -> dict[str, Any] | None:
         """What the sampler found (host source, NVML availability and reason,
         devices, disabled fields) and its own cost per tick."""
-        return _core.sampler_info()
+        return None if self._session is None else self._session.sampler_info()
 
     def energy_j(self, t0_ns: int, t1_ns: int, gpu: str | int = 0) -> tuple[float, str] | None:
         """Joules GPU ``gpu`` used between two ``time.monotonic_ns()`` instants,
         and the source: ``"energy_counter"`` (the driver's cumulative counter)
         or ``"integrated_power"`` where that is unsupported. None without data."""
         label = gpu if isinstance(gpu, str) else f"gpu{gpu}"
-        return _core.energy_between(label, t0_ns, t1_ns)
+        return None if self._session is None else self._session.energy_between(label, t0_ns, t1_ns)
+
+    # ------------------------------------------------------------ session verbs
+
+    def _running(self) -> _core.Session:
+        if not self._started or self._session is None:
+            raise _core.NotRunningError("this recorder is not running")
+        return self._session
+
+    def pause(self) -> None:
+        """Stop recording new spans, instants and counters until :meth:`resume`.
+        Spans already open still close; the sampler and step markers go on."""
+        self._running().pause()
+
+    def resume(self) -> None:
+        self._running().resume()
+
+    def set_clock_offset(self, offset_ns: int, uncertainty_ns: int = 0) -> None:
+        """Say that this process's clock must be shifted by ``offset_ns`` (known
+        to ``uncertainty_ns``) to reach the reference clock (rank 0's). Written
+        into the trace metadata (``otherData.clock``); ``fastprof merge`` applies it."""
+        self._running().set_clock_offset(int(offset_ns), int(uncertainty_ns))
+
+    def mark_step(self, step: int) -> None:
+        """Mark the start of training step ``step``: a ``fastprof.step`` counter
+        in the trace (recorded even while paused) and the value :attr:`step` reads."""
+        self._running().mark_step(int(step))
+
+    @property
+    def step(self) -> tuple[int, int]:
+        """The last step marked and its ``time.monotonic_ns()``; ``(0, 0)`` before any."""
+        return (0, 0) if self._session is None else self._session.step
+
+    def dump(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Write the in-memory window (the last ``window_seconds`` of events and
+        counters) to ``path`` as a complete gzip trace, without stopping.
+        Spans still open are closed at this instant with ``args.unclosed``."""
+        return self._running().dump(os.fspath(path))
 
     def __enter__(self) -> Recorder:
         return self.start()
@@ -283,6 +352,8 @@ def _stop_at_exit() -> None:
 def _after_fork_in_child() -> None:
     # The child has no writer thread and may have inherited locks held by
     # threads that do not exist there: drop the recorder entirely.
+    # (The Rust core's own pthread_atfork handler has already reset itself;
+    # each Recorder's session handle checks the pid and stays inert here.)
     global _current, _lock
     _core._after_fork_in_child()
     _current = None

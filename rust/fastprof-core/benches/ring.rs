@@ -1,12 +1,13 @@
 //! The producer's cost: a bare ring push + drain, and the full hot path
-//! (`recorder::begin` + `recorder::end`) with a recorder and its writer
+//! (`registry::begin` + `registry::end`) with a recorder and its writer
 //! running, both when every span is recorded and when the ring is full.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fastprof_core::config::Config;
 use fastprof_core::record::{Kind, Record};
-use fastprof_core::ring::Ring;
-use fastprof_core::{names, recorder};
+use fastprof_core::ring::ring;
+use fastprof_core::session::Session;
+use fastprof_core::{names, registry};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -15,22 +16,19 @@ use std::time::{Duration, Instant};
 const BATCH: u64 = 4096;
 
 fn ring_push_drain(c: &mut Criterion) {
-    let ring = Ring::new(1 << 16);
+    let (producer, mut consumer) = ring(1 << 16).expect("allocate the ring");
     let mut out = Vec::with_capacity(BATCH as usize);
-    let mut cached_tail = 0;
     let mut g = c.benchmark_group("ring");
     g.throughput(Throughput::Elements(BATCH));
     g.bench_function("push_drain_4096", |b| {
         b.iter(|| {
             for i in 0..BATCH {
-                let rec = Record::new(Kind::Begin, 7, black_box(i), 0, 0);
-                // SAFETY: this thread is the ring's only producer and consumer.
-                let ok = unsafe { ring.push(rec, 1, &mut cached_tail) };
-                debug_assert!(ok.stored());
+                let rec = Record::new(Kind::Begin, 7, black_box(i), 0);
+                let ok = producer.push(rec, 1);
+                debug_assert!(ok.is_ok());
             }
             out.clear();
-            // SAFETY: as above.
-            let n = unsafe { ring.drain_into(&mut out) };
+            let n = consumer.drain_into(&mut out);
             black_box((n, &out));
         })
     });
@@ -44,17 +42,17 @@ const BURST: u64 = 250_000;
 /// unpaced loop would fill the ring and time the cheaper drop path instead.
 const PACE: u32 = 10;
 
-fn start(tag: &str, buffer_size: usize, flush_interval_s: f64) -> std::path::PathBuf {
+fn start(tag: &str, buffer_size: usize, flush_interval_s: f64) -> (Session, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("fastprof-bench-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    recorder::start(Config {
+    let session = Session::start(Config {
         trace_dir: dir.clone(),
         buffer_size,
         flush_interval_s,
         ..Config::default()
     })
     .expect("start the recorder");
-    dir
+    (session, dir)
 }
 
 fn hot_path(c: &mut Criterion) {
@@ -66,10 +64,10 @@ fn hot_path(c: &mut Criterion) {
     // wall time, so `--measurement-time 3` stays about 3 s of wall time.
 
     // Every span recorded: the writer drains the ring while it runs.
-    let dir = start("hot", 1 << 22, 0.05);
+    let (mut session, dir) = start("hot", 1 << 22, 0.05);
     // Register this thread outside the measurement (the slow path).
-    recorder::begin(id, &mut namer);
-    recorder::end(false);
+    registry::begin(id, &mut namer);
+    registry::end(false);
     g.bench_function("begin_end", |b| {
         b.iter_custom(|iters| {
             let mut timed = Duration::ZERO;
@@ -78,8 +76,8 @@ fn hot_path(c: &mut Criterion) {
                 let n = left.min(BURST);
                 let t = Instant::now();
                 for _ in 0..n {
-                    recorder::begin(black_box(id), &mut namer);
-                    recorder::end(black_box(false));
+                    registry::begin(black_box(id), &mut namer);
+                    registry::end(black_box(false));
                 }
                 let dt = t.elapsed();
                 timed += dt;
@@ -89,7 +87,7 @@ fn hot_path(c: &mut Criterion) {
             timed
         })
     });
-    let report = recorder::stop().expect("stop the recorder");
+    let report = session.stop().expect("stop the recorder");
     let _ = std::fs::remove_dir_all(&dir);
     println!(
         "hot_path/begin_end: {} events written, {} records dropped",
@@ -101,21 +99,21 @@ fn hot_path(c: &mut Criterion) {
 
     // Ring full (16 slots, no drain before stop): what a thread pays while
     // its events are being dropped and counted.
-    let dir = start("full", 16, 3600.0);
-    recorder::begin(id, &mut namer);
-    recorder::end(false);
+    let (mut session, dir) = start("full", 16, 3600.0);
+    registry::begin(id, &mut namer);
+    registry::end(false);
     for _ in 0..16 {
-        recorder::begin(id, &mut namer);
-        recorder::end(false);
+        registry::begin(id, &mut namer);
+        registry::end(false);
     }
     g.bench_function("begin_end_ring_full", |b| {
         b.iter(|| {
-            recorder::begin(black_box(id), &mut namer);
-            recorder::end(black_box(false));
+            registry::begin(black_box(id), &mut namer);
+            registry::end(black_box(false));
         })
     });
     g.finish();
-    recorder::stop().expect("stop the recorder");
+    session.stop().expect("stop the recorder");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -1,9 +1,10 @@
-//! Writer throughput: how fast `recorder::stop` drains a million recorded span
+//! Writer throughput: how fast `Session::stop` drains a million recorded span
 //! pairs, formats them as Chrome-trace `X` events and gzips them (level 1).
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use fastprof_core::config::Config;
-use fastprof_core::{names, recorder};
+use fastprof_core::session::Session;
+use fastprof_core::{names, registry};
 use std::time::{Duration, Instant};
 
 /// Span pairs per measured stop; each becomes one `X` event.
@@ -27,7 +28,7 @@ fn writer_throughput(c: &mut Criterion) {
                 let _ = std::fs::remove_dir_all(&dir);
                 // A ring far larger than 2N records and an hour's flush
                 // interval: the writer drains nothing before stop.
-                recorder::start(Config {
+                let mut session = Session::start(Config {
                     trace_dir: dir.clone(),
                     buffer_size: 1 << 24,
                     flush_interval_s: 3600.0,
@@ -36,11 +37,11 @@ fn writer_throughput(c: &mut Criterion) {
                 })
                 .expect("start the recorder");
                 for _ in 0..N {
-                    recorder::begin(id, &mut namer);
-                    recorder::end(false);
+                    registry::begin(id, &mut namer);
+                    registry::end(false);
                 }
                 let t = Instant::now();
-                let report = recorder::stop().expect("stop the recorder");
+                let report = session.stop().expect("stop the recorder");
                 timed += t.elapsed();
                 assert_eq!(
                     report.dropped, 0,

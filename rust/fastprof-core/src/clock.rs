@@ -55,6 +55,15 @@ pub fn select_source() -> &'static str {
     }
 }
 
+/// Why the last [`select_source`] chose what it chose.
+pub fn source_reason() -> &'static str {
+    if USE_TSC.load(Ordering::Relaxed) {
+        "tsc: invariant (constant_tsc, nonstop_tsc)"
+    } else {
+        "CLOCK_MONOTONIC"
+    }
+}
+
 /// Whether the TSC ticks at a constant rate through frequency changes and
 /// idle states, on every core (Linux reports it in /proc/cpuinfo).
 fn tsc_usable() -> bool {

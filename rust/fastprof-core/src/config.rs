@@ -37,12 +37,22 @@ pub struct Config {
     pub extra_config_json: String,
     /// The always-on sampler; `None` turns it off.
     pub sampler: Option<SamplerConfig>,
+    /// Seconds of events the in-memory window keeps for a flight-recorder
+    /// dump (0 = no window). Costs the writer thread one more copy and a
+    /// deflate of every event, and `window_bytes` of memory.
+    pub window_seconds: f64,
+    /// Most bytes the window may hold (compressed blocks plus one open
+    /// block); older events are evicted first.
+    pub window_bytes: u64,
 }
 
 /// Smallest segment size we accept: below it the per-segment metadata dominates.
 pub const MIN_SEGMENT_SIZE: u64 = 64 * 1024;
 /// Upper bound for a ring: 2^26 slots is 1.5 GiB per thread, surely a typo beyond.
 pub const MAX_BUFFER_SIZE: usize = 1 << 26;
+/// Window bounds: below 1 MiB a window holds a few blocks at most.
+pub const MIN_WINDOW_BYTES: u64 = 1 << 20;
+pub const MAX_WINDOW_BYTES: u64 = 16 << 30;
 
 impl Default for Config {
     fn default() -> Self {
@@ -59,6 +69,8 @@ impl Default for Config {
             compression_level: 1,
             extra_config_json: "{}".into(),
             sampler: None,
+            window_seconds: 0.0,
+            window_bytes: 64 << 20,
         }
     }
 }
@@ -114,6 +126,26 @@ impl Config {
                 format!(
                     "rank {} is not below world_size {}",
                     self.rank, self.world_size
+                ),
+            ));
+        }
+        if !(self.window_seconds.is_finite()
+            && (self.window_seconds == 0.0 || (1.0..=86_400.0).contains(&self.window_seconds)))
+        {
+            return Err(CoreError::config(
+                "window_seconds",
+                format!(
+                    "must be 0 (off) or between 1 and 86400 seconds, got {}",
+                    self.window_seconds
+                ),
+            ));
+        }
+        if !(MIN_WINDOW_BYTES..=MAX_WINDOW_BYTES).contains(&self.window_bytes) {
+            return Err(CoreError::config(
+                "window_bytes",
+                format!(
+                    "must be between {MIN_WINDOW_BYTES} and {MAX_WINDOW_BYTES} bytes, got {}",
+                    self.window_bytes
                 ),
             ));
         }

@@ -1,15 +1,20 @@
 //! fastprof-core: the pure-Rust half of fastprof (no pyo3).
 //!
-//! * [`ring`]: lock-free single-producer rings of fixed-size [`record::Record`]s, one per thread.
-//! * [`recorder`]: the process-wide recorder: thread registration, the hot-path calls
-//!   (`begin`/`end`/`instant`/`counter`), start and stop.
-//! * [`writer`]: the writer thread that drains rings into gzip Chrome-trace segments.
+//! * [`ring`]: lock-free single-producer rings of fixed-size [`record::Record`]s, one per thread,
+//!   split into an owned producer and consumer half.
+//! * [`registry`]: per-thread ring registration and the hot-path calls
+//!   (`begin`/`end`/`instant`/`counter`) into the one recording session.
+//! * [`session`]: one recording (start/stop, pause/resume, clock offset, steps, window dump);
+//!   owns its writer thread, sinks and sampler.
+//! * [`collect`]: the writer thread: drain rings, convert ticks, pair Begin/End, format events.
+//! * [`sink`]: where events go: gzip segment files, the in-memory window.
 //! * [`reader`]: reads traces back, salvaging truncated ones.
 //! * [`sampler`]: the always-on host / process / NVML sampler thread.
 //! * [`scan`], [`merge`], [`pargz`]: the streaming scanner, `fastprof merge`, parallel single-member gzip.
 //! * [`clock`]: CLOCK_MONOTONIC / CLOCK_REALTIME and anchor pairs.
 
 pub mod clock;
+pub mod collect;
 pub mod config;
 pub mod error;
 pub mod json;
@@ -18,13 +23,14 @@ pub mod names;
 pub mod pargz;
 pub mod reader;
 pub mod record;
-pub mod recorder;
+pub mod registry;
 pub mod ring;
 pub mod sampler;
 pub mod scan;
+pub mod session;
+pub mod sink;
 #[cfg(test)]
 mod test_support;
-pub mod writer;
 
 pub use error::{CoreError, Result};
 

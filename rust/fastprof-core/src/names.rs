@@ -21,7 +21,7 @@ struct Table {
 }
 
 /// Behind a pointer (leaked tables, never freed) so that a forked child can
-/// replace a table whose lock a vanished thread may hold.
+/// move the table onto a fresh lock (see `prepare_fork`).
 static TABLE: AtomicPtr<RwLock<Table>> = AtomicPtr::new(std::ptr::null_mut());
 
 fn table() -> &'static RwLock<Table> {
@@ -30,12 +30,13 @@ fn table() -> &'static RwLock<Table> {
         // SAFETY: tables are leaked, so the pointer stays valid forever.
         return unsafe { &*p };
     }
-    install(Table::default(), std::ptr::null_mut())
-}
-
-fn install(t: Table, expected: *mut RwLock<Table>) -> &'static RwLock<Table> {
-    let fresh = Box::into_raw(Box::new(RwLock::new(t)));
-    match TABLE.compare_exchange(expected, fresh, Ordering::AcqRel, Ordering::Acquire) {
+    let fresh = Box::into_raw(Box::new(RwLock::new(Table::default())));
+    match TABLE.compare_exchange(
+        std::ptr::null_mut(),
+        fresh,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
         // SAFETY: `fresh` is leaked from here on.
         Ok(_) => unsafe { &*fresh },
         Err(existing) => {
@@ -48,26 +49,42 @@ fn install(t: Table, expected: *mut RwLock<Table>) -> &'static RwLock<Table> {
     }
 }
 
-/// In a forked child: keep the ids the parent handed out (the Python side
-/// caches them) but on a lock no vanished thread can hold. The parent only
-/// ever writes the table while holding the GIL, which the forking thread
-/// holds, so a read succeeds unless a non-Python thread was interning; then
-/// the child starts with an empty table and un-interned names take the slow
-/// path (`get` of an unknown id falls back to a placeholder in the writer).
-pub fn after_fork_in_child() {
-    let p = TABLE.load(Ordering::Acquire);
-    if p.is_null() {
-        return;
+// Fork: `prepare_fork` (in the forking thread, before fork) takes the
+// table's write lock, so no other thread is half-way through interning when
+// the address space is copied; the parent releases it again, the child copies
+// the (consistent) table onto a fresh lock and forgets the held one. Before
+// this, a child forked while the sampler interned a metric could find the
+// lock taken and start with an empty table, so new ids collided with names
+// the Python side had cached.
+thread_local! {
+    static FORK_GUARD: std::cell::RefCell<Option<std::sync::RwLockWriteGuard<'static, Table>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Before fork: hold the table still.
+pub(crate) fn prepare_fork() {
+    let g = table().write().unwrap_or_else(|e| e.into_inner());
+    FORK_GUARD.with(|f| *f.borrow_mut() = Some(g));
+}
+
+/// After fork, in the parent: let go.
+pub(crate) fn parent_after_fork() {
+    FORK_GUARD.with(|f| drop(f.borrow_mut().take()));
+}
+
+/// After fork, in the child: the same ids, on a lock no vanished thread holds.
+pub(crate) fn child_after_fork() {
+    let copy = FORK_GUARD.with(|f| {
+        f.borrow_mut().take().map(|g| {
+            let t = g.clone();
+            // The old lock is abandoned with the old table (both leaked).
+            std::mem::forget(g);
+            t
+        })
+    });
+    if let Some(t) = copy {
+        TABLE.store(Box::into_raw(Box::new(RwLock::new(t))), Ordering::Release);
     }
-    // SAFETY: leaked table, valid forever.
-    let copy = unsafe { &*p }
-        .try_read()
-        .map(|t| t.clone())
-        .unwrap_or_default();
-    TABLE.store(
-        Box::into_raw(Box::new(RwLock::new(copy))),
-        Ordering::Release,
-    );
 }
 
 /// The id of `name`, interning it if needed; `None` once the table is full.

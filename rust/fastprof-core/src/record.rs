@@ -1,6 +1,13 @@
 //! The fixed-size record that travels through a thread's ring, and the
 //! heap-allocated extras that only the slow paths (args, counter mappings,
 //! names past the interner's limit) attach to it.
+//!
+//! A record may own a `Box<Extra>` (its pointer travels in `payload`). The
+//! type is therefore neither `Copy` nor `Clone`, its payload is private, and
+//! `Drop` frees an extra it still owns: a record moved into a ring and out
+//! again is consumed exactly once, a record that could not be pushed frees its
+//! extra when it goes out of scope, and a ring dropped with records still in it
+//! frees theirs. Double frees and leaks are not representable by safe code.
 
 /// What a record means.
 #[repr(u8)]
@@ -12,28 +19,27 @@ pub enum Kind {
     End = 2,
     /// A point in time.
     Instant = 3,
-    /// A counter sample; `payload` holds the f64 bits unless `EXTRA` is set.
+    /// A counter sample; the value is [`Record::value`] unless it carries an extra.
     Counter = 4,
 }
 
-/// `flags` bit: `payload` is a `Box<Extra>` pointer whose ownership travels
-/// with the record (the consumer frees it; a dropped record frees it at once).
-pub const FLAG_EXTRA: u8 = 1;
+/// `flags` bit: `payload` is a `Box<Extra>` pointer owned by this record.
+const FLAG_EXTRA: u8 = 1;
 /// `flags` bit on an `End`: the span's body raised an exception.
 pub const FLAG_EXCEPTION: u8 = 2;
 
-/// 24 bytes; the ring copies these by value.
+/// 24 bytes; rings move these by value.
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct Record {
     /// Ticks ([`crate::clock::ticks`]); the writer converts them to CLOCK_MONOTONIC ns.
     pub ts: u64,
-    /// f64 bits of a counter value, or a `Box<Extra>` pointer (see [`FLAG_EXTRA`]).
-    pub payload: u64,
+    /// f64 bits of a counter value, or a `Box<Extra>` pointer (when `FLAG_EXTRA`).
+    payload: u64,
     /// Interned name id ([`crate::names`]); [`NAME_IN_EXTRA`] when the name travels in the extra.
     pub name: u32,
-    pub kind: u8,
-    pub flags: u8,
+    kind: u8,
+    flags: u8,
     _pad: u16,
 }
 
@@ -49,22 +55,46 @@ pub struct Extra {
     pub args_json: Option<Box<str>>,
 }
 
+// SAFETY: the only non-plain data is an owned `Box<Extra>`, which is Send.
+unsafe impl Send for Record {}
+
 impl Record {
+    /// A record without an extra; `flags` may carry [`FLAG_EXCEPTION`].
     #[inline(always)]
-    pub fn new(kind: Kind, name: u32, ts: u64, payload: u64, flags: u8) -> Record {
+    pub fn new(kind: Kind, name: u32, ts: u64, flags: u8) -> Record {
         Record {
             ts,
-            payload,
+            payload: 0,
             name,
             kind: kind as u8,
-            flags,
+            flags: flags & !FLAG_EXTRA,
+            _pad: 0,
+        }
+    }
+
+    /// A counter sample of one value.
+    #[inline(always)]
+    pub fn counter(name: u32, ts: u64, value: f64) -> Record {
+        Record {
+            ts,
+            payload: value.to_bits(),
+            name,
+            kind: Kind::Counter as u8,
+            flags: 0,
             _pad: 0,
         }
     }
 
     /// A record owning `extra`.
     pub fn with_extra(kind: Kind, name: u32, ts: u64, extra: Box<Extra>) -> Record {
-        Record::new(kind, name, ts, Box::into_raw(extra) as u64, FLAG_EXTRA)
+        Record {
+            ts,
+            payload: Box::into_raw(extra) as u64,
+            name,
+            kind: kind as u8,
+            flags: FLAG_EXTRA,
+            _pad: 0,
+        }
     }
 
     pub fn kind(&self) -> Kind {
@@ -76,18 +106,72 @@ impl Record {
         }
     }
 
-    /// Take ownership of the extra, if this record carries one.
-    ///
-    /// # Safety
-    /// Must be called at most once per pushed record (the consumer, or the
-    /// producer for a record it failed to push).
-    pub unsafe fn take_extra(&self) -> Option<Box<Extra>> {
+    pub fn flags(&self) -> u8 {
+        self.flags
+    }
+
+    /// The counter value (meaningless for other kinds, and 0 when the record
+    /// carries an extra).
+    pub fn value(&self) -> f64 {
         if self.flags & FLAG_EXTRA != 0 {
-            Some(Box::from_raw(self.payload as *mut Extra))
+            0.0
         } else {
-            None
+            f64::from_bits(self.payload)
+        }
+    }
+
+    /// Take the extra out of this record, if it carries one; the record no
+    /// longer owns it afterwards.
+    pub fn take_extra(&mut self) -> Option<Box<Extra>> {
+        if self.flags & FLAG_EXTRA == 0 {
+            return None;
+        }
+        self.flags &= !FLAG_EXTRA;
+        let p = std::mem::replace(&mut self.payload, 0) as *mut Extra;
+        // SAFETY: FLAG_EXTRA was set only by `with_extra`, whose pointer came
+        // from `Box::into_raw`; clearing the flag first makes this the one
+        // place that turns it back into a Box.
+        Some(unsafe { Box::from_raw(p) })
+    }
+}
+
+impl Drop for Record {
+    #[inline]
+    fn drop(&mut self) {
+        if self.flags & FLAG_EXTRA != 0 {
+            drop(self.take_extra());
         }
     }
 }
 
 const _: () = assert!(std::mem::size_of::<Record>() == 24);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extra_is_taken_once_and_freed_on_drop() {
+        let x = Box::new(Extra {
+            name: Some("n".into()),
+            args_json: Some("{\"a\":1}".into()),
+        });
+        let mut r = Record::with_extra(Kind::Instant, NAME_IN_EXTRA, 5, x);
+        assert_eq!(r.value(), 0.0);
+        let got = r.take_extra().unwrap();
+        assert_eq!(got.name.as_deref(), Some("n"));
+        assert!(r.take_extra().is_none(), "taken twice");
+        drop(r); // must not free again (tests/ownership.rs counts allocations)
+    }
+
+    #[test]
+    fn counter_value_roundtrips() {
+        let r = Record::counter(3, 9, -2.5);
+        assert_eq!(r.kind(), Kind::Counter);
+        assert_eq!(r.value(), -2.5);
+        assert_eq!(
+            Record::new(Kind::End, 0, 1, FLAG_EXCEPTION).flags(),
+            FLAG_EXCEPTION
+        );
+    }
+}

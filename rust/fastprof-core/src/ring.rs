@@ -1,33 +1,40 @@
 //! A bounded single-producer / single-consumer ring of [`Record`]s.
 //!
-//! Each recording thread owns the producer side of exactly one ring; the
-//! writer thread is the only consumer. Neither side ever blocks or allocates:
-//! a full ring makes `push` return `false` and the caller counts a drop.
+//! [`ring`] returns the two halves: one [`Producer`] (owned by the recording
+//! thread) and one [`Consumer`] (owned by the writer). Neither half is
+//! `Clone`; the producer is `!Sync` (its cached tail is a `Cell`), so the
+//! single-producer rule is held by the types and both operations are safe.
+//! Neither side blocks or allocates: a full ring hands the record back and the
+//! caller counts a drop (dropping the record frees any extra it owns).
+//!
+//! Allocation is fallible ([`ring`] returns an error instead of aborting), so
+//! a process under an address-space limit (`ulimit -v`) keeps running and the
+//! thread that got no ring has its events counted as dropped.
 //!
 //! Memory ordering: `head` is written only by the producer and `tail` only by
 //! the consumer. The producer writes a slot, then publishes it with a
 //! `Release` store of `head`; the consumer's `Acquire` load of `head` makes the
 //! slot contents visible before it reads them. Symmetrically the consumer
-//! copies slots out, then frees them with a `Release` store of `tail`; the
-//! producer's `Acquire` load of `tail` guarantees the copy finished before the
+//! moves slots out, then frees them with a `Release` store of `tail`; the
+//! producer's `Acquire` load of `tail` guarantees the move finished before the
 //! slot is overwritten. Indices grow without wrapping (u64 would take
-//! centuries to overflow) and are masked on access.
+//! centuries to overflow) and are masked on access. Records left in the ring
+//! when both halves are gone are dropped by the shared buffer's `Drop`.
 
 use crate::record::Record;
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Keeps the producer's and the consumer's index on separate cache lines so
 /// that the two threads do not false-share.
 #[repr(align(128))]
 struct Padded(AtomicU64);
 
-/// What [`Ring::push`] did.
+/// What a successful [`Producer::push`] asks of the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Push {
-    /// No room: the record was not stored.
-    Dropped,
     /// Stored.
     Done,
     /// Stored, and another quarter of the ring has filled since the last
@@ -35,13 +42,19 @@ pub enum Push {
     Nudge,
 }
 
-impl Push {
-    pub fn stored(self) -> bool {
-        self != Push::Dropped
+/// The ring's memory could not be allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocError {
+    pub bytes: usize,
+}
+
+impl std::fmt::Display for AllocError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "could not allocate a {} byte event ring", self.bytes)
     }
 }
 
-pub struct Ring {
+struct Buf {
     slots: Box<[UnsafeCell<MaybeUninit<Record>>]>,
     mask: u64,
     /// `head & nudge_mask == 0` after a push: another quarter of the ring has
@@ -52,120 +65,159 @@ pub struct Ring {
 }
 
 // SAFETY: the slots are only touched under the SPSC protocol described in the
-// module header: the producer writes slots in [head, tail + cap) which the
-// consumer never reads, the consumer reads slots in [tail, head) which the
-// producer never writes.
-unsafe impl Sync for Ring {}
-unsafe impl Send for Ring {}
+// module header, and only one Producer and one Consumer exist per Buf: the
+// producer writes slots in [head, tail + cap) which the consumer never reads,
+// the consumer reads slots in [tail, head) which the producer never writes.
+unsafe impl Sync for Buf {}
+unsafe impl Send for Buf {}
 
-impl Ring {
-    /// A ring of `capacity` slots; `capacity` must be a power of two.
-    pub fn new(capacity: usize) -> Ring {
-        assert!(
-            capacity.is_power_of_two() && capacity >= 2,
-            "ring capacity must be a power of two >= 2, got {capacity}"
-        );
-        // Zeroed allocation: the kernel commits pages lazily, so a large ring
-        // that a quiet thread never fills costs address space, not memory.
-        let slots: Box<[UnsafeCell<MaybeUninit<Record>>]> = (0..capacity)
-            .map(|_| UnsafeCell::new(MaybeUninit::uninit()))
-            .collect();
-        Ring {
-            slots,
-            mask: capacity as u64 - 1,
-            nudge_mask: (capacity as u64 / 4).max(1) - 1,
-            head: Padded(AtomicU64::new(0)),
-            tail: Padded(AtomicU64::new(0)),
+impl Drop for Buf {
+    fn drop(&mut self) {
+        // Both halves are gone (we hold the last Arc): nobody else touches the
+        // slots. Records still in [tail, head) are initialised and owned here.
+        let head = *self.head.0.get_mut();
+        let tail = *self.tail.0.get_mut();
+        for i in tail..head {
+            let slot = &mut self.slots[(i & self.mask) as usize];
+            // SAFETY: every slot in [tail, head) was written by a push and not
+            // yet moved out by a drain.
+            unsafe { slot.get_mut().assume_init_drop() };
         }
     }
+}
 
+/// The recording thread's half.
+pub struct Producer {
+    buf: Arc<Buf>,
+    /// Private copy of `tail`, refreshed only when the ring looks full, so
+    /// the common push touches no shared line but its own `head`.
+    cached_tail: Cell<u64>,
+}
+
+/// The writer's half.
+pub struct Consumer {
+    buf: Arc<Buf>,
+}
+
+/// A ring of `capacity` slots (a power of two, at least 2), split in halves.
+pub fn ring(capacity: usize) -> Result<(Producer, Consumer), AllocError> {
+    assert!(
+        capacity.is_power_of_two() && capacity >= 2,
+        "ring capacity must be a power of two >= 2, got {capacity}"
+    );
+    let bytes = capacity.saturating_mul(std::mem::size_of::<Record>());
+    let mut v: Vec<UnsafeCell<MaybeUninit<Record>>> = Vec::new();
+    // Fallible: under an address-space limit this fails instead of aborting.
+    // Large allocations are mmap'd, so pages are committed only as used.
+    v.try_reserve_exact(capacity)
+        .map_err(|_| AllocError { bytes })?;
+    // SAFETY: capacity reserved above; MaybeUninit slots need no initialisation.
+    unsafe { v.set_len(capacity) };
+    let buf = Arc::new(Buf {
+        slots: v.into_boxed_slice(),
+        mask: capacity as u64 - 1,
+        nudge_mask: (capacity as u64 / 4).max(1) - 1,
+        head: Padded(AtomicU64::new(0)),
+        tail: Padded(AtomicU64::new(0)),
+    });
+    Ok((
+        Producer {
+            buf: buf.clone(),
+            cached_tail: Cell::new(0),
+        },
+        Consumer { buf },
+    ))
+}
+
+impl Producer {
     pub fn capacity(&self) -> u64 {
-        self.mask + 1
+        self.buf.mask + 1
     }
 
-    /// Records currently held (a snapshot; exact only on the producer thread).
+    /// Push `rec` if, after it, at least `reserve` further slots stay free
+    /// (the recorder reserves room for the `End` of every open span, so that
+    /// a recorded `Begin` is never left without its end). A full ring hands
+    /// the record back.
+    #[inline(always)]
+    pub fn push(&self, rec: Record, reserve: u64) -> Result<Push, Record> {
+        let b = &*self.buf;
+        // Relaxed: only this thread writes head.
+        let head = b.head.0.load(Ordering::Relaxed);
+        let need = head + 1 + reserve;
+        let cap = b.mask + 1;
+        if need - self.cached_tail.get() > cap {
+            // Acquire: pairs with the consumer's Release store of tail, so the
+            // slots it freed are no longer being read.
+            self.cached_tail.set(b.tail.0.load(Ordering::Acquire));
+            if need - self.cached_tail.get() > cap {
+                return Err(rec);
+            }
+        }
+        let slot = &b.slots[(head & b.mask) as usize];
+        // SAFETY: this is the only producer (not Clone, not Sync), and the
+        // slot at `head` is outside [tail, head), which the consumer reads.
+        unsafe { (*slot.get()).write(rec) };
+        // Release: publishes the slot written above to the consumer.
+        b.head.0.store(head + 1, Ordering::Release);
+        Ok(if (head + 1) & b.nudge_mask == 0 {
+            Push::Nudge
+        } else {
+            Push::Done
+        })
+    }
+}
+
+impl Consumer {
+    pub fn capacity(&self) -> u64 {
+        self.buf.mask + 1
+    }
+
+    /// How far the producer has published (to drain up to).
+    pub fn published(&self) -> u64 {
+        // Acquire: pairs with the producer's Release store of head, so every
+        // slot below the value read is visible to the drain that follows.
+        self.buf.head.0.load(Ordering::Acquire)
+    }
+
+    /// Records currently held (a snapshot).
     pub fn len(&self) -> u64 {
-        // Relaxed is enough for a fill-level estimate used for scheduling.
-        let head = self.head.0.load(Ordering::Relaxed);
-        let tail = self.tail.0.load(Ordering::Relaxed);
-        head.saturating_sub(tail)
+        let tail = self.buf.tail.0.load(Ordering::Relaxed);
+        self.published().saturating_sub(tail)
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Producer only. Push `rec` if, after it, at least `reserve` further
-    /// slots stay free (the recorder reserves room for the `End` of every
-    /// open span, so that a recorded `Begin` is never left without its end).
-    /// `cached_tail` is the producer's private copy of `tail`, refreshed only
-    /// when the ring looks full, so the common push touches no shared line
-    /// but its own `head`.
-    ///
-    /// # Safety
-    /// Only one thread may ever call `push` on a given ring.
-    ///
-    /// Returns [`Push::Dropped`] when the ring has no room, else
-    /// [`Push::Nudge`] once every quarter of the capacity (the consumer, which
-    /// otherwise sleeps until its flush interval, should be woken) and
-    /// [`Push::Done`] the rest of the time.
-    #[inline(always)]
-    pub unsafe fn push(&self, rec: Record, reserve: u64, cached_tail: &mut u64) -> Push {
-        // Relaxed: only this thread writes head.
-        let head = self.head.0.load(Ordering::Relaxed);
-        let need = head + 1 + reserve;
-        if need - *cached_tail > self.capacity() {
-            // Acquire: pairs with the consumer's Release store of tail, so the
-            // slots it freed are no longer being read.
-            *cached_tail = self.tail.0.load(Ordering::Acquire);
-            if need - *cached_tail > self.capacity() {
-                return Push::Dropped;
-            }
-        }
-        let slot = &self.slots[(head & self.mask) as usize];
-        (*slot.get()).write(rec);
-        // Release: publishes the slot written above to the consumer.
-        self.head.0.store(head + 1, Ordering::Release);
-        if (head + 1) & self.nudge_mask == 0 {
-            Push::Nudge
-        } else {
-            Push::Done
-        }
+    /// True once the producer half is gone (its thread exited or re-registered):
+    /// after a last drain, nothing more can arrive.
+    pub fn producer_gone(&self) -> bool {
+        Arc::strong_count(&self.buf) == 1
     }
 
-    /// Consumer only: how far the producer has published (to drain up to).
-    pub fn published(&self) -> u64 {
-        // Acquire: pairs with the producer's Release store of head, so every
-        // slot below the value read is visible to the drain that follows.
-        self.head.0.load(Ordering::Acquire)
+    /// Move every available record into `out`; returns how many.
+    pub fn drain_into(&mut self, out: &mut Vec<Record>) -> usize {
+        let upto = self.published();
+        self.drain_upto(out, upto)
     }
 
-    /// Consumer only: append every available record to `out`; returns how many.
-    ///
-    /// # Safety
-    /// Only one thread at a time may drain a given ring.
-    pub unsafe fn drain_into(&self, out: &mut Vec<Record>) -> usize {
-        self.drain_upto(out, self.published())
-    }
-
-    /// Consumer only: append the records below `upto` (a value returned by
-    /// [`Ring::published`]) to `out`; returns how many.
-    ///
-    /// # Safety
-    /// Only one thread at a time may drain a given ring, and `upto` must come
-    /// from `published` on this ring.
-    pub unsafe fn drain_upto(&self, out: &mut Vec<Record>, upto: u64) -> usize {
+    /// Move the records below `upto` (a value returned by [`Consumer::published`];
+    /// larger values are clamped to it) into `out`; returns how many.
+    pub fn drain_upto(&mut self, out: &mut Vec<Record>, upto: u64) -> usize {
+        let b = &*self.buf;
         // Relaxed: only the consumer writes tail.
-        let tail = self.tail.0.load(Ordering::Relaxed);
-        let head = upto.max(tail);
+        let tail = b.tail.0.load(Ordering::Relaxed);
+        let head = upto.min(self.published()).max(tail);
         let n = (head - tail) as usize;
         out.reserve(n);
         for i in tail..head {
-            let slot = &self.slots[(i & self.mask) as usize];
-            out.push((*slot.get()).assume_init_read());
+            let slot = &b.slots[(i & b.mask) as usize];
+            // SAFETY: [tail, head) was published by the producer (Acquire
+            // above) and is read exactly once: tail moves past it below.
+            out.push(unsafe { (*slot.get()).assume_init_read() });
         }
         // Release: the reads above complete before the producer may reuse the slots.
-        self.tail.0.store(head, Ordering::Release);
+        b.tail.0.store(head, Ordering::Release);
         n
     }
 }
@@ -173,53 +225,50 @@ impl Ring {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::Kind;
-    use std::sync::Arc;
+    use crate::record::{Extra, Kind};
 
     fn rec(i: u64) -> Record {
-        Record::new(Kind::Instant, 0, i, i, 0)
+        Record::counter(0, i, i as f64)
     }
 
     #[test]
     fn fills_then_drops_then_frees() {
-        let r = Ring::new(8);
-        let mut ct = 0;
+        let (p, mut c) = ring(8).unwrap();
         for i in 0..8 {
-            assert!(unsafe { r.push(rec(i), 0, &mut ct) }.stored());
+            assert!(p.push(rec(i), 0).is_ok());
         }
-        assert!(!unsafe { r.push(rec(8), 0, &mut ct) }.stored());
+        let back = p.push(rec(8), 0).unwrap_err();
+        assert_eq!(back.ts, 8, "a full ring hands the record back");
         let mut out = Vec::new();
-        assert_eq!(unsafe { r.drain_into(&mut out) }, 8);
+        assert_eq!(c.drain_into(&mut out), 8);
         assert_eq!(
             out.iter().map(|r| r.ts).collect::<Vec<_>>(),
             (0..8).collect::<Vec<_>>()
         );
-        assert!(unsafe { r.push(rec(9), 0, &mut ct) }.stored());
+        assert!(p.push(rec(9), 0).is_ok());
     }
 
     #[test]
     fn reserve_keeps_room() {
-        let r = Ring::new(4);
-        let mut ct = 0;
-        assert!(unsafe { r.push(rec(0), 2, &mut ct) }.stored()); // 1 used, 2 kept free
-        assert!(!unsafe { r.push(rec(1), 3, &mut ct) }.stored()); // 2 used + 3 free > 4
-        assert!(unsafe { r.push(rec(1), 2, &mut ct) }.stored()); // 2 used + 2 free = 4
-        assert!(!unsafe { r.push(rec(2), 2, &mut ct) }.stored());
-        assert!(unsafe { r.push(rec(2), 1, &mut ct) }.stored());
+        let (p, _c) = ring(4).unwrap();
+        assert!(p.push(rec(0), 2).is_ok()); // 1 used, 2 kept free
+        assert!(p.push(rec(1), 3).is_err()); // 2 used + 3 free > 4
+        assert!(p.push(rec(1), 2).is_ok()); // 2 used + 2 free = 4
+        assert!(p.push(rec(2), 2).is_err());
+        assert!(p.push(rec(2), 1).is_ok());
     }
 
     #[test]
     fn nudges_once_per_quarter() {
-        let r = Ring::new(16);
-        let mut ct = 0;
+        let (p, mut c) = ring(16).unwrap();
         let mut out = Vec::new();
         let mut nudges = Vec::new();
         for i in 0..40u64 {
-            if unsafe { r.push(rec(i), 0, &mut ct) } == Push::Nudge {
+            if matches!(p.push(rec(i), 0), Ok(Push::Nudge)) {
                 nudges.push(i);
             }
             if i % 8 == 7 {
-                unsafe { r.drain_into(&mut out) };
+                c.drain_into(&mut out);
             }
         }
         assert_eq!(nudges, vec![3, 7, 11, 15, 19, 23, 27, 31, 35, 39]);
@@ -228,46 +277,73 @@ mod tests {
     #[test]
     #[should_panic(expected = "power of two")]
     fn rejects_odd_capacity() {
-        Ring::new(6);
+        let _ = ring(6);
+    }
+
+    #[test]
+    fn impossible_allocation_is_an_error_not_an_abort() {
+        // More slots than the address space can hold: try_reserve refuses.
+        let r = ring(1 << 60);
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn producer_gone_is_seen_by_the_consumer() {
+        let (p, c) = ring(4).unwrap();
+        assert!(!c.producer_gone());
+        drop(p);
+        assert!(c.producer_gone());
+    }
+
+    #[test]
+    fn records_left_in_a_dropped_ring_are_dropped() {
+        let (p, c) = ring(8).unwrap();
+        for i in 0..5 {
+            let x = Box::new(Extra {
+                name: Some(format!("n{i}").into()),
+                args_json: None,
+            });
+            assert!(p
+                .push(Record::with_extra(Kind::Instant, 0, i, x), 0)
+                .is_ok());
+        }
+        drop(p);
+        drop(c); // frees the five extras (tests/ownership.rs counts the bytes)
     }
 
     #[test]
     fn concurrent_producer_consumer_loses_nothing() {
-        let r = Arc::new(Ring::new(1024));
+        let (p, mut c) = ring(1024).unwrap();
         let n = 2_000_000u64;
-        let p = {
-            let r = r.clone();
-            std::thread::spawn(move || {
-                let mut ct = 0;
-                let mut dropped = 0u64;
-                for i in 0..n {
-                    if !unsafe { r.push(rec(i), 0, &mut ct) }.stored() {
-                        dropped += 1;
-                    }
+        let t = std::thread::spawn(move || {
+            let mut dropped = 0u64;
+            for i in 0..n {
+                if p.push(rec(i), 0).is_err() {
+                    dropped += 1;
                 }
-                dropped
-            })
-        };
+            }
+            dropped
+        });
         let mut got = Vec::new();
         let mut last: Option<u64> = None;
         let mut received = 0u64;
         loop {
-            let done = p.is_finished();
+            let done = t.is_finished();
             got.clear();
-            unsafe { r.drain_into(&mut got) };
+            c.drain_into(&mut got);
             for x in &got {
                 if let Some(l) = last {
                     assert!(x.ts > l, "out of order {} after {}", x.ts, l);
                 }
-                assert_eq!(x.ts, x.payload, "torn record");
+                assert_eq!(x.ts as f64, x.value(), "torn record");
                 last = Some(x.ts);
                 received += 1;
             }
-            if done && r.is_empty() {
+            if done && c.is_empty() {
                 break;
             }
         }
-        let dropped = p.join().unwrap();
+        let dropped = t.join().unwrap();
         assert_eq!(received + dropped, n);
         assert!(received > 0);
     }

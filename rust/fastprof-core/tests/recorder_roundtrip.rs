@@ -3,7 +3,8 @@
 
 use fastprof_core::config::Config;
 use fastprof_core::record::Extra;
-use fastprof_core::{names, reader, recorder};
+use fastprof_core::session::Session;
+use fastprof_core::{names, reader, registry};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -25,7 +26,7 @@ fn events(doc: &Value) -> &Vec<Value> {
 fn threads_spans_roundtrip() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tmpdir("roundtrip");
-    recorder::start(Config {
+    let mut session = Session::start(Config {
         trace_dir: dir.clone(),
         flush_interval_s: 0.05,
         ..Config::default()
@@ -38,27 +39,27 @@ fn threads_spans_roundtrip() {
             std::thread::spawn(move || {
                 let mut namer = || format!("worker-{t}");
                 for i in 0..10_000u32 {
-                    recorder::begin(outer, &mut namer);
+                    registry::begin(outer, &mut namer);
                     if i % 100 == 0 {
                         let x = Box::new(Extra {
                             name: None,
                             args_json: Some(format!("{{\"i\":{i}}}").into()),
                         });
-                        recorder::begin_extra(inner, x, &mut namer);
+                        registry::begin_extra(inner, x, &mut namer);
                     } else {
-                        recorder::begin(inner, &mut namer);
+                        registry::begin(inner, &mut namer);
                     }
-                    recorder::end(false);
-                    recorder::end(false);
+                    registry::end(false);
+                    registry::end(false);
                 }
-                recorder::counter(outer, 1.5, &mut namer);
+                registry::counter(outer, 1.5, &mut namer);
             })
         })
         .collect();
     for h in handles {
         h.join().unwrap();
     }
-    let report = recorder::stop().unwrap();
+    let report = session.stop().unwrap();
     assert_eq!(report.dropped, 0);
     assert_eq!(report.segments.len(), 1);
     let doc = reader::read_trace(&report.segments[0]).unwrap();
@@ -92,7 +93,7 @@ fn threads_spans_roundtrip() {
 fn tiny_ring_counts_every_drop_and_keeps_nesting() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tmpdir("drops");
-    recorder::start(Config {
+    let mut session = Session::start(Config {
         trace_dir: dir.clone(),
         buffer_size: 16,
         flush_interval_s: 10.0,
@@ -104,12 +105,12 @@ fn tiny_ring_counts_every_drop_and_keeps_nesting() {
     let mut namer = || "main".to_string();
     let issued = 5_000u64;
     for _ in 0..issued / 2 {
-        recorder::begin(a, &mut namer);
-        recorder::begin(b, &mut namer);
-        recorder::end(false);
-        recorder::end(false);
+        registry::begin(a, &mut namer);
+        registry::begin(b, &mut namer);
+        registry::end(false);
+        registry::end(false);
     }
-    let report = recorder::stop().unwrap();
+    let report = session.stop().unwrap();
     let doc = reader::read_trace(&report.segments[0]).unwrap();
     let spans: Vec<&Value> = events(&doc.value)
         .iter()
@@ -129,15 +130,15 @@ fn tiny_ring_counts_every_drop_and_keeps_nesting() {
 fn open_span_is_closed_at_stop_and_marked() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tmpdir("unclosed");
-    recorder::start(Config {
+    let mut session = Session::start(Config {
         trace_dir: dir.clone(),
         ..Config::default()
     })
     .unwrap();
     let a = names::intern("left-open").unwrap();
-    recorder::begin(a, &mut || "main".into());
-    let report = recorder::stop().unwrap();
-    recorder::end(false); // after stop: a no-op
+    registry::begin(a, &mut || "main".into());
+    let report = session.stop().unwrap();
+    registry::end(false); // after stop: a no-op
     assert_eq!(report.unclosed_spans, 1);
     let doc = reader::read_trace(&report.segments[0]).unwrap();
     let e = events(&doc.value)
@@ -152,12 +153,12 @@ fn open_span_is_closed_at_stop_and_marked() {
 fn second_start_is_refused() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tmpdir("twice");
-    recorder::start(Config {
+    let mut session = Session::start(Config {
         trace_dir: dir.clone(),
         ..Config::default()
     })
     .unwrap();
-    let again = recorder::start(Config {
+    let again = Session::start(Config {
         trace_dir: dir.clone(),
         ..Config::default()
     });
@@ -165,9 +166,9 @@ fn second_start_is_refused() {
         again,
         Err(fastprof_core::CoreError::AlreadyRunning { .. })
     ));
-    recorder::stop().unwrap();
+    session.stop().unwrap();
     assert!(matches!(
-        recorder::stop(),
+        session.stop(),
         Err(fastprof_core::CoreError::NotRunning)
     ));
     let _ = std::fs::remove_dir_all(dir);

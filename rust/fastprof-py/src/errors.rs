@@ -81,6 +81,11 @@ fn new_err(py: Python<'_>, cls: &PyOnceLock<Py<PyType>>, args: String) -> PyErr 
     }
 }
 
+/// A `NotRunningError` with its own message.
+pub fn not_running(msg: &str) -> PyErr {
+    Python::attach(|py| new_err(py, &NOT_RUNNING, msg.to_string()))
+}
+
 impl From<Error> for PyErr {
     fn from(Error(e): Error) -> PyErr {
         Python::attach(|py| {

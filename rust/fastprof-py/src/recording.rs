@@ -3,23 +3,13 @@
 //! `span`/`instant`/`counter`/`name_id` that pick the fast or slow path.
 
 use crate::convert::{args_json, counter_json};
+use crate::session::PyHooks;
 use fastprof_core::record::{Extra, NAME_IN_EXTRA};
-use fastprof_core::{names, recorder};
+use fastprof_core::{names, registry};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyString};
-
-/// The Python thread's name, asked once per thread per recording.
-fn thread_namer(py: Python<'_>) -> impl FnMut() -> String + '_ {
-    move || {
-        py.import("threading")
-            .and_then(|t| t.call_method0("current_thread"))
-            .and_then(|t| t.getattr("name"))
-            .and_then(|n| n.extract::<String>())
-            .unwrap_or_else(|_| "thread".to_string())
-    }
-}
 
 /// An interned name: `with name:` records a span, and the same object serves
 /// `instant(name)` and `counter(name, v)`. Immutable and stateless (the open
@@ -33,7 +23,7 @@ pub struct Name {
 #[pymethods]
 impl Name {
     fn __enter__<'py>(slf: &Bound<'py, Self>) -> Bound<'py, Self> {
-        recorder::begin(slf.get().id, &mut thread_namer(slf.py()));
+        registry::begin(slf.get().id, &mut PyHooks(slf.py()));
         slf.clone()
     }
 
@@ -44,14 +34,14 @@ impl Name {
         _exc: Option<&Bound<'_, PyAny>>,
         _tb: Option<&Bound<'_, PyAny>>,
     ) -> bool {
-        recorder::end(exc_type.is_some_and(|t| !t.is_none()));
+        registry::end(exc_type.is_some_and(|t| !t.is_none()));
         false
     }
 
     /// Open the span without a `with` block (close it with `fastprof.end()`):
     /// one C call each way, for the hottest loops.
     fn begin(slf: &Bound<'_, Self>) {
-        recorder::begin(slf.get().id, &mut thread_namer(slf.py()));
+        registry::begin(slf.get().id, &mut PyHooks(slf.py()));
     }
 
     /// Use as a decorator: `@fastprof.span("name")`.
@@ -100,7 +90,7 @@ impl ArgSpan {
 impl ArgSpan {
     fn __enter__<'py>(slf: &Bound<'py, Self>) -> Bound<'py, Self> {
         let me = slf.get();
-        recorder::begin_extra(me.id, me.extra(), &mut thread_namer(slf.py()));
+        registry::begin_extra(me.id, me.extra(), &mut PyHooks(slf.py()));
         slf.clone()
     }
 
@@ -111,7 +101,7 @@ impl ArgSpan {
         _exc: Option<&Bound<'_, PyAny>>,
         _tb: Option<&Bound<'_, PyAny>>,
     ) -> bool {
-        recorder::end(exc_type.is_some_and(|t| !t.is_none()));
+        registry::end(exc_type.is_some_and(|t| !t.is_none()));
         false
     }
 
@@ -250,14 +240,14 @@ pub fn name_id<'py>(name: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
 /// Close this thread's innermost open span (pairs with `Name.begin()`).
 #[pyfunction]
 pub fn end() {
-    recorder::end(false);
+    registry::end(false);
 }
 
 /// A point event.
 #[pyfunction]
 #[pyo3(signature = (name, **args))]
 pub fn instant(name: &Bound<'_, PyAny>, args: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
-    if !recorder::is_active() {
+    if !registry::is_active() {
         return Ok(());
     }
     let py = name.py();
@@ -272,20 +262,20 @@ pub fn instant(name: &Bound<'_, PyAny>, args: Option<&Bound<'_, PyDict>>) -> PyR
             args_json: args,
         })
     });
-    recorder::instant(id, extra, &mut thread_namer(py));
+    registry::instant(id, extra, &mut PyHooks(py));
     Ok(())
 }
 
 /// A counter sample: a number, or a mapping of series name to number.
 #[pyfunction]
 pub fn counter(name: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
-    if !recorder::is_active() {
+    if !registry::is_active() {
         return Ok(());
     }
     let py = name.py();
     let (id, owned) = id_and_name(target(name)?);
     match (value.extract::<f64>(), owned) {
-        (Ok(v), None) => recorder::counter(id, v, &mut thread_namer(py)),
+        (Ok(v), None) => registry::counter(id, v, &mut PyHooks(py)),
         (Ok(v), Some(owned)) => {
             let mut a = Vec::new();
             a.extend_from_slice(b"{\"value\":");
@@ -296,7 +286,7 @@ pub fn counter(name: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()
                 name: Some(owned),
                 args_json: Some(args),
             });
-            recorder::counter_extra(id, x, &mut thread_namer(py))
+            registry::counter_extra(id, x, &mut PyHooks(py))
         }
         (Err(_), owned) => {
             if !value.hasattr("items")? {
@@ -308,7 +298,7 @@ pub fn counter(name: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()
                 name: owned,
                 args_json: Some(counter_json(value)?),
             });
-            recorder::counter_extra(id, x, &mut thread_namer(py))
+            registry::counter_extra(id, x, &mut PyHooks(py))
         }
     }
     Ok(())

@@ -15,7 +15,7 @@ pub mod procfs;
 
 use crate::clock;
 use crate::names;
-use crate::recorder;
+use crate::registry;
 use gpu::GpuSelect;
 use procfs::{Children, NetSource, ProcFile};
 use serde_json::{json, Value};
@@ -571,7 +571,7 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
     let pcie_every = ((cfg.hz * cfg.pcie_every_s).ceil() as u64).max(1);
     let mut m = Metrics::new();
     let mut prev = Prev::default();
-    let mut namer = || "fastprof-sampler".to_string();
+    let mut namer = registry::Named("fastprof-sampler");
     let mut tick_no: u64 = 0;
     let mut next = std::time::Instant::now();
     let mut last_meta = std::time::Instant::now();
@@ -646,7 +646,7 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
                 }
             }
         }
-        recorder::counters_at(&m.batch, ticks, &mut namer);
+        registry::counters_at(&m.batch, ticks, &mut namer);
         m.batch.clear();
         m.pending.clear();
         m.cursor = 0;

@@ -1,0 +1,712 @@
+//! "Collect": the writer thread's half that knows records. It drains every
+//! thread's ring, converts ticks to CLOCK_MONOTONIC ns, pairs Begin/End into
+//! complete (`X`) events, formats each event's Chrome-trace JSON once, and
+//! hands batches of formatted events to the session's sinks
+//! ([`crate::sink`]): the gzip segment files and, when configured, the
+//! in-memory window. It also owns what every sink's metadata says (drops,
+//! threads, clock anchors and offset, sampler metadata).
+//!
+//! Spans become events when they end: half as many events as B/E pairs, and
+//! whatever a sink keeps stays balanced on its own.
+
+use crate::clock::{self, Anchor, Calibration};
+use crate::error::Result;
+use crate::json;
+use crate::names;
+use crate::record::{Kind, Record, FLAG_EXCEPTION};
+use crate::registry::{NewThread, ThreadMeta, END_SLOT_MISSING};
+use crate::ring::Consumer;
+use crate::session::{Command, DumpInfo, SessionShared};
+use crate::sink::chrome_gz::ChromeGz;
+use crate::sink::window::Window;
+use crate::sink::{Batch, Header, MetaSource, Sink};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Seconds between periodic clock anchors.
+const ANCHOR_EVERY_NS: u64 = 60_000_000_000;
+/// Formatted bytes collected before a batch goes to the sinks.
+pub(crate) const CHUNK: usize = 256 * 1024;
+
+/// What the writer says when the session stops.
+#[derive(Debug, Clone, Default)]
+pub struct StopReport {
+    pub events_written: u64,
+    pub dropped: u64,
+    pub dropped_per_thread: BTreeMap<u64, u64>,
+    pub segments: Vec<PathBuf>,
+    pub unclosed_spans: u64,
+    pub bytes_compressed: u64,
+    /// The failure that stopped recording early (or lost a sink), if any.
+    pub error: Option<String>,
+    /// Why the sampler thread stopped early, if it failed.
+    pub sampler_error: Option<String>,
+    /// Warnings for the user gathered during the session.
+    pub notices: Vec<String>,
+}
+
+enum SpanName {
+    Id(u32),
+    Owned(Box<str>),
+}
+
+struct Open {
+    name: SpanName,
+    /// CLOCK_MONOTONIC ns, converted when the Begin was drained (while the
+    /// calibration around it was current).
+    ns: u64,
+    args: Option<Box<str>>,
+}
+
+struct ThreadState {
+    consumer: Consumer,
+    meta: Arc<ThreadMeta>,
+    stack: Vec<Open>,
+}
+
+/// Everything but the sinks, so that sinks can read the metadata (through
+/// [`MetaSource`]) while the collector hands them batches.
+pub(crate) struct State {
+    shared: Arc<SessionShared>,
+    header: Arc<Header>,
+    threads: Vec<ThreadState>,
+    adopted: Vec<NewThread>,
+    thread_names: BTreeMap<u64, String>,
+    /// Drop counts of threads that exited and were forgotten.
+    retired_drops: BTreeMap<u64, u64>,
+    anchors: Vec<(Anchor, &'static str)>,
+    /// Escaped JSON of every interned name, by id.
+    names: Vec<Vec<u8>>,
+    events_written: u64,
+    unclosed_spans: u64,
+    sink_errors: Vec<String>,
+    cal: Calibration,
+}
+
+pub(crate) struct Collector {
+    st: State,
+    sinks: Vec<Box<dyn Sink>>,
+    window: Option<usize>,
+    batch: Batch,
+    scratch: Vec<Record>,
+    /// Ring heads snapshotted before the calibration knot of a drain.
+    heads: Vec<u64>,
+    last_flush_ns: u64,
+    last_anchor_ns: u64,
+    segments: Vec<PathBuf>,
+    bytes_compressed: u64,
+    /// Test-only fault injection (`FASTPROF_TEST_FAULT=writer_panic`).
+    panic_at_flush: bool,
+}
+
+pub(crate) fn hostname() -> String {
+    let mut b = [0u8; 256];
+    // SAFETY: the buffer is writable for its whole length.
+    let rc = unsafe { libc::gethostname(b.as_mut_ptr().cast(), b.len()) };
+    if rc != 0 {
+        return "unknown".into();
+    }
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+pub(crate) fn anchor_json(a: &Anchor, label: &str) -> Value {
+    json!({
+        "label": label,
+        "realtime_ns": a.realtime_ns,
+        "monotonic_ns": a.monotonic_ns,
+        "uncertainty_ns": a.uncertainty_ns,
+    })
+}
+
+impl Collector {
+    /// Build the header and the sinks; the segment sink creates the trace
+    /// directory and its first file here, so I/O problems surface in `start`.
+    pub fn create(shared: Arc<SessionShared>) -> Result<Collector> {
+        let cfg = &shared.config;
+        let pid = std::process::id();
+        let host = hostname();
+        let start = shared.start_anchor;
+        let extra: Value = serde_json::from_str(&cfg.extra_config_json).unwrap_or(json!({}));
+        let mut config = json!({
+            "buffer_size": cfg.ring_capacity(),
+            "flush_interval_s": cfg.flush_interval_s,
+            "segment_size": cfg.segment_size,
+            "segment_seconds": cfg.segment_seconds,
+            "compression_level": cfg.compression_level,
+            "window_seconds": cfg.window_seconds,
+            "window_bytes": cfg.window_bytes,
+        });
+        if let (Some(c), Value::Object(x)) = (config.as_object_mut(), extra) {
+            c.extend(x);
+        }
+        let static_meta = match json!({
+            "producer": "fastprof",
+            "version": crate::VERSION,
+            "host": host,
+            "pid": pid,
+            "rank": cfg.rank,
+            "world_size": cfg.world_size,
+            "local_rank": cfg.local_rank,
+            "run_name": cfg.run_name,
+            "config": config,
+            "clock": {
+                "source": "CLOCK_MONOTONIC",
+                "ticks": shared.clock_source,
+                "ticks_reason": clock::source_reason(),
+                "start": anchor_json(&start, "start"),
+            },
+        }) {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        };
+        let header = Arc::new(Header {
+            base_ns: start.realtime_ns,
+            start_mono_ns: start.monotonic_ns,
+            pid,
+            rank: cfg.rank,
+            process_name: format!("rank {} ({} pid {})", cfg.rank, host, pid),
+            static_meta,
+        });
+        let mut sinks: Vec<Box<dyn Sink>> = vec![Box::new(ChromeGz::create(
+            header.clone(),
+            cfg.trace_dir.clone(),
+            cfg.segment_size,
+            cfg.segment_seconds,
+            cfg.compression_level,
+        )?)];
+        let mut window = None;
+        if cfg.window_seconds > 0.0 {
+            window = Some(sinks.len());
+            sinks.push(Box::new(Window::new(
+                header.clone(),
+                cfg.window_seconds,
+                cfg.window_bytes,
+            )));
+        }
+        Ok(Collector {
+            st: State {
+                anchors: vec![(start, "start")],
+                header,
+                shared: shared.clone(),
+                threads: Vec::new(),
+                adopted: Vec::new(),
+                thread_names: BTreeMap::new(),
+                retired_drops: BTreeMap::new(),
+                names: Vec::new(),
+                events_written: 0,
+                unclosed_spans: 0,
+                sink_errors: Vec::new(),
+                cal: Calibration::new(),
+            },
+            sinks,
+            window,
+            batch: Batch::default(),
+            scratch: Vec::new(),
+            heads: Vec::new(),
+            last_flush_ns: start.monotonic_ns,
+            last_anchor_ns: start.monotonic_ns,
+            segments: Vec::new(),
+            bytes_compressed: 0,
+            panic_at_flush: std::env::var("FASTPROF_TEST_FAULT").is_ok_and(|v| v == "writer_panic"),
+        })
+    }
+
+    /// The writer loop; returns the report when asked to stop (or on failure).
+    pub fn run(mut self) -> StopReport {
+        let flush_ns = (self.st.shared.config.flush_interval_s * 1e9) as u64;
+        loop {
+            // Sleep until the next flush is due, unless a producer nudges us
+            // (its ring filled another quarter), a command arrives, or stop is
+            // asked; an unpark that came before this park makes it return at
+            // once, so no nudge is lost.
+            let due = self.last_flush_ns + flush_ns;
+            let now = clock::monotonic_ns();
+            if !self.st.shared.stop.load(Ordering::Acquire) && due > now {
+                std::thread::park_timeout(Duration::from_nanos(due - now));
+            }
+            // Acquire: pairs with stop()'s Release store.
+            let stopping = self.st.shared.stop.load(Ordering::Acquire);
+            let step = if stopping {
+                self.finish()
+            } else {
+                self.tick(flush_ns)
+            };
+            if let Err(e) = step {
+                self.fail(e);
+                break;
+            }
+            if stopping {
+                break;
+            }
+        }
+        self.answer_commands(true);
+        let dropped_per_thread = self.st.drops();
+        let mut error = None;
+        if !self.st.sink_errors.is_empty() {
+            error = Some(self.st.sink_errors.join("; "));
+        }
+        StopReport {
+            events_written: self.st.events_written,
+            dropped: dropped_per_thread.values().sum::<u64>()
+                + self.st.shared.ringless_drops.load(Ordering::Relaxed),
+            dropped_per_thread,
+            segments: self.segments,
+            unclosed_spans: self.st.unclosed_spans,
+            bytes_compressed: self.bytes_compressed,
+            error,
+            sampler_error: None,
+            notices: Vec::new(),
+        }
+    }
+
+    fn tick(&mut self, flush_ns: u64) -> io::Result<()> {
+        self.st.adopt_new_threads();
+        let now = clock::monotonic_ns();
+        let flush_due = now.saturating_sub(self.last_flush_ns) >= flush_ns;
+        // Woken before the flush is due means a ring filled another quarter,
+        // a command arrived (or, rarely, a spurious wake-up): drain so rings
+        // never fill.
+        self.drain_all()?;
+        if flush_due {
+            if self.panic_at_flush {
+                panic!("injected writer fault (FASTPROF_TEST_FAULT=writer_panic)");
+            }
+            self.last_flush_ns = now;
+            if now.saturating_sub(self.last_anchor_ns) >= ANCHOR_EVERY_NS {
+                self.last_anchor_ns = now;
+                self.st.anchors.push((Anchor::take(), "periodic"));
+            }
+            self.each_sink(|s, st| s.flush(st, now))?;
+            self.st.forget_exited_threads();
+        }
+        self.answer_commands(false);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> io::Result<()> {
+        self.st.adopt_new_threads();
+        self.drain_all()?;
+        let stop_ts = match self.st.shared.stop_ts.load(Ordering::Relaxed) {
+            0 => clock::ticks(),
+            t => t,
+        };
+        let stop_ns = self.st.cal.to_ns(stop_ts);
+        for i in 0..self.st.threads.len() {
+            while let Some(open) = self.st.threads[i].stack.pop() {
+                self.st
+                    .format_span(&mut self.batch, i, &open, stop_ns, &[("unclosed", "true")]);
+                self.st.unclosed_spans += 1;
+            }
+            self.end_chunk(i);
+        }
+        self.send_batch()?;
+        self.st.anchors.push((Anchor::take(), "stop"));
+        self.answer_commands(false);
+        self.close_sinks()
+    }
+
+    /// Run `f` on every sink; a sink that fails is closed (best effort),
+    /// removed and reported. Recording stops only when no sink is left.
+    fn each_sink(
+        &mut self,
+        mut f: impl FnMut(&mut dyn Sink, &State) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let mut i = 0;
+        while i < self.sinks.len() {
+            if let Err(e) = f(&mut *self.sinks[i], &self.st) {
+                let mut dead = self.sinks.remove(i);
+                let where_ = dead.describe();
+                let _ = dead.close(&self.st);
+                self.collect_outputs(&mut *dead);
+                self.st
+                    .sink_errors
+                    .push(format!("{where_}: {e}; that output stopped"));
+                if let Some(w) = self.window {
+                    self.window = match w.cmp(&i) {
+                        std::cmp::Ordering::Equal => None,
+                        std::cmp::Ordering::Greater => Some(w - 1),
+                        std::cmp::Ordering::Less => Some(w),
+                    };
+                }
+                if self.sinks.is_empty() {
+                    return Err(io::Error::other("no output left"));
+                }
+                continue;
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+
+    fn collect_outputs(&mut self, s: &mut dyn Sink) {
+        let (files, bytes) = s.outputs();
+        self.segments.extend(files);
+        self.bytes_compressed += bytes;
+    }
+
+    fn close_sinks(&mut self) -> io::Result<()> {
+        let r = self.each_sink(|s, st| s.close(st));
+        let mut sinks = std::mem::take(&mut self.sinks);
+        for s in sinks.iter_mut() {
+            self.collect_outputs(&mut **s);
+        }
+        r
+    }
+
+    /// On failure: stop recording (the job goes on), keep what was written.
+    fn fail(&mut self, e: io::Error) {
+        self.st.shared.disable();
+        let _ = e; // each failed sink already said what and where
+        let _ = self.close_sinks();
+    }
+
+    fn answer_commands(&mut self, stopped: bool) {
+        let cmds = std::mem::take(
+            &mut *self
+                .st
+                .shared
+                .commands
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for c in cmds {
+            match c {
+                Command::Dump { path, reply } => {
+                    let r = if stopped {
+                        Err(crate::error::CoreError::NotRunning)
+                    } else {
+                        self.dump(&path)
+                    };
+                    let _ = reply.send(r);
+                }
+            }
+        }
+    }
+
+    fn dump(&mut self, path: &std::path::Path) -> Result<DumpInfo> {
+        self.drain_all()
+            .map_err(|e| crate::error::CoreError::io(path, e))?;
+        let Some(w) = self.window else {
+            return Err(crate::error::CoreError::io(
+                path,
+                io::Error::other("the in-memory window is not running"),
+            ));
+        };
+        // Open spans, closed at this instant (they stay open in the session).
+        let now = self.st.cal.to_ns(clock::ticks()).max(clock::monotonic_ns());
+        let mut open = Batch::default();
+        let mut n_open = 0;
+        for i in 0..self.st.threads.len() {
+            let stack = std::mem::take(&mut self.st.threads[i].stack);
+            for o in &stack {
+                self.st
+                    .format_span(&mut open, i, o, now, &[("unclosed", "true")]);
+                n_open += 1;
+            }
+            self.st.threads[i].stack = stack;
+            open.end_chunk(&self.st.threads[i].meta);
+        }
+        let sink = self.sinks[w]
+            .as_window()
+            .expect("the window index points at the window sink");
+        let mut info = sink
+            .dump(path, &open, &self.st)
+            .map_err(|e| crate::error::CoreError::io(path, e))?;
+        info.open_spans = n_open;
+        Ok(info)
+    }
+
+    fn drain_all(&mut self) -> io::Result<()> {
+        // Snapshot every ring's head, then take a calibration knot: every
+        // record drained below read its ticks before the knot, so conversion
+        // interpolates and never extrapolates (see `Calibration::advance`).
+        let mut heads = std::mem::take(&mut self.heads);
+        heads.clear();
+        heads.extend(self.st.threads.iter().map(|t| t.consumer.published()));
+        self.st.cal.advance();
+        let mut scratch = std::mem::take(&mut self.scratch);
+        for (i, &upto) in heads.iter().enumerate() {
+            scratch.clear();
+            self.st.threads[i].consumer.drain_upto(&mut scratch, upto);
+            for rec in scratch.drain(..) {
+                self.st.format_record(&mut self.batch, i, rec);
+                if self.batch.bytes.len() >= CHUNK {
+                    self.end_chunk(i);
+                    self.send_batch()?;
+                }
+            }
+            self.end_chunk(i);
+        }
+        self.scratch = scratch;
+        self.heads = heads;
+        self.send_batch()
+    }
+
+    fn end_chunk(&mut self, ti: usize) {
+        self.batch.end_chunk(&self.st.threads[ti].meta);
+    }
+
+    fn send_batch(&mut self) -> io::Result<()> {
+        if self.batch.chunks.is_empty() {
+            self.batch.clear();
+            return Ok(());
+        }
+        self.st.events_written += self.batch.events();
+        let batch = std::mem::take(&mut self.batch);
+        let r = self.each_sink(|s, st| s.write(&batch, st));
+        self.batch = batch;
+        self.batch.clear();
+        r
+    }
+}
+
+impl State {
+    fn adopt_new_threads(&mut self) {
+        self.shared.take_new_threads(&mut self.adopted);
+        for t in self.adopted.drain(..) {
+            self.thread_names
+                .insert(t.meta.tid, t.meta.name.to_string());
+            self.threads.push(ThreadState {
+                consumer: t.consumer,
+                meta: t.meta,
+                stack: Vec::new(),
+            });
+        }
+    }
+
+    /// Free the rings of threads that exited and whose every event has been
+    /// written; their drop counts move to `retired_drops`.
+    fn forget_exited_threads(&mut self) {
+        let retired = &mut self.retired_drops;
+        self.threads.retain(|t| {
+            let gone = t.consumer.producer_gone() && t.consumer.is_empty() && t.stack.is_empty();
+            if gone {
+                let d = t.meta.drops.load(Ordering::Relaxed);
+                if d > 0 {
+                    *retired.entry(t.meta.tid).or_insert(0) += d;
+                }
+            }
+            !gone
+        });
+    }
+
+    /// Drops per thread id, live and retired threads together.
+    fn drops(&self) -> BTreeMap<u64, u64> {
+        let mut m = self.retired_drops.clone();
+        for t in &self.threads {
+            let n = t.meta.drops.load(Ordering::Relaxed);
+            if n > 0 {
+                *m.entry(t.meta.tid).or_insert(0) += n;
+            }
+        }
+        m
+    }
+
+    fn format_record(&mut self, batch: &mut Batch, ti: usize, mut rec: Record) {
+        let (owned_name, args) = match rec.take_extra() {
+            Some(x) => (x.name, x.args_json),
+            None => (None, None),
+        };
+        let name = match owned_name {
+            Some(n) => SpanName::Owned(n),
+            None => SpanName::Id(rec.name),
+        };
+        let ns = self.cal.to_ns(rec.ts);
+        match rec.kind() {
+            Kind::Begin => self.threads[ti].stack.push(Open { name, ns, args }),
+            Kind::End => {
+                if let Some(open) = self.threads[ti].stack.pop() {
+                    let flags: &[(&str, &str)] = if rec.flags() & FLAG_EXCEPTION != 0 {
+                        &[("exception", "true")]
+                    } else {
+                        &[]
+                    };
+                    self.format_span(batch, ti, &open, ns, flags);
+                } // else: unreachable by the producer's protocol
+            }
+            Kind::Instant => {
+                self.event_head(batch, ti, b"i", &name, ns);
+                batch.bytes.extend_from_slice(b",\"s\":\"t\"");
+                write_args(&mut batch.bytes, args.as_deref(), &[]);
+                batch.event_done(ns);
+            }
+            Kind::Counter => {
+                self.event_head(batch, ti, b"C", &name, ns);
+                match args {
+                    Some(a) => write_args(&mut batch.bytes, Some(&a), &[]),
+                    None => {
+                        batch.bytes.extend_from_slice(b",\"args\":{\"value\":");
+                        json::write_f64(&mut batch.bytes, rec.value());
+                        batch.bytes.push(b'}');
+                    }
+                }
+                batch.event_done(ns);
+            }
+        }
+    }
+
+    /// An X event; `end_ns` in CLOCK_MONOTONIC ns.
+    fn format_span(
+        &mut self,
+        batch: &mut Batch,
+        ti: usize,
+        open: &Open,
+        end_ns: u64,
+        flags: &[(&str, &str)],
+    ) {
+        self.event_head(batch, ti, b"X", &open.name, open.ns);
+        batch.bytes.extend_from_slice(b",\"dur\":");
+        json::write_us(&mut batch.bytes, end_ns.saturating_sub(open.ns) as i64);
+        write_args(&mut batch.bytes, open.args.as_deref(), flags);
+        batch.event_done(end_ns);
+    }
+
+    /// `,\n{"ph":..,"cat":"user","name":..,"pid":..,"tid":..,"ts":..` (no
+    /// closing brace); `ns` in CLOCK_MONOTONIC ns.
+    fn event_head(&mut self, batch: &mut Batch, ti: usize, ph: &[u8], name: &SpanName, ns: u64) {
+        let b = &mut batch.bytes;
+        b.extend_from_slice(b",\n{\"ph\":\"");
+        b.extend_from_slice(ph);
+        b.extend_from_slice(b"\",\"cat\":\"user\",\"name\":");
+        match name {
+            SpanName::Id(id) => {
+                let id = *id as usize;
+                if id >= self.names.len() {
+                    for n in names::since(self.names.len()) {
+                        self.names.push(json::quoted(&n));
+                    }
+                }
+                match self.names.get(id) {
+                    Some(q) => b.extend_from_slice(q),
+                    None => b.extend_from_slice(b"\"<unknown>\""),
+                }
+            }
+            SpanName::Owned(s) => json::write_str(b, s),
+        }
+        b.extend_from_slice(b",\"pid\":");
+        json::write_int(b, self.header.pid);
+        b.extend_from_slice(b",\"tid\":");
+        json::write_int(b, self.threads[ti].meta.tid);
+        b.extend_from_slice(b",\"ts\":");
+        json::write_us(b, ns as i64 - self.header.start_mono_ns as i64);
+    }
+}
+
+impl MetaSource for State {
+    fn other_data(&self) -> Map<String, Value> {
+        let mut other = self.header.static_meta.clone();
+        let anchors: Vec<Value> = self
+            .anchors
+            .iter()
+            .map(|(a, l)| anchor_json(a, l))
+            .collect();
+        // Extend the static clock object (source, ticks, start) rather than
+        // replacing it: readers rely on both.
+        let mut clock = other
+            .get("clock")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        clock.insert("anchors".into(), Value::Array(anchors));
+        if let Some((off, unc)) = *self
+            .shared
+            .clock_offset
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        {
+            clock.insert("offset_ns".into(), json!(off));
+            clock.insert("offset_uncertainty_ns".into(), json!(unc));
+        }
+        other.insert("clock".into(), Value::Object(clock));
+        let drops = self.drops();
+        let ringless = self.shared.ringless_drops.load(Ordering::Relaxed);
+        let total: u64 = drops.values().sum::<u64>() + ringless;
+        let per_thread: Map<String, Value> = drops
+            .iter()
+            .map(|(tid, n)| (tid.to_string(), json!(n)))
+            .collect();
+        let ringless_threads: Vec<Value> = self
+            .shared
+            .ringless_threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(tid, name, why)| json!({"tid": tid, "name": name, "reason": why}))
+            .collect();
+        other.insert(
+            "drops".into(),
+            json!({
+                "total": total,
+                "per_thread": per_thread,
+                "ringless_events": ringless,
+                "ringless_threads": ringless_threads,
+                "end_slot_missing": END_SLOT_MISSING.load(Ordering::Relaxed),
+            }),
+        );
+        other.insert(
+            "threads".into(),
+            Value::Object(
+                self.thread_names
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), json!(v)))
+                    .collect(),
+            ),
+        );
+        other.insert("events_written".into(), json!(self.events_written));
+        other.insert("unclosed_spans".into(), json!(self.unclosed_spans));
+        let (step, step_ns) = self.shared.step();
+        if step_ns > 0 {
+            other.insert(
+                "last_step".into(),
+                json!({"step": step, "monotonic_ns": step_ns}),
+            );
+        }
+        if !self.sink_errors.is_empty() {
+            other.insert("output_errors".into(), json!(self.sink_errors));
+        }
+        let sampler = self
+            .shared
+            .sampler
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(s) = sampler {
+            let meta = s.meta.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            other.insert("sampler".into(), meta);
+        }
+        other
+    }
+}
+
+/// `,"args":{...}` merging the user's ready-made JSON object with flag fields.
+fn write_args(out: &mut Vec<u8>, user: Option<&str>, flags: &[(&str, &str)]) {
+    let user = user.map(str::trim).filter(|u| u.len() > 2);
+    if user.is_none() && flags.is_empty() {
+        return;
+    }
+    out.extend_from_slice(b",\"args\":{");
+    let mut first = true;
+    for (k, v) in flags {
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        json::write_str(out, k);
+        out.push(b':');
+        out.extend_from_slice(v.as_bytes());
+    }
+    if let Some(u) = user {
+        // `u` is `{...}` with at least one member: splice its inside.
+        if !first {
+            out.push(b',');
+        }
+        out.extend_from_slice(&u.as_bytes()[1..u.len() - 1]);
+    }
+    out.push(b'}');
+}

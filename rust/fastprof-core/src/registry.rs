@@ -1,0 +1,553 @@
+//! Per-thread ring registration and the hot-path calls (`begin`, `end`,
+//! `instant`, `counter`). This is what `fastprof.span` and friends reach; the
+//! calls record into the one active [`crate::session::Session`].
+//!
+//! The hot path is one relaxed load of [`WORD`], a thread-local access, one
+//! tick read and one ring push. No lock, no allocation, no syscall. A thread
+//! registers its ring on its first event of a session ("generation"); that
+//! slow path takes a mutex and allocates the ring fallibly: a thread that
+//! cannot get one has its events counted as dropped (with one warning).
+//!
+//! `WORD` is `generation << 1 | paused`, 0 when nothing records. A pause gates
+//! new Begins, instants and counters; an End of a recorded Begin always
+//! passes, so spans open across a pause close correctly. A Begin made while
+//! paused is skipped together with everything nested in it (not counted as a
+//! drop).
+//!
+//! Spans nest by construction: an `End` closes the innermost open span of the
+//! calling thread. To keep that true when rings fill up, the producer reserves
+//! a slot for the `End` of every recorded open span, and once a `Begin` is
+//! dropped, everything nested inside it is dropped too (and counted), so the
+//! writer never sees an `End` without its `Begin`.
+
+use crate::clock;
+use crate::record::{Extra, Kind, Record, FLAG_EXCEPTION};
+use crate::ring::{self, Consumer, Producer, Push};
+use crate::session::SessionShared;
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::Thread;
+
+/// `generation << 1 | paused`, or 0 when no session records. Hot-path loads
+/// are Relaxed: a stale read only means one event more or less around a
+/// start/stop/pause, and registration re-checks under the registry mutex.
+static WORD: AtomicU64 = AtomicU64::new(0);
+/// Generation counter; never reused, so thread-locals from an old session are
+/// recognised as stale.
+static NEXT_GEN: AtomicU64 = AtomicU64::new(0);
+
+/// What the registering thread can do for the registry: say its name, and
+/// show the user a warning (the Python binding raises a `FastprofWarning`).
+pub trait ThreadHooks {
+    fn thread_name(&mut self) -> String;
+    fn warn(&mut self, message: &str) {
+        eprintln!("fastprof: {message}");
+    }
+}
+
+/// Any closure giving the thread's name serves (warnings go to stderr).
+impl<F: FnMut() -> String> ThreadHooks for F {
+    fn thread_name(&mut self) -> String {
+        self()
+    }
+}
+
+/// Hooks for Rust threads (the sampler, tests, benches): a fixed name,
+/// warnings on stderr.
+pub struct Named(pub &'static str);
+
+impl ThreadHooks for Named {
+    fn thread_name(&mut self) -> String {
+        self.0.to_string()
+    }
+}
+
+/// One recording thread as the writer sees it.
+pub struct ThreadMeta {
+    /// OS thread id (what `threading.get_native_id()` returns).
+    pub tid: u64,
+    pub name: Arc<str>,
+    /// Events this thread could not record. Relaxed: a plain counter, read by
+    /// the writer for reports; no other memory depends on it.
+    pub drops: AtomicU64,
+    /// The writer, unparked each time another quarter of this ring fills.
+    writer: Thread,
+}
+
+/// A ring registered since the writer last looked.
+pub struct NewThread {
+    pub consumer: Consumer,
+    pub meta: Arc<ThreadMeta>,
+}
+
+/// The producer side a thread holds for its session.
+struct Registered {
+    producer: Producer,
+    meta: Arc<ThreadMeta>,
+}
+
+/// The session that threads register with. Behind a pointer so that a forked
+/// child can drop the whole (possibly locked) thing and start from a fresh one.
+type Current = Mutex<Option<Arc<SessionShared>>>;
+static CURRENT: AtomicPtr<Current> = AtomicPtr::new(std::ptr::null_mut());
+
+fn current() -> &'static Current {
+    let p = CURRENT.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: these are leaked, never freed, so the pointer stays valid.
+        return unsafe { &*p };
+    }
+    let fresh = Box::into_raw(Box::new(Mutex::new(None)));
+    match CURRENT.compare_exchange(
+        std::ptr::null_mut(),
+        fresh,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        // SAFETY: we just published `fresh`, which is leaked.
+        Ok(_) => unsafe { &*fresh },
+        Err(existing) => {
+            // SAFETY: `fresh` was never shared; `existing` is leaked.
+            unsafe {
+                drop(Box::from_raw(fresh));
+                &*existing
+            }
+        }
+    }
+}
+
+pub(crate) fn lock_current() -> MutexGuard<'static, Option<Arc<SessionShared>>> {
+    current().lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A new, never used generation number.
+pub(crate) fn next_generation() -> u64 {
+    NEXT_GEN.fetch_add(1, Ordering::Relaxed) + 1
+}
+
+/// Make `gen` the recording generation (called with the current-session lock held).
+pub(crate) fn activate(gen: u64) {
+    // Release: a thread that sees this generation and registers finds the
+    // session (it re-reads it under the mutex anyway).
+    WORD.store(gen << 1, Ordering::Release);
+}
+
+/// Stop recording generation `gen`, paused or not; never touches a newer one.
+pub(crate) fn deactivate(gen: u64) {
+    for w in [gen << 1, gen << 1 | 1] {
+        if WORD
+            .compare_exchange(w, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            return;
+        }
+    }
+}
+
+/// Pause or resume generation `gen`; false when it is not the recording one.
+pub(crate) fn set_paused(gen: u64, paused: bool) -> bool {
+    let (from, to) = if paused {
+        (gen << 1, gen << 1 | 1)
+    } else {
+        (gen << 1 | 1, gen << 1)
+    };
+    WORD.compare_exchange(from, to, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+        || WORD.load(Ordering::Relaxed) == to
+}
+
+/// True while a session records (paused or not) and has not been disabled.
+pub fn is_active() -> bool {
+    WORD.load(Ordering::Relaxed) != 0
+}
+
+/// True while the recording session is paused.
+pub fn is_paused() -> bool {
+    WORD.load(Ordering::Relaxed) & 1 == 1
+}
+
+/// Install the process's fork handlers (once): the name table is held still
+/// across `fork()` and copied consistently into the child, and the child
+/// forgets the parent's recording. Every fork counts, also those made by
+/// torch's DataLoader or by C code, not only `os.fork()`.
+pub fn install_fork_handlers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        extern "C" fn prepare() {
+            crate::names::prepare_fork();
+        }
+        extern "C" fn parent() {
+            crate::names::parent_after_fork();
+        }
+        extern "C" fn child() {
+            crate::names::child_after_fork();
+            after_fork_in_child();
+        }
+        // SAFETY: the handlers are plain functions that live for the whole
+        // process; pthread_atfork only records them.
+        unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    });
+}
+
+/// Forget all recording state in a freshly forked child: the writer thread
+/// does not exist there and any mutex may be held by a thread that vanished.
+/// The old state is leaked on purpose: freeing it could touch a lock held by
+/// a thread that does not exist in this process.
+pub fn after_fork_in_child() {
+    WORD.store(0, Ordering::Release);
+    CURRENT.store(std::ptr::null_mut(), Ordering::Release);
+}
+
+// ---------------------------------------------------------------- thread-local
+
+struct Local {
+    generation: Cell<u64>,
+    /// Borrowed view of `owner`, valid while `generation` matches; null when
+    /// this thread could not get a ring in this generation.
+    reg: Cell<*const Registered>,
+    owner: RefCell<Option<Box<Registered>>>,
+    /// The session, when this thread has no ring (its drops are counted there).
+    ringless: RefCell<Option<Arc<SessionShared>>>,
+    /// Spans this thread has begun (recorded or not) and not ended.
+    depth: Cell<u32>,
+    /// Recorded `Begin`s whose `End` is still due: slots reserved in the ring.
+    open_recorded: Cell<u32>,
+    /// Depth of the outermost skipped span, 0 if none: everything inside is skipped.
+    floor: Cell<u32>,
+    /// Whether skips under `floor` are drops (ring full) or gated (paused).
+    floor_counts: Cell<bool>,
+}
+
+thread_local! {
+    static LOCAL: Local = const {
+        Local {
+            generation: Cell::new(0),
+            reg: Cell::new(std::ptr::null()),
+            owner: RefCell::new(None),
+            ringless: RefCell::new(None),
+            depth: Cell::new(0),
+            open_recorded: Cell::new(0),
+            floor: Cell::new(0),
+            floor_counts: Cell::new(false),
+        }
+    };
+}
+
+#[cfg(target_os = "linux")]
+fn native_tid() -> u64 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as u64 }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn native_tid() -> u64 {
+    let mut tid: u64 = 0;
+    // SAFETY: null thread = the calling thread; `tid` is writable.
+    unsafe { libc::pthread_threadid_np(0, &mut tid) };
+    tid
+}
+
+/// Slow path: give this thread a ring in generation `gen`. False when that
+/// generation no longer records.
+#[cold]
+#[inline(never)]
+fn register(l: &Local, gen: u64, hooks: &mut dyn ThreadHooks) -> bool {
+    let name: Arc<str> = hooks.thread_name().into();
+    let cur = lock_current();
+    let Some(session) = cur.as_ref().filter(|s| s.generation == gen).cloned() else {
+        return false;
+    };
+    drop(cur);
+    // Outside the lock: a large ring is an mmap and must not stall others.
+    let ring = ring::ring(session.config.ring_capacity());
+    // A previous generation's ring goes now: its consumer sees the producer gone.
+    drop(l.owner.take());
+    l.ringless.replace(None);
+    l.generation.set(gen);
+    l.depth.set(0);
+    l.open_recorded.set(0);
+    l.floor.set(0);
+    l.floor_counts.set(false);
+    match ring {
+        Ok((producer, consumer)) => {
+            let meta = Arc::new(ThreadMeta {
+                tid: native_tid(),
+                name,
+                drops: AtomicU64::new(0),
+                writer: session.writer_thread(),
+            });
+            session.adopt(NewThread {
+                consumer,
+                meta: meta.clone(),
+            });
+            let reg = Box::new(Registered { producer, meta });
+            l.reg.set(&*reg);
+            *l.owner.borrow_mut() = Some(reg);
+        }
+        Err(e) => {
+            l.reg.set(std::ptr::null());
+            if let Some(msg) = session.ring_alloc_failed(native_tid(), &name, e) {
+                hooks.warn(&msg);
+            }
+            *l.ringless.borrow_mut() = Some(session);
+        }
+    }
+    true
+}
+
+/// Run `f` with this thread's ring, registering it first if needed. `None`
+/// when not recording (or when `gated` and paused).
+#[inline(always)]
+fn with_reg<R>(
+    hooks: &mut dyn ThreadHooks,
+    gated: bool,
+    f: impl FnOnce(&Local, &Registered) -> R,
+) -> Option<R> {
+    let w = WORD.load(Ordering::Relaxed);
+    if w == 0 || (gated && w & 1 != 0) {
+        return None;
+    }
+    let gen = w >> 1;
+    LOCAL
+        .try_with(|l| {
+            if l.generation.get() != gen && !register(l, gen, hooks) {
+                return None;
+            }
+            let r = l.reg.get();
+            if r.is_null() {
+                ringless_drop(l);
+                return None;
+            }
+            // SAFETY: `owner` keeps the registration alive while `reg` is set.
+            Some(f(l, unsafe { &*r }))
+        })
+        .ok()
+        .flatten()
+}
+
+/// An event of a thread that has no ring: counted as dropped on the session.
+#[cold]
+fn ringless_drop(l: &Local) {
+    if let Some(s) = l.ringless.borrow().as_ref() {
+        s.ringless_drops.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Push; `Err` hands back a record that did not fit.
+#[inline(always)]
+fn push(r: &Registered, rec: Record, reserve: u64) -> Result<(), Record> {
+    match r.producer.push(rec, reserve) {
+        Ok(Push::Done) => Ok(()),
+        Ok(Push::Nudge) => {
+            nudge(r);
+            Ok(())
+        }
+        Err(rec) => Err(rec),
+    }
+}
+
+/// Wake the writer: this thread's ring has filled another quarter.
+#[cold]
+#[inline(never)]
+fn nudge(r: &Registered) {
+    r.meta.writer.unpark();
+}
+
+/// Count a record that could not be pushed; dropping it frees its extra.
+#[cold]
+fn count_drop(r: &Registered, rec: Record) {
+    r.meta.drops.fetch_add(1, Ordering::Relaxed);
+    drop(rec);
+}
+
+#[inline(always)]
+fn begin_record(l: &Local, r: &Registered, rec: Record, paused: bool) {
+    let depth = l.depth.get() + 1;
+    l.depth.set(depth);
+    if l.floor.get() != 0 {
+        if l.floor_counts.get() {
+            count_drop(r, rec);
+        }
+        return;
+    }
+    if paused {
+        l.floor.set(depth);
+        l.floor_counts.set(false);
+        return;
+    }
+    let open = l.open_recorded.get();
+    // Reserve the slot for this span's own End plus every End already due.
+    match push(r, rec, open as u64 + 1) {
+        Ok(()) => l.open_recorded.set(open + 1),
+        Err(rec) => {
+            l.floor.set(depth);
+            l.floor_counts.set(true);
+            count_drop(r, rec);
+        }
+    }
+}
+
+/// Begin: registered threads track depth even while paused (so the matching
+/// End is recognised); an unregistered thread skips a paused Begin entirely
+/// (its End then finds depth 0 and is ignored too).
+#[inline(always)]
+fn begin_with(hooks: &mut dyn ThreadHooks, make: impl FnOnce() -> Record) {
+    let w = WORD.load(Ordering::Relaxed);
+    if w == 0 {
+        return;
+    }
+    let paused = w & 1 != 0;
+    if paused {
+        let gen = w >> 1;
+        let _ = LOCAL.try_with(|l| {
+            let r = l.reg.get();
+            if l.generation.get() == gen && !r.is_null() {
+                // SAFETY: `owner` keeps the registration alive while `reg` is set.
+                begin_record(l, unsafe { &*r }, make(), true);
+            }
+        });
+        return;
+    }
+    with_reg(hooks, false, |l, r| begin_record(l, r, make(), false));
+}
+
+/// Open a span named by interned id `name` on this thread.
+#[inline]
+pub fn begin(name: u32, hooks: &mut dyn ThreadHooks) {
+    begin_with(hooks, || Record::new(Kind::Begin, name, clock::ticks(), 0));
+}
+
+/// Open a span carrying args and/or an un-interned name (slow path).
+pub fn begin_extra(name: u32, extra: Box<Extra>, hooks: &mut dyn ThreadHooks) {
+    begin_with(hooks, || {
+        Record::with_extra(Kind::Begin, name, clock::ticks(), extra)
+    });
+}
+
+/// Close this thread's innermost open span (`exception`: its body raised).
+#[inline]
+pub fn end(exception: bool) {
+    let w = WORD.load(Ordering::Relaxed);
+    if w == 0 {
+        return;
+    }
+    let gen = w >> 1;
+    let _ = LOCAL.try_with(|l| {
+        if l.generation.get() != gen {
+            return; // nothing of this generation is open on this thread
+        }
+        let depth = l.depth.get();
+        if depth == 0 {
+            return; // the span began before this thread registered
+        }
+        l.depth.set(depth - 1);
+        let floor = l.floor.get();
+        if floor != 0 {
+            if depth == floor {
+                l.floor.set(0);
+            }
+            return; // its Begin was skipped (dropped and counted, or gated)
+        }
+        let r = l.reg.get();
+        if r.is_null() {
+            return;
+        }
+        // SAFETY: `owner` keeps the registration alive while `reg` is set.
+        let r = unsafe { &*r };
+        let flags = if exception { FLAG_EXCEPTION } else { 0 };
+        let rec = Record::new(Kind::End, 0, clock::ticks(), flags);
+        // The slot was reserved when the Begin was pushed.
+        if let Err(rec) = push(r, rec, 0) {
+            end_slot_missing(r, rec);
+        }
+        l.open_recorded.set(l.open_recorded.get().saturating_sub(1));
+    });
+}
+
+/// The reserved End slot was not there: a broken invariant. Debug builds
+/// stop; release builds count it (reported in the metadata) and go on.
+#[cold]
+fn end_slot_missing(r: &Registered, rec: Record) {
+    debug_assert!(false, "reserved End slot missing");
+    END_SLOT_MISSING.fetch_add(1, Ordering::Relaxed);
+    count_drop(r, rec);
+}
+
+/// Violations of the reserved-End invariant since the process started.
+/// Relaxed: a plain counter for reports.
+pub static END_SLOT_MISSING: AtomicU64 = AtomicU64::new(0);
+
+#[inline(always)]
+fn point(hooks: &mut dyn ThreadHooks, gated: bool, make: impl FnOnce() -> Record) {
+    with_reg(hooks, gated, |l, r| {
+        if let Err(rec) = push(r, make(), l.open_recorded.get() as u64) {
+            count_drop(r, rec);
+        }
+    });
+}
+
+/// A point event.
+#[inline]
+pub fn instant(name: u32, extra: Option<Box<Extra>>, hooks: &mut dyn ThreadHooks) {
+    match extra {
+        None => point(hooks, true, || {
+            Record::new(Kind::Instant, name, clock::ticks(), 0)
+        }),
+        Some(x) => point(hooks, true, || {
+            Record::with_extra(Kind::Instant, name, clock::ticks(), x)
+        }),
+    }
+}
+
+/// A counter sample of one value.
+#[inline]
+pub fn counter(name: u32, value: f64, hooks: &mut dyn ThreadHooks) {
+    point(hooks, true, || Record::counter(name, clock::ticks(), value));
+}
+
+/// A counter sample that a pause does not gate (step markers: the schedule
+/// must be visible in the trace whether or not events are being recorded).
+pub fn counter_ungated(name: u32, value: f64, hooks: &mut dyn ThreadHooks) {
+    point(hooks, false, || {
+        Record::counter(name, clock::ticks(), value)
+    });
+}
+
+/// Counter samples at one tick time, pushed under one thread-local lookup
+/// (the sampler publishes a tick's readings this way). Not gated by a pause:
+/// the sampler runs for the whole session.
+pub fn counters_at(items: &[(u32, f64)], ticks: u64, hooks: &mut dyn ThreadHooks) {
+    if items.is_empty() {
+        return;
+    }
+    with_reg(hooks, false, |l, r| {
+        for &(name, value) in items {
+            if let Err(rec) = push(
+                r,
+                Record::counter(name, ticks, value),
+                l.open_recorded.get() as u64,
+            ) {
+                count_drop(r, rec);
+            }
+        }
+    });
+}
+
+/// A counter sample of several series (`extra.args_json` is the mapping).
+pub fn counter_extra(name: u32, extra: Box<Extra>, hooks: &mut dyn ThreadHooks) {
+    point(hooks, true, || {
+        Record::with_extra(Kind::Counter, name, clock::ticks(), extra)
+    });
+}
+
+/// A thread description for sink tests.
+#[cfg(test)]
+pub(crate) fn test_meta(tid: u64, name: &str) -> ThreadMeta {
+    ThreadMeta {
+        tid,
+        name: name.into(),
+        drops: AtomicU64::new(0),
+        writer: std::thread::current(),
+    }
+}

@@ -1,0 +1,315 @@
+//! `fastprof._core.Session`: the handle a Python `Recorder` owns. Starting
+//! one starts recording; its sampler data and stop report stay with it after
+//! `stop`, so two recorders never see each other's readings.
+//!
+//! A forked child inherits a copy of the handle but not the threads behind
+//! it, and any lock inside may be held by a thread that vanished: every
+//! method checks the owning pid first and, in another process, acts as a
+//! stopped session without touching the session's locks or threads.
+
+use crate::convert;
+use crate::errors::{not_running, Error, FastprofWarning};
+use fastprof_core::collect::StopReport;
+use fastprof_core::config::Config;
+use fastprof_core::registry::ThreadHooks;
+use fastprof_core::sampler::gpu::GpuSelect;
+use fastprof_core::sampler::{SamplerConfig, SamplerShared};
+use fastprof_core::session::Session as CoreSession;
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// What a Python thread tells the registry: its `threading` name, and
+/// warnings as `FastprofWarning` (never raised into the recording call: a
+/// warnings filter set to "error" only loses the warning, and the message
+/// also goes to stderr).
+pub struct PyHooks<'py>(pub Python<'py>);
+
+impl ThreadHooks for PyHooks<'_> {
+    fn thread_name(&mut self) -> String {
+        self.0
+            .import("threading")
+            .and_then(|t| t.call_method0("current_thread"))
+            .and_then(|t| t.getattr("name"))
+            .and_then(|n| n.extract::<String>())
+            .unwrap_or_else(|_| "thread".to_string())
+    }
+
+    fn warn(&mut self, message: &str) {
+        eprintln!("fastprof: {message}");
+        let py = self.0;
+        if let Ok(text) = std::ffi::CString::new(message.replace('\0', " ")) {
+            let cat = py.get_type::<FastprofWarning>();
+            // An error here means the warnings filter turned it into one; a
+            // recording call must not raise, so it is dropped.
+            let _ = PyErr::warn(py, &cat, &text, 1);
+        }
+    }
+}
+
+/// One recording (see the module docs).
+#[pyclass(frozen, module = "fastprof._core")]
+pub struct Session {
+    inner: Mutex<Option<CoreSession>>,
+    sampler: Option<Arc<SamplerShared>>,
+    owner_pid: u32,
+}
+
+impl Session {
+    fn forked(&self) -> bool {
+        std::process::id() != self.owner_pid
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&CoreSession) -> PyResult<R>) -> PyResult<R> {
+        if self.forked() {
+            return Err(not_running(&format!(
+                "this recording belongs to process {} (this is a forked child)",
+                self.owner_pid
+            )));
+        }
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        match g.as_ref() {
+            Some(s) => f(s),
+            None => Err(not_running("this recording has stopped")),
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if std::process::id() != self.owner_pid {
+            // The threads behind this session live in the parent: never join
+            // or lock anything here, just forget it.
+            let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
+            if let Some(s) = inner.take() {
+                std::mem::forget(s);
+            }
+            if let Some(s) = self.sampler.take() {
+                std::mem::forget(s);
+            }
+        }
+    }
+}
+
+fn report_dict<'py>(py: Python<'py>, r: &StopReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("events_written", r.events_written)?;
+    d.set_item("dropped", r.dropped)?;
+    d.set_item(
+        "dropped_per_thread",
+        r.dropped_per_thread
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect::<Vec<_>>(),
+    )?;
+    d.set_item("segments", r.segments.clone())?;
+    d.set_item("unclosed_spans", r.unclosed_spans)?;
+    d.set_item("bytes_compressed", r.bytes_compressed)?;
+    d.set_item("error", r.error.clone())?;
+    d.set_item("sampler_error", r.sampler_error.clone())?;
+    d.set_item("notices", r.notices.clone())?;
+    Ok(d)
+}
+
+#[pymethods]
+impl Session {
+    /// Start recording. Raises before anything is recorded when an option is
+    /// invalid or the trace directory cannot be written.
+    #[new]
+    #[pyo3(signature = (trace_dir, run_name, rank, world_size, local_rank, buffer_size,
+                        flush_interval, segment_size, segment_seconds, compression_level,
+                        extra_config_json, sample_hz=0.0, sample_per_cpu=false, sample_gpus=None,
+                        sample_history=65536, sample_host=true, sample_system_hz=10.0,
+                        window_seconds=0.0, window_bytes=67108864))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        trace_dir: PathBuf,
+        run_name: String,
+        rank: u32,
+        world_size: u32,
+        local_rank: u32,
+        buffer_size: usize,
+        flush_interval: f64,
+        segment_size: u64,
+        segment_seconds: f64,
+        compression_level: u32,
+        extra_config_json: String,
+        sample_hz: f64,
+        sample_per_cpu: bool,
+        sample_gpus: Option<Vec<String>>,
+        sample_history: usize,
+        sample_host: bool,
+        sample_system_hz: f64,
+        window_seconds: f64,
+        window_bytes: u64,
+    ) -> PyResult<Self> {
+        // sample_gpus: None = all visible devices, [] = no NVML, else indices/UUIDs.
+        let gpus = match sample_gpus {
+            None => GpuSelect::All,
+            Some(v) if v.is_empty() => GpuSelect::None,
+            Some(v) => GpuSelect::Some(v),
+        };
+        let sampler = (sample_hz != 0.0).then(|| SamplerConfig {
+            hz: sample_hz,
+            per_cpu: sample_per_cpu,
+            gpus,
+            history: sample_history,
+            host: sample_host,
+            system_hz: sample_system_hz,
+            ..SamplerConfig::default()
+        });
+        let cfg = Config {
+            trace_dir,
+            run_name,
+            rank,
+            world_size,
+            local_rank,
+            buffer_size,
+            flush_interval_s: flush_interval,
+            segment_size,
+            segment_seconds,
+            compression_level,
+            extra_config_json,
+            sampler,
+            window_seconds,
+            window_bytes,
+        };
+        let s = py.detach(|| CoreSession::start(cfg)).map_err(Error)?;
+        Ok(Session {
+            sampler: s.sampler().cloned(),
+            inner: Mutex::new(Some(s)),
+            owner_pid: std::process::id(),
+        })
+    }
+
+    /// Stop recording and return the report as a dict; the GIL is released
+    /// while the writer drains and closes its outputs. Failures inside
+    /// fastprof are in the report (`error`, `sampler_error`), never raised.
+    fn stop<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        if self.forked() {
+            return Err(not_running("this recording belongs to the parent process"));
+        }
+        let taken = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(mut s) = taken else {
+            return Err(not_running("this recording has already stopped"));
+        };
+        let r = py.detach(move || {
+            let r = s.stop();
+            drop(s);
+            r
+        });
+        let r = r.map_err(Error)?;
+        report_dict(py, &r)
+    }
+
+    /// True while this session records (paused or not).
+    #[getter]
+    fn active(&self) -> bool {
+        !self.forked()
+            && self
+                .inner
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(|s| s.is_active())
+    }
+
+    #[getter]
+    fn paused(&self) -> bool {
+        self.with(|s| Ok(s.is_paused())).unwrap_or(false)
+    }
+
+    /// Gate new spans, instants and counters; open spans still close.
+    fn pause(&self) -> PyResult<()> {
+        self.with(|s| s.pause().map_err(|e| Error(e).into()))
+    }
+
+    fn resume(&self) -> PyResult<()> {
+        self.with(|s| s.resume().map_err(|e| Error(e).into()))
+    }
+
+    /// Record this process's clock offset to the reference clock.
+    fn set_clock_offset(&self, offset_ns: i64, uncertainty_ns: u64) -> PyResult<()> {
+        self.with(|s| {
+            s.set_clock_offset(offset_ns, uncertainty_ns);
+            Ok(())
+        })
+    }
+
+    #[getter]
+    fn clock_offset(&self) -> Option<(i64, u64)> {
+        self.with(|s| Ok(s.clock_offset())).ok().flatten()
+    }
+
+    /// Mark the start of step `n` (a `fastprof.step` counter on this thread).
+    fn mark_step(&self, py: Python<'_>, n: u64) -> PyResult<()> {
+        self.with(|s| {
+            s.mark_step(n, &mut PyHooks(py));
+            Ok(())
+        })
+    }
+
+    /// (last step marked, its CLOCK_MONOTONIC ns); (0, 0) before any.
+    #[getter]
+    fn step(&self) -> (u64, u64) {
+        self.with(|s| Ok(s.step())).unwrap_or((0, 0))
+    }
+
+    /// Write the in-memory window to `path` as a complete trace.
+    fn dump<'py>(&self, py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
+        let info = self.with(|s| {
+            py.detach(|| s.dump_window(&path))
+                .map_err(|e| Error(e).into())
+        })?;
+        let d = PyDict::new(py);
+        d.set_item("path", info.path)?;
+        d.set_item("events", info.events)?;
+        d.set_item("open_spans", info.open_spans)?;
+        d.set_item("bytes", info.bytes)?;
+        Ok(d)
+    }
+
+    /// Messages for the user since the last call (ring allocation failures…).
+    fn take_notices(&self) -> Vec<String> {
+        self.with(|s| Ok(s.take_notices())).unwrap_or_default()
+    }
+
+    /// Every sampled metric: `{name: (timestamps int64 CLOCK_MONOTONIC ns, values float64)}`.
+    fn series<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        let Some(s) = self.sampler.as_ref().filter(|_| !self.forked()) else {
+            return Ok(d);
+        };
+        let snap = py.detach(|| s.store.lock().unwrap_or_else(|e| e.into_inner()).snapshot());
+        for (name, ts, vals) in snap {
+            let ts: Vec<i64> = ts.into_iter().map(|t| t as i64).collect();
+            let t = PyArray1::from_vec(py, ts);
+            let v = PyArray1::from_vec(py, vals);
+            t.readwrite().make_nonwriteable();
+            v.readwrite().make_nonwriteable();
+            d.set_item(name, (t, v))?;
+        }
+        Ok(d)
+    }
+
+    /// The sampler's metadata (availability, devices, disabled fields,
+    /// self-cost, state), or None when this session did not sample.
+    fn sampler_info<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(s) = self.sampler.as_ref().filter(|_| !self.forked()) else {
+            return Ok(None);
+        };
+        let meta = s.meta.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Ok(Some(convert::to_py(py, &meta)?))
+    }
+
+    /// Joules `gpu` (e.g. "gpu0") used between two CLOCK_MONOTONIC ns
+    /// instants, with the source; None if unknown.
+    fn energy_between(&self, gpu: &str, t0_ns: u64, t1_ns: u64) -> Option<(f64, &'static str)> {
+        let s = self.sampler.as_ref().filter(|_| !self.forked())?;
+        let store = s.store.lock().unwrap_or_else(|e| e.into_inner());
+        store.energy_between(gpu, t0_ns, t1_ns)
+    }
+}
