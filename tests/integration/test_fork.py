@@ -221,3 +221,87 @@ def test_forked_child_exiting_normally_leaves_parent_trace_intact(tmp_path, pysc
     assert {e["pid"] for e in run.events} == {parent}
     assert run.final["final"] is True
     assert len(run.segments) == 1
+
+
+FORK_WITH_SAMPLER = r"""
+import json, os, sys, threading, time
+import fastprof
+
+out = sys.argv[1]
+# The sampler ticks at 1 kHz with per-core tracks while a thread records:
+# forks land while Rust threads intern names and hold the sampler's locks.
+rec = fastprof.start(out, "parent", sample_hz=1000, sample_system_hz=1000, sample_per_cpu=True,
+                     sample_gpus="none", flush_interval=0.01)
+cached = fastprof.name_id("cached_in_parent")
+stop = threading.Event()
+
+def hammer():
+    i = 0
+    while not stop.is_set():
+        with fastprof.span("hammer"):
+            fastprof.counter("hammer_counter", i)
+        i += 1
+
+t = threading.Thread(target=hammer)
+t.start()
+bad = []
+for k in range(int(sys.argv[2])):
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            # The parent's recorder is inert here: no hang, no data, no exception.
+            assert not fastprof.is_active() and not rec.active
+            assert rec.counters() == {} and rec.sampler_info() is None
+            try:
+                rec.stop()
+                code = 3
+            except fastprof.NotRunningError:
+                pass
+            child = fastprof.start(out, f"child{k}", sample_hz=200, sample_gpus="none", flush_interval=0.01)
+            with cached:                          # an id interned by the parent, cached in Python
+                with fastprof.span(f"fresh_{k}"):  # a name interned in the child
+                    time.sleep(0.01)
+            child.stop()
+        except BaseException as e:  # noqa: BLE001
+            sys.stderr.write(f"child {k}: {e!r}\n")
+            code = 2
+        os._exit(code)
+    # A child that hangs is a failure, not a stuck test.
+    deadline = time.monotonic() + 20
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            if os.waitstatus_to_exitcode(status) != 0:
+                bad.append((k, os.waitstatus_to_exitcode(status)))
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            bad.append((k, "hung"))
+            break
+stop.set()
+t.join()
+stats = rec.stop()
+info = rec.sampler_info()
+print(json.dumps({"bad": bad, "state": info.get("state"), "ticks": info["self_cost"]["ticks"],
+                  "rss_points": len(rec.counters()["proc.rss [B]"][0])}))
+"""
+
+
+def test_fork_with_the_sampler_on(pyscript, traces, tmp_path):
+    forks = 40
+    r = pyscript.run(FORK_WITH_SAMPLER, str(tmp_path / "runs"), str(forks), timeout=200, name="forks.py")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["bad"] == [], (got, r.stderr[-3000:])
+    assert got["state"] != "failed" and got["ticks"] > 0 and got["rss_points"] > 0
+    for k in range(forks):
+        run = traces.read(tmp_path / "runs" / f"child{k}" / "rank0")
+        spans = {e["name"] for e in run.of("X")}
+        # Each name is the child's own, never another's id read through a stale table.
+        assert spans == {"cached_in_parent", f"fresh_{k}"}, (k, spans)
+        assert "<unknown>" not in {e.get("name") for e in run.events}
+        assert run.of("C", "proc.rss [B]"), "the child's own sampler ran"
+    parent = traces.read(tmp_path / "runs" / "parent" / "rank0")
+    assert parent.of("X", "hammer") and not parent.of("X", "fresh_0")

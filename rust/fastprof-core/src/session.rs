@@ -181,9 +181,21 @@ impl Session {
             notices: Mutex::new(Vec::new()),
         });
         let collector = Collector::create(shared.clone())?;
+        let sh = shared.clone();
         let handle = std::thread::Builder::new()
             .name("fastprof-writer".into())
-            .spawn(move || collector.run())
+            .spawn(move || {
+                // A bug in the writer must not leave the job recording into
+                // rings nobody drains: stop recording and say why.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| collector.run()))
+                    .unwrap_or_else(|p| {
+                        sh.disable();
+                        StopReport {
+                            error: Some(writer_panicked(&sh, &*p)),
+                            ..StopReport::default()
+                        }
+                    })
+            })
             .map_err(|e| CoreError::io(&shared.config.trace_dir, e))?;
         let _ = shared.writer.set(handle.thread().clone());
         *cur = Some(shared.clone());
@@ -367,12 +379,7 @@ impl Session {
                 match h.join() {
                     Ok(r) => r,
                     Err(panic) => StopReport {
-                        error: Some(format!(
-                            "{}: the fastprof writer thread panicked ({}); events after its last \
-                             flush are lost, earlier segments are intact",
-                            sh.config.trace_dir.display(),
-                            panic_message(&panic)
-                        )),
+                        error: Some(writer_panicked(sh, &*panic)),
                         ..StopReport::default()
                     },
                 }
@@ -397,6 +404,15 @@ impl Drop for Session {
             let _ = self.stop();
         }
     }
+}
+
+fn writer_panicked(sh: &SessionShared, p: &(dyn std::any::Any + Send)) -> String {
+    format!(
+        "{}: the fastprof writer thread panicked ({}); recording stopped, events after its \
+         last flush are lost, earlier segments are intact",
+        sh.config.trace_dir.display(),
+        panic_message(p)
+    )
 }
 
 /// The text of a panic payload.

@@ -1,0 +1,125 @@
+"""The in-memory window (flight recorder): bounded, compressed,
+overwrite-oldest, dumped as a complete trace without stopping the session.
+
+Dumps are read with Python's gzip + json; memory is checked against the
+process's own RSS in a subprocess, not against fastprof's accounting alone.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import zlib
+
+import pytest
+
+import fastprof
+
+
+def load_dump(path):
+    raw = path.read_bytes()
+    d = zlib.decompressobj(wbits=31)
+    body = d.decompress(raw) + d.flush()
+    assert d.eof and d.unused_data == b"", "a dump is one complete gzip member"
+    return json.loads(body)
+
+
+def test_dump_is_a_complete_trace_and_recording_goes_on(tmp_path, traces):
+    rec = fastprof.start(tmp_path, "win", window_seconds=60, window_bytes="4MiB", flush_interval=0.05)
+    started = threading.Event()
+    release = threading.Event()
+
+    def worker():
+        with fastprof.span("worker_open"):
+            started.set()
+            release.wait(10)
+
+    t = threading.Thread(target=worker, name="w1")
+    t.start()
+    started.wait(10)
+    with fastprof.span("main_open"):
+        for i in range(200):
+            with fastprof.span("step", i=i):
+                fastprof.counter("loss", 1.0 / (i + 1))
+        info = rec.dump(tmp_path / "dump1.json.gz")
+        with fastprof.span("after_dump"):
+            pass
+    release.set()
+    t.join()
+    rec.stop()
+
+    doc = load_dump(tmp_path / "dump1.json.gz")
+    assert info["path"] == str(tmp_path / "dump1.json.gz")
+    assert isinstance(doc["baseTimeNanoseconds"], int)
+    evs = doc["traceEvents"]
+    names = [e.get("name") for e in evs]
+    assert names.count("step") == 200 and names.count("loss") == 200
+    opened = {e["name"]: e for e in evs if e.get("args", {}).get("unclosed")}
+    assert set(opened) == {"main_open", "worker_open"}, opened
+    assert "after_dump" not in names
+    assert info["events"] == len([e for e in evs if e["ph"] != "M"]) and info["open_spans"] == 2
+    tnames = {e["args"]["name"] for e in evs if e.get("name") == "thread_name"}
+    assert {"MainThread", "w1"} <= tnames
+    assert doc["otherData"]["window"]["seconds"] == 60
+    # The session kept recording: the segments have everything, spans closed normally.
+    run = traces.read(rec.trace_dir)
+    traces.nesting(run)
+    assert len(run.of("X", "step")) == 200 and run.of("X", "after_dump")
+    assert not any(e.get("args", {}).get("unclosed") for e in run.of("X"))
+    assert not list(tmp_path.glob(".dump1*")), "temporary file left behind"
+
+
+def test_dump_needs_a_window_and_a_running_recorder(tmp_path):
+    rec = fastprof.start(tmp_path, "nowin")
+    with pytest.raises(fastprof.ConfigError, match="window_seconds"):
+        rec.dump(tmp_path / "x.json.gz")
+    rec.stop()
+    with pytest.raises(fastprof.NotRunningError):
+        rec.dump(tmp_path / "x.json.gz")
+    assert not (tmp_path / "x.json.gz").exists()
+
+
+def test_window_keeps_the_newest_events_within_its_bound(pyscript):
+    """Flood ~50x the window's bound with incompressible args: the dump holds
+    a contiguous run of the newest events, and the process's RSS grows by far
+    less than what was recorded."""
+    r = pyscript.run(
+        """
+        import gzip, json, os, resource, sys
+        import fastprof
+        out = sys.argv[1]
+        def rss():
+            return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
+        rec = fastprof.start(out, "flood", window_seconds=3600, window_bytes="2MiB",
+                             buffer_size=1 << 14, flush_interval=0.01)
+        before = rss()
+        n = 40000
+        for i in range(n):
+            fastprof.instant("e", i=i, noise=os.urandom(48).hex())
+            if i % 500 == 0:
+                fastprof.counter("progress", i)
+        grown = rss() - before
+        info = rec.dump(os.path.join(out, "w.json.gz"))
+        stats = rec.stop()
+        doc = json.loads(gzip.decompress(open(os.path.join(out, "w.json.gz"), "rb").read()))
+        ids = [e["args"]["i"] for e in doc["traceEvents"] if e.get("name") == "e"]
+        w = doc["otherData"]["window"]
+        recorded = n - stats.dropped
+        print(json.dumps({"ids": [ids[0], ids[-1], len(ids)], "grown": grown, "window": w,
+                          "dropped": stats.dropped, "recorded": recorded, "bytes": stats.bytes_compressed}))
+        """,
+        str(pyscript.tmp_path / "runs"),
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    first, last, count = got["ids"]
+    w = got["window"]
+    assert w["memory_bytes"] <= 2 << 20
+    assert w["evicted_events"] > 0
+    # Contiguous and newest: nothing missing between first and last kept.
+    assert count == last - first + 1
+    assert last >= 40000 - 1 - got["dropped"] and count < got["recorded"]
+    # ~160 B of formatted JSON per event recorded: the window kept a small part in memory.
+    assert got["grown"] < 40000 * 160 / 2, got
