@@ -103,7 +103,7 @@ def test_steps_and_clock_offset_reach_every_closed_segment(tmp_path, traces):
         assert clock["start"]["realtime_ns"] == run.segments[0].base_ns
         assert clock["offset_ns"] == -1_234_567
         assert clock["offset_uncertainty_ns"] == 890
-        assert [a["label"] for a in clock["anchors"]][0] == "start"
+        assert clock["anchors"][0]["label"] == "start"
     assert run.final["last_step"]["step"] == 39
 
 

@@ -7,7 +7,6 @@ process's own RSS in a subprocess, not against fastprof's accounting alone.
 
 from __future__ import annotations
 
-import gzip
 import json
 import threading
 import zlib
