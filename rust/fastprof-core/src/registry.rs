@@ -22,8 +22,7 @@
 
 use crate::clock;
 use crate::record::{Extra, Kind, Record, FLAG_EXCEPTION};
-use crate::ring::{self, Consumer, Producer, Push};
-use crate::session::SessionShared;
+use crate::ring::{self, AllocError, Consumer, Producer, Push};
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -87,9 +86,27 @@ struct Registered {
     meta: Arc<ThreadMeta>,
 }
 
+/// What the registry needs of the session threads register with (the
+/// session implements it; the registry never depends on the session).
+pub trait Target: Send + Sync {
+    fn generation(&self) -> u64;
+    /// Slots per ring.
+    fn ring_capacity(&self) -> usize;
+    /// The writer thread, woken when a ring fills another quarter.
+    fn writer(&self) -> Thread;
+    /// Hand a new ring's consumer to the writer.
+    fn adopt(&self, t: NewThread);
+    /// A thread got no ring; returns the warning to show (once per session).
+    fn ring_alloc_failed(&self, tid: u64, name: &str, e: AllocError) -> Option<String>;
+    /// Events of threads without a ring (counted as dropped). Relaxed counter.
+    fn ringless_drops(&self) -> &AtomicU64;
+    /// Where the session records (for messages).
+    fn describe(&self) -> String;
+}
+
 /// The session that threads register with. Behind a pointer so that a forked
 /// child can drop the whole (possibly locked) thing and start from a fresh one.
-type Current = Mutex<Option<Arc<SessionShared>>>;
+type Current = Mutex<Option<Arc<dyn Target>>>;
 static CURRENT: AtomicPtr<Current> = AtomicPtr::new(std::ptr::null_mut());
 
 fn current() -> &'static Current {
@@ -117,7 +134,7 @@ fn current() -> &'static Current {
     }
 }
 
-pub(crate) fn lock_current() -> MutexGuard<'static, Option<Arc<SessionShared>>> {
+pub(crate) fn lock_current() -> MutexGuard<'static, Option<Arc<dyn Target>>> {
     current().lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -208,7 +225,7 @@ struct Local {
     reg: Cell<*const Registered>,
     owner: RefCell<Option<Box<Registered>>>,
     /// The session, when this thread has no ring (its drops are counted there).
-    ringless: RefCell<Option<Arc<SessionShared>>>,
+    ringless: RefCell<Option<Arc<dyn Target>>>,
     /// Spans this thread has begun (recorded or not) and not ended.
     depth: Cell<u32>,
     /// Recorded `Begin`s whose `End` is still due: slots reserved in the ring.
@@ -255,12 +272,12 @@ fn native_tid() -> u64 {
 fn register(l: &Local, gen: u64, hooks: &mut dyn ThreadHooks) -> bool {
     let name: Arc<str> = hooks.thread_name().into();
     let cur = lock_current();
-    let Some(session) = cur.as_ref().filter(|s| s.generation == gen).cloned() else {
+    let Some(session) = cur.as_ref().filter(|s| s.generation() == gen).cloned() else {
         return false;
     };
     drop(cur);
     // Outside the lock: a large ring is an mmap and must not stall others.
-    let ring = ring::ring(session.config.ring_capacity());
+    let ring = ring::ring(session.ring_capacity());
     // A previous generation's ring goes now: its consumer sees the producer gone.
     drop(l.owner.take());
     l.ringless.replace(None);
@@ -275,7 +292,7 @@ fn register(l: &Local, gen: u64, hooks: &mut dyn ThreadHooks) -> bool {
                 tid: native_tid(),
                 name,
                 drops: AtomicU64::new(0),
-                writer: session.writer_thread(),
+                writer: session.writer(),
             });
             session.adopt(NewThread {
                 consumer,
@@ -330,7 +347,7 @@ fn with_reg<R>(
 #[cold]
 fn ringless_drop(l: &Local) {
     if let Some(s) = l.ringless.borrow().as_ref() {
-        s.ringless_drops.fetch_add(1, Ordering::Relaxed);
+        s.ringless_drops().fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -7,135 +7,25 @@
 //!
 //! At most one session records at a time: the module-level recording calls
 //! (`fastprof.span` …) go to it.
+//!
+//! Dependencies point one way: ring/record/clock/names <- registry <- sinks
+//! <- collect <- session. The registry sees the session only through its
+//! [`registry::Target`] trait.
 
-use crate::clock::{self, Anchor};
-use crate::collect::{Collector, StopReport};
+use crate::clock;
+use crate::collect::{Collector, Command, SessionShared, StopReport};
 use crate::config::Config;
 use crate::error::{CoreError, Result};
-use crate::names;
-use crate::registry::{self, NewThread, ThreadHooks};
-use crate::ring::AllocError;
+use crate::registry::{self, ThreadHooks};
 use crate::sampler::{Sampler, SamplerShared};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
-use std::thread::{JoinHandle, Thread};
+use crate::sink::window::DumpInfo;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// The name of the counter that [`Session::mark_step`] records.
-pub const STEP_COUNTER: &str = "fastprof.step";
-
-/// Work the writer thread does on request.
-pub(crate) enum Command {
-    /// Write the in-memory window to `path` as a complete trace.
-    Dump {
-        path: PathBuf,
-        reply: mpsc::Sender<Result<DumpInfo>>,
-    },
-}
-
-/// What a window dump wrote.
-#[derive(Debug, Clone, Default)]
-pub struct DumpInfo {
-    pub path: PathBuf,
-    pub events: u64,
-    pub open_spans: u64,
-    pub bytes: u64,
-    /// CLOCK_MONOTONIC ns of the oldest event kept (0 when empty).
-    pub first_ns: u64,
-}
-
-/// State shared between the session handle, the registering threads and the writer.
-pub struct SessionShared {
-    pub generation: u64,
-    pub config: Config,
-    /// Rings registered since the writer last adopted them.
-    new_threads: Mutex<Vec<NewThread>>,
-    /// The writer thread, set once it is spawned (threads unpark it).
-    writer: OnceLock<Thread>,
-    /// Set (then the writer unparked) to ask the writer to finish.
-    pub(crate) stop: AtomicBool,
-    /// Ticks when stop was requested: open spans are closed there.
-    pub(crate) stop_ts: AtomicU64,
-    pub start_anchor: Anchor,
-    /// What record timestamps are ("tsc" or "CLOCK_MONOTONIC").
-    pub clock_source: &'static str,
-    /// The sampler's metadata and readings, when sampling is on.
-    pub(crate) sampler: Mutex<Option<Arc<SamplerShared>>>,
-    /// (offset ns, uncertainty ns) to add to this process's clock to reach the
-    /// reference clock (rank 0's), from a clock-sync handshake.
-    pub(crate) clock_offset: Mutex<Option<(i64, u64)>>,
-    /// The last step marked with [`Session::mark_step`], and when (CLOCK_MONOTONIC
-    /// ns). Relaxed: read by watchdogs and reports, nothing depends on order.
-    step: AtomicU64,
-    step_ns: AtomicU64,
-    /// Events of threads that got no ring (allocation failed). Relaxed counter.
-    pub(crate) ringless_drops: AtomicU64,
-    /// Threads that got no ring: (tid, name, reason).
-    pub(crate) ringless_threads: Mutex<Vec<(u64, String, String)>>,
-    pub(crate) commands: Mutex<Vec<Command>>,
-    /// Failures the user should hear about (sampler, sinks), drained by `take_notices`.
-    notices: Mutex<Vec<String>>,
-    step_name: Option<u32>,
-}
-
-impl SessionShared {
-    /// Stop recording because of an internal failure: the job goes on, new
-    /// events become no-ops.
-    pub fn disable(&self) {
-        registry::deactivate(self.generation);
-    }
-
-    pub(crate) fn writer_thread(&self) -> Thread {
-        self.writer
-            .get()
-            .cloned()
-            .unwrap_or_else(std::thread::current)
-    }
-
-    pub(crate) fn adopt(&self, t: NewThread) {
-        self.new_threads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(t);
-    }
-
-    pub(crate) fn take_new_threads(&self, into: &mut Vec<NewThread>) {
-        into.append(&mut self.new_threads.lock().unwrap_or_else(|e| e.into_inner()));
-    }
-
-    /// Record that a thread got no ring; returns the warning to show, once per session.
-    pub(crate) fn ring_alloc_failed(&self, tid: u64, name: &str, e: AllocError) -> Option<String> {
-        let mut v = self
-            .ringless_threads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        v.push((tid, name.to_string(), e.to_string()));
-        (v.len() == 1).then(|| {
-            let msg = format!(
-                "thread {name:?} (tid {tid}) {e} (buffer_size={}); its events are counted as \
-                 dropped. Lower buffer_size or raise the address-space limit (ulimit -v)",
-                self.config.ring_capacity()
-            );
-            self.notice(msg.clone());
-            msg
-        })
-    }
-
-    pub(crate) fn notice(&self, msg: String) {
-        self.notices
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(msg);
-    }
-
-    pub fn step(&self) -> (u64, u64) {
-        (
-            self.step.load(Ordering::Relaxed),
-            self.step_ns.load(Ordering::Relaxed),
-        )
-    }
-}
+pub use crate::collect::STEP_COUNTER;
 
 /// A running (or stopped) recording.
 pub struct Session {
@@ -156,30 +46,11 @@ impl Session {
         let mut cur = registry::lock_current();
         if let Some(r) = cur.as_ref() {
             return Err(CoreError::AlreadyRunning {
-                run_dir: r.config.trace_dir.clone(),
+                run_dir: r.describe().into(),
             });
         }
         let generation = registry::next_generation();
-        let clock_source = clock::select_source();
-        let shared = Arc::new(SessionShared {
-            generation,
-            step_name: names::intern(STEP_COUNTER),
-            config,
-            new_threads: Mutex::new(Vec::new()),
-            writer: OnceLock::new(),
-            stop: AtomicBool::new(false),
-            stop_ts: AtomicU64::new(0),
-            start_anchor: Anchor::take(),
-            clock_source,
-            sampler: Mutex::new(None),
-            clock_offset: Mutex::new(None),
-            step: AtomicU64::new(0),
-            step_ns: AtomicU64::new(0),
-            ringless_drops: AtomicU64::new(0),
-            ringless_threads: Mutex::new(Vec::new()),
-            commands: Mutex::new(Vec::new()),
-            notices: Mutex::new(Vec::new()),
-        });
+        let shared = Arc::new(SessionShared::new(generation, config));
         let collector = Collector::create(shared.clone())?;
         let sh = shared.clone();
         let handle = std::thread::Builder::new()
@@ -197,7 +68,7 @@ impl Session {
                     })
             })
             .map_err(|e| CoreError::io(&shared.config.trace_dir, e))?;
-        let _ = shared.writer.set(handle.thread().clone());
+        shared.set_writer(handle.thread().clone());
         *cur = Some(shared.clone());
         registry::activate(generation);
         drop(cur);
@@ -236,7 +107,7 @@ impl Session {
             && registry::is_active()
             && registry::lock_current()
                 .as_ref()
-                .is_some_and(|s| Arc::ptr_eq(s, &self.shared))
+                .is_some_and(|s| s.generation() == self.shared.generation)
     }
 
     /// Gate new spans, instants and counters until [`Session::resume`]; spans
@@ -279,11 +150,8 @@ impl Session {
     /// Mark the start of step `n`: recorded as the counter [`STEP_COUNTER`] on
     /// the calling thread (even while paused), and kept for watchdogs.
     pub fn mark_step(&self, n: u64, hooks: &mut dyn ThreadHooks) {
-        self.shared.step.store(n, Ordering::Relaxed);
-        self.shared
-            .step_ns
-            .store(clock::monotonic_ns(), Ordering::Relaxed);
-        if let Some(id) = self.shared.step_name {
+        self.shared.mark_step(n);
+        if let Some(id) = self.shared.step_name() {
             if self.is_active() {
                 registry::counter_ungated(id, n as f64, hooks);
             }
@@ -332,13 +200,7 @@ impl Session {
 
     /// Messages for the user (ring allocation failures, …) since the last call.
     pub fn take_notices(&self) -> Vec<String> {
-        std::mem::take(
-            &mut *self
-                .shared
-                .notices
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()),
-        )
+        self.shared.take_notices()
     }
 
     fn require_running(&self) -> Result<()> {
@@ -366,7 +228,10 @@ impl Session {
         sh.stop_ts.store(clock::ticks(), Ordering::Relaxed);
         {
             let mut cur = registry::lock_current();
-            if cur.as_ref().is_some_and(|s| Arc::ptr_eq(s, sh)) {
+            if cur
+                .as_ref()
+                .is_some_and(|s| s.generation() == sh.generation)
+            {
                 *cur = None;
             }
             sh.disable();

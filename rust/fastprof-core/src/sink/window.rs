@@ -12,14 +12,24 @@
 
 use super::{write_head, write_tail, write_thread_name, Batch, Header, MetaSource, Sink};
 use crate::clock;
-use crate::session::DumpInfo;
 use flate2::write::{DeflateEncoder, GzEncoder};
 use flate2::Compression;
 use serde_json::json;
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// What a window dump wrote.
+#[derive(Debug, Clone, Default)]
+pub struct DumpInfo {
+    pub path: PathBuf,
+    pub events: u64,
+    pub open_spans: u64,
+    pub bytes: u64,
+    /// CLOCK_MONOTONIC ns of the oldest event kept (0 when empty).
+    pub first_ns: u64,
+}
 
 /// Uncompressed bytes per block before it is deflated.
 pub const BLOCK: usize = 64 * 1024;
