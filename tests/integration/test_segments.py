@@ -114,3 +114,22 @@ def test_span_across_rotation_stays_whole(tmp_path, traces):
     nested = traces.nesting(run)
     (spans,) = nested.values()
     assert {e["name"]: d for _, _, d, e in spans} == {"long": 0, "short": 1}
+
+
+def test_a_busy_thread_cannot_overshoot_segment_size(tmp_path, traces):
+    """Rotation is checked after every batch the writer hands over, not only
+    at the timed flush: with a 64 KiB segment size and a one-minute flush
+    interval, no closed segment grows far past its size."""
+    import os
+
+    rec = fastprof.start(tmp_path, "busy", segment_size="64KiB", flush_interval=60, buffer_size=1 << 16)
+    for i in range(60_000):
+        fastprof.instant("e", i=i, noise=os.urandom(8).hex())
+    stats = rec.stop()
+    assert stats.dropped == 0
+    sizes = [p.stat().st_size for p in sorted(rec.trace_dir.glob("fastprof.*.json.gz"))]
+    assert len(sizes) >= 10, sizes
+    # One batch is at most 256 KiB of JSON, far less once compressed.
+    assert max(sizes[:-1]) < 2 * 64 * 1024, sizes
+    run = traces.read(rec.trace_dir)
+    assert len(run.of("i", "e")) == 60_000

@@ -200,7 +200,8 @@ pub const STEP_COUNTER: &str = "fastprof.step";
 
 /// Seconds between periodic clock anchors.
 const ANCHOR_EVERY_NS: u64 = 60_000_000_000;
-/// Formatted bytes collected before a batch goes to the sinks.
+/// Formatted bytes collected before a batch goes to the sinks (at most;
+/// smaller with small segments, see `Collector::batch_limit`).
 pub(crate) const CHUNK: usize = 256 * 1024;
 
 /// What the writer says when the session stops.
@@ -270,6 +271,10 @@ pub(crate) struct Collector {
     last_anchor_ns: u64,
     segments: Vec<PathBuf>,
     bytes_compressed: u64,
+    /// Formatted bytes per batch: a quarter of the segment size (16 KiB to
+    /// [`CHUNK`]), so a segment overshoots its size by little more than one
+    /// compressed batch.
+    batch_limit: usize,
     /// Test-only fault injection (`FASTPROF_TEST_FAULT=writer_panic`).
     panic_at_flush: bool,
 }
@@ -383,6 +388,7 @@ impl Collector {
             last_anchor_ns: start.monotonic_ns,
             segments: Vec::new(),
             bytes_compressed: 0,
+            batch_limit: ((cfg.segment_size / 4) as usize).clamp(16 * 1024, CHUNK),
             panic_at_flush: std::env::var("FASTPROF_TEST_FAULT").is_ok_and(|v| v == "writer_panic"),
         })
     }
@@ -605,7 +611,7 @@ impl Collector {
             self.st.threads[i].consumer.drain_upto(&mut scratch, upto);
             for rec in scratch.drain(..) {
                 self.st.format_record(&mut self.batch, i, rec);
-                if self.batch.bytes.len() >= CHUNK {
+                if self.batch.bytes.len() >= self.batch_limit {
                     self.end_chunk(i);
                     self.send_batch()?;
                 }

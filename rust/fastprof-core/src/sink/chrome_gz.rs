@@ -161,10 +161,10 @@ impl Sink for ChromeGz {
     }
 
     fn write(&mut self, batch: &Batch, meta: &dyn MetaSource) -> io::Result<()> {
-        let Some(seg) = self.seg.as_mut() else {
-            return Ok(());
-        };
         for c in &batch.chunks {
+            let Some(seg) = self.seg.as_mut() else {
+                return Ok(());
+            };
             if self.named_in.get(&c.tid) != Some(&seg.index) {
                 self.named_in.insert(c.tid, seg.index);
                 self.buf.clear();
@@ -173,13 +173,9 @@ impl Sink for ChromeGz {
             }
             seg.gz.write_all(&batch.bytes[c.range.clone()])?;
             seg.events += c.events as u64;
-        }
-        if self
-            .seg
-            .as_ref()
-            .is_some_and(|s| s.gz.get_ref().bytes >= self.segment_size)
-        {
-            self.rotate(meta)?;
+            if seg.gz.get_ref().bytes >= self.segment_size {
+                self.rotate(meta)?;
+            }
         }
         Ok(())
     }
