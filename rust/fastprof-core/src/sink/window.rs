@@ -241,9 +241,9 @@ impl Sink for Window {
 
     fn write(&mut self, batch: &Batch, _meta: &dyn MetaSource) -> io::Result<()> {
         for c in &batch.chunks {
-            if !self.threads.contains_key(&c.tid) {
-                self.threads.insert(c.tid, c.thread_name.clone());
-            }
+            self.threads
+                .entry(c.tid)
+                .or_insert_with(|| c.thread_name.clone());
             self.open.extend_from_slice(&batch.bytes[c.range.clone()]);
             self.open_events += c.events as u64;
             self.open_end_ns = self.open_end_ns.max(c.end_ns);
