@@ -17,7 +17,7 @@ use crate::clock;
 use crate::names;
 use crate::recorder;
 use gpu::GpuSelect;
-use procfs::{Children, NetSource, ProcFile};
+use procfs::{Children, CpuTimes, NetSource, ProcFile};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -359,7 +359,7 @@ struct Prev {
     mono: u64,
     /// When the system-wide readings were last taken.
     system_mono: u64,
-    cpus: Vec<(u64, u64)>,
+    cpus: Vec<CpuTimes>,
     disk: Option<(u64, u64)>,
     /// `None` after a read that failed, so the next rate is skipped.
     net: Option<(u64, u64)>,
@@ -375,8 +375,8 @@ struct Host {
     disk_files: Vec<ProcFile>,
     ifaces: Vec<String>,
     net: Option<NetSource>,
-    cpus: Vec<(u64, u64)>,
-    /// Per-core metric names, made once (cores come in order, 0..).
+    cpus: Vec<CpuTimes>,
+    /// Per-core metric names by core number, made once.
     cpu_names: Vec<String>,
     page: u64,
 }
@@ -388,30 +388,17 @@ impl Host {
             return;
         };
         procfs::parse_stat(text, cfg.per_cpu, &mut self.cpus);
-        if let (Some(&(_, t)), Some(&(_, pt))) = (self.cpus.first(), prev.cpus.first()) {
-            if t <= pt {
+        if let (Some(c), Some(p)) = (self.cpus.first(), prev.cpus.first()) {
+            if c.total <= p.total {
                 // Not one whole USER_HZ unit (10 ms of one core) since the last
                 // reading: nothing was measured. Keep the old reading, so the
                 // next value averages over the whole window.
                 return;
             }
         }
-        if !prev.cpus.is_empty() {
-            for (i, (&(b, t), &(pb, pt))) in self.cpus.iter().zip(&prev.cpus).enumerate() {
-                if t <= pt {
-                    continue; // this core: no whole unit yet
-                }
-                let pct = b.saturating_sub(pb) as f64 * 100.0 / (t - pt) as f64;
-                if i == 0 {
-                    m.emit("sys.cpu [%]", pct);
-                } else {
-                    if self.cpu_names.len() < i {
-                        self.cpu_names.push(format!("sys.cpu{} [%]", i - 1));
-                    }
-                    m.emit(&self.cpu_names[i - 1], pct);
-                }
-            }
-        }
+        cpu_percentages(&self.cpus, &prev.cpus, &mut self.cpu_names, |name, pct| {
+            m.emit(name, pct)
+        });
         std::mem::swap(&mut prev.cpus, &mut self.cpus);
     }
 
@@ -510,6 +497,48 @@ impl Host {
             .and_then(procfs::parse_statm_rss)
         {
             m.emit("proc.rss [B]", (rss * self.page) as f64);
+        }
+    }
+}
+
+/// Bound on per-core names: a garbled core number must not allocate billions.
+const MAX_CORES: usize = 1 << 16;
+
+/// System CPU utilisation over the window between two /proc/stat readings
+/// (`prev`, `cur`, as [`procfs::parse_stat`] gives them): `sys.cpu [%]` and,
+/// per core, `sys.cpu{N} [%]` named by the core's number, for each line whose
+/// counters advanced by at least one USER_HZ unit. `names[n]` is core n's
+/// name, made once; names are made for every core up to the highest seen,
+/// whichever advanced first.
+fn cpu_percentages(
+    cur: &[CpuTimes],
+    prev: &[CpuTimes],
+    names: &mut Vec<String>,
+    mut emit: impl FnMut(&str, f64),
+) {
+    for (i, c) in cur.iter().enumerate() {
+        // Same position as before, unless a core went on- or offline.
+        let p = match prev.get(i) {
+            Some(p) if p.core == c.core => p,
+            _ => match prev.iter().find(|p| p.core == c.core) {
+                Some(p) => p,
+                None => continue, // new core: no window yet
+            },
+        };
+        if c.total <= p.total {
+            continue; // this line: no whole unit yet
+        }
+        let pct = c.busy.saturating_sub(p.busy) as f64 * 100.0 / (c.total - p.total) as f64;
+        match c.core {
+            None => emit("sys.cpu [%]", pct),
+            Some(n) if (n as usize) < MAX_CORES => {
+                let n = n as usize;
+                while names.len() <= n {
+                    names.push(format!("sys.cpu{} [%]", names.len()));
+                }
+                emit(&names[n], pct);
+            }
+            Some(_) => {} // not a core number Linux can have (NR_CPUS <= 8192)
         }
     }
 }
@@ -737,6 +766,93 @@ mod tests {
             .unwrap();
         assert!((j - 400.0).abs() < 1e-6 && src == "integrated_power", "{j}");
         assert!(s.energy_between("gpu7", 0, 1).is_none());
+    }
+
+    /// A /proc/stat text: per line (label, busy, idle) jiffies.
+    fn stat_text(lines: &[(&str, u64, u64)]) -> Vec<u8> {
+        let mut s = String::new();
+        for (label, busy, idle) in lines {
+            s += &format!("{label} {busy} 0 0 {idle} 0 0 0 0 0 0\n");
+        }
+        s += "intr 12345 0 0\nctxt 99\n";
+        s.into_bytes()
+    }
+
+    /// Parse each text as the sampler does and return what every window emits.
+    fn windows(texts: &[Vec<u8>]) -> Vec<Vec<(String, f64)>> {
+        let (mut prev, mut cur, mut names) = (Vec::new(), Vec::new(), Vec::new());
+        let mut out = Vec::new();
+        for text in texts {
+            procfs::parse_stat(text, true, &mut cur);
+            let mut got = Vec::new();
+            cpu_percentages(&cur, &prev, &mut names, |n, v| got.push((n.to_string(), v)));
+            out.push(got);
+            std::mem::swap(&mut prev, &mut cur);
+        }
+        out
+    }
+
+    #[test]
+    fn per_core_names_when_a_core_has_not_advanced_yet() {
+        // Window 1: cpu0 has not counted a whole unit, cpu1 has (a core's
+        // name is needed before the names of the cores below it exist).
+        let w = windows(&[
+            stat_text(&[("cpu", 100, 900), ("cpu0", 50, 450), ("cpu1", 50, 450)]),
+            stat_text(&[("cpu", 160, 940), ("cpu0", 50, 450), ("cpu1", 110, 490)]),
+            stat_text(&[("cpu", 200, 1000), ("cpu0", 70, 480), ("cpu1", 130, 520)]),
+        ]);
+        let named = |w: &[(String, f64)]| -> Vec<(String, i64)> {
+            w.iter()
+                .map(|(n, v)| (n.clone(), v.round() as i64))
+                .collect()
+        };
+        assert!(w[0].is_empty());
+        assert_eq!(
+            named(&w[1]),
+            [
+                ("sys.cpu [%]".to_string(), 60),
+                ("sys.cpu1 [%]".to_string(), 60)
+            ]
+        );
+        assert_eq!(
+            named(&w[2]),
+            [
+                ("sys.cpu [%]".to_string(), 40),
+                ("sys.cpu0 [%]".to_string(), 40),
+                ("sys.cpu1 [%]".to_string(), 40)
+            ]
+        );
+    }
+
+    #[test]
+    fn per_core_names_are_core_numbers_with_cores_offline() {
+        // cpu1 is offline: /proc/stat skips its line.
+        let w = windows(&[
+            stat_text(&[
+                ("cpu", 0, 0),
+                ("cpu0", 0, 0),
+                ("cpu2", 0, 0),
+                ("cpu3", 0, 0),
+            ]),
+            stat_text(&[
+                ("cpu", 30, 270),
+                ("cpu0", 10, 90),
+                ("cpu2", 20, 80),
+                ("cpu3", 0, 100),
+            ]),
+        ]);
+        let names: Vec<&str> = w[1].iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "sys.cpu [%]",
+                "sys.cpu0 [%]",
+                "sys.cpu2 [%]",
+                "sys.cpu3 [%]"
+            ]
+        );
+        let pct: Vec<f64> = w[1].iter().map(|(_, v)| v.round()).collect();
+        assert_eq!(pct, [10.0, 10.0, 20.0, 0.0]);
     }
 
     #[test]
