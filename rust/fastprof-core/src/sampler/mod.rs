@@ -20,6 +20,7 @@ use gpu::GpuSelect;
 use procfs::{Children, CpuTimes, NetSource, ProcFile};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -66,7 +67,18 @@ pub struct SamplerConfig {
     /// Read host/process counters here (/proc); off when the Python layer
     /// samples them with psutil instead (non-Linux hosts).
     pub host: bool,
+    /// Test hook: the thread fails (panics) when it reaches this tick, so
+    /// the failure path can be exercised. Also taken from
+    /// [`TEST_PANIC_ENV`], read once when the sampler starts. Never set in
+    /// normal use.
+    #[doc(hidden)]
+    pub panic_after_ticks: Option<u64>,
 }
+
+/// Environment variable for [`SamplerConfig::panic_after_ticks`]
+/// (a number of ticks), for tests of the layers above the core.
+#[doc(hidden)]
+pub const TEST_PANIC_ENV: &str = "FASTPROF_TEST_SAMPLER_PANIC_AFTER";
 
 impl Default for SamplerConfig {
     fn default() -> Self {
@@ -78,6 +90,7 @@ impl Default for SamplerConfig {
             history: 1 << 16,
             pcie_every_s: 1.0,
             host: true,
+            panic_after_ticks: None,
         }
     }
 }
@@ -236,6 +249,46 @@ pub struct SamplerShared {
     pub meta: Mutex<Value>,
     pub cost: Mutex<SelfCost>,
     stop: AtomicBool,
+    /// Why the sampler thread ended early (a panic caught in it), if it did.
+    failure: Mutex<Option<String>>,
+}
+
+impl SamplerShared {
+    /// Why sampling stopped early, in words for the user; `None` while it
+    /// runs or after a normal stop.
+    pub fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Record a failure: in `failure` and in the metadata the writer puts
+    /// into the trace (`otherData.sampler.state` / `.error`). The first one wins.
+    fn fail(&self, what: &str) {
+        let reason = format!(
+            "the sampler stopped after an internal error ({what}); recording goes on without it"
+        );
+        let mut f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_some() {
+            return;
+        }
+        *f = Some(reason.clone());
+        let mut meta = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+        meta["state"] = json!("failed");
+        meta["error"] = json!(reason);
+    }
+}
+
+/// The message of a panic payload (`panic!` gives a `&str` or a `String`).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
 }
 
 pub struct Sampler {
@@ -245,17 +298,35 @@ pub struct Sampler {
 
 impl Sampler {
     /// Start the sampler thread. Readings go into the trace of the running recorder.
-    pub fn start(cfg: SamplerConfig) -> std::io::Result<Sampler> {
+    pub fn start(mut cfg: SamplerConfig) -> std::io::Result<Sampler> {
+        if cfg.panic_after_ticks.is_none() {
+            cfg.panic_after_ticks = std::env::var(TEST_PANIC_ENV)
+                .ok()
+                .and_then(|v| v.trim().parse().ok());
+        }
         let shared = Arc::new(SamplerShared {
             store: Mutex::new(SeriesStore::new(cfg.history)),
             meta: Mutex::new(json!({"hz": cfg.hz, "state": "starting"})),
             cost: Mutex::new(SelfCost::default()),
             stop: AtomicBool::new(false),
+            failure: Mutex::new(None),
         });
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("fastprof-sampler".into())
-            .spawn(move || run(cfg, sh))?;
+            .spawn(move || {
+                // A bug in the sampler (a /proc format we did not expect, a
+                // driver returning nonsense) must not pass unnoticed, nor
+                // touch the job: the thread ends, the reason is recorded
+                // for stop() and the trace, and the writer carries on.
+                // Every lock it shares is taken with poison recovery.
+                let run_sh = sh.clone();
+                if let Err(payload) =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| run(cfg, run_sh)))
+                {
+                    sh.fail(&panic_message(&*payload));
+                }
+            })?;
         Ok(Sampler {
             shared,
             thread: Some(thread),
@@ -263,13 +334,18 @@ impl Sampler {
     }
 
     /// Stop and join the thread; the data stays readable through `shared`.
-    pub fn stop(mut self) -> Arc<SamplerShared> {
+    /// Returns why the sampler stopped early, if it failed while running.
+    pub fn stop(mut self) -> Option<String> {
         self.shared.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
             t.thread().unpark();
-            let _ = t.join();
+            if t.join().is_err() {
+                // Not reached while the body is wrapped in catch_unwind, but
+                // a join error is a failure too, never to be dropped.
+                self.shared.fail("the sampler thread panicked");
+            }
         }
-        self.shared.clone()
+        self.shared.failure()
     }
 }
 
@@ -621,6 +697,9 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
         let mono = clock::monotonic_ns();
         let dt = mono.saturating_sub(prev.mono);
         let first = tick_no == 0;
+        if cfg.panic_after_ticks == Some(tick_no) {
+            panic!("injected by {TEST_PANIC_ENV} after {tick_no} ticks");
+        }
 
         if let Some(h) = host.as_mut() {
             h.sample(&cfg, &mut prev, &mut m, mono, tick_no % slow_every == 0);
@@ -853,6 +932,52 @@ mod tests {
         );
         let pct: Vec<f64> = w[1].iter().map(|(_, v)| v.round()).collect();
         assert_eq!(pct, [10.0, 10.0, 20.0, 0.0]);
+    }
+
+    fn wait_for(what: impl Fn() -> bool) {
+        let t0 = std::time::Instant::now();
+        while !what() && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn quiet_config() -> SamplerConfig {
+        SamplerConfig {
+            hz: 1000.0,
+            gpus: GpuSelect::None,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_sampler_failure_is_recorded_and_returned_by_stop() {
+        let s = Sampler::start(SamplerConfig {
+            panic_after_ticks: Some(3),
+            ..quiet_config()
+        })
+        .unwrap();
+        let sh = s.shared.clone();
+        wait_for(|| sh.failure().is_some());
+        let meta = sh.meta.lock().unwrap().clone();
+        assert_eq!(meta["state"], "failed", "{meta}");
+        let reason = s.stop().expect("stop() returns the failure");
+        assert_eq!(meta["error"], json!(reason));
+        assert!(reason.contains("after 3 ticks"), "{reason}");
+        assert!(reason.contains("recording goes on"), "{reason}");
+        // The ticks before the failure happened and were counted.
+        assert_eq!(sh.cost.lock().unwrap().ticks, 3);
+        assert_eq!(sh.failure(), Some(reason));
+    }
+
+    #[test]
+    fn a_healthy_sampler_stops_without_failure() {
+        let s = Sampler::start(quiet_config()).unwrap();
+        let sh = s.shared.clone();
+        wait_for(|| sh.cost.lock().unwrap().ticks >= 5);
+        assert_eq!(s.stop(), None);
+        let meta = sh.meta.lock().unwrap().clone();
+        assert_ne!(meta["state"], "failed", "{meta}");
+        assert!(meta.get("error").is_none(), "{meta}");
     }
 
     #[test]
