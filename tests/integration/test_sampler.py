@@ -7,8 +7,11 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 import psutil
@@ -337,3 +340,64 @@ def test_thread_count_follows_threads_as_they_come_and_go(tmp_path):
     assert abs(before[-1] - base) <= 1, (before[-1], base)
     assert during[-1] - before[-1] == 6, (before[-1], during[-1])
     assert after[-1] == before[-1], (before[-1], after[-1])
+
+
+def test_per_cpu_sampling_at_1khz_under_a_cpu_hog(tmp_path, traces):
+    # Per-core readings at the highest rates while a hog keeps a core busy:
+    # cores advance unevenly between ticks, the case that once made the
+    # sampler index its per-core names out of range and die.
+    hog = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
+    try:
+        rec = fastprof.start(
+            tmp_path, "stress", sample_hz=1000, sample_system_hz=1000, sample_per_cpu=True, sample_gpus="none"
+        )
+        time.sleep(2.0)
+        running = rec.sampler_info()
+        rec.stop()
+    finally:
+        hog.kill()
+        hog.wait()
+    info = rec.sampler_info()
+    assert running is not None and info is not None
+    assert running["state"] != "failed", running.get("error")
+    assert info["state"] != "failed", info.get("error")
+    ticks = info["self_cost"]["ticks"]
+    c = rec.counters()
+    # Ticks ran, as the sampler counts them: one RSS sample per tick (the
+    # history holds them all), and no more system readings than ticks.
+    assert ticks >= 10, ticks
+    assert c["proc.rss [B]"][0].size == ticks
+    ncpu = os.cpu_count() or 1
+    cores = [f"sys.cpu{i} [%]" for i in range(ncpu)]
+    for name in ["sys.cpu [%]", *cores]:
+        assert name in c, (name, sorted(k for k in c if k.startswith("sys.cpu")))
+        assert 1 <= c[name][0].size <= ticks, (name, c[name][0].size, ticks)
+        assert np.all((c[name][1] >= 0) & (c[name][1] <= 100.0001)), name
+    assert not [k for k in c if k.startswith("sys.cpu") and k not in ("sys.cpu [%]", *cores)]
+    # The same tracks are in the trace.
+    run = traces.read(rec.trace_dir)
+    in_trace = {e["name"] for e in run.of("C")}
+    assert set(cores) <= in_trace, sorted(in_trace)
+
+
+def test_a_sampler_failure_is_recorded_and_recording_goes_on(tmp_path, monkeypatch, traces):
+    # The core's test hook makes the sampler thread fail at its 5th tick.
+    monkeypatch.setenv("FASTPROF_TEST_SAMPLER_PANIC_AFTER", "5")
+    rec = fastprof.start(tmp_path, "fail", sample_hz=100, sample_gpus="none")
+    deadline = time.monotonic() + 10
+    while (rec.sampler_info() or {}).get("state") != "failed" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    fastprof.instant("after_failure")
+    with warnings.catch_warnings():
+        # Whether stop() also warns about it is the recorder's business.
+        warnings.simplefilter("ignore")
+        stats = rec.stop()
+    info = rec.sampler_info()
+    assert info is not None
+    assert info["state"] == "failed", info
+    assert "after 5 ticks" in info["error"] and "recording goes on" in info["error"], info["error"]
+    assert stats.error is None
+    run = traces.read(rec.trace_dir)
+    assert len(run.of("i", "after_failure")) == 1
+    assert run.final["sampler"]["state"] == "failed"
+    assert run.final["sampler"]["error"] == info["error"]
