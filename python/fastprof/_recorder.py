@@ -13,6 +13,7 @@ import atexit
 import json
 import os
 import sys
+import textwrap
 import threading
 import warnings
 from dataclasses import dataclass
@@ -22,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from fastprof import _core
-from fastprof._config import Options, resolve
 from fastprof._gpu import inventory
+from fastprof._options import Options, resolve
+from fastprof._options import docstring as options_docstring
 from fastprof._psutil_sampler import PsutilHostSampler
 
 _lock = threading.Lock()
@@ -48,43 +50,17 @@ class RunStats:
 
 
 class Recorder:
-    """Records spans, instants and counters of this process into
+    __doc__ = """Records spans, instants and counters of this process into
     ``<out_dir>/<run_name>/rank{R}/fastprof.{N}.json.gz``.
 
     Use as a context manager (``with fastprof.Recorder(...) as rec:``) or
     through :func:`fastprof.start` / :func:`fastprof.stop`. One recorder runs
-    per process at a time. Options not given come from ``FASTPROF_*``
+    per process at a time. Options not given (None) come from ``FASTPROF_*``
     environment variables, then defaults; rank and world size come from
-    torchrun's environment.
+    torchrun's environment. Every option is checked here: a bad value raises
+    :class:`fastprof.ConfigError` naming the option (and the variable).
 
-    Options:
-        out_dir: parent of the run directory (``FASTPROF_OUT_DIR``, default ``fastprof_runs``).
-        run_name: the run directory's name (``FASTPROF_RUN_NAME``; default ``run-<timestamp>``,
-            or the torchrun run id when there are several ranks).
-        rank: this process's rank (``FASTPROF_RANK``, then ``RANK``, then 0).
-        buffer_size: events per thread ring, rounded up to a power of two
-            (``FASTPROF_BUFFER_SIZE``, default 1Mi events = 24 MiB of address space per thread).
-        flush_interval: seconds between writer flushes, the most a killed process loses
-            (``FASTPROF_FLUSH_INTERVAL``, default 1.0).
-        segment_size: compressed bytes before the next segment file (``FASTPROF_SEGMENT_SIZE``,
-            accepts ``64MiB``; default 256 MiB).
-        segment_seconds: also rotate after this many seconds, 0 = never (``FASTPROF_SEGMENT_SECONDS``).
-        compression_level: gzip level 1-9 (``FASTPROF_COMPRESSION_LEVEL``, default 1).
-        sample_hz: host/process/GPU sampler ticks per second, 1-1000, 0 = off
-            (``FASTPROF_SAMPLE_HZ``, default 10).
-        sample_system_hz: reads per second of the system-wide CPU utilisation, load,
-            memory and swap, at most ``sample_hz`` (``FASTPROF_SAMPLE_SYSTEM_HZ``, default 10).
-            /proc/stat counts CPU time in 10 ms units per core, so faster reads of system
-            CPU are quantisation noise; this process, its children, disk, network and
-            GPUs are read on every tick.
-        sample_per_cpu: also sample each core's utilisation (``FASTPROF_SAMPLE_PER_CPU``).
-        sample_gpus: ``"auto"`` (the device this rank uses; every visible one in a
-            single process), ``"all"``, ``"none"``, or NVML indices/UUIDs (``FASTPROF_SAMPLE_GPUS``).
-        sample_history: samples kept in memory per metric for :meth:`counters`
-            (``FASTPROF_SAMPLE_HISTORY``, default 65536; the trace keeps every sample).
-        host_sampler: ``"auto"`` (Rust reading /proc on Linux, psutil elsewhere),
-            ``"procfs"`` or ``"psutil"`` (``FASTPROF_HOST_SAMPLER``).
-    """
+""" + textwrap.indent(options_docstring(), "    ")
 
     def __init__(
         self,
@@ -92,7 +68,7 @@ class Recorder:
         run_name: str | None = None,
         *,
         rank: int | None = None,
-        buffer_size: int | None = None,
+        buffer_size: int | str | None = None,
         flush_interval: float | None = None,
         segment_size: int | str | None = None,
         segment_seconds: float | None = None,
@@ -103,23 +79,13 @@ class Recorder:
         sample_gpus: str | int | list[str] | list[int] | None = None,
         sample_history: int | None = None,
         host_sampler: str | None = None,
+        window_seconds: float | None = None,
+        window_bytes: int | str | None = None,
     ) -> None:
-        self.options: Options = resolve(
-            out_dir,
-            run_name,
-            rank=rank,
-            buffer_size=buffer_size,
-            flush_interval=flush_interval,
-            segment_size=segment_size,
-            segment_seconds=segment_seconds,
-            compression_level=compression_level,
-            sample_hz=sample_hz,
-            sample_system_hz=sample_system_hz,
-            sample_per_cpu=sample_per_cpu,
-            sample_gpus=sample_gpus,
-            sample_history=sample_history,
-            host_sampler=host_sampler,
-        )
+        # The parameters are exactly the table's options (a test holds them
+        # equal), so they go to resolve() by name without being listed again.
+        given = {k: v for k, v in locals().items() if k != "self"}
+        self.options: Options = resolve(**given)
         self.stats: RunStats | None = None
         self._started = False
         self._psutil: PsutilHostSampler | None = None
@@ -173,8 +139,8 @@ class Recorder:
                 sample_history=o.sample_history,
                 sample_host=not use_psutil,
                 sample_system_hz=o.sample_system_hz,
-                window_seconds=float(getattr(o, "window_seconds", 0.0)),
-                window_bytes=int(getattr(o, "window_bytes", 64 << 20)),
+                window_seconds=o.window_seconds,
+                window_bytes=o.window_bytes,
             )
             self._pid = os.getpid()
             self._started = True

@@ -17,8 +17,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from fastprof._config import parse_size
 from fastprof._merge import merge
+from fastprof._options import parse_size
 
 
 def add_parser(verbs: Any) -> None:

@@ -1,7 +1,12 @@
 //! Clocks. Records carry *ticks*: the x86 time-stamp counter where it is
 //! invariant (`constant_tsc` + `nonstop_tsc`: ~9 ns to read against ~21 ns for
-//! `clock_gettime` through the vDSO, and a span reads it twice), otherwise
-//! CLOCK_MONOTONIC ns. The writer turns ticks into CLOCK_MONOTONIC ns with a
+//! `clock_gettime` through the vDSO, and a span reads it twice) and the
+//! kernel itself keeps time with it, otherwise CLOCK_MONOTONIC ns. The
+//! cpuinfo flags say what the CPU promises; the kernel's clocksource says
+//! whether the TSC survived the kernel's own checks on this machine (its
+//! watchdog drops a TSC that drifts between cores or sockets, and a
+//! hypervisor that does not expose a stable TSC makes it pick kvm-clock,
+//! hyperv_clocksource, xen...), so both are required. The writer turns ticks into CLOCK_MONOTONIC ns with a
 //! [`Calibration`]: (ticks, monotonic) pairs taken before every drain,
 //! interpolated piecewise-linearly, so NTP slewing of CLOCK_MONOTONIC is
 //! followed too. Wall time enters only through [`Anchor`] pairs (realtime,
@@ -10,7 +15,7 @@
 
 /// Nanoseconds of CLOCK_MONOTONIC.
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 #[inline(always)]
 pub fn monotonic_ns() -> u64 {
@@ -40,43 +45,112 @@ fn read(clock: libc::clockid_t) -> u64 {
 /// suffices because the generation's Release/Acquire publishes it.
 static USE_TSC: AtomicBool = AtomicBool::new(false);
 
-/// Choose the tick source for the next recording: TSC when usable and not
-/// disabled by `FASTPROF_CLOCK=monotonic`. Returns the source's name.
-pub fn select_source() -> &'static str {
-    let want = std::env::var("FASTPROF_CLOCK")
-        .map(|v| v != "monotonic")
-        .unwrap_or(true);
-    let tsc = want && tsc_usable();
-    USE_TSC.store(tsc, Ordering::Relaxed);
-    if tsc {
-        "tsc"
-    } else {
-        "CLOCK_MONOTONIC"
+/// Where the kernel says which clocksource it keeps time with.
+pub const CLOCKSOURCE_PATH: &str =
+    "/sys/devices/system/clocksource/clocksource0/current_clocksource";
+
+/// A tick source and why it was chosen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceChoice {
+    pub tsc: bool,
+    /// For `otherData.clock.ticks_reason`, e.g. "CLOCK_MONOTONIC: kernel
+    /// clocksource is kvm-clock".
+    pub reason: String,
+}
+
+impl SourceChoice {
+    /// The source's name, as `otherData.clock.ticks` gives it.
+    pub fn name(&self) -> &'static str {
+        if self.tsc {
+            "tsc"
+        } else {
+            "CLOCK_MONOTONIC"
+        }
     }
+}
+
+/// The decision itself, over the texts it reads: `/proc/cpuinfo`, the
+/// kernel's current clocksource (`None`: unreadable) and `FASTPROF_CLOCK`
+/// (`"monotonic"` forces the plain clock). Pure, so it is tested with
+/// crafted inputs; [`select_source`] feeds it this machine's.
+pub fn choose_source(
+    cpuinfo: &str,
+    clocksource: Option<&str>,
+    clock_env: Option<&str>,
+) -> SourceChoice {
+    let mono = |why: String| SourceChoice {
+        tsc: false,
+        reason: format!("CLOCK_MONOTONIC: {why}"),
+    };
+    if clock_env.map(str::trim) == Some("monotonic") {
+        return mono("FASTPROF_CLOCK=monotonic".into());
+    }
+    let flags = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .and_then(|l| l.split_once(':'))
+        .map_or("", |(_, f)| f);
+    let missing: Vec<&str> = ["tsc", "constant_tsc", "nonstop_tsc"]
+        .into_iter()
+        .filter(|f| !flags.split_whitespace().any(|x| x == *f))
+        .collect();
+    if !missing.is_empty() {
+        return mono(format!(
+            "the TSC is not invariant (cpuinfo lacks {})",
+            missing.join(", ")
+        ));
+    }
+    match clocksource.map(str::trim) {
+        Some("tsc") => SourceChoice {
+            tsc: true,
+            reason: "tsc: invariant and the kernel's clocksource".into(),
+        },
+        Some("") | None => mono(format!(
+            "kernel clocksource unknown ({CLOCKSOURCE_PATH} unreadable)"
+        )),
+        Some(other) => mono(format!("kernel clocksource is {other}")),
+    }
+}
+
+/// The `flags` line of /proc/cpuinfo, read once (the file is long on big
+/// hosts and the flags do not change).
+fn cpu_flags() -> &'static str {
+    static FLAGS: OnceLock<String> = OnceLock::new();
+    FLAGS.get_or_init(|| {
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let line = info.lines().find(|l| l.starts_with("flags"));
+        line.unwrap_or("").to_string()
+    })
 }
 
 /// Why the last [`select_source`] chose what it chose.
-pub fn source_reason() -> &'static str {
-    if USE_TSC.load(Ordering::Relaxed) {
-        "tsc: invariant (constant_tsc, nonstop_tsc)"
+static REASON: Mutex<String> = Mutex::new(String::new());
+
+/// Choose the tick source for the next recording: TSC when usable (see the
+/// module docs) and not disabled by `FASTPROF_CLOCK=monotonic`. Returns the
+/// source's name; [`ticks_reason`] says why.
+pub fn select_source() -> &'static str {
+    let env = std::env::var("FASTPROF_CLOCK").ok();
+    let c = if cfg!(target_arch = "x86_64") {
+        // The clocksource is read afresh: the kernel's watchdog may have
+        // dropped the TSC since the last recording.
+        let cs = std::fs::read_to_string(CLOCKSOURCE_PATH).ok();
+        choose_source(cpu_flags(), cs.as_deref(), env.as_deref())
     } else {
-        "CLOCK_MONOTONIC"
-    }
+        SourceChoice {
+            tsc: false,
+            reason: "CLOCK_MONOTONIC: no TSC on this architecture".into(),
+        }
+    };
+    USE_TSC.store(c.tsc, Ordering::Relaxed);
+    *REASON.lock().unwrap_or_else(|e| e.into_inner()) = c.reason.clone();
+    c.name()
 }
 
-/// Whether the TSC ticks at a constant rate through frequency changes and
-/// idle states, on every core (Linux reports it in /proc/cpuinfo).
-fn tsc_usable() -> bool {
-    static USABLE: OnceLock<bool> = OnceLock::new();
-    *USABLE.get_or_init(|| {
-        if !cfg!(target_arch = "x86_64") {
-            return false;
-        }
-        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
-        let has = |f: &str| flags.split_whitespace().any(|x| x == f);
-        has("constant_tsc") && has("nonstop_tsc")
-    })
+/// Why the current (or last) recording's tick source was chosen, for
+/// `otherData.clock.ticks_reason`.
+pub fn ticks_reason() -> String {
+    REASON.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// The record timestamp: TSC ticks or CLOCK_MONOTONIC ns (see module docs).
@@ -254,6 +328,63 @@ mod tests {
             let nb = cal.to_ns(b);
             assert!(na >= last && nb >= na, "{last} {na} {nb}");
             last = nb;
+        }
+    }
+
+    const FLAGS: &str = "processor\t: 0\nflags\t\t: fpu tsc msr constant_tsc nonstop_tsc rdtscp\n\nprocessor\t: 1\n";
+
+    #[test]
+    fn tsc_needs_invariant_flags_and_the_kernel_clocksource() {
+        let c = choose_source(FLAGS, Some("tsc\n"), None);
+        assert!(c.tsc);
+        assert_eq!(c.reason, "tsc: invariant and the kernel's clocksource");
+        assert_eq!(c.name(), "tsc");
+
+        // Flags alone are not enough: the kernel kept time with something else.
+        let c = choose_source(FLAGS, Some("kvm-clock\n"), None);
+        assert!(!c.tsc);
+        assert_eq!(c.reason, "CLOCK_MONOTONIC: kernel clocksource is kvm-clock");
+        assert_eq!(c.name(), "CLOCK_MONOTONIC");
+        let c = choose_source(FLAGS, Some("hpet"), None);
+        assert_eq!(c.reason, "CLOCK_MONOTONIC: kernel clocksource is hpet");
+        let c = choose_source(FLAGS, None, None);
+        assert!(!c.tsc && c.reason.contains("unreadable"), "{}", c.reason);
+
+        // The kernel's clocksource alone is not enough either.
+        let no_nonstop = FLAGS.replace(" nonstop_tsc", "");
+        let c = choose_source(&no_nonstop, Some("tsc"), None);
+        assert!(!c.tsc);
+        assert_eq!(
+            c.reason,
+            "CLOCK_MONOTONIC: the TSC is not invariant (cpuinfo lacks nonstop_tsc)"
+        );
+        // "constant_tsc" must be a whole flag, not a substring of another.
+        let c = choose_source("flags : tsc xconstant_tsc nonstop_tsc\n", Some("tsc"), None);
+        assert!(
+            !c.tsc && c.reason.contains("lacks constant_tsc"),
+            "{}",
+            c.reason
+        );
+        assert!(!choose_source("", Some("tsc"), None).tsc);
+
+        // The override wins over everything.
+        let c = choose_source(FLAGS, Some("tsc"), Some("monotonic"));
+        assert!(!c.tsc);
+        assert_eq!(c.reason, "CLOCK_MONOTONIC: FASTPROF_CLOCK=monotonic");
+        assert!(choose_source(FLAGS, Some("tsc"), Some("auto")).tsc);
+    }
+
+    #[test]
+    fn select_source_follows_this_machine_and_gives_its_reason() {
+        let name = select_source();
+        let reason = ticks_reason();
+        assert!(
+            reason.starts_with(&format!("{name}: ")),
+            "{name} / {reason}"
+        );
+        let cs = std::fs::read_to_string(CLOCKSOURCE_PATH).unwrap_or_default();
+        if name == "tsc" {
+            assert_eq!(cs.trim(), "tsc");
         }
     }
 

@@ -333,7 +333,7 @@ impl Collector {
             "clock": {
                 "source": "CLOCK_MONOTONIC",
                 "ticks": shared.clock_source,
-                "ticks_reason": clock::source_reason(),
+                "ticks_reason": clock::ticks_reason(),
                 "start": anchor_json(&start, "start"),
             },
         }) {

@@ -220,10 +220,7 @@ impl Session {
             return Err(CoreError::NotRunning);
         }
         // Sampler first: its last readings still go into the trace.
-        let sampler_error: Option<String> = self.sampler.take().and_then(|s| {
-            s.stop();
-            None
-        });
+        let sampler_error = self.sampler.take().and_then(|s| s.stop());
         let sh = &self.shared;
         sh.stop_ts.store(clock::ticks(), Ordering::Relaxed);
         {

@@ -17,9 +17,10 @@ use crate::clock;
 use crate::names;
 use crate::registry;
 use gpu::GpuSelect;
-use procfs::{Children, NetSource, ProcFile};
+use procfs::{Children, CpuTimes, NetSource, ProcFile};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -66,7 +67,18 @@ pub struct SamplerConfig {
     /// Read host/process counters here (/proc); off when the Python layer
     /// samples them with psutil instead (non-Linux hosts).
     pub host: bool,
+    /// Test hook: the thread fails (panics) when it reaches this tick, so
+    /// the failure path can be exercised. Also taken from
+    /// [`TEST_PANIC_ENV`], read once when the sampler starts. Never set in
+    /// normal use.
+    #[doc(hidden)]
+    pub panic_after_ticks: Option<u64>,
 }
+
+/// Environment variable for [`SamplerConfig::panic_after_ticks`]
+/// (a number of ticks), for tests of the layers above the core.
+#[doc(hidden)]
+pub const TEST_PANIC_ENV: &str = "FASTPROF_TEST_SAMPLER_PANIC_AFTER";
 
 impl Default for SamplerConfig {
     fn default() -> Self {
@@ -78,6 +90,7 @@ impl Default for SamplerConfig {
             history: 1 << 16,
             pcie_every_s: 1.0,
             host: true,
+            panic_after_ticks: None,
         }
     }
 }
@@ -236,6 +249,46 @@ pub struct SamplerShared {
     pub meta: Mutex<Value>,
     pub cost: Mutex<SelfCost>,
     stop: AtomicBool,
+    /// Why the sampler thread ended early (a panic caught in it), if it did.
+    failure: Mutex<Option<String>>,
+}
+
+impl SamplerShared {
+    /// Why sampling stopped early, in words for the user; `None` while it
+    /// runs or after a normal stop.
+    pub fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Record a failure: in `failure` and in the metadata the writer puts
+    /// into the trace (`otherData.sampler.state` / `.error`). The first one wins.
+    fn fail(&self, what: &str) {
+        let reason = format!(
+            "the sampler stopped after an internal error ({what}); recording goes on without it"
+        );
+        let mut f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_some() {
+            return;
+        }
+        *f = Some(reason.clone());
+        let mut meta = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+        meta["state"] = json!("failed");
+        meta["error"] = json!(reason);
+    }
+}
+
+/// The message of a panic payload (`panic!` gives a `&str` or a `String`).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
 }
 
 pub struct Sampler {
@@ -245,17 +298,35 @@ pub struct Sampler {
 
 impl Sampler {
     /// Start the sampler thread. Readings go into the trace of the running recorder.
-    pub fn start(cfg: SamplerConfig) -> std::io::Result<Sampler> {
+    pub fn start(mut cfg: SamplerConfig) -> std::io::Result<Sampler> {
+        if cfg.panic_after_ticks.is_none() {
+            cfg.panic_after_ticks = std::env::var(TEST_PANIC_ENV)
+                .ok()
+                .and_then(|v| v.trim().parse().ok());
+        }
         let shared = Arc::new(SamplerShared {
             store: Mutex::new(SeriesStore::new(cfg.history)),
             meta: Mutex::new(json!({"hz": cfg.hz, "state": "starting"})),
             cost: Mutex::new(SelfCost::default()),
             stop: AtomicBool::new(false),
+            failure: Mutex::new(None),
         });
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("fastprof-sampler".into())
-            .spawn(move || run(cfg, sh))?;
+            .spawn(move || {
+                // A bug in the sampler (a /proc format we did not expect, a
+                // driver returning nonsense) must not pass unnoticed, nor
+                // touch the job: the thread ends, the reason is recorded
+                // for stop() and the trace, and the writer carries on.
+                // Every lock it shares is taken with poison recovery.
+                let run_sh = sh.clone();
+                if let Err(payload) =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| run(cfg, run_sh)))
+                {
+                    sh.fail(&panic_message(&*payload));
+                }
+            })?;
         Ok(Sampler {
             shared,
             thread: Some(thread),
@@ -263,13 +334,18 @@ impl Sampler {
     }
 
     /// Stop and join the thread; the data stays readable through `shared`.
-    pub fn stop(mut self) -> Arc<SamplerShared> {
+    /// Returns why the sampler stopped early, if it failed while running.
+    pub fn stop(mut self) -> Option<String> {
         self.shared.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
             t.thread().unpark();
-            let _ = t.join();
+            if t.join().is_err() {
+                // Not reached while the body is wrapped in catch_unwind, but
+                // a join error is a failure too, never to be dropped.
+                self.shared.fail("the sampler thread panicked");
+            }
         }
-        self.shared.clone()
+        self.shared.failure()
     }
 }
 
@@ -359,7 +435,7 @@ struct Prev {
     mono: u64,
     /// When the system-wide readings were last taken.
     system_mono: u64,
-    cpus: Vec<(u64, u64)>,
+    cpus: Vec<CpuTimes>,
     disk: Option<(u64, u64)>,
     /// `None` after a read that failed, so the next rate is skipped.
     net: Option<(u64, u64)>,
@@ -375,8 +451,8 @@ struct Host {
     disk_files: Vec<ProcFile>,
     ifaces: Vec<String>,
     net: Option<NetSource>,
-    cpus: Vec<(u64, u64)>,
-    /// Per-core metric names, made once (cores come in order, 0..).
+    cpus: Vec<CpuTimes>,
+    /// Per-core metric names by core number, made once.
     cpu_names: Vec<String>,
     page: u64,
 }
@@ -388,30 +464,17 @@ impl Host {
             return;
         };
         procfs::parse_stat(text, cfg.per_cpu, &mut self.cpus);
-        if let (Some(&(_, t)), Some(&(_, pt))) = (self.cpus.first(), prev.cpus.first()) {
-            if t <= pt {
+        if let (Some(c), Some(p)) = (self.cpus.first(), prev.cpus.first()) {
+            if c.total <= p.total {
                 // Not one whole USER_HZ unit (10 ms of one core) since the last
                 // reading: nothing was measured. Keep the old reading, so the
                 // next value averages over the whole window.
                 return;
             }
         }
-        if !prev.cpus.is_empty() {
-            for (i, (&(b, t), &(pb, pt))) in self.cpus.iter().zip(&prev.cpus).enumerate() {
-                if t <= pt {
-                    continue; // this core: no whole unit yet
-                }
-                let pct = b.saturating_sub(pb) as f64 * 100.0 / (t - pt) as f64;
-                if i == 0 {
-                    m.emit("sys.cpu [%]", pct);
-                } else {
-                    if self.cpu_names.len() < i {
-                        self.cpu_names.push(format!("sys.cpu{} [%]", i - 1));
-                    }
-                    m.emit(&self.cpu_names[i - 1], pct);
-                }
-            }
-        }
+        cpu_percentages(&self.cpus, &prev.cpus, &mut self.cpu_names, |name, pct| {
+            m.emit(name, pct)
+        });
         std::mem::swap(&mut prev.cpus, &mut self.cpus);
     }
 
@@ -514,6 +577,48 @@ impl Host {
     }
 }
 
+/// Bound on per-core names: a garbled core number must not allocate billions.
+const MAX_CORES: usize = 1 << 16;
+
+/// System CPU utilisation over the window between two /proc/stat readings
+/// (`prev`, `cur`, as [`procfs::parse_stat`] gives them): `sys.cpu [%]` and,
+/// per core, `sys.cpu{N} [%]` named by the core's number, for each line whose
+/// counters advanced by at least one USER_HZ unit. `names[n]` is core n's
+/// name, made once; names are made for every core up to the highest seen,
+/// whichever advanced first.
+fn cpu_percentages(
+    cur: &[CpuTimes],
+    prev: &[CpuTimes],
+    names: &mut Vec<String>,
+    mut emit: impl FnMut(&str, f64),
+) {
+    for (i, c) in cur.iter().enumerate() {
+        // Same position as before, unless a core went on- or offline.
+        let p = match prev.get(i) {
+            Some(p) if p.core == c.core => p,
+            _ => match prev.iter().find(|p| p.core == c.core) {
+                Some(p) => p,
+                None => continue, // new core: no window yet
+            },
+        };
+        if c.total <= p.total {
+            continue; // this line: no whole unit yet
+        }
+        let pct = c.busy.saturating_sub(p.busy) as f64 * 100.0 / (c.total - p.total) as f64;
+        match c.core {
+            None => emit("sys.cpu [%]", pct),
+            Some(n) if (n as usize) < MAX_CORES => {
+                let n = n as usize;
+                while names.len() <= n {
+                    names.push(format!("sys.cpu{} [%]", names.len()));
+                }
+                emit(&names[n], pct);
+            }
+            Some(_) => {} // not a core number Linux can have (NR_CPUS <= 8192)
+        }
+    }
+}
+
 fn rate(now: u64, before: u64, dt_ns: u64) -> f64 {
     now.saturating_sub(before) as f64 * 1e9 / dt_ns as f64
 }
@@ -592,6 +697,9 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
         let mono = clock::monotonic_ns();
         let dt = mono.saturating_sub(prev.mono);
         let first = tick_no == 0;
+        if cfg.panic_after_ticks == Some(tick_no) {
+            panic!("injected by {TEST_PANIC_ENV} after {tick_no} ticks");
+        }
 
         if let Some(h) = host.as_mut() {
             h.sample(&cfg, &mut prev, &mut m, mono, tick_no % slow_every == 0);
@@ -737,6 +845,139 @@ mod tests {
             .unwrap();
         assert!((j - 400.0).abs() < 1e-6 && src == "integrated_power", "{j}");
         assert!(s.energy_between("gpu7", 0, 1).is_none());
+    }
+
+    /// A /proc/stat text: per line (label, busy, idle) jiffies.
+    fn stat_text(lines: &[(&str, u64, u64)]) -> Vec<u8> {
+        let mut s = String::new();
+        for (label, busy, idle) in lines {
+            s += &format!("{label} {busy} 0 0 {idle} 0 0 0 0 0 0\n");
+        }
+        s += "intr 12345 0 0\nctxt 99\n";
+        s.into_bytes()
+    }
+
+    /// Parse each text as the sampler does and return what every window emits.
+    fn windows(texts: &[Vec<u8>]) -> Vec<Vec<(String, f64)>> {
+        let (mut prev, mut cur, mut names) = (Vec::new(), Vec::new(), Vec::new());
+        let mut out = Vec::new();
+        for text in texts {
+            procfs::parse_stat(text, true, &mut cur);
+            let mut got = Vec::new();
+            cpu_percentages(&cur, &prev, &mut names, |n, v| got.push((n.to_string(), v)));
+            out.push(got);
+            std::mem::swap(&mut prev, &mut cur);
+        }
+        out
+    }
+
+    #[test]
+    fn per_core_names_when_a_core_has_not_advanced_yet() {
+        // Window 1: cpu0 has not counted a whole unit, cpu1 has (a core's
+        // name is needed before the names of the cores below it exist).
+        let w = windows(&[
+            stat_text(&[("cpu", 100, 900), ("cpu0", 50, 450), ("cpu1", 50, 450)]),
+            stat_text(&[("cpu", 160, 940), ("cpu0", 50, 450), ("cpu1", 110, 490)]),
+            stat_text(&[("cpu", 200, 1000), ("cpu0", 70, 480), ("cpu1", 130, 520)]),
+        ]);
+        let named = |w: &[(String, f64)]| -> Vec<(String, i64)> {
+            w.iter()
+                .map(|(n, v)| (n.clone(), v.round() as i64))
+                .collect()
+        };
+        assert!(w[0].is_empty());
+        assert_eq!(
+            named(&w[1]),
+            [
+                ("sys.cpu [%]".to_string(), 60),
+                ("sys.cpu1 [%]".to_string(), 60)
+            ]
+        );
+        assert_eq!(
+            named(&w[2]),
+            [
+                ("sys.cpu [%]".to_string(), 40),
+                ("sys.cpu0 [%]".to_string(), 40),
+                ("sys.cpu1 [%]".to_string(), 40)
+            ]
+        );
+    }
+
+    #[test]
+    fn per_core_names_are_core_numbers_with_cores_offline() {
+        // cpu1 is offline: /proc/stat skips its line.
+        let w = windows(&[
+            stat_text(&[
+                ("cpu", 0, 0),
+                ("cpu0", 0, 0),
+                ("cpu2", 0, 0),
+                ("cpu3", 0, 0),
+            ]),
+            stat_text(&[
+                ("cpu", 30, 270),
+                ("cpu0", 10, 90),
+                ("cpu2", 20, 80),
+                ("cpu3", 0, 100),
+            ]),
+        ]);
+        let names: Vec<&str> = w[1].iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "sys.cpu [%]",
+                "sys.cpu0 [%]",
+                "sys.cpu2 [%]",
+                "sys.cpu3 [%]"
+            ]
+        );
+        let pct: Vec<f64> = w[1].iter().map(|(_, v)| v.round()).collect();
+        assert_eq!(pct, [10.0, 10.0, 20.0, 0.0]);
+    }
+
+    fn wait_for(what: impl Fn() -> bool) {
+        let t0 = std::time::Instant::now();
+        while !what() && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn quiet_config() -> SamplerConfig {
+        SamplerConfig {
+            hz: 1000.0,
+            gpus: GpuSelect::None,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_sampler_failure_is_recorded_and_returned_by_stop() {
+        let s = Sampler::start(SamplerConfig {
+            panic_after_ticks: Some(3),
+            ..quiet_config()
+        })
+        .unwrap();
+        let sh = s.shared.clone();
+        wait_for(|| sh.failure().is_some());
+        let meta = sh.meta.lock().unwrap().clone();
+        assert_eq!(meta["state"], "failed", "{meta}");
+        let reason = s.stop().expect("stop() returns the failure");
+        assert_eq!(meta["error"], json!(reason));
+        assert!(reason.contains("after 3 ticks"), "{reason}");
+        assert!(reason.contains("recording goes on"), "{reason}");
+        // The ticks before the failure happened and were counted.
+        assert_eq!(sh.cost.lock().unwrap().ticks, 3);
+        assert_eq!(sh.failure(), Some(reason));
+    }
+
+    #[test]
+    fn a_healthy_sampler_stops_without_failure() {
+        let s = Sampler::start(quiet_config()).unwrap();
+        let sh = s.shared.clone();
+        wait_for(|| sh.cost.lock().unwrap().ticks >= 5);
+        assert_eq!(s.stop(), None);
+        let meta = sh.meta.lock().unwrap().clone();
+        assert_ne!(meta["state"], "failed", "{meta}");
+        assert!(meta.get("error").is_none(), "{meta}");
     }
 
     #[test]

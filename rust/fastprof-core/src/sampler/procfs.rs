@@ -86,25 +86,40 @@ fn lines(text: &[u8]) -> impl Iterator<Item = &[u8]> {
     text.split(|&b| b == b'\n').filter(|l| !l.is_empty())
 }
 
-/// CPU jiffies from /proc/stat into `out`: (busy, total) for the `cpu` line,
-/// then, with `per_cpu`, for each `cpuN` line.
-pub fn parse_stat(text: &[u8], per_cpu: bool, out: &mut Vec<(u64, u64)>) {
+/// One line of /proc/stat: busy and total jiffies of all cores (`core:
+/// None`, the `cpu` line) or of core `N` (a `cpuN` line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuTimes {
+    pub core: Option<u32>,
+    pub busy: u64,
+    pub total: u64,
+}
+
+/// CPU jiffies from /proc/stat into `out`: the `cpu` line, then, with
+/// `per_cpu`, each `cpuN` line (cores are numbered by their label: an
+/// offline core has no line, so position and number can differ).
+pub fn parse_stat(text: &[u8], per_cpu: bool, out: &mut Vec<CpuTimes>) {
     out.clear();
     for l in lines(text) {
         if !l.starts_with(b"cpu") || (!per_cpu && !out.is_empty()) {
             break;
         }
         // Skip the label ("cpu" or "cpuN") so its digits are not read.
-        let rest = &l[l.iter().position(|&b| b == b' ').unwrap_or(l.len())..];
+        let label_end = l.iter().position(|&b| b == b' ').unwrap_or(l.len());
+        let core = nums(&l[3..label_end]).next().map(|n| n as u32);
         // user nice system idle iowait irq softirq steal (guest time is inside user)
         let (mut total, mut idle) = (0u64, 0u64);
-        for (i, v) in nums(rest).take(8).enumerate() {
+        for (i, v) in nums(&l[label_end..]).take(8).enumerate() {
             total += v;
             if i == 3 || i == 4 {
                 idle += v;
             }
         }
-        out.push((total.saturating_sub(idle), total));
+        out.push(CpuTimes {
+            core,
+            busy: total.saturating_sub(idle),
+            total,
+        });
     }
 }
 
@@ -508,9 +523,13 @@ mod tests {
         let stat = b"cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\ncpu1 50 0 25 400 25 0 0 0 0 0\nintr 1\n";
         let mut out = Vec::new();
         parse_stat(stat, true, &mut out);
-        assert_eq!(out, vec![(150, 1000), (75, 500), (75, 500)]);
+        let t = |core, busy, total| CpuTimes { core, busy, total };
+        assert_eq!(
+            out,
+            vec![t(None, 150, 1000), t(Some(0), 75, 500), t(Some(1), 75, 500)]
+        );
         parse_stat(stat, false, &mut out);
-        assert_eq!(out, vec![(150, 1000)]);
+        assert_eq!(out, vec![t(None, 150, 1000)]);
         let mem = b"MemTotal: 1000 kB\nMemFree: 100 kB\nMemAvailable: 400 kB\nBuffers: 1 kB\nSwapTotal: 8 kB\nSwapFree: 2 kB\n";
         let m = parse_meminfo(mem).unwrap();
         assert_eq!(
