@@ -4,9 +4,11 @@
 //! * [`recorder`]: the process-wide recorder: thread registration, the hot-path calls
 //!   (`begin`/`end`/`instant`/`counter`), start and stop.
 //! * [`writer`]: the writer thread that drains rings into gzip Chrome-trace segments.
-//! * [`reader`]: reads traces back, salvaging truncated ones.
+//! * [`trace`]: reading traces back: the streaming scanner, the salvaging
+//!   reader and numpy-ready columns ([`reader`] and [`scan`] are re-exported
+//!   at the crate root under their old paths).
 //! * [`sampler`]: the always-on host / process / NVML sampler thread.
-//! * [`scan`], [`merge`], [`pargz`]: the streaming scanner, `fastprof merge`, parallel single-member gzip.
+//! * [`merge`], [`pargz`]: `fastprof merge`, parallel single-member gzip.
 //! * [`clock`]: CLOCK_MONOTONIC / CLOCK_REALTIME and anchor pairs.
 
 pub mod clock;
@@ -16,17 +18,17 @@ pub mod json;
 pub mod merge;
 pub mod names;
 pub mod pargz;
-pub mod reader;
 pub mod record;
 pub mod recorder;
 pub mod ring;
 pub mod sampler;
-pub mod scan;
 #[cfg(test)]
 mod test_support;
+pub mod trace;
 pub mod writer;
 
 pub use error::{CoreError, Result};
+pub use trace::{reader, scan};
 
 /// The version written into every trace's metadata.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

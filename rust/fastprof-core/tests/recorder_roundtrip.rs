@@ -3,7 +3,8 @@
 
 use fastprof_core::config::Config;
 use fastprof_core::record::Extra;
-use fastprof_core::{names, reader, recorder};
+use fastprof_core::trace::reader;
+use fastprof_core::{names, recorder};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -83,7 +83,7 @@ fn kineto(i: usize) -> String {
 }
 
 fn reader_count(bytes: &[u8]) -> Option<usize> {
-    let doc = crate::reader::read_trace_bytes(Path::new("t.json"), bytes).ok()?;
+    let doc = crate::trace::reader::read_trace_bytes(Path::new("t.json"), bytes).ok()?;
     Some(doc.value["traceEvents"].as_array()?.len())
 }
 

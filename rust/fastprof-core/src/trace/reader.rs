@@ -567,7 +567,7 @@ impl<'a> Scanner<'a> {
 /// the value runs into the end of the text or does not start like a value.
 /// The same walk the streaming scanner uses.
 fn raw_end(text: &[u8]) -> Option<usize> {
-    crate::scan::value_end(text, 0)
+    crate::trace::scan::value_end(text, 0)
 }
 
 /// Byte offset within `text` of the line/column serde_json reported. Only

@@ -12,7 +12,7 @@
 //! output to stay valid JSON: balanced and matching brackets, legal escapes,
 //! no control characters inside strings and no stray bytes between tokens. A
 //! value failing that is dropped with a warning, like the salvaging
-//! [`crate::reader`] does, whose outcomes this module mirrors: a truncated
+//! [`crate::trace::reader`] does, whose outcomes this module mirrors: a truncated
 //! input ends with a [`Salvage`] after every complete event, and input that is
 //! no trace at all is a [`CoreError::Trace`].
 
