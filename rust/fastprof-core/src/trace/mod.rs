@@ -6,8 +6,11 @@
 //! * [`reader`]: the whole document as a `serde_json::Value`, salvaging
 //!   truncated files (what `fastprof.read_trace` returns).
 //!
-//! Nothing here imports the recorder, the writer or the sampler; `merge`
-//! builds on this module, never the other way round.
+//! Everything that reads a trace goes through [`scan::Scanner`], so a
+//! malformed event is dropped and the walk resynchronises on the next one in
+//! the same way everywhere (the merger included). Nothing here imports the
+//! recorder, the writer or the sampler; `merge` builds on this module, never
+//! the other way round.
 
 pub mod reader;
 pub mod scan;

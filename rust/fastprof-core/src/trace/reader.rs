@@ -1,24 +1,34 @@
-//! Reading Chrome-trace JSON back, salvaging truncated traces.
+//! Reading a Chrome trace back as one `serde_json::Value`, salvaging
+//! truncated traces: what `fastprof.read_trace` returns.
 //!
-//! Owns the one entry point every consumer of trace files goes through (the
-//! merger, the reports, the CLI): plain or gzip (single- or multi-member)
-//! input, object (`{"traceEvents": [...]}`) or array (`[ev, ...]`) format.
+//! Built on the streaming [`Scanner`], like the merger and the columns: plain
+//! or gzip (single- or multi-member) input, object (`{"traceEvents": [...]}`)
+//! or array (`[ev, ...]`) format, read in one pass without inflating the file
+//! first, so a file that is no trace is refused after its first bytes.
+//!
+//! The scanner decides what an event is. An event that is not well-formed
+//! JSON (a raw TAB, NUL or newline inside a string, a bad escape, garbage
+//! between events) is dropped with a warning naming its byte offset and the
+//! walk resumes at the next event, exactly as `fastprof merge` does; only the
+//! end of the input (or text that never turns back into events) stops it. Each
+//! event the scanner yields is then parsed by `serde_json`; one serde_json
+//! refuses (a number beyond f64, a lone surrogate escape, nesting past its
+//! recursion limit) is dropped and counted too.
 //!
 //! The writer keeps its open segment readable by sync-flushing the gzip
 //! stream, so a killed process leaves a file whose gzip stream stops at a
-//! sync point and whose JSON stops after some event. `serde_json` alone would
-//! reject such a file outright, so the top level is walked by a small scanner
-//! that hands each event to `serde_json` separately and, when the text breaks
-//! off, keeps every complete event before the break. Offsets in warnings and
-//! errors count bytes of the decompressed JSON text.
+//! sync point and whose JSON stops after some event: every complete event
+//! before the break is kept and the document is marked salvaged. Offsets in
+//! warnings and errors count bytes of the decompressed JSON text.
 
 use std::borrow::Cow;
-use std::io::Read;
+use std::io::Cursor;
 use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use crate::error::{CoreError, Result};
+use super::scan::{Item, Scanner};
+use crate::error::Result;
 
 /// A trace read back from disk, possibly salvaged from a truncated file.
 #[derive(Debug, Clone)]
@@ -38,66 +48,107 @@ pub struct TraceDocument {
 
 /// Read the trace at `path` (plain JSON or gzip), salvaging a truncated one.
 pub fn read_trace(path: &Path) -> Result<TraceDocument> {
-    let bytes = std::fs::read(path).map_err(|e| CoreError::io(path, e))?;
-    read_trace_bytes(path, &bytes)
+    read_from(Scanner::open(path)?, path)
 }
 
 /// Read a trace from `bytes` already in memory; `path_for_messages` only
 /// names the source in warnings and errors.
 pub fn read_trace_bytes(path_for_messages: &Path, bytes: &[u8]) -> Result<TraceDocument> {
-    let path = path_for_messages;
-    if bytes.is_empty() {
-        return Err(trace_err(path, 0, "empty file"));
-    }
-    let mut warnings = Vec::new();
-    let mut gzip_truncated = false;
+    let source = Box::new(Cursor::new(bytes.to_vec()));
+    read_from(
+        Scanner::from_reader(path_for_messages, source),
+        path_for_messages,
+    )
+}
 
-    let raw: Cow<[u8]> = if bytes.starts_with(&[0x1f, 0x8b]) {
-        let (data, failure) = gunzip(bytes);
-        if let Some((consumed, err)) = failure {
-            if data.is_empty() {
-                return Err(trace_err(
-                    path,
-                    0,
-                    format!("gzip stream is corrupt at compressed byte {consumed} ({err}) and yields no data"),
-                ));
+/// What one value the scanner yielded came to.
+enum Parsed {
+    Value(Value),
+    /// serde_json refused it: why.
+    Refused(String),
+}
+
+/// Counts of values repaired or dropped, each with the first offset.
+#[derive(Default)]
+struct Tally {
+    utf8_bad: u64,
+    utf8_first: u64,
+    dropped: u64,
+    first_dropped: Option<(u64, String)>,
+}
+
+fn read_from(mut sc: Scanner, path: &Path) -> Result<TraceDocument> {
+    let mut map = Map::new();
+    let mut events = Vec::new();
+    let mut tally = Tally::default();
+    loop {
+        // The item borrows the scanner; offsets are taken once it is done with.
+        let (key, raw_len, parsed, bad_utf8) = match sc.next_item()? {
+            None => break,
+            Some(Item::Event(raw)) => {
+                let (p, bad) = parse(raw);
+                (None, raw.len(), p, bad)
             }
-            gzip_truncated = true;
-            warnings.push(format!(
-                "{}: gzip stream truncated or corrupt at compressed byte {consumed} ({err}); using the {} bytes decompressed before it",
-                path.display(),
-                data.len()
-            ));
+            Some(Item::Meta { key, raw }) => {
+                let (p, bad) = parse(raw);
+                (Some(key.to_string()), raw.len(), p, bad)
+            }
+        };
+        let at = sc.offset() - raw_len as u64;
+        if let Some((n, first)) = bad_utf8 {
+            if tally.utf8_bad == 0 {
+                tally.utf8_first = at + first as u64;
+            }
+            tally.utf8_bad += n;
         }
-        if data.is_empty() {
-            return Err(trace_err(path, 0, "gzip stream holds no data"));
+        match (parsed, key) {
+            (Parsed::Value(v), None) => events.push(v),
+            (Parsed::Value(v), Some(key)) => {
+                map.insert(key, v);
+            }
+            (Parsed::Refused(why), _) => {
+                tally.dropped += 1;
+                tally.first_dropped.get_or_insert((at, why));
+            }
         }
-        Cow::Owned(data)
-    } else {
-        Cow::Borrowed(bytes)
-    };
-    let text = repair_utf8(path, raw, &mut warnings);
+    }
 
-    let mut scan = Scanner::new(path, &text);
-    let parsed = scan.document()?;
-    scan.report(&mut warnings);
+    let name = path.display();
+    let mut warnings = Vec::new();
+    let salvage = sc.salvage().cloned();
+    let gzip_truncated = sc.stream_error().is_some();
+    if let (Some(e), Some(_)) = (sc.stream_error(), &salvage) {
+        // After a complete document the scanner has said so itself.
+        warnings.push(format!(
+            "{name}: {e}; using the {} bytes decompressed before it",
+            sc.text_read()
+        ));
+    }
+    if tally.utf8_bad > 0 {
+        warnings.push(format!(
+            "{name}: replaced {} invalid UTF-8 sequence(s) with U+FFFD, the first at byte {}",
+            tally.utf8_bad, tally.utf8_first
+        ));
+    }
+    if let Some((at, why)) = &tally.first_dropped {
+        warnings.push(format!(
+            "{name}: dropped {} unreadable value(s), the first at byte {at} ({why})",
+            tally.dropped
+        ));
+    }
+    warnings.extend(sc.warnings().iter().cloned());
 
-    let mut map = parsed.map;
-    let (salvaged, unused_bytes) = match parsed.cut {
+    let n = events.len();
+    map.insert("traceEvents".into(), Value::Array(events));
+    let (salvaged, unused_bytes) = match salvage {
         None => (false, 0),
-        Some(cut) => {
-            let unused = (text.len() - cut.at) as u64;
-            let n = match map.get("traceEvents") {
-                Some(Value::Array(events)) => events.len(),
-                _ => 0,
-            };
+        Some(s) => {
             warnings.push(format!(
-                "{}: trace truncated at byte {}; salvaged {n} events, {unused} bytes unused",
-                path.display(),
-                cut.at
+                "{name}: trace truncated at byte {}; salvaged {n} events, {} bytes unused",
+                s.offset, s.unused_bytes
             ));
-            mark_salvaged(&mut map, unused);
-            (true, unused)
+            mark_salvaged(&mut map, s.unused_bytes);
+            (true, s.unused_bytes)
         }
     };
     Ok(TraceDocument {
@@ -109,60 +160,38 @@ pub fn read_trace_bytes(path_for_messages: &Path, bytes: &[u8]) -> Result<TraceD
     })
 }
 
-/// Decompress every gzip member; on a truncated or corrupt stream keep what
-/// came out before the failure and report how far into the compressed input
-/// it got (the writer's sync flushes make that prefix worth keeping).
-fn gunzip(bytes: &[u8]) -> (Vec<u8>, Option<(usize, std::io::Error)>) {
-    let mut rest = bytes;
-    // Chrome-trace JSON compresses roughly 10x; start at 4x so that the
-    // doubling growth of `read_to_end` copies little.
-    let mut out = Vec::with_capacity(bytes.len().saturating_mul(4));
-    // `read_to_end` keeps every byte read before an error, which is exactly
-    // the salvage contract.
-    let result = flate2::bufread::MultiGzDecoder::new(&mut rest).read_to_end(&mut out);
-    match result {
-        Ok(_) => (out, None),
-        Err(err) => (out, Some((bytes.len() - rest.len(), err))),
-    }
+/// Parse one raw value, repairing invalid UTF-8 first (torch writes raw C++
+/// symbol bytes into names): each bad sequence becomes U+FFFD rather than
+/// costing the value. The second result counts the repairs and gives the
+/// first one's offset within `raw`.
+fn parse(raw: &[u8]) -> (Parsed, Option<(u64, usize)>) {
+    let (text, bad) = repair_utf8(raw);
+    let parsed = match serde_json::from_slice::<Value>(&text) {
+        Ok(v) => Parsed::Value(v),
+        Err(e) => Parsed::Refused(describe(&e)),
+    };
+    (parsed, bad)
 }
 
-/// torch emits names with invalid UTF-8 (raw bytes of C++ symbols); replace
-/// each bad sequence with U+FFFD rather than refuse the whole trace. A
-/// multi-byte character cut by truncation at the very end is replaced too but
-/// not warned about: the salvage warning covers those bytes.
-fn repair_utf8<'a>(path: &Path, raw: Cow<'a, [u8]>, warnings: &mut Vec<String>) -> Cow<'a, [u8]> {
-    if std::str::from_utf8(&raw).is_ok() {
-        return raw;
+fn repair_utf8(raw: &[u8]) -> (Cow<'_, [u8]>, Option<(u64, usize)>) {
+    if std::str::from_utf8(raw).is_ok() {
+        return (Cow::Borrowed(raw), None);
     }
-    let mut out = Vec::with_capacity(raw.len() + 64);
-    let mut bad = 0usize;
-    let mut first_bad = 0usize;
-    let mut at = 0usize;
+    let mut out = Vec::with_capacity(raw.len() + 16);
+    let (mut bad, mut first, mut at) = (0u64, 0usize, 0usize);
     for chunk in raw.utf8_chunks() {
         out.extend_from_slice(chunk.valid().as_bytes());
         at += chunk.valid().len();
-        let invalid = chunk.invalid();
-        if invalid.is_empty() {
-            continue;
-        }
-        out.extend_from_slice("\u{FFFD}".as_bytes());
-        let cut_at_end = at + invalid.len() == raw.len()
-            && std::str::from_utf8(invalid).is_err_and(|e| e.error_len().is_none());
-        if !cut_at_end {
+        if !chunk.invalid().is_empty() {
+            out.extend_from_slice("\u{FFFD}".as_bytes());
             if bad == 0 {
-                first_bad = at;
+                first = at;
             }
             bad += 1;
+            at += chunk.invalid().len();
         }
-        at += invalid.len();
     }
-    if bad > 0 {
-        warnings.push(format!(
-            "{}: replaced {bad} invalid UTF-8 sequence(s) with U+FFFD, the first at byte {first_bad}",
-            path.display()
-        ));
-    }
-    Cow::Owned(out)
+    (Cow::Owned(out), Some((bad, first)))
 }
 
 /// Record the salvage in `otherData`. A salvaged open segment has no
@@ -190,402 +219,6 @@ fn mark_salvaged(map: &mut Map<String, Value>, unused: u64) {
     }
 }
 
-fn trace_err(path: &Path, offset: usize, reason: impl Into<String>) -> CoreError {
-    CoreError::Trace {
-        path: path.to_path_buf(),
-        offset: offset as u64,
-        reason: reason.into(),
-    }
-}
-
-/// Where the text stopped being usable.
-struct Cut {
-    /// Byte just after the last value that was used: everything from here on is unused.
-    at: usize,
-    /// Byte where reading actually failed, for error messages.
-    err_at: usize,
-    why: String,
-    /// The text simply ran out (truncation) rather than turning into garbage.
-    eof: bool,
-}
-
-/// One value read by `Scanner::item`.
-enum Item {
-    Value(Value, usize),
-    /// A balanced but unparsable value (a number out of f64 range, a lone
-    /// surrogate escape, nesting past serde_json's limit): dropped so that one
-    /// bad event does not cost every event after it.
-    Skipped(usize, String),
-    Broken(Cut),
-}
-
-/// How an event list ended.
-enum ListEnd {
-    Closed(usize),
-    Cut(Cut),
-}
-
-struct Parsed {
-    map: Map<String, Value>,
-    cut: Option<Cut>,
-}
-
-/// Walks the top level of the text once; every value below it is parsed by
-/// `serde_json`, so the whole read stays linear in the input.
-struct Scanner<'a> {
-    path: &'a Path,
-    text: &'a [u8],
-    dropped: usize,
-    first_dropped: Option<(usize, String)>,
-    non_objects: usize,
-    first_non_object: usize,
-    /// Offset and length of non-blank text after a complete document.
-    trailing: Option<(usize, usize)>,
-}
-
-impl<'a> Scanner<'a> {
-    fn new(path: &'a Path, text: &'a [u8]) -> Self {
-        Scanner {
-            path,
-            text,
-            dropped: 0,
-            first_dropped: None,
-            non_objects: 0,
-            first_non_object: 0,
-            trailing: None,
-        }
-    }
-
-    fn skip_ws(&self, mut pos: usize) -> usize {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.text.get(pos) {
-            pos += 1;
-        }
-        pos
-    }
-
-    fn err(&self, offset: usize, reason: impl Into<String>) -> CoreError {
-        trace_err(self.path, offset, reason)
-    }
-
-    fn document(&mut self) -> Result<Parsed> {
-        // Some Windows tools prefix a BOM; serde_json rejects it.
-        let start = if self.text.starts_with(b"\xEF\xBB\xBF") {
-            3
-        } else {
-            0
-        };
-        let pos = self.skip_ws(start);
-        match self.text.get(pos) {
-            None => Err(self.err(pos, "no JSON value (only whitespace)")),
-            Some(b'{') => self.object(pos),
-            Some(b'[') => self.array_format(pos),
-            // Not a trace either way; parse it whole only to say what it is.
-            Some(_) => Err(match serde_json::from_slice::<Value>(&self.text[pos..]) {
-                Ok(v) => self.err(
-                    pos,
-                    format!(
-                        "not a trace: expected a JSON object with a traceEvents array, found {}",
-                        kind(&v)
-                    ),
-                ),
-                Err(e) => self.err(
-                    pos + error_offset(&self.text[pos..], &e),
-                    format!("not JSON: {}", describe(&e)),
-                ),
-            }),
-        }
-    }
-
-    fn object(&mut self, open: usize) -> Result<Parsed> {
-        let text = self.text;
-        let mut map = Map::new();
-        let mut events: Option<Vec<Value>> = None;
-        let mut bad_events_value: Option<(usize, &'static str)> = None;
-        let mut last_good = open + 1;
-        let mut pos = self.skip_ws(open + 1);
-        let mut cut = None;
-        let mut closed = None;
-        if text.get(pos) == Some(&b'}') {
-            closed = Some(pos + 1);
-        }
-        while closed.is_none() {
-            let key = match self.item(pos) {
-                Item::Value(Value::String(key), end) => {
-                    pos = end;
-                    key
-                }
-                Item::Broken(c) => {
-                    cut = Some(Cut { at: last_good, ..c });
-                    break;
-                }
-                _ => {
-                    cut = Some(self.cut(last_good, pos, "expected a key string"));
-                    break;
-                }
-            };
-            pos = self.skip_ws(pos);
-            if text.get(pos) != Some(&b':') {
-                cut = Some(self.cut(last_good, pos, "expected `:` after a key"));
-                break;
-            }
-            pos = self.skip_ws(pos + 1);
-            if key == "traceEvents" && text.get(pos) == Some(&b'[') {
-                let mut list = Vec::new();
-                let end = self.events(pos, &mut list);
-                events = Some(list);
-                bad_events_value = None;
-                match end {
-                    ListEnd::Closed(end) => {
-                        last_good = end;
-                        pos = end;
-                    }
-                    ListEnd::Cut(c) => {
-                        cut = Some(c);
-                        break;
-                    }
-                }
-            } else {
-                match self.item(pos) {
-                    Item::Value(value, end) => {
-                        if key == "traceEvents" {
-                            bad_events_value = Some((pos, kind(&value)));
-                            events = None;
-                        }
-                        map.insert(key, value);
-                        last_good = end;
-                        pos = end;
-                    }
-                    Item::Skipped(end, why) => {
-                        self.note_dropped(pos, why);
-                        pos = end;
-                    }
-                    Item::Broken(c) => {
-                        cut = Some(Cut { at: last_good, ..c });
-                        break;
-                    }
-                }
-            }
-            pos = self.skip_ws(pos);
-            match text.get(pos) {
-                Some(b',') => {
-                    pos = self.skip_ws(pos + 1);
-                    // Tolerate a trailing comma: harmless, and easy to emit.
-                    if text.get(pos) == Some(&b'}') {
-                        closed = Some(pos + 1);
-                    }
-                }
-                Some(b'}') => closed = Some(pos + 1),
-                None => cut = Some(self.cut(last_good, pos, "unexpected end of text")),
-                Some(_) => cut = Some(self.cut(last_good, pos, "expected `,` or `}`")),
-            }
-            if cut.is_some() {
-                break;
-            }
-        }
-
-        let Some(events) = events else {
-            if let Some((at, found)) = bad_events_value {
-                return Err(self.err(
-                    at,
-                    format!("not a trace: traceEvents is {found}, not an array"),
-                ));
-            }
-            return Err(match cut {
-                Some(c) => self.err(c.err_at, format!("cannot read the trace: {}", c.why)),
-                None => self.err(open, "not a trace: the object has no traceEvents array"),
-            });
-        };
-        map.insert("traceEvents".into(), Value::Array(events));
-        if let Some(end) = closed {
-            self.check_trailing(end);
-        }
-        Ok(Parsed { map, cut })
-    }
-
-    fn array_format(&mut self, open: usize) -> Result<Parsed> {
-        let mut events = Vec::new();
-        let end = self.events(open, &mut events);
-        let cut = match end {
-            ListEnd::Closed(end) => {
-                self.check_trailing(end);
-                None
-            }
-            // Chrome's array format allows the closing `]` to be missing, but a
-            // list that turns into garbage before its first event is no trace.
-            ListEnd::Cut(c) if events.is_empty() && !c.eof => {
-                return Err(self.err(c.err_at, format!("not a trace: {}", c.why)));
-            }
-            ListEnd::Cut(c) => Some(c),
-        };
-        if events.is_empty() && self.non_objects > 0 {
-            return Err(self.err(
-                self.first_non_object,
-                "not a trace: the array holds no event objects",
-            ));
-        }
-        let mut map = Map::new();
-        map.insert("traceEvents".into(), Value::Array(events));
-        Ok(Parsed { map, cut })
-    }
-
-    /// Read the elements of the array opened at `open` into `out`.
-    fn events(&mut self, open: usize, out: &mut Vec<Value>) -> ListEnd {
-        let text = self.text;
-        let mut last_good = open + 1;
-        let mut pos = self.skip_ws(open + 1);
-        if text.get(pos) == Some(&b']') {
-            return ListEnd::Closed(pos + 1);
-        }
-        loop {
-            match self.item(pos) {
-                Item::Value(value, end) => {
-                    if value.is_object() {
-                        out.push(value);
-                    } else {
-                        if self.non_objects == 0 {
-                            self.first_non_object = pos;
-                        }
-                        self.non_objects += 1;
-                    }
-                    last_good = end;
-                    pos = end;
-                }
-                Item::Skipped(end, why) => {
-                    self.note_dropped(pos, why);
-                    pos = end;
-                }
-                Item::Broken(c) => return ListEnd::Cut(Cut { at: last_good, ..c }),
-            }
-            pos = self.skip_ws(pos);
-            match text.get(pos) {
-                Some(b',') => {
-                    pos = self.skip_ws(pos + 1);
-                    if text.get(pos) == Some(&b']') {
-                        return ListEnd::Closed(pos + 1);
-                    }
-                }
-                Some(b']') => return ListEnd::Closed(pos + 1),
-                None => return ListEnd::Cut(self.cut(last_good, pos, "unexpected end of text")),
-                Some(_) => return ListEnd::Cut(self.cut(last_good, pos, "expected `,` or `]`")),
-            }
-        }
-    }
-
-    /// Parse one JSON value starting at `pos` (which is not whitespace).
-    fn item(&self, pos: usize) -> Item {
-        let rest = &self.text[pos..];
-        // The stream deserializer is the serde_json API that reports where a
-        // value ended, and it accepts any of `,]}` right after a value.
-        let mut stream = serde_json::Deserializer::from_slice(rest).into_iter::<Value>();
-        match stream.next() {
-            Some(Ok(value)) => {
-                let end = pos + stream.byte_offset();
-                // A number that runs into the end of the text may have lost
-                // digits to truncation; objects and strings close themselves.
-                if value.is_number() && self.skip_ws(end) == self.text.len() {
-                    return Item::Broken(self.cut(pos, end, "unexpected end of text"));
-                }
-                Item::Value(value, end)
-            }
-            None => Item::Broken(self.cut(pos, self.text.len(), "unexpected end of text")),
-            Some(Err(err)) => {
-                let err_at = pos + error_offset(rest, &err);
-                let why = describe(&err);
-                if err.is_eof() {
-                    return Item::Broken(Cut {
-                        at: pos,
-                        err_at,
-                        why,
-                        eof: true,
-                    });
-                }
-                match raw_end(rest) {
-                    Some(len) => Item::Skipped(pos + len, why),
-                    None => Item::Broken(Cut {
-                        at: pos,
-                        err_at,
-                        why,
-                        eof: false,
-                    }),
-                }
-            }
-        }
-    }
-
-    fn cut(&self, at: usize, err_at: usize, why: &str) -> Cut {
-        Cut {
-            at,
-            err_at,
-            why: why.into(),
-            eof: err_at >= self.text.len(),
-        }
-    }
-
-    fn note_dropped(&mut self, pos: usize, why: String) {
-        if self.first_dropped.is_none() {
-            self.first_dropped = Some((pos, why));
-        }
-        self.dropped += 1;
-    }
-
-    /// Text after a complete document: whitespace and NUL padding (left by a
-    /// crashed file system) are ignored silently; anything else is reported
-    /// but does not spoil the document.
-    fn check_trailing(&mut self, end: usize) {
-        let extra = self.text[end..]
-            .iter()
-            .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0));
-        if let Some(i) = extra {
-            self.trailing = Some((end + i, self.text.len() - end - i));
-        }
-    }
-
-    fn report(&self, warnings: &mut Vec<String>) {
-        let path = self.path.display();
-        if let Some((at, why)) = &self.first_dropped {
-            warnings.push(format!(
-                "{path}: dropped {} unreadable value(s), the first at byte {at} ({why})",
-                self.dropped
-            ));
-        }
-        if self.non_objects > 0 {
-            warnings.push(format!(
-                "{path}: ignored {} traceEvents entries that are not objects, the first at byte {}",
-                self.non_objects, self.first_non_object
-            ));
-        }
-        if let Some((at, n)) = self.trailing {
-            warnings.push(format!(
-                "{path}: ignored {n} bytes after the end of the trace at byte {at}"
-            ));
-        }
-    }
-}
-
-/// Length of the balanced value at the start of `text` without interpreting
-/// it, so that a value serde_json refuses can be stepped over. `None` when
-/// the value runs into the end of the text or does not start like a value.
-/// The same walk the streaming scanner uses.
-fn raw_end(text: &[u8]) -> Option<usize> {
-    crate::trace::scan::value_end(text, 0)
-}
-
-/// Byte offset within `text` of the line/column serde_json reported. Only
-/// called on failure, and only scans up to the failing line.
-fn error_offset(text: &[u8], err: &serde_json::Error) -> usize {
-    if err.is_eof() {
-        return text.len();
-    }
-    let mut line_start = 0;
-    for _ in 1..err.line() {
-        match text[line_start..].iter().position(|&b| b == b'\n') {
-            Some(i) => line_start += i + 1,
-            None => break,
-        }
-    }
-    (line_start + err.column().saturating_sub(1)).min(text.len())
-}
-
 /// serde_json's message without its "at line L column C" suffix: callers
 /// report a byte offset instead.
 fn describe(err: &serde_json::Error) -> String {
@@ -596,20 +229,10 @@ fn describe(err: &serde_json::Error) -> String {
     }
 }
 
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::CoreError;
     use crate::test_support::{gzip, trace_error};
     use flate2::write::GzEncoder;
     use flate2::Compression;
@@ -855,7 +478,11 @@ mod tests {
         let (_, reason) = trace_error(read(&gzip(b"")));
         assert!(reason.contains("no data"), "{reason}");
         let (_, reason) = trace_error(read(b"\x1f\x8b\x08\x00garbage-after-a-gzip-magic"));
-        assert!(reason.contains("gzip stream is corrupt"), "{reason}");
+        assert!(
+            reason.starts_with("gzip stream truncated or corrupt")
+                && reason.ends_with("yields no data"),
+            "{reason}"
+        );
         trace_error(read(&gzip(b"   ")));
     }
 
@@ -961,5 +588,127 @@ mod tests {
             }
             other => panic!("expected an Io error, got {other:?}"),
         }
+    }
+
+    /// `{"traceEvents":[e0,<bad event>,e2,e3]}` with `bad` inside the bad event's name.
+    fn with_bad_event(bad: &[u8]) -> (Vec<u8>, usize) {
+        let head = format!(r#"{{"traceEvents":[{},"#, ev(0));
+        let mut text = head.clone().into_bytes();
+        text.extend_from_slice(br#"{"ph":"X","name":"bad"#);
+        text.extend_from_slice(bad);
+        text.extend_from_slice(
+            format!(
+                r#"name","ts":1,"dur":1,"pid":1,"tid":1}},{},{}],"otherData":{{"k":1}}}}"#,
+                ev(2),
+                ev(3)
+            )
+            .as_bytes(),
+        );
+        (text, head.len())
+    }
+
+    #[test]
+    fn a_raw_tab_nul_or_newline_in_a_string_costs_only_its_event() {
+        for bad in [&b"\t"[..], b"\0", b"\n", b"\r\n", b"\x1f"] {
+            let (text, at) = with_bad_event(bad);
+            for bytes in [text.clone(), gzip(&text)] {
+                let doc = read(&bytes).unwrap();
+                assert!(!doc.salvaged, "{bad:?}: {:?}", doc.warnings);
+                assert_eq!(names(&doc), ["e0", "e2", "e3"], "{bad:?}");
+                assert_eq!(doc.value["otherData"]["k"], 1);
+                assert_eq!(doc.warnings.len(), 1, "{:?}", doc.warnings);
+                let want = format!(
+                    "t.json: dropped the unreadable event at byte {at} (control character in a string at byte {}",
+                    at + r#"{"ph":"X","name":"bad"#.len()
+                );
+                assert!(doc.warnings[0].starts_with(&want), "{:?}", doc.warnings);
+            }
+        }
+        // Many bad events: each one dropped, every good one kept, all counted.
+        let mut text = String::from("[");
+        for i in 0..200 {
+            let name = if i % 2 == 0 {
+                format!("e{i}")
+            } else {
+                format!("b\t{i}")
+            };
+            text.push_str(&format!(r#"{{"ph":"i","name":"{name}","ts":{i}}},"#));
+        }
+        text.push_str("{}]");
+        let doc = read(text.as_bytes()).unwrap();
+        assert_eq!(events(&doc).len(), 101);
+        let shown = doc
+            .warnings
+            .iter()
+            .filter(|w| w.contains("dropped the unreadable event"))
+            .count();
+        assert!(
+            doc.warnings
+                .last()
+                .unwrap()
+                .contains(&format!("{} more warning(s)", 100 - shown)),
+            "{:?}",
+            doc.warnings.last()
+        );
+    }
+
+    #[test]
+    fn garbage_between_events_is_skipped_to_the_next_event() {
+        let e0 = format!(r#"{{"traceEvents":[{}"#, ev(0));
+        for (junk, why) in [
+            (", @#% !! ,", "expected an event object"),
+            (" junk ,", "expected `,` or `]` after an event"),
+            ("\0\0\0,", "expected `,` or `]` after an event"),
+        ] {
+            let text = format!("{e0}{junk}{},{}]}}", ev(1), ev(2));
+            let doc = read(text.as_bytes()).unwrap();
+            assert!(!doc.salvaged, "{junk:?}");
+            assert_eq!(names(&doc), ["e0", "e1", "e2"], "{junk:?}");
+            let at = e0.len() + junk.find(|c: char| !matches!(c, ',' | ' ')).unwrap();
+            assert_eq!(doc.warnings.len(), 1, "{:?}", doc.warnings);
+            assert!(
+                doc.warnings[0].starts_with(&format!("t.json: {why} at byte {at}; skipped")),
+                "{junk:?}: {:?}",
+                doc.warnings
+            );
+        }
+        // A value that is no JSON at all in the list is dropped like a bad event.
+        let text = format!("{e0},12abc,{}]}}", ev(1));
+        let doc = read(text.as_bytes()).unwrap();
+        assert_eq!(names(&doc), ["e0", "e1"]);
+        assert!(doc.warnings[0].contains(&format!(
+            "dropped the unreadable event at byte {}",
+            e0.len() + 1
+        )));
+    }
+
+    #[test]
+    fn a_non_trace_is_refused_after_its_first_bytes() {
+        // A gzip stream whose text is not JSON fails before the rest is inflated:
+        // the scanner stops reading as soon as it has seen the first byte.
+        // Incompressible after the first bytes, so the file is as big as its text.
+        let mut text = b"<html>".to_vec();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        text.extend((0..8 << 20).map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        }));
+        let bytes = gzip(&text);
+        let mut sc =
+            Scanner::from_reader(Path::new("t.json"), Box::new(Cursor::new(bytes.clone())));
+        let err = sc.next_item().unwrap_err().to_string();
+        assert!(
+            err.starts_with("t.json: not JSON") && err.ends_with("at byte 0"),
+            "{err}"
+        );
+        assert!(
+            sc.compressed_read() < bytes.len() as u64 / 4,
+            "{} of {}",
+            sc.compressed_read(),
+            bytes.len()
+        );
+        trace_error(read(&bytes));
     }
 }
