@@ -1039,7 +1039,7 @@ fn walk(buf: &[u8], w: &mut Walk, stack: &mut [u64; STACK_WORDS], abs0: u64) -> 
 
 mod fields;
 use fields::number_parts;
-pub use fields::{parse_int, parse_us_to_ns, str_value, Fields};
+pub use fields::{for_each_entry, parse_int, parse_us_to_ns, str_value, Fields};
 
 #[cfg(test)]
 mod tests;
