@@ -471,7 +471,8 @@ impl<'o> Reading<'o> {
                 return !first;
             }
             let args = || get(&f.args).and_then(|a| serde_json::from_slice::<Value>(a).ok());
-            if name == b"fastprof_info" && !fs.rank_from_meta {
+            // A merged trace carries every input's fastprof_info: not its own.
+            if name == b"fastprof_info" && !fs.rank_from_meta && fs.info.kind != "merged" {
                 if let Some(a) = args() {
                     apply_fastprof_meta(fs, &a);
                 }

@@ -271,7 +271,9 @@ fn run_directory_with_two_ranks_torch_traces_and_a_merged_output() {
     let merged = format!(
         r#"{{"baseTimeNanoseconds":{BASE},"traceEvents":[
 {{"ph":"M","name":"fastprof_merge","pid":0,"tid":0,"args":{{"inputs":2}}}},
+{{"ph":"M","name":"fastprof_info","pid":200000,"tid":0,"args":{{"producer":"fastprof","rank":1}}}},
 {{"ph":"M","name":"process_name","pid":200000,"tid":0,"args":{{"name":"rank 1: rank 1"}}}},
+{{"ph":"M","name":"fastprof_info","pid":100000,"tid":0,"args":{{"producer":"fastprof","rank":0}}}},
 {{"ph":"X","name":"forward","pid":200000,"tid":1,"ts":1.000,"dur":1.000}},
 {{"ph":"X","name":"forward","pid":100000,"tid":1,"ts":2.000,"dur":1.000}}
 ],"otherData":{{"producer":"fastprof merge","merged":true}}}}"#
