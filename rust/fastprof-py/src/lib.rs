@@ -2,6 +2,7 @@
 //! is written in Python (`python/fastprof`); this module only converts values,
 //! releases the GIL around blocking work and maps errors.
 
+mod columns;
 mod convert;
 mod errors;
 mod recording;
@@ -258,6 +259,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sampler_info, m)?)?;
     m.add_function(wrap_pyfunction!(energy_between, m)?)?;
     m.add_function(wrap_pyfunction!(merge, m)?)?;
+    m.add_function(wrap_pyfunction!(columns::read_columns, m)?)?;
     m.add("__version__", fastprof_core::VERSION)?;
     Ok(())
 }
