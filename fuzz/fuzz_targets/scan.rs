@@ -3,15 +3,15 @@
 //! and the number parsers for every event. Besides "never panics" it checks
 //! properties the merger relies on:
 //! * every event is one `{...}` object, the same whatever the read sizes;
-//! * the scanner keeps at least the events the (non-streaming) reader keeps;
+//! * the scanner keeps at least the events the reader (built on it) keeps;
 //! * `parse_us_to_ns` agrees with a float computation where floats are exact enough.
 #![no_main]
 
 use std::io::{Cursor, Read};
 use std::path::Path;
 
-use fastprof_core::reader::read_trace_bytes;
-use fastprof_core::scan::{parse_int, parse_us_to_ns, str_value, Fields, Item, Scanner};
+use fastprof_core::trace::reader::read_trace_bytes;
+use fastprof_core::trace::scan::{parse_int, parse_us_to_ns, str_value, Fields, Item, Scanner};
 use libfuzzer_sys::fuzz_target;
 
 // The core's own test reader (plain std), shared rather than copied.

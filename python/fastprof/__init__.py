@@ -14,6 +14,7 @@ Spans, instants and counters go into per-thread Rust ring buffers; a Rust
 writer thread streams them as gzip Chrome traces that Perfetto UI opens.
 """
 
+from fastprof._columns import Columns, read_columns
 from fastprof._core import (
     AlreadyRunningError,
     ConfigError,
@@ -39,6 +40,7 @@ from fastprof._recorder import Recorder, RunStats, current, start, stop
 
 __all__ = [
     "AlreadyRunningError",
+    "Columns",
     "ConfigError",
     "FastprofError",
     "FastprofFileNotFoundError",
@@ -58,6 +60,7 @@ __all__ = [
     "is_active",
     "merge",
     "name_id",
+    "read_columns",
     "read_trace",
     "span",
     "start",

@@ -138,3 +138,15 @@ def merge(
     progress: bool = False,
 ) -> dict[str, Any]: ...
 def read_trace(path: str) -> tuple[Any, list[str], bool, int]: ...
+def read_columns(
+    paths: list[str],
+    *,
+    names: list[str] | None = None,
+    name_prefixes: list[str] = ...,
+    categories: list[str] | None = None,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    spans: bool = True,
+    instants: bool = True,
+    counters: bool = True,
+) -> dict[str, Any]: ...

@@ -8,9 +8,11 @@
 //!   owns its writer thread, sinks and sampler.
 //! * [`collect`]: the writer thread: drain rings, convert ticks, pair Begin/End, format events.
 //! * [`sink`]: where events go: gzip segment files, the in-memory window.
-//! * [`reader`]: reads traces back, salvaging truncated ones.
+//! * [`trace`]: reading traces back: the streaming scanner, the salvaging
+//!   reader and numpy-ready columns ([`reader`] and [`scan`] are re-exported
+//!   at the crate root under their old paths).
 //! * [`sampler`]: the always-on host / process / NVML sampler thread.
-//! * [`scan`], [`merge`], [`pargz`]: the streaming scanner, `fastprof merge`, parallel single-member gzip.
+//! * [`merge`], [`pargz`]: `fastprof merge`, parallel single-member gzip.
 //! * [`clock`]: CLOCK_MONOTONIC / CLOCK_REALTIME and anchor pairs.
 
 pub mod clock;
@@ -21,18 +23,18 @@ pub mod json;
 pub mod merge;
 pub mod names;
 pub mod pargz;
-pub mod reader;
 pub mod record;
 pub mod registry;
 pub mod ring;
 pub mod sampler;
-pub mod scan;
 pub mod session;
 pub mod sink;
 #[cfg(test)]
 mod test_support;
+pub mod trace;
 
 pub use error::{CoreError, Result};
+pub use trace::{reader, scan};
 
 /// The version written into every trace's metadata.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

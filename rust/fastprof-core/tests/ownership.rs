@@ -1,24 +1,28 @@
 //! Records own their extras: nothing leaks and nothing is freed twice, through
 //! pushes, drains, full rings and rings dropped with records still inside.
-//! A counting global allocator sees every allocation of this test binary.
+//! A counting global allocator counts every allocation and free made by the
+//! test's own thread (the harness's threads allocate too, concurrently).
 
 use fastprof_core::record::{Extra, Kind, Record};
 use fastprof_core::ring::ring;
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::cell::Cell;
 use std::sync::Mutex;
 
 struct Counting;
 
-static LIVE: AtomicIsize = AtomicIsize::new(0);
+thread_local! {
+    // Const-initialised and without a destructor: using it never allocates.
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+}
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::SeqCst);
+        let _ = LIVE.try_with(|c| c.set(c.get() + l.size() as isize));
         System.alloc(l)
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::SeqCst);
+        let _ = LIVE.try_with(|c| c.set(c.get() - l.size() as isize));
         System.dealloc(p, l)
     }
 }
@@ -26,7 +30,7 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static A: Counting = Counting;
 
-/// Tests in this binary share the counter: one at a time.
+/// One at a time, so that neither test's harness output lands in the other's count.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn extra(i: u64) -> Box<Extra> {
@@ -37,7 +41,7 @@ fn extra(i: u64) -> Box<Extra> {
 }
 
 fn live() -> isize {
-    LIVE.load(Ordering::SeqCst)
+    LIVE.with(Cell::get)
 }
 
 #[test]

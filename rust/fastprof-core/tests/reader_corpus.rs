@@ -9,7 +9,7 @@ mod common;
 use common::{corpus, file_name};
 use std::path::Path;
 
-use fastprof_core::reader::{read_trace, read_trace_bytes, TraceDocument};
+use fastprof_core::trace::reader::{read_trace, read_trace_bytes, TraceDocument};
 use fastprof_core::CoreError;
 use serde_json::Value;
 
@@ -28,7 +28,9 @@ const EVENT_COUNTS: &[(&str, usize)] = &[
     ("ok_kineto_like.json", 4),
     ("ok_lone_surrogate_escape.json", 2),
     ("ok_multi_member.json.gz", 8),
+    ("ok_garbage_between_events.json", 4),
     ("ok_nul_padded.json", 3),
+    ("ok_raw_control_chars_in_strings.json", 4),
     ("ok_single_member.json.gz", 10),
     ("ok_trailing_comma.json", 3),
     ("ok_unbalanced_b_e.json", 4),
@@ -154,6 +156,27 @@ fn specific_corpus_outcomes() {
         names.iter().any(|n| n.starts_with("at::\u{FFFD}")),
         "{names:?}"
     );
+
+    // A malformed event costs only itself; the events after it are kept.
+    let doc = read("ok_raw_control_chars_in_strings.json");
+    let names: Vec<&str> = doc.value["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(names, ["op0", "op2", "op4", "op6"]);
+    let dropped = doc
+        .warnings
+        .iter()
+        .filter(|w| {
+            w.contains("dropped the unreadable event at byte") && w.contains("control character")
+        })
+        .count();
+    assert_eq!(dropped, 3, "{:?}", doc.warnings);
+    let doc = read("ok_garbage_between_events.json");
+    assert_eq!(doc.warnings.len(), 3, "{:?}", doc.warnings);
+    assert!(doc.warnings.iter().all(|w| w.contains("; skipped")));
 
     let doc = read("ok_array_closed.json");
     assert_eq!(doc.value.as_object().unwrap().len(), 1);

@@ -4,7 +4,8 @@
 use fastprof_core::config::Config;
 use fastprof_core::record::Extra;
 use fastprof_core::session::Session;
-use fastprof_core::{names, reader, registry};
+use fastprof_core::trace::reader;
+use fastprof_core::{names, registry};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -1,6 +1,6 @@
-//! Runs the streaming scanner (`fastprof_core::scan`) over every file in
-//! `tests/corpus/` (see its README.md), with the non-streaming reader as the
-//! reference:
+//! Runs the streaming scanner (`fastprof_core::trace::scan`) over every file in
+//! `tests/corpus/` (see its README.md), with the reader (which parses each
+//! scanned event with serde_json) as the reference:
 //!
 //! * `err_*`: a `CoreError::Trace` naming the file and a byte offset, like the
 //!   reader (no `err_*` file yields an event or a salvage instead).
@@ -17,8 +17,8 @@ mod common;
 use common::{corpus, file_name};
 use std::path::Path;
 
-use fastprof_core::reader::{read_trace, read_trace_bytes};
-use fastprof_core::scan::{parse_int, parse_us_to_ns, Fields, Item, Salvage, Scanner};
+use fastprof_core::trace::reader::{read_trace, read_trace_bytes};
+use fastprof_core::trace::scan::{parse_int, parse_us_to_ns, Fields, Item, Salvage, Scanner};
 use fastprof_core::{CoreError, Result};
 
 /// Files where the scanner yields more events than the reader, and why: the

@@ -2,6 +2,7 @@
 //! is written in Python (`python/fastprof`); this module only converts values,
 //! releases the GIL around blocking work and maps errors.
 
+mod columns;
 mod convert;
 mod errors;
 mod recording;
@@ -134,6 +135,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_noop, m)?)?;
     m.add_function(wrap_pyfunction!(read_trace, m)?)?;
     m.add_function(wrap_pyfunction!(merge, m)?)?;
+    m.add_function(wrap_pyfunction!(columns::read_columns, m)?)?;
     m.add("__version__", fastprof_core::VERSION)?;
     Ok(())
 }

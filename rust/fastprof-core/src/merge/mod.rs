@@ -2,7 +2,7 @@
 //! torch.profiler (Kineto) traces and every rank of a distributed run,
 //! streaming in constant memory.
 //!
-//! Two passes over each input, both streaming through [`crate::scan`]:
+//! Two passes over each input, both streaming through [`crate::trace::scan`]:
 //! 1. [`plan`]: base time, rank, clock offset, pids, step markers, time range,
 //!    bytes per category. Needed first because Kineto may write
 //!    `baseTimeNanoseconds` after `traceEvents`, and windows by step need
@@ -23,7 +23,7 @@ pub mod plan;
 use crate::error::{CoreError, Result};
 use crate::json;
 use crate::pargz::ParGzWriter;
-use crate::scan::{self, Fields, Item, Scanner};
+use crate::trace::scan::{self, Fields, Item, Scanner};
 use plan::{InputInfo, Kind};
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap};

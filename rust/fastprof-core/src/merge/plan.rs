@@ -4,7 +4,7 @@
 //! Nothing is kept per event.
 
 use crate::error::Result;
-use crate::scan::{self, Fields, Item, Scanner};
+use crate::trace::scan::{self, Fields, Item, Scanner};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -127,6 +127,15 @@ whole = obj(events(8))
 FILES["ok_multi_member.json.gz"] = gz_member(whole[:100]) + gz_member(whole[100:250]) + gz_member(whole[250:])
 FILES["ok_nul_padded.json"] = obj(events(3)) + b"\x00" * 512
 FILES["ok_trailing_comma.json"] = ('{"traceEvents":[' + ",".join(events(3)) + ",]}").encode()
+# Raw control bytes inside strings (a writer that forgot to escape): each
+# such event is dropped, the walk resumes at the next one.
+FILES["ok_raw_control_chars_in_strings.json"] = obj(
+    [ev(i, name=f"op{i}" + {1: "\t", 3: "\x00", 5: "\n"}.get(i, "")) for i in range(7)]
+).replace(b"\\t", b"\t").replace(b"\\u0000", b"\x00").replace(b"\\n", b"\n")
+# Garbage between events, as a buggy writer or a bad concatenation leaves.
+FILES["ok_garbage_between_events.json"] = (
+    '{"traceEvents":[' + ev(0) + ", @@ junk @@ ," + ev(1) + " xx " + ev(2) + ",\x07," + ev(3) + "]}"
+).encode()
 FILES["ok_kineto_like.json"] = json.dumps(
     {
         "schemaVersion": 1,

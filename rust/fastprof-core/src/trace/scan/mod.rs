@@ -1,4 +1,6 @@
-//! Streaming scan of Chrome-trace JSON in constant memory, for `fastprof merge`.
+//! Streaming scan of Chrome-trace JSON in constant memory: the one walk under
+//! `fastprof merge`, the salvaging [`crate::trace::reader`] and
+//! [`crate::trace::columns`].
 //!
 //! Owns the byte-level walk over a trace of any size (plain or gzip, single-
 //! or multi-member; object `{"traceEvents": [...]}` or array `[ev, ...]`
@@ -11,8 +13,8 @@
 //! bytes into names), but the walk does check what copy-through needs for the
 //! output to stay valid JSON: balanced and matching brackets, legal escapes,
 //! no control characters inside strings and no stray bytes between tokens. A
-//! value failing that is dropped with a warning, like the salvaging
-//! [`crate::reader`] does, whose outcomes this module mirrors: a truncated
+//! value failing that is dropped with a warning and the walk resumes at the
+//! next element (a bad byte between elements skips to the next `{`): a truncated
 //! input ends with a [`Salvage`] after every complete event, and input that is
 //! no trace at all is a [`CoreError::Trace`].
 
@@ -253,6 +255,23 @@ impl Scanner {
     /// Events yielded so far.
     pub fn events(&self) -> u64 {
         self.events
+    }
+
+    /// Events dropped so far because they could not be copied through as
+    /// JSON (each also named in a warning, up to the warning limit).
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Why the input stream stopped early (a truncated or corrupt gzip
+    /// stream, a failed read), or None while it reads cleanly.
+    pub fn stream_error(&self) -> Option<&str> {
+        self.stream_err.as_deref()
+    }
+
+    /// Decompressed bytes read from the input so far (consumed or buffered).
+    pub fn text_read(&self) -> u64 {
+        self.total()
     }
 
     fn advance(&mut self) -> Result<Option<Found>> {
@@ -1020,8 +1039,7 @@ fn walk(buf: &[u8], w: &mut Walk, stack: &mut [u64; STACK_WORDS], abs0: u64) -> 
 
 mod fields;
 use fields::number_parts;
-pub(crate) use fields::value_end;
-pub use fields::{parse_int, parse_us_to_ns, str_value, Fields};
+pub use fields::{for_each_entry, parse_int, parse_us_to_ns, str_value, Fields};
 
 #[cfg(test)]
 mod tests;

@@ -83,7 +83,7 @@ fn kineto(i: usize) -> String {
 }
 
 fn reader_count(bytes: &[u8]) -> Option<usize> {
-    let doc = crate::reader::read_trace_bytes(Path::new("t.json"), bytes).ok()?;
+    let doc = crate::trace::reader::read_trace_bytes(Path::new("t.json"), bytes).ok()?;
     Some(doc.value["traceEvents"].as_array()?.len())
 }
 
@@ -577,5 +577,32 @@ fn scan_throughput() {
             bytes.len() as f64 / 1e6,
             bytes.len() as f64 / 1e6 / best
         );
+    }
+}
+
+#[test]
+fn entries_of_an_object_with_nested_values() {
+    let mut got = Vec::new();
+    let obj = br#" { "a" : 1, "b\"c": {"x": [1, "}"]}, "d":"s,t" ,"e":-2.5e3 } "#;
+    assert!(for_each_entry(obj, |k, v| got.push((
+        String::from_utf8_lossy(k).into_owned(),
+        String::from_utf8_lossy(v).into_owned()
+    ))));
+    assert_eq!(
+        got,
+        [
+            ("a", "1"),
+            ("b\\\"c", r#"{"x": [1, "}"]}"#),
+            ("d", r#""s,t""#),
+            ("e", "-2.5e3")
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+    );
+    assert!(for_each_entry(b"{}", |_, _| panic!("no entries")));
+    let mut n = 0;
+    assert!(!for_each_entry(br#"{"a":1,"b"}"#, |_, _| n += 1));
+    assert_eq!(n, 1, "entries before the break are seen");
+    for bad in [&b"[1]"[..], b"", b"{", br#"{"a":}"#, br#"{"a":1"#, b"{a:1}"] {
+        assert!(!for_each_entry(bad, |_, _| {}), "{bad:?}");
     }
 }

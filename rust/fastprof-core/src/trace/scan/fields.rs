@@ -128,6 +128,45 @@ pub(crate) fn value_end(text: &[u8], i: usize) -> Option<usize> {
     }
 }
 
+/// Call `f(key, value)` for each top-level entry of the JSON object `obj`
+/// (`key` between its quotes, escapes left as-is; `value` raw), stepping over
+/// nested values without parsing them. False (after the entries before it)
+/// if `obj` is not a well-formed object.
+pub fn for_each_entry(obj: &[u8], mut f: impl FnMut(&[u8], &[u8])) -> bool {
+    let mut i = skip_ws(obj, 0);
+    if obj.get(i) != Some(&b'{') {
+        return false;
+    }
+    i = skip_ws(obj, i + 1);
+    if obj.get(i) == Some(&b'}') {
+        return true;
+    }
+    loop {
+        if obj.get(i) != Some(&b'"') {
+            return false;
+        }
+        let Some(key_end) = string_end(obj, i) else {
+            return false;
+        };
+        let key = &obj[i + 1..key_end - 1];
+        i = skip_ws(obj, key_end);
+        if obj.get(i) != Some(&b':') {
+            return false;
+        }
+        i = skip_ws(obj, i + 1);
+        let Some(end) = value_end(obj, i) else {
+            return false;
+        };
+        f(key, &obj[i..end]);
+        i = skip_ws(obj, end);
+        match obj.get(i) {
+            Some(b',') => i = skip_ws(obj, i + 1),
+            Some(b'}') => return true,
+            _ => return false,
+        }
+    }
+}
+
 /// The value of a JSON string token (between the quotes, escapes left as-is).
 pub fn str_value(raw: &[u8]) -> Option<&[u8]> {
     match raw {

@@ -1,0 +1,129 @@
+"""Columns of traces for analysis: spans, instants and counters as numpy arrays.
+
+The files are read by the Rust core's streaming scanner with the GIL
+released; no JSON document and no Python object per event is ever built, so
+memory is proportional to the rows kept by the filters.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+from fastprof import _core
+
+KINDS = ("spans", "instants", "counters")
+
+PathArg: TypeAlias = str | os.PathLike[str]
+
+
+@dataclass(frozen=True)
+class Columns:
+    """What :func:`read_columns` returns.
+
+    ``spans``, ``instants`` and ``counters`` each map a column name to a 1-D
+    numpy array, all of one length per table (row ``i`` across them):
+
+    - ``name`` (uint32): index into :attr:`names`; ``cat`` (uint32): index
+      into :attr:`categories` (the whole ``cat`` string, ``""`` when absent);
+    - ``ts`` (int64): epoch ns (``baseTimeNanoseconds`` + relative µs, or
+      absolute epoch µs, parsed as decimal text, plus the rank's clock offset);
+      ``dur`` (int64 ns, spans only);
+    - ``pid``, ``tid`` (int64; -1 where the trace has a non-integer);
+    - ``rank`` (int32, -1 unknown); ``step`` (int64, -1 outside every step);
+      ``file`` (uint32): index into :attr:`files`;
+    - counters only: ``series`` (uint32, index into :attr:`names`: the args
+      key, one row per numeric key) and ``value`` (float64).
+    """
+
+    spans: dict[str, npt.NDArray[Any]]
+    instants: dict[str, npt.NDArray[Any]]
+    counters: dict[str, npt.NDArray[Any]]
+    names: list[str]
+    categories: list[str]
+    #: One dict per input file: path, kind ("fastprof", "kineto", "chrome",
+    #: "merged"), rank, base_ns, offset_ns, events, salvaged, skipped.
+    files: list[dict[str, Any]]
+    #: Salvages, dropped events, skipped files: one line each, naming the
+    #: file and, where there is one, the byte offset.
+    warnings: list[str]
+
+    def names_of(self, ids: npt.ArrayLike) -> npt.NDArray[np.object_]:
+        """The strings of name ids (e.g. ``cols.names_of(cols.spans["name"])``)."""
+        table = np.asarray(self.names, dtype=object)
+        return table[np.asarray(ids, dtype=np.intp)]
+
+
+def _strings(value: str | Iterable[str] | None, what: str) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    out = list(value)
+    if not all(isinstance(v, str) for v in out):
+        raise _core.ConfigError(f"invalid option {what}: expected strings, got {out!r}")
+    return out
+
+
+def read_columns(
+    path: PathArg | Sequence[PathArg],
+    *,
+    names: str | Iterable[str] | None = None,
+    name_prefix: str | Iterable[str] | None = None,
+    categories: str | Iterable[str] | None = None,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    kinds: Iterable[str] = KINDS,
+) -> Columns:
+    """Read spans, instants and counters of traces into numpy columns.
+
+    ``path``: a trace file (``.json``, ``.json.gz``, an open ``.part``
+    segment), a run directory (every rank's fastprof segments and the
+    torch.profiler traces under it), a merged ``trace.json.gz``, a glob, or a
+    list of these. In a directory, a previous merge output next to its inputs
+    is skipped, and so is a file that is not a trace (with a warning).
+
+    Filters (applied while reading, so rows left out take no memory): exact
+    ``names`` and/or ``name_prefix`` (a row is kept when either matches;
+    counters match on the event name), ``categories`` (any comma-separated
+    part of ``cat``), and the window ``[start_ns, end_ns)`` in epoch ns (spans
+    overlapping it, points inside it). ``kinds``: any of ``"spans"``,
+    ``"instants"``, ``"counters"``.
+
+    Raises :class:`fastprof.TraceError` (a ``ValueError``) for a file named
+    here that is not a trace, naming the file and byte offset, and
+    :class:`fastprof.FastprofFileNotFoundError` for a missing path.
+    """
+    if isinstance(path, (str, os.PathLike)):
+        paths = [os.fspath(path)]
+    else:
+        paths = [os.fspath(p) for p in path]
+    wanted = set(_strings(kinds, "kinds") or [])
+    unknown = wanted - set(KINDS)
+    if unknown:
+        raise _core.ConfigError(f"invalid option kinds: {sorted(unknown)} (choose from {', '.join(KINDS)})")
+    raw = _core.read_columns(
+        paths,
+        names=_strings(names, "names"),
+        name_prefixes=_strings(name_prefix, "name_prefix") or [],
+        categories=_strings(categories, "categories"),
+        start_ns=start_ns,
+        end_ns=end_ns,
+        spans="spans" in wanted,
+        instants="instants" in wanted,
+        counters="counters" in wanted,
+    )
+    return Columns(
+        spans=raw["spans"],
+        instants=raw["instants"],
+        counters=raw["counters"],
+        names=raw["names"],
+        categories=raw["categories"],
+        files=raw["files"],
+        warnings=raw["warnings"],
+    )

@@ -1,0 +1,804 @@
+//! Spans, instants and counters of traces as columns (numpy-ready vectors),
+//! for analysis and reports.
+//!
+//! Inputs are trace files, run directories (`<out>/<run>/rank*/fastprof.*`
+//! segments and `.part` files, torch.profiler `*.pt.trace.json[.gz]`) or a
+//! merged trace. Each file is walked once by the streaming
+//! [`Scanner`](super::scan::Scanner); [`Fields`] locates the keys a row needs
+//! and `args` are looked at only for counters and step markers, so memory is
+//! the scanner's buffer plus the rows kept (filters apply while reading; the
+//! time window at the end of each file, once its time base is known, since
+//! Kineto may write `baseTimeNanoseconds` after its events).
+//!
+//! Schema (one [`Table`] per kind, row `i` across its vectors):
+//! * `name`: index into [`Columns::names`]; `cat`: into [`Columns::categories`]
+//!   (the whole `cat` string; `""` when absent).
+//! * `ts`, `dur`: integer epoch ns, parsed from decimal text, never a float:
+//!   `baseTimeNanoseconds` + relative µs, or absolute epoch µs (torch < 2.4),
+//!   plus the rank's clock offset (`otherData.clock.offset_ns`), as `fastprof
+//!   merge` places events. `dur` only for spans (X events, and B/E pairs).
+//! * `pid`, `tid`: integers as written (-1 where not an integer).
+//! * `rank`: from fastprof metadata, `distributedInfo`, a `rank{R}` path
+//!   component, or in a merged trace the `rank R:` process names; -1 unknown.
+//! * `step`: see [`steps`]; -1 outside every step.
+//! * `file`: index into [`Columns::files`].
+//! * counters only: `series` (index into `names`: the args key, one row per
+//!   key, so `{"a":1,"b":2}` gives two rows) and `value` (f64).
+
+mod steps;
+#[cfg(test)]
+mod tests;
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::scan::{self, Fields, Item, Scanner};
+use crate::error::{CoreError, Result};
+use crate::merge::inputs;
+
+/// What to read. Name and category filters apply while reading, so rows they
+/// leave out never take memory.
+#[derive(Debug, Clone)]
+pub struct ColumnsOptions {
+    /// Keep events with exactly these names (counters: the event name, not the series).
+    pub names: Option<Vec<String>>,
+    /// Keep events whose name starts with one of these. With `names` too, a
+    /// row is kept when either matches.
+    pub name_prefixes: Vec<String>,
+    /// Keep events with one of these categories (one of the comma-separated
+    /// parts of `cat` must match).
+    pub categories: Option<Vec<String>>,
+    /// Keep rows overlapping `[start_ns, end_ns)` (epoch ns): points inside
+    /// it, spans with `ts < end_ns && ts + dur > start_ns`.
+    pub start_ns: Option<i64>,
+    pub end_ns: Option<i64>,
+    pub spans: bool,
+    pub instants: bool,
+    pub counters: bool,
+}
+
+impl Default for ColumnsOptions {
+    fn default() -> Self {
+        ColumnsOptions {
+            names: None,
+            name_prefixes: Vec::new(),
+            categories: None,
+            start_ns: None,
+            end_ns: None,
+            spans: true,
+            instants: true,
+            counters: true,
+        }
+    }
+}
+
+/// Rows of one kind, column by column.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Table {
+    pub name: Vec<u32>,
+    pub cat: Vec<u32>,
+    pub ts: Vec<i64>,
+    /// Spans only (empty for the other kinds).
+    pub dur: Vec<i64>,
+    pub pid: Vec<i64>,
+    pub tid: Vec<i64>,
+    pub rank: Vec<i32>,
+    pub step: Vec<i64>,
+    pub file: Vec<u32>,
+    /// Counters only.
+    pub series: Vec<u32>,
+    /// Counters only.
+    pub value: Vec<f64>,
+}
+
+impl Table {
+    pub fn len(&self) -> usize {
+        self.ts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ts.is_empty()
+    }
+
+    /// Keep rows `from..` for which `keep(self, row)` holds, in order.
+    fn retain_from(&mut self, from: usize, keep: impl Fn(&Table, usize) -> bool) {
+        let mut w = from;
+        for r in from..self.len() {
+            if !keep(self, r) {
+                continue;
+            }
+            if w != r {
+                self.name[w] = self.name[r];
+                self.cat[w] = self.cat[r];
+                self.ts[w] = self.ts[r];
+                self.pid[w] = self.pid[r];
+                self.tid[w] = self.tid[r];
+                self.file[w] = self.file[r];
+                if r < self.rank.len() {
+                    self.rank[w] = self.rank[r];
+                }
+                if !self.dur.is_empty() {
+                    self.dur[w] = self.dur[r];
+                }
+                if !self.series.is_empty() {
+                    self.series[w] = self.series[r];
+                    self.value[w] = self.value[r];
+                }
+            }
+            w += 1;
+        }
+        for v in [
+            &mut self.name,
+            &mut self.cat,
+            &mut self.file,
+            &mut self.series,
+        ] {
+            v.truncate(w.min(v.len()));
+        }
+        for v in [&mut self.ts, &mut self.pid, &mut self.tid, &mut self.dur] {
+            v.truncate(w.min(v.len()));
+        }
+        self.value.truncate(w.min(self.value.len()));
+        self.rank.truncate(w.min(self.rank.len()));
+    }
+}
+
+/// One input file and what was learnt about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileInfo {
+    pub path: PathBuf,
+    /// "fastprof", "kineto", "chrome" or "merged".
+    pub kind: &'static str,
+    pub rank: Option<u32>,
+    pub base_ns: Option<i64>,
+    pub offset_ns: i64,
+    /// Events the scanner yielded.
+    pub events: u64,
+    pub salvaged: bool,
+    /// Why the file was not used (a previous merge output next to its
+    /// inputs, or a file in a directory that is not a trace).
+    pub skipped: Option<String>,
+}
+
+/// Everything read: three tables and the tables their ids index.
+#[derive(Debug, Default, Clone)]
+pub struct Columns {
+    pub spans: Table,
+    pub instants: Table,
+    pub counters: Table,
+    pub names: Vec<String>,
+    pub categories: Vec<String>,
+    pub files: Vec<FileInfo>,
+    /// One line each, naming the file and, where there is one, the byte offset.
+    pub warnings: Vec<String>,
+}
+
+/// Read `inputs` (files, directories, globs, as `fastprof merge` takes them).
+/// Errors: a missing input is [`CoreError::Io`] (NotFound); a file named
+/// directly that is not a trace is [`CoreError::Trace`] (files found in a
+/// directory are skipped with a warning instead).
+pub fn read_columns(inputs: &[PathBuf], opts: &ColumnsOptions) -> Result<Columns> {
+    let mut files: Vec<(PathBuf, bool)> = Vec::new();
+    for input in inputs {
+        let from_dir = input.is_dir() || input.to_string_lossy().contains(['*', '?']);
+        for f in inputs::expand(std::slice::from_ref(input))? {
+            if !files.iter().any(|(p, _)| *p == f) {
+                files.push((f, from_dir));
+            }
+        }
+    }
+    // fastprof segments first, so that a rank's clock offset is known when
+    // its torch traces are placed.
+    files.sort_by_key(|(p, _)| !is_fastprof_name(p));
+    let mut r = Reading::new(opts);
+    let several = files.len() > 1;
+    let mut merged_skipped = Vec::new();
+    for (path, from_dir) in &files {
+        let idx = r.out.files.len();
+        match r.read_file(path, idx as u32, several) {
+            Ok(info) => {
+                if info.skipped.is_some() && info.kind == "merged" {
+                    merged_skipped.push(idx);
+                }
+                r.out.files.push(info);
+            }
+            Err(e @ CoreError::Trace { .. }) if *from_dir => {
+                r.out.warnings.push(format!("skipped, not a trace: {e}"));
+                r.out.files.push(FileInfo {
+                    skipped: Some("not a trace".into()),
+                    ..FileInfo::new(path.clone())
+                });
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if !merged_skipped.is_empty() && r.out.files.iter().all(|f| f.skipped.is_some()) {
+        // Only merged traces (and non-traces) here: read the merged ones.
+        for idx in merged_skipped {
+            let path = r.out.files[idx].path.clone();
+            r.out.files[idx] = r.read_file(&path, idx as u32, false)?;
+        }
+    } else {
+        for idx in merged_skipped {
+            let path = r.out.files[idx].path.display().to_string();
+            r.out.warnings.push(format!(
+                "{path}: skipped, a previous merge output next to its inputs (read it on its own to use it)"
+            ));
+        }
+    }
+    Ok(r.finish())
+}
+
+fn is_fastprof_name(p: &Path) -> bool {
+    p.file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("fastprof."))
+}
+
+impl FileInfo {
+    fn new(path: PathBuf) -> FileInfo {
+        FileInfo {
+            path,
+            kind: "chrome",
+            rank: None,
+            base_ns: None,
+            offset_ns: 0,
+            events: 0,
+            salvaged: false,
+            skipped: None,
+        }
+    }
+}
+
+/// A string token's text: borrowed when it has no escapes and is valid UTF-8
+/// (the usual case), decoded otherwise; invalid UTF-8 becomes U+FFFD.
+fn text(raw_token: &[u8]) -> Cow<'_, str> {
+    let inner = scan::str_value(raw_token).unwrap_or(raw_token);
+    if !inner.contains(&b'\\') {
+        return String::from_utf8_lossy(inner);
+    }
+    let fixed = String::from_utf8_lossy(raw_token);
+    match serde_json::from_str::<String>(&fixed) {
+        Ok(s) => Cow::Owned(s),
+        Err(_) => Cow::Owned(String::from_utf8_lossy(inner).into_owned()),
+    }
+}
+
+/// A string table: ids in order of first use.
+#[derive(Default)]
+struct Interner {
+    ids: HashMap<Box<str>, u32>,
+    strings: Vec<String>,
+}
+
+impl Interner {
+    fn id(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.ids.get(s) {
+            return id;
+        }
+        let id = self.strings.len() as u32;
+        self.ids.insert(s.into(), id);
+        self.strings.push(s.to_string());
+        id
+    }
+}
+
+/// Which rows the name and category filters keep.
+struct Filter {
+    names: Option<std::collections::HashSet<String>>,
+    prefixes: Vec<String>,
+    categories: Option<Vec<String>>,
+}
+
+impl Filter {
+    fn name(&self, name: &str) -> bool {
+        if self.names.is_none() && self.prefixes.is_empty() {
+            return true;
+        }
+        self.names.as_ref().is_some_and(|n| n.contains(name))
+            || self.prefixes.iter().any(|p| name.starts_with(p.as_str()))
+    }
+
+    fn cat(&self, cat: &str) -> bool {
+        match &self.categories {
+            None => true,
+            Some(set) => cat
+                .split(',')
+                .any(|c| set.iter().any(|s| s.as_str() == c.trim())),
+        }
+    }
+}
+
+/// A `B` event waiting for its `E`.
+struct Open {
+    name: u32,
+    cat: u32,
+    ts: i64,
+    keep: bool,
+}
+
+struct Reading<'o> {
+    opts: &'o ColumnsOptions,
+    filter: Filter,
+    out: Columns,
+    names: Interner,
+    cats: Interner,
+    markers: Vec<steps::Marker>,
+    /// Clock offset per rank, from its fastprof segments.
+    rank_offsets: HashMap<u32, i64>,
+}
+
+/// Per-file state while scanning.
+struct FileScan {
+    info: FileInfo,
+    rank_from_meta: bool,
+    /// Merged traces: rank of each pid, from `rank R: ...` process names.
+    pid_rank: HashMap<i64, u32>,
+    /// First row of this file in each table, and first marker.
+    first: [usize; 3],
+    first_marker: usize,
+    open: HashMap<(i64, i64), Vec<Open>>,
+    step_ordinal: HashMap<i64, i64>,
+    min_ts: Option<i64>,
+    bad_ts: u64,
+    bad_ids: u64,
+    unpaired: u64,
+}
+
+impl<'o> Reading<'o> {
+    fn new(opts: &'o ColumnsOptions) -> Self {
+        Reading {
+            opts,
+            filter: Filter {
+                names: opts.names.as_ref().map(|n| n.iter().cloned().collect()),
+                prefixes: opts.name_prefixes.clone(),
+                categories: opts.categories.clone(),
+            },
+            out: Columns::default(),
+            names: Interner::default(),
+            cats: Interner::default(),
+            markers: Vec::new(),
+            rank_offsets: HashMap::new(),
+        }
+    }
+
+    /// Scan one file into the tables. With `skip_merged`, a previous merge
+    /// output is recognised by its first event and left unread.
+    fn read_file(&mut self, path: &Path, file: u32, skip_merged: bool) -> Result<FileInfo> {
+        let mut sc = Scanner::open(path)?;
+        let mut fs = FileScan {
+            info: FileInfo {
+                rank: inputs::rank_from_path(path),
+                ..FileInfo::new(path.to_path_buf())
+            },
+            rank_from_meta: false,
+            pid_rank: HashMap::new(),
+            first: [
+                self.out.spans.len(),
+                self.out.instants.len(),
+                self.out.counters.len(),
+            ],
+            first_marker: self.markers.len(),
+            open: HashMap::new(),
+            step_ordinal: HashMap::new(),
+            min_ts: None,
+            bad_ts: 0,
+            bad_ids: 0,
+            unpaired: 0,
+        };
+        let result = (|| -> Result<bool> {
+            while let Some(item) = sc.next_item()? {
+                match item {
+                    Item::Meta { key, raw } => meta(&mut fs, key, raw),
+                    Item::Event(raw) => {
+                        let first = skip_merged && fs.info.events == 0;
+                        if !self.event(&mut fs, raw, file, first) {
+                            return Ok(false);
+                        }
+                        fs.info.events += 1;
+                    }
+                }
+            }
+            Ok(true)
+        })();
+        let complete = match result {
+            Ok(c) => c,
+            Err(e) => {
+                self.rollback(&fs);
+                return Err(e);
+            }
+        };
+        if !complete {
+            self.rollback(&fs);
+            fs.info.kind = "merged";
+            fs.info.skipped = Some("a previous merge output".into());
+            return Ok(fs.info);
+        }
+        let name = path.display();
+        self.out.warnings.extend(sc.warnings().iter().cloned());
+        if let Some(s) = sc.salvage() {
+            fs.info.salvaged = true;
+            self.out.warnings.push(format!(
+                "{name}: salvaged: {} at byte {}; {} bytes after it unused",
+                s.reason, s.offset, s.unused_bytes
+            ));
+        }
+        for (n, what) in [
+            (fs.bad_ts, "events without a readable ts were left out"),
+            (
+                fs.bad_ids,
+                "events have a pid or tid that is not an integer (read as -1)",
+            ),
+            (fs.unpaired, "B/E events did not pair up and were left out"),
+        ] {
+            if n > 0 {
+                self.out.warnings.push(format!("{name}: {n} {what}"));
+            }
+        }
+        let unclosed: usize = fs.open.values().map(Vec::len).sum();
+        if unclosed > 0 {
+            self.out.warnings.push(format!(
+                "{name}: {unclosed} B events had no E by the end and were left out"
+            ));
+        }
+        self.place(&mut fs);
+        Ok(fs.info)
+    }
+
+    /// Forget the rows and markers a file added.
+    fn rollback(&mut self, fs: &FileScan) {
+        let keep_none = |_: &Table, _: usize| false;
+        self.out.spans.retain_from(fs.first[0], keep_none);
+        self.out.instants.retain_from(fs.first[1], keep_none);
+        self.out.counters.retain_from(fs.first[2], keep_none);
+        self.markers.truncate(fs.first_marker);
+    }
+
+    /// One event. False to stop reading the file (a merged trace to skip).
+    fn event(&mut self, fs: &mut FileScan, raw: &[u8], file: u32, first: bool) -> bool {
+        let Some(f) = Fields::parse(raw) else {
+            return true;
+        };
+        let get = |r: &Option<std::ops::Range<usize>>| r.clone().map(|r| &raw[r]);
+        let ph = get(&f.ph).and_then(scan::str_value).unwrap_or(b"");
+        let name_raw = get(&f.name).unwrap_or(b"\"\"");
+        if ph == b"M" {
+            let name = scan::str_value(name_raw).unwrap_or(b"");
+            if name == b"fastprof_merge" {
+                fs.info.kind = "merged";
+                return !first;
+            }
+            let args = || get(&f.args).and_then(|a| serde_json::from_slice::<Value>(a).ok());
+            // A merged trace carries every input's fastprof_info: not its own.
+            if name == b"fastprof_info" && !fs.rank_from_meta && fs.info.kind != "merged" {
+                if let Some(a) = args() {
+                    apply_fastprof_meta(fs, &a);
+                }
+            } else if name == b"process_name" && fs.info.kind == "merged" {
+                let pid = get(&f.pid).and_then(scan::parse_int);
+                let rank = args().and_then(|a| {
+                    let n = a.get("name")?.as_str()?.strip_prefix("rank ")?;
+                    n.split(':').next()?.parse::<u32>().ok()
+                });
+                if let (Some(p), Some(r)) = (pid, rank) {
+                    fs.pid_rank.insert(p, r);
+                }
+            }
+            return true;
+        }
+        let kind = match ph {
+            b"X" | b"B" | b"E" => 0,
+            b"i" | b"I" => 1,
+            b"C" => 2,
+            _ => return true,
+        };
+        let Some(ts) = get(&f.ts).and_then(scan::parse_us_to_ns) else {
+            fs.bad_ts += 1;
+            return true;
+        };
+        fs.min_ts = Some(fs.min_ts.map_or(ts, |m| m.min(ts)));
+        let mut id = |r: &Option<std::ops::Range<usize>>| match get(r) {
+            None => 0,
+            Some(v) => scan::parse_int(v).unwrap_or_else(|| {
+                fs.bad_ids += 1;
+                -1
+            }),
+        };
+        let (pid, tid) = (id(&f.pid), id(&f.tid));
+        let name = text(name_raw);
+        let dur = get(&f.dur)
+            .and_then(scan::parse_us_to_ns)
+            .unwrap_or(0)
+            .max(0);
+        self.step_marker(fs, ph, &name, &f, raw, pid, ts, dur);
+
+        let wanted = match kind {
+            0 => self.opts.spans,
+            1 => self.opts.instants,
+            _ => self.opts.counters,
+        };
+        if ph == b"E" {
+            // Closes the innermost B of its thread, whatever its own name says.
+            match fs.open.get_mut(&(pid, tid)).and_then(Vec::pop) {
+                Some(o) if o.keep => {
+                    let t = &mut self.out.spans;
+                    push_row(t, o.name, o.cat, o.ts, pid, tid, file);
+                    t.dur.push((ts - o.ts).max(0));
+                }
+                Some(_) => {}
+                None => fs.unpaired += 1,
+            }
+            return true;
+        }
+        let cat_raw = get(&f.cat);
+        let cat = cat_raw.map(text).unwrap_or(Cow::Borrowed(""));
+        let keep = wanted && self.filter.name(&name) && self.filter.cat(&cat);
+        if ph == b"B" {
+            let (name, cat) = if keep {
+                (self.names.id(&name), self.cats.id(&cat))
+            } else {
+                (0, 0)
+            };
+            fs.open.entry((pid, tid)).or_default().push(Open {
+                name,
+                cat,
+                ts,
+                keep,
+            });
+            return true;
+        }
+        if !keep {
+            return true;
+        }
+        let (name_id, cat_id) = (self.names.id(&name), self.cats.id(&cat));
+        match kind {
+            0 => {
+                push_row(&mut self.out.spans, name_id, cat_id, ts, pid, tid, file);
+                self.out.spans.dur.push(dur);
+            }
+            1 => push_row(&mut self.out.instants, name_id, cat_id, ts, pid, tid, file),
+            _ => {
+                let Some(args) = get(&f.args) else {
+                    return true;
+                };
+                let (t, names) = (&mut self.out.counters, &mut self.names);
+                scan::for_each_entry(args, |key, v| {
+                    if let Some(value) = number(v) {
+                        push_row(t, name_id, cat_id, ts, pid, tid, file);
+                        t.series.push(names.id(&text(key)));
+                        t.value.push(value);
+                    }
+                });
+            }
+        }
+        true
+    }
+
+    /// Note a step marker: fastprof `step` spans, torch `ProfilerStep#N`,
+    /// `fastprof.step` counters.
+    #[allow(clippy::too_many_arguments)]
+    fn step_marker(
+        &mut self,
+        fs: &mut FileScan,
+        ph: &[u8],
+        name: &str,
+        f: &Fields,
+        raw: &[u8],
+        pid: i64,
+        ts: i64,
+        dur: i64,
+    ) {
+        let args = || f.args.clone().map(|r| &raw[r]);
+        let arg_int = |keys: &[&[u8]]| {
+            let mut found = None;
+            if let Some(a) = args() {
+                scan::for_each_entry(a, |k, v| {
+                    if found.is_none() && keys.contains(&k) {
+                        found = number(v).filter(|x| x.fract() == 0.0).map(|x| x as i64);
+                    }
+                });
+            }
+            found
+        };
+        let (number, end) = match ph {
+            b"X" if name == "step" && matches!(fs.info.kind, "fastprof" | "merged") => {
+                let ordinal = fs.step_ordinal.entry(pid).or_insert(0);
+                let n = arg_int(&[b"step", b"batch"]).unwrap_or(*ordinal);
+                *ordinal += 1;
+                (n, Some(ts + dur))
+            }
+            b"X" => match name.strip_prefix("ProfilerStep#").map(str::parse::<i64>) {
+                Some(Ok(n)) => (n, Some(ts + dur)),
+                _ => return,
+            },
+            b"C" if name == "fastprof.step" => match arg_int(&[b"value"]) {
+                Some(n) => (n, None),
+                None => return,
+            },
+            _ => return,
+        };
+        self.markers.push(steps::Marker {
+            rank: -1,
+            pid,
+            start: ts,
+            end,
+            number,
+        });
+    }
+
+    /// At the end of a file: epoch ns, rank, clock offset, the time window.
+    fn place(&mut self, fs: &mut FileScan) {
+        let info = &mut fs.info;
+        if info.kind != "fastprof" && info.kind != "merged" {
+            if let Some(&o) = info.rank.and_then(|r| self.rank_offsets.get(&r)) {
+                info.offset_ns = o;
+            }
+        } else if let Some(r) = info.rank {
+            self.rank_offsets.entry(r).or_insert(info.offset_ns);
+        }
+        if info.base_ns.is_none() && info.kind != "fastprof" {
+            // Kineto before torch 2.4 and most Chrome traces: absolute epoch µs.
+            if fs.min_ts.is_some_and(|t| t < 1_000_000_000_000_000_000 / 2) {
+                self.out.warnings.push(format!(
+                    "{}: no baseTimeNanoseconds and timestamps are not epoch times; read as if they were",
+                    info.path.display()
+                ));
+            }
+        }
+        let shift = info.base_ns.unwrap_or(0).saturating_add(info.offset_ns);
+        let file_rank = info.rank.map_or(-1, |r| r as i32);
+        let pid_rank = &fs.pid_rank;
+        let rank_of = |pid: i64| -> i32 {
+            if pid_rank.is_empty() {
+                return file_rank;
+            }
+            match pid_rank.get(&pid) {
+                Some(&r) => r as i32,
+                // The merge numbers pids (rank + 1) * 100000 + n.
+                None if pid >= 100_000 => (pid / 100_000 - 1) as i32,
+                None => file_rank,
+            }
+        };
+        let (start, end) = (
+            self.opts.start_ns.unwrap_or(i64::MIN),
+            self.opts.end_ns.unwrap_or(i64::MAX),
+        );
+        let tables = [
+            &mut self.out.spans,
+            &mut self.out.instants,
+            &mut self.out.counters,
+        ];
+        for (t, &from) in tables.into_iter().zip(&fs.first) {
+            for r in from..t.len() {
+                t.ts[r] = t.ts[r].saturating_add(shift);
+                t.rank.push(rank_of(t.pid[r]));
+            }
+            if self.opts.start_ns.is_some() || self.opts.end_ns.is_some() {
+                t.retain_from(from, |t, r| {
+                    let (ts, dur) = (t.ts[r], t.dur.get(r).copied().unwrap_or(0));
+                    if dur > 0 {
+                        ts < end && ts.saturating_add(dur) > start
+                    } else {
+                        ts >= start && ts < end
+                    }
+                });
+            }
+        }
+        for m in &mut self.markers[fs.first_marker..] {
+            m.start = m.start.saturating_add(shift);
+            m.end = m.end.map(|e| e.saturating_add(shift));
+            m.rank = rank_of(m.pid);
+        }
+    }
+
+    fn finish(mut self) -> Columns {
+        let index = steps::Index::new(std::mem::take(&mut self.markers));
+        let mut out = self.out;
+        for t in [&mut out.spans, &mut out.instants, &mut out.counters] {
+            t.step = (0..t.len())
+                .map(|r| index.step(t.rank[r], t.pid[r], t.ts[r]))
+                .collect();
+        }
+        // Tables hold only what kept rows use (the time window may have
+        // dropped rows after their names were interned).
+        let mut used = vec![u32::MAX; self.names.strings.len()];
+        let mut names = Vec::new();
+        let mut remap = |id: &mut u32| {
+            let slot = &mut used[*id as usize];
+            if *slot == u32::MAX {
+                *slot = names.len() as u32;
+                names.push(std::mem::take(&mut self.names.strings[*id as usize]));
+            }
+            *id = *slot;
+        };
+        for t in [&mut out.spans, &mut out.instants, &mut out.counters] {
+            t.name.iter_mut().for_each(&mut remap);
+            t.series.iter_mut().for_each(&mut remap);
+        }
+        out.names = names;
+        let mut used = vec![u32::MAX; self.cats.strings.len()];
+        let mut cats = Vec::new();
+        for t in [&mut out.spans, &mut out.instants, &mut out.counters] {
+            for id in t.cat.iter_mut() {
+                let slot = &mut used[*id as usize];
+                if *slot == u32::MAX {
+                    *slot = cats.len() as u32;
+                    cats.push(std::mem::take(&mut self.cats.strings[*id as usize]));
+                }
+                *id = *slot;
+            }
+        }
+        out.categories = cats;
+        out
+    }
+}
+
+fn push_row(t: &mut Table, name: u32, cat: u32, ts: i64, pid: i64, tid: i64, file: u32) {
+    t.name.push(name);
+    t.cat.push(cat);
+    t.ts.push(ts);
+    t.pid.push(pid);
+    t.tid.push(tid);
+    t.file.push(file);
+}
+
+/// A counter value: a JSON number, or a string holding one.
+fn number(raw: &[u8]) -> Option<f64> {
+    let t = scan::str_value(raw).unwrap_or(raw);
+    let v: f64 = std::str::from_utf8(t).ok()?.parse().ok()?;
+    v.is_finite().then_some(v)
+}
+
+/// Top-level values other than the events.
+fn meta(fs: &mut FileScan, key: &str, raw: &[u8]) {
+    match key {
+        "baseTimeNanoseconds" => fs.info.base_ns = scan::parse_int(raw),
+        "distributedInfo" => {
+            if fs.info.kind == "chrome" {
+                fs.info.kind = "kineto";
+            }
+            let v = serde_json::from_slice::<Value>(raw).ok();
+            if let Some(r) = v.as_ref().and_then(|v| v.get("rank")).and_then(json_u32) {
+                fs.info.rank = Some(r);
+                fs.rank_from_meta = true;
+            }
+        }
+        "schemaVersion" | "deviceProperties" | "traceName" if fs.info.kind == "chrome" => {
+            fs.info.kind = "kineto";
+        }
+        "otherData" => {
+            let Ok(v) = serde_json::from_slice::<Value>(raw) else {
+                return;
+            };
+            if v.get("merged") == Some(&Value::Bool(true)) {
+                fs.info.kind = "merged";
+            } else if v.get("producer").and_then(Value::as_str) == Some("fastprof") {
+                apply_fastprof_meta(fs, &v);
+                fs.rank_from_meta = true;
+            }
+        }
+        _ => {}
+    }
+}
+
+fn json_u32(v: &Value) -> Option<u32> {
+    v.as_u64().and_then(|x| u32::try_from(x).ok())
+}
+
+/// fastprof metadata (`otherData`, or the `fastprof_info` event of a segment
+/// cut before its end): the rank and the clock offset, as the merge reads them.
+fn apply_fastprof_meta(fs: &mut FileScan, meta: &Value) {
+    fs.info.kind = "fastprof";
+    if let Some(r) = meta.get("rank").and_then(json_u32) {
+        fs.info.rank = Some(r);
+    }
+    if let Some(off) = meta
+        .get("clock")
+        .and_then(|c| c.get("offset_ns"))
+        .and_then(Value::as_i64)
+    {
+        fs.info.offset_ns = off;
+    }
+}

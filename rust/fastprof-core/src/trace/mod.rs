@@ -1,0 +1,21 @@
+//! Reading traces back: one streaming scanner and what is built on it.
+//!
+//! * [`scan`]: the byte-level walk over a Chrome trace of any size (plain or
+//!   gzip, object or array format) in constant memory, yielding each event's
+//!   raw bytes; [`scan::Fields`] locates the few keys a consumer needs.
+//! * [`reader`]: the whole document as a `serde_json::Value`, salvaging
+//!   truncated files (what `fastprof.read_trace` returns).
+//! * [`columns`]: spans, instants and counters as numpy-ready columns, with
+//!   filters, epoch-ns timestamps, ranks and steps, in memory proportional
+//!   to the rows kept.
+//!
+//! Everything that reads a trace goes through [`scan::Scanner`], so a
+//! malformed event is dropped and the walk resynchronises on the next one in
+//! the same way everywhere (the merger included). Nothing here imports the
+//! recorder, the writer or the sampler. `merge` builds on the scanner;
+//! `columns` finds a run directory's files with `merge::inputs`, so that both
+//! see the same files.
+
+pub mod columns;
+pub mod reader;
+pub mod scan;

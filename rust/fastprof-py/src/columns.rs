@@ -1,0 +1,90 @@
+//! `read_columns`: the spans, instants and counters of traces as numpy
+//! arrays (see `fastprof_core::trace::columns`). The GIL is released while
+//! the files are read; each column's `Vec` becomes its array without a copy.
+
+use crate::errors::Error;
+use fastprof_core::trace::columns::{self, ColumnsOptions, Table};
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::path::PathBuf;
+
+/// Read trace files, run directories or a merged trace into columns.
+/// Returns `{"spans"|"instants"|"counters": {column: ndarray}, "names",
+/// "categories", "files", "warnings"}`.
+#[pyfunction]
+#[pyo3(signature = (paths, *, names=None, name_prefixes=Vec::new(), categories=None,
+                    start_ns=None, end_ns=None, spans=true, instants=true, counters=true))]
+#[allow(clippy::too_many_arguments)]
+pub fn read_columns(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    names: Option<Vec<String>>,
+    name_prefixes: Vec<String>,
+    categories: Option<Vec<String>>,
+    start_ns: Option<i64>,
+    end_ns: Option<i64>,
+    spans: bool,
+    instants: bool,
+    counters: bool,
+) -> PyResult<Bound<'_, PyDict>> {
+    let opts = ColumnsOptions {
+        names,
+        name_prefixes,
+        categories,
+        start_ns,
+        end_ns,
+        spans,
+        instants,
+        counters,
+    };
+    let c = py
+        .detach(|| columns::read_columns(&paths, &opts))
+        .map_err(Error)?;
+    let d = PyDict::new(py);
+    d.set_item("spans", table(py, c.spans, &["dur"])?)?;
+    d.set_item("instants", table(py, c.instants, &[])?)?;
+    d.set_item("counters", table(py, c.counters, &["series", "value"])?)?;
+    d.set_item("names", c.names)?;
+    d.set_item("categories", c.categories)?;
+    let files = c
+        .files
+        .into_iter()
+        .map(|f| {
+            let fd = PyDict::new(py);
+            fd.set_item("path", f.path)?;
+            fd.set_item("kind", f.kind)?;
+            fd.set_item("rank", f.rank)?;
+            fd.set_item("base_ns", f.base_ns)?;
+            fd.set_item("offset_ns", f.offset_ns)?;
+            fd.set_item("events", f.events)?;
+            fd.set_item("salvaged", f.salvaged)?;
+            fd.set_item("skipped", f.skipped)?;
+            Ok(fd)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    d.set_item("files", files)?;
+    d.set_item("warnings", c.warnings)?;
+    Ok(d)
+}
+
+/// One table as `{column: ndarray}`; `extra` names the kind's own columns.
+fn table<'py>(py: Python<'py>, t: Table, extra: &[&str]) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("name", PyArray1::from_vec(py, t.name))?;
+    d.set_item("cat", PyArray1::from_vec(py, t.cat))?;
+    d.set_item("ts", PyArray1::from_vec(py, t.ts))?;
+    if extra.contains(&"dur") {
+        d.set_item("dur", PyArray1::from_vec(py, t.dur))?;
+    }
+    d.set_item("pid", PyArray1::from_vec(py, t.pid))?;
+    d.set_item("tid", PyArray1::from_vec(py, t.tid))?;
+    d.set_item("rank", PyArray1::from_vec(py, t.rank))?;
+    d.set_item("step", PyArray1::from_vec(py, t.step))?;
+    d.set_item("file", PyArray1::from_vec(py, t.file))?;
+    if extra.contains(&"series") {
+        d.set_item("series", PyArray1::from_vec(py, t.series))?;
+        d.set_item("value", PyArray1::from_vec(py, t.value))?;
+    }
+    Ok(d)
+}
