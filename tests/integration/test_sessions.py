@@ -203,3 +203,20 @@ def test_thread_without_ring_under_address_space_limit(pyscript, traces):
     drops = run.final["drops"]
     assert drops["ringless_events"] == 2000 and drops["total"] == 2000
     assert [t["name"] for t in drops["ringless_threads"]] == ["starved"]
+
+
+def test_columns_assign_steps_from_mark_step(tmp_path):
+    """The step markers the recorder writes are the ones the read-back uses."""
+    rec = fastprof.start(tmp_path, "cols", flush_interval=0.02)
+    for step in (10, 11, 12):
+        rec.mark_step(step)
+        for _ in range(3):
+            with fastprof.span("work"):
+                time.sleep(0.001)
+    rec.stop()
+    cols = fastprof.read_columns(rec.run_dir, names=["work"], kinds=("spans",))
+    spans = cols.spans
+    assert len(spans["ts"]) == 9
+    order = spans["ts"].argsort()
+    assert spans["step"][order].tolist() == [10] * 3 + [11] * 3 + [12] * 3
+    assert set(cols.names_of(spans["name"])) == {"work"}
