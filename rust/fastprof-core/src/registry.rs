@@ -313,18 +313,15 @@ fn register(l: &Local, gen: u64, hooks: &mut dyn ThreadHooks) -> bool {
     true
 }
 
-/// Run `f` with this thread's ring, registering it first if needed. `None`
-/// when not recording (or when `gated` and paused).
+/// Run `f` with this thread's ring, registering it first if needed. `w` is
+/// the state word the caller loaded (non-zero). `None` when the generation no
+/// longer records or this thread has no ring.
 #[inline(always)]
 fn with_reg<R>(
+    w: u64,
     hooks: &mut dyn ThreadHooks,
-    gated: bool,
     f: impl FnOnce(&Local, &Registered) -> R,
 ) -> Option<R> {
-    let w = WORD.load(Ordering::Relaxed);
-    if w == 0 || (gated && w & 1 != 0) {
-        return None;
-    }
     let gen = w >> 1;
     LOCAL
         .try_with(|l| {
@@ -351,16 +348,16 @@ fn ringless_drop(l: &Local) {
     }
 }
 
-/// Push; `Err` hands back a record that did not fit.
+/// Push; false when the ring was full (the record is gone, its extra freed).
 #[inline(always)]
-fn push(r: &Registered, rec: Record, reserve: u64) -> Result<(), Record> {
+fn push(r: &Registered, rec: Record, reserve: u64) -> bool {
     match r.producer.push(rec, reserve) {
-        Ok(Push::Done) => Ok(()),
-        Ok(Push::Nudge) => {
+        Push::Done => true,
+        Push::Nudge => {
             nudge(r);
-            Ok(())
+            true
         }
-        Err(rec) => Err(rec),
+        Push::Full => false,
     }
 }
 
@@ -371,11 +368,11 @@ fn nudge(r: &Registered) {
     r.meta.writer.unpark();
 }
 
-/// Count a record that could not be pushed; dropping it frees its extra.
+/// Count a record that could not be recorded (dropping it frees its extra).
 #[cold]
-fn count_drop(r: &Registered, rec: Record) {
+#[inline(never)]
+fn count_drop(r: &Registered) {
     r.meta.drops.fetch_add(1, Ordering::Relaxed);
-    drop(rec);
 }
 
 #[inline(always)]
@@ -384,24 +381,25 @@ fn begin_record(l: &Local, r: &Registered, rec: Record, paused: bool) {
     l.depth.set(depth);
     if l.floor.get() != 0 {
         if l.floor_counts.get() {
-            count_drop(r, rec);
+            count_drop(r);
         }
+        drop(rec);
         return;
     }
     if paused {
         l.floor.set(depth);
         l.floor_counts.set(false);
+        drop(rec);
         return;
     }
     let open = l.open_recorded.get();
     // Reserve the slot for this span's own End plus every End already due.
-    match push(r, rec, open as u64 + 1) {
-        Ok(()) => l.open_recorded.set(open + 1),
-        Err(rec) => {
-            l.floor.set(depth);
-            l.floor_counts.set(true);
-            count_drop(r, rec);
-        }
+    if push(r, rec, open as u64 + 1) {
+        l.open_recorded.set(open + 1);
+    } else {
+        l.floor.set(depth);
+        l.floor_counts.set(true);
+        count_drop(r);
     }
 }
 
@@ -414,24 +412,67 @@ fn begin_with(hooks: &mut dyn ThreadHooks, make: impl FnOnce() -> Record) {
     if w == 0 {
         return;
     }
-    let paused = w & 1 != 0;
-    if paused {
-        let gen = w >> 1;
-        let _ = LOCAL.try_with(|l| {
-            let r = l.reg.get();
-            if l.generation.get() == gen && !r.is_null() {
-                // SAFETY: `owner` keeps the registration alive while `reg` is set.
-                begin_record(l, unsafe { &*r }, make(), true);
-            }
-        });
+    if w & 1 != 0 {
+        begin_paused(w >> 1, make());
         return;
     }
-    with_reg(hooks, false, |l, r| begin_record(l, r, make(), false));
+    with_reg(w, hooks, |l, r| begin_record(l, r, make(), false));
+}
+
+#[cold]
+#[inline(never)]
+fn begin_paused(gen: u64, rec: Record) {
+    let _ = LOCAL.try_with(|l| {
+        let r = l.reg.get();
+        if l.generation.get() == gen && !r.is_null() {
+            // SAFETY: `owner` keeps the registration alive while `reg` is set.
+            begin_record(l, unsafe { &*r }, rec, true);
+        }
+    });
 }
 
 /// Open a span named by interned id `name` on this thread.
-#[inline]
+///
+/// The common case (recording, not paused, this thread registered in this
+/// generation, nothing being skipped) is kept small so that it inlines into
+/// the binding's method; everything else goes through `begin_with`.
+#[inline(always)]
 pub fn begin(name: u32, hooks: &mut dyn ThreadHooks) {
+    let w = WORD.load(Ordering::Relaxed);
+    if w == 0 {
+        return;
+    }
+    let fast = LOCAL.try_with(|l| {
+        let r = l.reg.get();
+        if w & 1 != 0 || l.generation.get() != w >> 1 || l.floor.get() != 0 || r.is_null() {
+            return false;
+        }
+        // SAFETY: `owner` keeps the registration alive while `reg` is set.
+        let r = unsafe { &*r };
+        let open = l.open_recorded.get();
+        l.depth.set(l.depth.get() + 1);
+        // Reserve the slot for this span's own End plus every End already due.
+        if push(
+            r,
+            Record::new(Kind::Begin, name, clock::ticks(), 0),
+            open as u64 + 1,
+        ) {
+            l.open_recorded.set(open + 1);
+        } else {
+            l.floor.set(l.depth.get());
+            l.floor_counts.set(true);
+            count_drop(r);
+        }
+        true
+    });
+    if fast != Ok(true) {
+        begin_slow(name, hooks);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn begin_slow(name: u32, hooks: &mut dyn ThreadHooks) {
     begin_with(hooks, || Record::new(Kind::Begin, name, clock::ticks(), 0));
 }
 
@@ -443,7 +484,7 @@ pub fn begin_extra(name: u32, extra: Box<Extra>, hooks: &mut dyn ThreadHooks) {
 }
 
 /// Close this thread's innermost open span (`exception`: its body raised).
-#[inline]
+#[inline(always)]
 pub fn end(exception: bool) {
     let w = WORD.load(Ordering::Relaxed);
     if w == 0 {
@@ -451,12 +492,11 @@ pub fn end(exception: bool) {
     }
     let gen = w >> 1;
     let _ = LOCAL.try_with(|l| {
-        if l.generation.get() != gen {
-            return; // nothing of this generation is open on this thread
-        }
         let depth = l.depth.get();
-        if depth == 0 {
-            return; // the span began before this thread registered
+        if l.generation.get() != gen || depth == 0 {
+            // Nothing of this generation is open on this thread (the span
+            // began before this thread registered, or in an older session).
+            return;
         }
         l.depth.set(depth - 1);
         let floor = l.floor.get();
@@ -473,10 +513,9 @@ pub fn end(exception: bool) {
         // SAFETY: `owner` keeps the registration alive while `reg` is set.
         let r = unsafe { &*r };
         let flags = if exception { FLAG_EXCEPTION } else { 0 };
-        let rec = Record::new(Kind::End, 0, clock::ticks(), flags);
         // The slot was reserved when the Begin was pushed.
-        if let Err(rec) = push(r, rec, 0) {
-            end_slot_missing(r, rec);
+        if !push(r, Record::new(Kind::End, 0, clock::ticks(), flags), 0) {
+            end_slot_missing(r);
         }
         l.open_recorded.set(l.open_recorded.get().saturating_sub(1));
     });
@@ -485,10 +524,11 @@ pub fn end(exception: bool) {
 /// The reserved End slot was not there: a broken invariant. Debug builds
 /// stop; release builds count it (reported in the metadata) and go on.
 #[cold]
-fn end_slot_missing(r: &Registered, rec: Record) {
+#[inline(never)]
+fn end_slot_missing(r: &Registered) {
     debug_assert!(false, "reserved End slot missing");
     END_SLOT_MISSING.fetch_add(1, Ordering::Relaxed);
-    count_drop(r, rec);
+    count_drop(r);
 }
 
 /// Violations of the reserved-End invariant since the process started.
@@ -497,9 +537,13 @@ pub static END_SLOT_MISSING: AtomicU64 = AtomicU64::new(0);
 
 #[inline(always)]
 fn point(hooks: &mut dyn ThreadHooks, gated: bool, make: impl FnOnce() -> Record) {
-    with_reg(hooks, gated, |l, r| {
-        if let Err(rec) = push(r, make(), l.open_recorded.get() as u64) {
-            count_drop(r, rec);
+    let w = WORD.load(Ordering::Relaxed);
+    if w == 0 || (gated && w & 1 != 0) {
+        return;
+    }
+    with_reg(w, hooks, |l, r| {
+        if !push(r, make(), l.open_recorded.get() as u64) {
+            count_drop(r);
         }
     });
 }
@@ -535,17 +579,18 @@ pub fn counter_ungated(name: u32, value: f64, hooks: &mut dyn ThreadHooks) {
 /// (the sampler publishes a tick's readings this way). Not gated by a pause:
 /// the sampler runs for the whole session.
 pub fn counters_at(items: &[(u32, f64)], ticks: u64, hooks: &mut dyn ThreadHooks) {
-    if items.is_empty() {
+    let w = WORD.load(Ordering::Relaxed);
+    if items.is_empty() || w == 0 {
         return;
     }
-    with_reg(hooks, false, |l, r| {
+    with_reg(w, hooks, |l, r| {
         for &(name, value) in items {
-            if let Err(rec) = push(
+            if !push(
                 r,
                 Record::counter(name, ticks, value),
                 l.open_recorded.get() as u64,
             ) {
-                count_drop(r, rec);
+                count_drop(r);
             }
         }
     });

@@ -32,7 +32,7 @@ use std::sync::Arc;
 #[repr(align(128))]
 struct Padded(AtomicU64);
 
-/// What a successful [`Producer::push`] asks of the caller.
+/// What [`Producer::push`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Push {
     /// Stored.
@@ -40,6 +40,15 @@ pub enum Push {
     /// Stored, and another quarter of the ring has filled since the last
     /// nudge: the producer should wake the consumer.
     Nudge,
+    /// No room: the record was dropped (freeing any extra it owned).
+    Full,
+}
+
+impl Push {
+    #[inline(always)]
+    pub fn stored(self) -> bool {
+        self != Push::Full
+    }
 }
 
 /// The ring's memory could not be allocated.
@@ -86,13 +95,25 @@ impl Drop for Buf {
     }
 }
 
-/// The recording thread's half.
+/// The recording thread's half. The fields the push path reads are copied
+/// out of the shared buffer (which `buf` keeps alive), so a push is one hop
+/// from the thread's registration to the slot.
 pub struct Producer {
-    buf: Arc<Buf>,
+    slots: *const UnsafeCell<MaybeUninit<Record>>,
+    mask: u64,
+    nudge_mask: u64,
     /// Private copy of `tail`, refreshed only when the ring looks full, so
     /// the common push touches no shared line but its own `head`.
     cached_tail: Cell<u64>,
+    /// Private copy of `head` (only this half writes it).
+    head: Cell<u64>,
+    buf: Arc<Buf>,
 }
+
+// SAFETY: the raw slot pointer points into `buf`, which the Producer keeps
+// alive and may be used from whichever single thread owns the Producer. It is
+// deliberately not Sync (the Cells): one producer per ring.
+unsafe impl Send for Producer {}
 
 /// The writer's half.
 pub struct Consumer {
@@ -122,8 +143,12 @@ pub fn ring(capacity: usize) -> Result<(Producer, Consumer), AllocError> {
     });
     Ok((
         Producer {
-            buf: buf.clone(),
+            slots: buf.slots.as_ptr(),
+            mask: buf.mask,
+            nudge_mask: buf.nudge_mask,
             cached_tail: Cell::new(0),
+            head: Cell::new(0),
+            buf: buf.clone(),
         },
         Consumer { buf },
     ))
@@ -131,40 +156,51 @@ pub fn ring(capacity: usize) -> Result<(Producer, Consumer), AllocError> {
 
 impl Producer {
     pub fn capacity(&self) -> u64 {
-        self.buf.mask + 1
+        self.mask + 1
     }
 
     /// Push `rec` if, after it, at least `reserve` further slots stay free
     /// (the recorder reserves room for the `End` of every open span, so that
-    /// a recorded `Begin` is never left without its end). A full ring hands
-    /// the record back.
+    /// a recorded `Begin` is never left without its end). A full ring drops
+    /// the record, freeing what it owns, and says [`Push::Full`].
     #[inline(always)]
-    pub fn push(&self, rec: Record, reserve: u64) -> Result<Push, Record> {
-        let b = &*self.buf;
-        // Relaxed: only this thread writes head.
-        let head = b.head.0.load(Ordering::Relaxed);
+    pub fn push(&self, rec: Record, reserve: u64) -> Push {
+        let head = self.head.get();
         let need = head + 1 + reserve;
-        let cap = b.mask + 1;
-        if need - self.cached_tail.get() > cap {
-            // Acquire: pairs with the consumer's Release store of tail, so the
-            // slots it freed are no longer being read.
-            self.cached_tail.set(b.tail.0.load(Ordering::Acquire));
-            if need - self.cached_tail.get() > cap {
-                return Err(rec);
-            }
+        let cap = self.mask + 1;
+        if need - self.cached_tail.get() > cap && !self.room_after_refresh(need, cap) {
+            drop_full(rec);
+            return Push::Full;
         }
-        let slot = &b.slots[(head & b.mask) as usize];
-        // SAFETY: this is the only producer (not Clone, not Sync), and the
+        // SAFETY: `slots` points at `buf`'s `cap` slots (kept alive by
+        // `buf`); this is the only producer (not Clone, not Sync), and the
         // slot at `head` is outside [tail, head), which the consumer reads.
-        unsafe { (*slot.get()).write(rec) };
+        unsafe { (*(*self.slots.add((head & self.mask) as usize)).get()).write(rec) };
+        self.head.set(head + 1);
         // Release: publishes the slot written above to the consumer.
-        b.head.0.store(head + 1, Ordering::Release);
-        Ok(if (head + 1) & b.nudge_mask == 0 {
+        self.buf.head.0.store(head + 1, Ordering::Release);
+        if (head + 1) & self.nudge_mask == 0 {
             Push::Nudge
         } else {
             Push::Done
-        })
+        }
     }
+
+    #[cold]
+    #[inline(never)]
+    fn room_after_refresh(&self, need: u64, cap: u64) -> bool {
+        // Acquire: pairs with the consumer's Release store of tail, so the
+        // slots it freed are no longer being read.
+        self.cached_tail
+            .set(self.buf.tail.0.load(Ordering::Acquire));
+        need - self.cached_tail.get() <= cap
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn drop_full(rec: Record) {
+    drop(rec);
 }
 
 impl Consumer {
@@ -235,27 +271,26 @@ mod tests {
     fn fills_then_drops_then_frees() {
         let (p, mut c) = ring(8).unwrap();
         for i in 0..8 {
-            assert!(p.push(rec(i), 0).is_ok());
+            assert!(p.push(rec(i), 0).stored());
         }
-        let back = p.push(rec(8), 0).unwrap_err();
-        assert_eq!(back.ts, 8, "a full ring hands the record back");
+        assert_eq!(p.push(rec(8), 0), Push::Full);
         let mut out = Vec::new();
         assert_eq!(c.drain_into(&mut out), 8);
         assert_eq!(
             out.iter().map(|r| r.ts).collect::<Vec<_>>(),
             (0..8).collect::<Vec<_>>()
         );
-        assert!(p.push(rec(9), 0).is_ok());
+        assert!(p.push(rec(9), 0).stored());
     }
 
     #[test]
     fn reserve_keeps_room() {
         let (p, _c) = ring(4).unwrap();
-        assert!(p.push(rec(0), 2).is_ok()); // 1 used, 2 kept free
-        assert!(p.push(rec(1), 3).is_err()); // 2 used + 3 free > 4
-        assert!(p.push(rec(1), 2).is_ok()); // 2 used + 2 free = 4
-        assert!(p.push(rec(2), 2).is_err());
-        assert!(p.push(rec(2), 1).is_ok());
+        assert!(p.push(rec(0), 2).stored()); // 1 used, 2 kept free
+        assert!(!p.push(rec(1), 3).stored()); // 2 used + 3 free > 4
+        assert!(p.push(rec(1), 2).stored()); // 2 used + 2 free = 4
+        assert!(!p.push(rec(2), 2).stored());
+        assert!(p.push(rec(2), 1).stored());
     }
 
     #[test]
@@ -264,7 +299,7 @@ mod tests {
         let mut out = Vec::new();
         let mut nudges = Vec::new();
         for i in 0..40u64 {
-            if matches!(p.push(rec(i), 0), Ok(Push::Nudge)) {
+            if p.push(rec(i), 0) == Push::Nudge {
                 nudges.push(i);
             }
             if i % 8 == 7 {
@@ -305,7 +340,7 @@ mod tests {
             });
             assert!(p
                 .push(Record::with_extra(Kind::Instant, 0, i, x), 0)
-                .is_ok());
+                .stored());
         }
         drop(p);
         drop(c); // frees the five extras (tests/ownership.rs counts the bytes)
@@ -318,7 +353,7 @@ mod tests {
         let t = std::thread::spawn(move || {
             let mut dropped = 0u64;
             for i in 0..n {
-                if p.push(rec(i), 0).is_err() {
+                if !p.push(rec(i), 0).stored() {
                     dropped += 1;
                 }
             }

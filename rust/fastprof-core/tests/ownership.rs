@@ -53,8 +53,9 @@ fn every_path_frees_each_extra_exactly_once() {
         let (p, mut c) = ring(16).unwrap();
         // Pushed then drained and consumed.
         for i in 0..8 {
-            p.push(Record::with_extra(Kind::Begin, 0, i, extra(i)), 0)
-                .unwrap();
+            assert!(p
+                .push(Record::with_extra(Kind::Begin, 0, i, extra(i)), 0)
+                .stored());
         }
         c.drain_into(&mut out);
         for mut r in out.drain(..) {
@@ -63,20 +64,20 @@ fn every_path_frees_each_extra_exactly_once() {
         }
         // Pushed, drained, and dropped without looking.
         for i in 0..8 {
-            p.push(Record::with_extra(Kind::Instant, 0, i, extra(i)), 0)
-                .unwrap();
+            assert!(p
+                .push(Record::with_extra(Kind::Instant, 0, i, extra(i)), 0)
+                .stored());
         }
         c.drain_into(&mut out);
         out.clear();
-        // Rejected by a full ring: handed back, dropped by the caller.
+        // Rejected by a full ring: dropped there, its extra freed.
         for i in 0..16 {
-            p.push(Record::with_extra(Kind::Instant, 0, i, extra(i)), 0)
-                .unwrap();
+            assert!(p
+                .push(Record::with_extra(Kind::Instant, 0, i, extra(i)), 0)
+                .stored());
         }
-        let back = p
-            .push(Record::with_extra(Kind::Instant, 0, 99, extra(99)), 0)
-            .unwrap_err();
-        drop(back);
+        let full = p.push(Record::with_extra(Kind::Instant, 0, 99, extra(99)), 0);
+        assert!(!full.stored());
         // 16 records with extras are still in the ring when both halves drop.
     }
     assert_eq!(
