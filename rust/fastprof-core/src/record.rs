@@ -120,6 +120,24 @@ impl Record {
         }
     }
 
+    /// Move this record into `dst` field by field. One 24-byte copy through
+    /// the stack made the compiler re-read two 8-byte stores as one 16-byte
+    /// load, a failed store-to-load forward that tripled a ring push.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes and properly aligned; whatever it held
+    /// is overwritten without being dropped.
+    #[inline(always)]
+    pub(crate) unsafe fn write_into(self, dst: *mut Record) {
+        let me = std::mem::ManuallyDrop::new(self);
+        std::ptr::addr_of_mut!((*dst).ts).write(me.ts);
+        std::ptr::addr_of_mut!((*dst).payload).write(me.payload);
+        std::ptr::addr_of_mut!((*dst).name).write(me.name);
+        std::ptr::addr_of_mut!((*dst).kind).write(me.kind);
+        std::ptr::addr_of_mut!((*dst).flags).write(me.flags);
+        std::ptr::addr_of_mut!((*dst)._pad).write(0);
+    }
+
     /// Take the extra out of this record, if it carries one; the record no
     /// longer owns it afterwards.
     pub fn take_extra(&mut self) -> Option<Box<Extra>> {
