@@ -47,6 +47,8 @@ class RunStats:
     run_dir: Path | None = None
     #: Why the sampler stopped early, if it failed (recording went on).
     sampler_error: str | None = None
+    #: Of ``dropped``: events whose args or name found the payload budget spent.
+    payload_dropped: int = 0
 
 
 class Recorder:
@@ -144,9 +146,14 @@ class Recorder:
             )
             self._pid = os.getpid()
             self._started = True
+            # Processes spawned from here (DataLoader workers under spawn or
+            # forkserver) learn that their spans are not recorded.
+            os.environ["FASTPROF_RECORDING_PID"] = str(self._pid)
             if use_psutil:
                 self._psutil = PsutilHostSampler(o.sample_hz, o.sample_history, o.sample_system_hz)
                 self._psutil.start()
+            for notice in self._session.take_notices():
+                warnings.warn(f"fastprof: {notice}", _core.FastprofWarning, stacklevel=2)
             _current = self
             if not _atexit_registered:
                 atexit.register(_stop_at_exit)
@@ -173,6 +180,8 @@ class Recorder:
                 raise _core.NotRunningError("this recorder belongs to the parent process; it records nothing here")
             raw = session.stop()
             self._started = False
+            if os.environ.get("FASTPROF_RECORDING_PID") == str(self._pid):
+                del os.environ["FASTPROF_RECORDING_PID"]
             if _current is self:
                 _current = None
         stats = RunStats(
@@ -185,6 +194,7 @@ class Recorder:
             error=raw["error"],
             run_dir=self.run_dir,
             sampler_error=raw["sampler_error"],
+            payload_dropped=raw["payload_dropped"],
         )
         self.stats = stats
         if stats.error:
@@ -195,10 +205,20 @@ class Recorder:
                 _core.FastprofWarning,
                 stacklevel=2,
             )
-        if stats.dropped:
+        for notice in raw["notices"]:
+            if not stats.error or notice not in stats.error:
+                warnings.warn(f"fastprof: {notice}", _core.FastprofWarning, stacklevel=2)
+        if stats.payload_dropped:
             warnings.warn(
-                f"fastprof dropped {stats.dropped} events because a thread's ring was full "
-                f"(buffer_size={self.options.buffer_size}); raise buffer_size or lower flush_interval",
+                f"fastprof dropped {stats.payload_dropped} events whose args or names exceeded the "
+                "64 MiB of payload it keeps in flight; record smaller args, or fewer per second",
+                _core.FastprofWarning,
+                stacklevel=2,
+            )
+        if stats.dropped > stats.payload_dropped:
+            warnings.warn(
+                f"fastprof dropped {stats.dropped - stats.payload_dropped} events because a thread's ring "
+                f"was full (buffer_size={self.options.buffer_size}); raise buffer_size or lower flush_interval",
                 _core.FastprofWarning,
                 stacklevel=2,
             )

@@ -67,6 +67,10 @@ pub struct SessionShared {
     step_ns: AtomicU64,
     /// Events of threads that got no ring (allocation failed). Relaxed counter.
     pub(crate) ringless_drops: AtomicU64,
+    /// Heap bytes of payloads in the rings, and events dropped for want of
+    /// budget (see `config::MAX_PAYLOAD_IN_FLIGHT`). Relaxed counters.
+    pub(crate) payload_in_flight: AtomicU64,
+    pub(crate) payload_drops: AtomicU64,
     /// Threads that got no ring: (tid, name, reason).
     pub(crate) ringless_threads: Mutex<Vec<(u64, String, String)>>,
     pub(crate) commands: Mutex<Vec<Command>>,
@@ -92,6 +96,8 @@ impl SessionShared {
             step: AtomicU64::new(0),
             step_ns: AtomicU64::new(0),
             ringless_drops: AtomicU64::new(0),
+            payload_in_flight: AtomicU64::new(0),
+            payload_drops: AtomicU64::new(0),
             ringless_threads: Mutex::new(Vec::new()),
             commands: Mutex::new(Vec::new()),
             notices: Mutex::new(Vec::new()),
@@ -151,16 +157,19 @@ impl SessionShared {
                  dropped. Lower buffer_size or raise the address-space limit (ulimit -v)",
                 self.config.ring_capacity()
             );
-            self.notice(msg.clone());
             msg
         })
     }
 
+    /// A message for the user, said on stderr now and as a warning by the
+    /// next API call on a Python thread.
     pub(crate) fn notice(&self, msg: String) {
+        eprintln!("fastprof: {msg}");
         self.notices
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(msg);
+        registry::NOTICES_PENDING.store(true, Ordering::Relaxed);
     }
 
     pub fn step(&self) -> (u64, u64) {
@@ -193,6 +202,15 @@ impl Target for SessionShared {
     fn describe(&self) -> String {
         self.config.trace_dir.display().to_string()
     }
+    fn take_notices(&self) -> Vec<String> {
+        SessionShared::take_notices(self)
+    }
+    fn payload_in_flight(&self) -> &AtomicU64 {
+        &self.payload_in_flight
+    }
+    fn payload_drops(&self) -> &AtomicU64 {
+        &self.payload_drops
+    }
 }
 
 /// The name of the counter that `Session::mark_step` records.
@@ -217,6 +235,8 @@ pub struct StopReport {
     pub error: Option<String>,
     /// Why the sampler thread stopped early, if it failed.
     pub sampler_error: Option<String>,
+    /// Of `dropped`: events whose args/name found the payload budget spent.
+    pub payload_dropped: u64,
     /// Warnings for the user gathered during the session.
     pub notices: Vec<String>,
 }
@@ -348,13 +368,17 @@ impl Collector {
             process_name: format!("rank {} ({} pid {})", cfg.rank, host, pid),
             static_meta,
         });
-        let mut sinks: Vec<Box<dyn Sink>> = vec![Box::new(ChromeGz::create(
+        let segments = ChromeGz::create(
             header.clone(),
             cfg.trace_dir.clone(),
             cfg.segment_size,
             cfg.segment_seconds,
             cfg.compression_level,
-        )?)];
+        )?;
+        if let Some(msg) = segments.shared_with() {
+            shared.notice(msg.to_string());
+        }
+        let mut sinks: Vec<Box<dyn Sink>> = vec![Box::new(segments)];
         let mut window = None;
         if cfg.window_seconds > 0.0 {
             window = Some(sinks.len());
@@ -437,6 +461,7 @@ impl Collector {
             bytes_compressed: self.bytes_compressed,
             error,
             sampler_error: None,
+            payload_dropped: self.st.shared.payload_drops.load(Ordering::Relaxed),
             notices: Vec::new(),
         }
     }
@@ -500,9 +525,21 @@ impl Collector {
                 let where_ = dead.describe();
                 let _ = dead.close(&self.st);
                 self.collect_outputs(&mut *dead);
-                self.st
-                    .sink_errors
-                    .push(format!("{where_}: {e}; that output stopped"));
+                let last = self.sinks.is_empty();
+                if last {
+                    // Recording stops before anyone hears that it did.
+                    self.st.shared.disable();
+                }
+                let msg = format!(
+                    "{where_}: {e}; {}",
+                    if last {
+                        "recording stopped (the training job goes on)"
+                    } else {
+                        "that output stopped, recording goes on"
+                    }
+                );
+                self.st.shared.notice(msg.clone());
+                self.st.sink_errors.push(msg);
                 if let Some(w) = self.window {
                     self.window = match w.cmp(&i) {
                         std::cmp::Ordering::Equal => None,
@@ -685,7 +722,12 @@ impl State {
 
     fn format_record(&mut self, batch: &mut Batch, ti: usize, mut rec: Record) {
         let (owned_name, args) = match rec.take_extra() {
-            Some(x) => (x.name, x.args_json),
+            Some(x) => {
+                self.shared
+                    .payload_in_flight
+                    .fetch_sub(x.bytes(), Ordering::Relaxed);
+                (x.name, x.args_json)
+            }
             None => (None, None),
         };
         let name = match owned_name {
@@ -820,6 +862,7 @@ impl MetaSource for State {
                 "total": total,
                 "per_thread": per_thread,
                 "ringless_events": ringless,
+                "payload_events": self.shared.payload_drops.load(Ordering::Relaxed),
                 "ringless_threads": ringless_threads,
                 "end_slot_missing": END_SLOT_MISSING.load(Ordering::Relaxed),
             }),
@@ -834,6 +877,10 @@ impl MetaSource for State {
             ),
         );
         other.insert("events_written".into(), json!(self.events_written));
+        other.insert(
+            "replaced_values".into(),
+            json!(registry::REPLACED_VALUES.load(Ordering::Relaxed)),
+        );
         other.insert("unclosed_spans".into(), json!(self.unclosed_spans));
         let (step, step_ns) = self.shared.step();
         if step_ns > 0 {

@@ -63,7 +63,11 @@ pub fn write_us(out: &mut Vec<u8>, ns: i64) {
     ]);
 }
 
-/// Append a counter value; NaN and infinities (not JSON) become `null`.
+/// Append a number. JSON has no NaN or infinities, and writing them as
+/// `null` (as before) made a diverging loss vanish from a counter track: they
+/// are written as the strings `"NaN"`, `"Infinity"` and `"-Infinity"`
+/// (JavaScript's names), which every JSON parser accepts, viewers that plot
+/// counters skip, and `fastprof.read_columns` reads back as floats.
 pub fn write_f64(out: &mut Vec<u8>, v: f64) {
     use std::io::Write;
     if v.is_finite() {
@@ -72,8 +76,12 @@ pub fn write_f64(out: &mut Vec<u8>, v: f64) {
         } else {
             let _ = write!(out, "{v}");
         }
+    } else if v.is_nan() {
+        out.extend_from_slice(b"\"NaN\"");
+    } else if v > 0.0 {
+        out.extend_from_slice(b"\"Infinity\"");
     } else {
-        out.extend_from_slice(b"null");
+        out.extend_from_slice(b"\"-Infinity\"");
     }
 }
 

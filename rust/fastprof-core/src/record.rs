@@ -58,6 +58,15 @@ pub struct Extra {
 // SAFETY: the only non-plain data is an owned `Box<Extra>`, which is Send.
 unsafe impl Send for Record {}
 
+impl Extra {
+    /// Heap bytes this extra holds (itself, its name and its args).
+    pub fn bytes(&self) -> u64 {
+        (std::mem::size_of::<Extra>()
+            + self.name.as_ref().map_or(0, |n| n.len())
+            + self.args_json.as_ref().map_or(0, |a| a.len())) as u64
+    }
+}
+
 impl Record {
     /// A record without an extra; `flags` may carry [`FLAG_EXCEPTION`].
     #[inline(always)]
@@ -108,6 +117,22 @@ impl Record {
 
     pub fn flags(&self) -> u8 {
         self.flags
+    }
+
+    /// True when the record owns an extra (the slow path).
+    #[inline(always)]
+    pub fn has_extra(&self) -> bool {
+        self.flags & FLAG_EXTRA != 0
+    }
+
+    /// Heap bytes owned through the extra (0 without one).
+    pub fn extra_bytes(&self) -> u64 {
+        if !self.has_extra() {
+            return 0;
+        }
+        // SAFETY: FLAG_EXTRA means `payload` is a live `Box<Extra>` this
+        // record owns; reading it through a shared reference is fine.
+        unsafe { &*(self.payload as *const Extra) }.bytes()
     }
 
     /// The counter value (meaningless for other kinds, and 0 when the record

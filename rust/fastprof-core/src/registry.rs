@@ -24,7 +24,7 @@ use crate::clock;
 use crate::record::{Extra, Kind, Record, FLAG_EXCEPTION};
 use crate::ring::{self, AllocError, Consumer, Producer, Push};
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::Thread;
 
@@ -84,6 +84,7 @@ pub struct NewThread {
 struct Registered {
     producer: Producer,
     meta: Arc<ThreadMeta>,
+    session: Arc<dyn Target>,
 }
 
 /// What the registry needs of the session threads register with (the
@@ -102,6 +103,30 @@ pub trait Target: Send + Sync {
     fn ringless_drops(&self) -> &AtomicU64;
     /// Where the session records (for messages).
     fn describe(&self) -> String;
+    /// Messages for the user not yet shown on a Python thread.
+    fn take_notices(&self) -> Vec<String>;
+    /// Heap bytes of payloads (args, names) in this session's rings; the
+    /// writer subtracts what it drains. Relaxed: a budget, not a fence.
+    fn payload_in_flight(&self) -> &AtomicU64;
+    /// Events dropped because the payload budget was spent. Relaxed counter.
+    fn payload_drops(&self) -> &AtomicU64;
+}
+
+/// Set when the recording session has a message for the user (a failure,
+/// a shared directory): the binding's next non-hot API call on a Python
+/// thread turns it into a `FastprofWarning`. Relaxed: a hint; the messages
+/// themselves are behind the session's mutex.
+pub static NOTICES_PENDING: AtomicBool = AtomicBool::new(false);
+
+/// The recording session's pending messages (empty when there are none).
+pub fn take_notices() -> Vec<String> {
+    if !NOTICES_PENDING.swap(false, Ordering::Relaxed) {
+        return Vec::new();
+    }
+    lock_current()
+        .as_ref()
+        .map(|t| t.take_notices())
+        .unwrap_or_default()
 }
 
 /// The session that threads register with. Behind a pointer so that a forked
@@ -184,6 +209,28 @@ pub fn is_paused() -> bool {
     WORD.load(Ordering::Relaxed) & 1 == 1
 }
 
+/// Set in a process forked (or, through `FASTPROF_RECORDING_PID`, spawned)
+/// from a recording process, e.g. a DataLoader worker: its recording calls
+/// record nothing, and the first one says so once instead of staying silent.
+pub static FORKED_FROM_RECORDING: AtomicBool = AtomicBool::new(false);
+static FORKED_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// A recording call in a child of a recording process: say once that
+/// nothing is recorded here.
+#[cold]
+#[inline(never)]
+fn not_recorded_here(hooks: &mut dyn ThreadHooks) {
+    if FORKED_FROM_RECORDING.load(Ordering::Relaxed) && !FORKED_WARNED.swap(true, Ordering::Relaxed)
+    {
+        hooks.warn(&format!(
+            "this process (pid {}) was started by a recording process, and its spans, instants \
+             and counters are not recorded (DataLoader workers, forked or spawned helpers); \
+             time them from the main process, or start a Recorder here with its own rank",
+            std::process::id()
+        ));
+    }
+}
+
 /// Install the process's fork handlers (once): the name table is held still
 /// across `fork()` and copied consistently into the child, and the child
 /// forgets the parent's recording. Every fork counts, also those made by
@@ -212,6 +259,9 @@ pub fn install_fork_handlers() {
 /// The old state is leaked on purpose: freeing it could touch a lock held by
 /// a thread that does not exist in this process.
 pub fn after_fork_in_child() {
+    if WORD.load(Ordering::Relaxed) != 0 {
+        FORKED_FROM_RECORDING.store(true, Ordering::Relaxed);
+    }
     WORD.store(0, Ordering::Release);
     CURRENT.store(std::ptr::null_mut(), Ordering::Release);
 }
@@ -298,7 +348,11 @@ fn register(l: &Local, gen: u64, hooks: &mut dyn ThreadHooks) -> bool {
                 consumer,
                 meta: meta.clone(),
             });
-            let reg = Box::new(Registered { producer, meta });
+            let reg = Box::new(Registered {
+                producer,
+                meta,
+                session: session.clone(),
+            });
             l.reg.set(&*reg);
             *l.owner.borrow_mut() = Some(reg);
         }
@@ -351,6 +405,9 @@ fn ringless_drop(l: &Local) {
 /// Push; false when the ring was full (the record is gone, its extra freed).
 #[inline(always)]
 fn push(r: &Registered, rec: Record, reserve: u64) -> bool {
+    if rec.has_extra() {
+        return push_extra(r, rec, reserve);
+    }
     match r.producer.push(rec, reserve) {
         Push::Done => true,
         Push::Nudge => {
@@ -359,6 +416,31 @@ fn push(r: &Registered, rec: Record, reserve: u64) -> bool {
         }
         Push::Full => false,
     }
+}
+
+/// A record carrying args or a name: pushed only while the session's payload
+/// budget ([`crate::config::MAX_PAYLOAD_IN_FLIGHT`]) has room.
+#[inline(never)]
+fn push_extra(r: &Registered, rec: Record, reserve: u64) -> bool {
+    let bytes = rec.extra_bytes();
+    let budget = r.session.payload_in_flight();
+    if budget.fetch_add(bytes, Ordering::Relaxed) + bytes > crate::config::MAX_PAYLOAD_IN_FLIGHT {
+        budget.fetch_sub(bytes, Ordering::Relaxed);
+        r.session.payload_drops().fetch_add(1, Ordering::Relaxed);
+        return false; // `rec` is dropped here, freeing its extra
+    }
+    let stored = match r.producer.push(rec, reserve) {
+        Push::Done => true,
+        Push::Nudge => {
+            nudge(r);
+            true
+        }
+        Push::Full => false,
+    };
+    if !stored {
+        budget.fetch_sub(bytes, Ordering::Relaxed);
+    }
+    stored
 }
 
 /// Wake the writer: this thread's ring has filled another quarter.
@@ -410,6 +492,9 @@ fn begin_record(l: &Local, r: &Registered, rec: Record, paused: bool) {
 fn begin_with(hooks: &mut dyn ThreadHooks, make: impl FnOnce() -> Record) {
     let w = WORD.load(Ordering::Relaxed);
     if w == 0 {
+        if FORKED_FROM_RECORDING.load(Ordering::Relaxed) {
+            not_recorded_here(hooks);
+        }
         return;
     }
     if w & 1 != 0 {
@@ -440,6 +525,9 @@ fn begin_paused(gen: u64, rec: Record) {
 pub fn begin(name: u32, hooks: &mut dyn ThreadHooks) {
     let w = WORD.load(Ordering::Relaxed);
     if w == 0 {
+        if FORKED_FROM_RECORDING.load(Ordering::Relaxed) {
+            not_recorded_here(hooks);
+        }
         return;
     }
     let fast = LOCAL.try_with(|l| {
@@ -531,6 +619,18 @@ fn end_slot_missing(r: &Registered) {
     count_drop(r);
 }
 
+/// Values a recording call could not record as given (text Python cannot
+/// encode, an object whose `str()` fails, a counter value that is not a
+/// number): replaced or dropped, never raised, and counted here (written into
+/// every segment's `otherData.replaced_values`). Relaxed counter.
+pub static REPLACED_VALUES: AtomicU64 = AtomicU64::new(0);
+
+/// Count one replaced or dropped value.
+#[cold]
+pub fn note_replaced() {
+    REPLACED_VALUES.fetch_add(1, Ordering::Relaxed);
+}
+
 /// Violations of the reserved-End invariant since the process started.
 /// Relaxed: a plain counter for reports.
 pub static END_SLOT_MISSING: AtomicU64 = AtomicU64::new(0);
@@ -539,6 +639,9 @@ pub static END_SLOT_MISSING: AtomicU64 = AtomicU64::new(0);
 fn point(hooks: &mut dyn ThreadHooks, gated: bool, make: impl FnOnce() -> Record) {
     let w = WORD.load(Ordering::Relaxed);
     if w == 0 || (gated && w & 1 != 0) {
+        if w == 0 && FORKED_FROM_RECORDING.load(Ordering::Relaxed) {
+            not_recorded_here(hooks);
+        }
         return;
     }
     with_reg(w, hooks, |l, r| {

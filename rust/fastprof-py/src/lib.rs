@@ -16,7 +16,8 @@ use std::path::PathBuf;
 
 /// True while a session records (paused or not).
 #[pyfunction]
-fn is_active() -> bool {
+fn is_active(py: Python<'_>) -> bool {
+    session::surface_notices(py);
     registry::is_active()
 }
 
@@ -120,6 +121,17 @@ fn read_trace(
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     registry::install_fork_handlers();
+    // A process spawned by a recording one (a DataLoader worker under spawn
+    // or forkserver) learns it from the environment the recorder set.
+    if let Ok(pid) = std::env::var("FASTPROF_RECORDING_PID") {
+        if pid
+            .trim()
+            .parse::<u32>()
+            .is_ok_and(|p| p != std::process::id())
+        {
+            registry::FORKED_FROM_RECORDING.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
     errors::register(m)?;
     m.add_class::<recording::Name>()?;
     m.add_class::<recording::ArgSpan>()?;

@@ -2,14 +2,16 @@
 //! allocation per use), `ArgSpan`s for spans with args, and the module-level
 //! `span`/`instant`/`counter`/`name_id` that pick the fast or slow path.
 
-use crate::convert::{args_json, counter_json};
-use crate::session::PyHooks;
+use crate::convert::{args_json, counter_json, text};
+use crate::session::{surface_notices, PyHooks};
 use fastprof_core::record::{Extra, NAME_IN_EXTRA};
+use fastprof_core::registry::ThreadHooks;
 use fastprof_core::{names, registry};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyString};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// An interned name: `with name:` records a span, and the same object serves
 /// `instant(name)` and `counter(name, v)`. Immutable and stateless (the open
@@ -159,7 +161,7 @@ fn lookup<'py>(s: &Bound<'py, PyString>) -> PyResult<Option<Bound<'py, Name>>> {
     if let Some(hit) = cache.get_item(s)? {
         return Ok(Some(hit.cast_into::<Name>()?));
     }
-    let text = s.to_cow()?;
+    let text = text(s);
     let Some(id) = names::intern(&text) else {
         return Ok(None);
     };
@@ -179,23 +181,42 @@ enum Target<'py> {
     Owned(Box<str>),
 }
 
-fn target<'py>(name: &Bound<'py, PyAny>) -> PyResult<Target<'py>> {
+/// What a name argument refers to; `None` for something that is not a name
+/// (a recording call then drops its event and counts it, see [`bad_value`]).
+fn target<'py>(name: &Bound<'py, PyAny>) -> PyResult<Option<Target<'py>>> {
     if let Ok(n) = name.cast::<Name>() {
-        return Ok(Target::Interned(n.clone()));
+        return Ok(Some(Target::Interned(n.clone())));
     }
-    let s = name.cast::<PyString>().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "a fastprof name must be a str or fastprof.Name, not {}",
-            name.get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
-        ))
-    })?;
-    Ok(match lookup(s)? {
+    let Ok(s) = name.cast::<PyString>() else {
+        return Ok(None);
+    };
+    Ok(Some(match lookup(s)? {
         Some(n) => Target::Interned(n),
-        None => Target::Owned(s.to_cow()?.into()),
-    })
+        None => Target::Owned(text(s).into()),
+    }))
+}
+
+/// A recording call got a value it cannot record: drop it, count it, and say
+/// so once per process (a `FastprofWarning`, never an exception: a recording
+/// call must not take a training step down).
+#[cold]
+fn bad_value(py: Python<'_>, what: impl FnOnce() -> String) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    registry::note_replaced();
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        PyHooks(py).warn(&format!(
+            "{}; the event was dropped and counted (otherData.replaced_values). \
+             Further such values are counted without a warning",
+            what()
+        ));
+    }
+}
+
+fn type_name(v: &Bound<'_, PyAny>) -> String {
+    v.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default()
 }
 
 fn id_and_name(t: Target<'_>) -> (u32, Option<Box<str>>) {
@@ -213,11 +234,18 @@ pub fn span<'py>(
     args: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = name.py();
-    let args = match args {
-        Some(a) => args_json(a)?,
-        None => None,
+    surface_notices(py);
+    let args = args.and_then(args_json);
+    let Some(t) = target(name)? else {
+        bad_value(py, || {
+            format!(
+                "fastprof.span() got a {} as its name (a str or fastprof.Name is expected)",
+                type_name(name)
+            )
+        });
+        return Ok(Bound::new(py, _NullSpan)?.into_any());
     };
-    match (target(name)?, args) {
+    match (t, args) {
         (Target::Interned(n), None) => Ok(n.into_any()),
         (t, args) => {
             let (id, name) = id_and_name(t);
@@ -230,10 +258,14 @@ pub fn span<'py>(
 #[pyfunction]
 pub fn name_id<'py>(name: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     match target(name)? {
-        Target::Interned(n) => Ok(n.into_any()),
-        Target::Owned(_) => Err(PyTypeError::new_err(
+        Some(Target::Interned(n)) => Ok(n.into_any()),
+        Some(Target::Owned(_)) => Err(PyTypeError::new_err(
             "fastprof's name table is full; use fastprof.span(str) instead",
         )),
+        None => Err(PyTypeError::new_err(format!(
+            "a fastprof name must be a str or fastprof.Name, not {}",
+            type_name(name)
+        ))),
     }
 }
 
@@ -247,15 +279,22 @@ pub fn end() {
 #[pyfunction]
 #[pyo3(signature = (name, **args))]
 pub fn instant(name: &Bound<'_, PyAny>, args: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    surface_notices(name.py());
     if !registry::is_active() {
         return Ok(());
     }
     let py = name.py();
-    let args = match args {
-        Some(a) => args_json(a)?,
-        None => None,
+    let args = args.and_then(args_json);
+    let Some(t) = target(name)? else {
+        bad_value(py, || {
+            format!(
+                "fastprof.instant() got a {} as its name (a str or fastprof.Name is expected)",
+                type_name(name)
+            )
+        });
+        return Ok(());
     };
-    let (id, owned) = id_and_name(target(name)?);
+    let (id, owned) = id_and_name(t);
     let extra = (owned.is_some() || args.is_some()).then(|| {
         Box::new(Extra {
             name: owned,
@@ -269,11 +308,21 @@ pub fn instant(name: &Bound<'_, PyAny>, args: Option<&Bound<'_, PyDict>>) -> PyR
 /// A counter sample: a number, or a mapping of series name to number.
 #[pyfunction]
 pub fn counter(name: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+    surface_notices(name.py());
     if !registry::is_active() {
         return Ok(());
     }
     let py = name.py();
-    let (id, owned) = id_and_name(target(name)?);
+    let Some(t) = target(name)? else {
+        bad_value(py, || {
+            format!(
+                "fastprof.counter() got a {} as its name (a str or fastprof.Name is expected)",
+                type_name(name)
+            )
+        });
+        return Ok(());
+    };
+    let (id, owned) = id_and_name(t);
     match (value.extract::<f64>(), owned) {
         (Ok(v), None) => registry::counter(id, v, &mut PyHooks(py)),
         (Ok(v), Some(owned)) => {
@@ -289,14 +338,24 @@ pub fn counter(name: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()
             registry::counter_extra(id, x, &mut PyHooks(py))
         }
         (Err(_), owned) => {
-            if !value.hasattr("items")? {
-                return Err(PyTypeError::new_err(
-                    "counter value must be a number or a mapping of names to numbers",
-                ));
-            }
+            let series = if value.hasattr("items").unwrap_or(false) {
+                counter_json(value)
+            } else {
+                None
+            };
+            let Some(series) = series else {
+                bad_value(py, || {
+                    format!(
+                        "fastprof.counter() got a {} as its value (a number or a mapping of \
+                         names to numbers is expected)",
+                        type_name(value)
+                    )
+                });
+                return Ok(());
+            };
             let x = Box::new(Extra {
                 name: owned,
-                args_json: Some(counter_json(value)?),
+                args_json: Some(series),
             });
             registry::counter_extra(id, x, &mut PyHooks(py))
         }

@@ -11,7 +11,7 @@ use crate::convert;
 use crate::errors::{not_running, Error, FastprofWarning};
 use fastprof_core::collect::StopReport;
 use fastprof_core::config::Config;
-use fastprof_core::registry::ThreadHooks;
+use fastprof_core::registry::{self, ThreadHooks};
 use fastprof_core::sampler::gpu::GpuSelect;
 use fastprof_core::sampler::{SamplerConfig, SamplerShared};
 use fastprof_core::session::Session as CoreSession;
@@ -27,6 +27,27 @@ use std::sync::{Arc, Mutex};
 /// also goes to stderr).
 pub struct PyHooks<'py>(pub Python<'py>);
 
+/// Raise `message` as a `FastprofWarning` on this Python thread (never as an
+/// exception: with a warnings filter of "error" the warning is dropped).
+pub fn py_warn(py: Python<'_>, message: &str) {
+    if let Ok(text) = std::ffi::CString::new(message.replace('\0', " ")) {
+        let cat = py.get_type::<FastprofWarning>();
+        let _ = PyErr::warn(py, &cat, &text, 1);
+    }
+}
+
+/// Show the recording session's pending messages (failures, a shared
+/// directory) as warnings, now that a Python thread calls fastprof. Costs one
+/// relaxed load when there are none; not called from the span hot path.
+#[inline]
+pub fn surface_notices(py: Python<'_>) {
+    if registry::NOTICES_PENDING.load(std::sync::atomic::Ordering::Relaxed) {
+        for m in registry::take_notices() {
+            py_warn(py, &m);
+        }
+    }
+}
+
 impl ThreadHooks for PyHooks<'_> {
     fn thread_name(&mut self) -> String {
         self.0
@@ -39,13 +60,7 @@ impl ThreadHooks for PyHooks<'_> {
 
     fn warn(&mut self, message: &str) {
         eprintln!("fastprof: {message}");
-        let py = self.0;
-        if let Ok(text) = std::ffi::CString::new(message.replace('\0', " ")) {
-            let cat = py.get_type::<FastprofWarning>();
-            // An error here means the warnings filter turned it into one; a
-            // recording call must not raise, so it is dropped.
-            let _ = PyErr::warn(py, &cat, &text, 1);
-        }
+        py_warn(self.0, message);
     }
 }
 
@@ -63,6 +78,7 @@ impl Session {
     }
 
     fn with<R>(&self, f: impl FnOnce(&CoreSession) -> PyResult<R>) -> PyResult<R> {
+        Python::attach(surface_notices);
         if self.forked() {
             return Err(not_running(&format!(
                 "this recording belongs to process {} (this is a forked child)",
@@ -109,6 +125,7 @@ fn report_dict<'py>(py: Python<'py>, r: &StopReport) -> PyResult<Bound<'py, PyDi
     d.set_item("bytes_compressed", r.bytes_compressed)?;
     d.set_item("error", r.error.clone())?;
     d.set_item("sampler_error", r.sampler_error.clone())?;
+    d.set_item("payload_dropped", r.payload_dropped)?;
     d.set_item("notices", r.notices.clone())?;
     Ok(d)
 }
@@ -272,9 +289,18 @@ impl Session {
         Ok(d)
     }
 
-    /// Messages for the user since the last call (ring allocation failures…).
+    /// Messages for the user not yet shown (a shared directory, failures…).
     fn take_notices(&self) -> Vec<String> {
-        self.with(|s| Ok(s.take_notices())).unwrap_or_default()
+        if self.forked() {
+            return Vec::new();
+        }
+        registry::NOTICES_PENDING.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|s| s.take_notices())
+            .unwrap_or_default()
     }
 
     /// Every sampled metric: `{name: (timestamps int64 CLOCK_MONOTONIC ns, values float64)}`.

@@ -6,6 +6,13 @@
 //! reader salvages it. Segments rotate by compressed size (checked after every
 //! batch, so a busy thread cannot overshoot by a whole flush interval) and by
 //! age; each repeats the head metadata and names its threads again.
+//!
+//! Several processes may write into one rank directory by mistake (no RANK
+//! in the environment and a shared run name: `mp.spawn`, custom launchers).
+//! Segment files are therefore created exclusively (`O_EXCL`) and renamed
+//! without replacing (`RENAME_NOREPLACE`, or a hard link): no process ever
+//! overwrites another's segment. A lock file (`.fastprof.lock`, `flock`)
+//! detects the sharing, which the session reports once.
 
 use super::{write_head, write_tail, write_thread_name, Batch, Header, MetaSource, Sink};
 use crate::clock;
@@ -48,6 +55,10 @@ struct Segment {
 pub struct ChromeGz {
     header: Arc<Header>,
     dir: PathBuf,
+    /// Held (flock) while this session writes here; released when dropped.
+    _lock: Option<File>,
+    /// Set when another live process holds the directory's lock.
+    shared_with: Option<String>,
     segment_size: u64,
     segment_seconds: f64,
     level: Compression,
@@ -70,13 +81,17 @@ impl ChromeGz {
         segment_seconds: f64,
         compression_level: u32,
     ) -> Result<ChromeGz> {
+        let existed = dir.is_dir();
         std::fs::create_dir_all(&dir).map_err(|e| CoreError::io(&dir, e))?;
         // Never overwrite: a job resumed under the same run name continues
         // the numbering after the segments already there.
         let next_index = next_free_index(&dir)?;
+        let (lock, shared_with) = lock_dir(&dir, header.pid);
         let mut s = ChromeGz {
             header,
-            dir,
+            _lock: lock,
+            shared_with,
+            dir: dir.clone(),
             segment_size,
             segment_seconds,
             level: Compression::new(compression_level),
@@ -87,17 +102,42 @@ impl ChromeGz {
             finished: Vec::new(),
             bytes_compressed: 0,
         };
-        s.open_segment()?;
+        if let Err(e) = s.open_segment() {
+            // Leave nothing half-made: no empty `.part`, no directory we made.
+            drop(s);
+            if !existed {
+                let _ = std::fs::remove_file(dir_lock_path(&dir));
+                let _ = std::fs::remove_dir(&dir);
+            }
+            return Err(e);
+        }
         Ok(s)
     }
 
+    /// Another live process records into the same directory: what to tell the user.
+    pub fn shared_with(&self) -> Option<&str> {
+        self.shared_with.as_deref()
+    }
+
     fn open_segment(&mut self) -> Result<()> {
-        let index = self.next_index;
-        let done = self.dir.join(format!("fastprof.{index}.json.gz"));
-        let part = self.dir.join(format!("fastprof.{index}.json.gz.part"));
-        let file = File::create(&part).map_err(|e| CoreError::io(&part, e))?;
+        // The first free index whose segment and `.part` exist under no
+        // process: the `.part` is created exclusively, so two processes in
+        // one directory can never pick the same file.
+        let (index, part, done, file) = loop {
+            let index = self.next_index;
+            self.next_index += 1;
+            let done = self.dir.join(format!("fastprof.{index}.json.gz"));
+            let part = self.dir.join(format!("fastprof.{index}.json.gz.part"));
+            if done.exists() {
+                continue;
+            }
+            match File::options().write(true).create_new(true).open(&part) {
+                Ok(f) => break (index, part, done, f),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(CoreError::io(&part, e)),
+            }
+        };
         let gz = GzEncoder::new(Counting { file, bytes: 0 }, self.level);
-        self.next_index += 1;
         let mut seg = Segment {
             index,
             part,
@@ -110,10 +150,30 @@ impl ChromeGz {
         write_head(&mut self.buf, &self.header);
         // The head reaches the file at once, so even a segment killed before
         // its first flush salvages to a valid (empty) trace.
-        let r = seg.gz.write_all(&self.buf).and_then(|_| seg.gz.flush());
-        let path = seg.part.clone();
+        if let Err(e) = seg.gz.write_all(&self.buf).and_then(|_| seg.gz.flush()) {
+            let path = seg.part.clone();
+            drop(seg);
+            let _ = std::fs::remove_file(&path);
+            return Err(CoreError::io(path, e));
+        }
         self.seg = Some(seg);
-        r.map_err(|e| CoreError::io(path, e))
+        Ok(())
+    }
+
+    /// The open segment's file must still be there: a deleted run directory
+    /// (or segment) is a failure now, not hours later at stop.
+    fn check_still_there(&self) -> io::Result<()> {
+        let Some(s) = &self.seg else {
+            return Ok(());
+        };
+        use std::os::unix::fs::MetadataExt;
+        if s.gz.get_ref().file.metadata()?.nlink() == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "the segment file (or the run directory) was deleted while recording",
+            ));
+        }
+        Ok(())
     }
 
     fn rotation_due(&self, now: u64) -> bool {
@@ -146,8 +206,8 @@ impl ChromeGz {
         let counting = seg.gz.finish()?;
         self.bytes_compressed += counting.bytes;
         drop(counting);
-        std::fs::rename(&seg.part, &seg.done)?;
-        self.finished.push(seg.done);
+        let done = rename_noreplace_free(&seg.part, seg.done, &self.dir, &mut self.next_index)?;
+        self.finished.push(done);
         Ok(())
     }
 }
@@ -185,6 +245,7 @@ impl Sink for ChromeGz {
             // A zlib sync flush, then the file: everything so far decodes.
             s.gz.flush()?;
         }
+        self.check_still_there()?;
         if self.rotation_due(now_ns) {
             self.rotate(meta)?;
         }
@@ -221,4 +282,112 @@ fn next_free_index(dir: &Path) -> Result<u32> {
         }
     }
     Ok(next)
+}
+
+fn dir_lock_path(dir: &Path) -> PathBuf {
+    dir.join(".fastprof.lock")
+}
+
+/// Take the directory's lock (`flock`, released when the file closes, also
+/// when the process dies). Returns the held file, or, when another live
+/// process holds it, what to tell the user. Failing to lock at all (a
+/// filesystem without flock) is not an error: exclusive file creation
+/// still keeps the segments apart.
+fn lock_dir(dir: &Path, pid: u32) -> (Option<File>, Option<String>) {
+    use std::os::fd::AsRawFd;
+    let path = dir_lock_path(dir);
+    let Ok(mut f) = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+    else {
+        return (None, None);
+    };
+    // SAFETY: a valid open fd; flock has no other preconditions.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        let _ = f.set_len(0);
+        let _ = f.write_all(format!("{pid}\n").as_bytes());
+        return (Some(f), None);
+    }
+    let mut other = String::new();
+    let _ = std::io::Read::read_to_string(&mut f, &mut other);
+    let other = other.trim();
+    let who = if other.is_empty() {
+        "another process".to_string()
+    } else {
+        format!("process {other}")
+    };
+    (
+        None,
+        Some(format!(
+            "{who} is also recording into {}: each process keeps its own segment files, but \
+             ranks sharing a directory cannot be told apart when merged; give each process its \
+             own rank (RANK or FASTPROF_RANK) or run_name",
+            dir.display()
+        )),
+    )
+}
+
+/// Rename `part` to `done` without ever replacing a file; if `done` was
+/// taken meanwhile (another process in the same directory), use the next
+/// free index instead. Returns the name used.
+fn rename_noreplace_free(
+    part: &Path,
+    done: PathBuf,
+    dir: &Path,
+    next: &mut u32,
+) -> io::Result<PathBuf> {
+    let mut target = done;
+    loop {
+        match rename_noreplace(part, &target) {
+            Ok(()) => return Ok(target),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let i = *next;
+                *next += 1;
+                target = dir.join(format!("fastprof.{i}.json.gz"));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other);
+    let (f, t) = (c(from)?, c(to)?);
+    // SAFETY: both are valid NUL-terminated paths; AT_FDCWD resolves them
+    // relative to the working directory like rename(2).
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        // Filesystems without RENAME_NOREPLACE: a hard link never replaces either.
+        Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::ENOTSUP) => link_then_unlink(from, to),
+        _ => Err(e),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    link_then_unlink(from, to)
+}
+
+fn link_then_unlink(from: &Path, to: &Path) -> io::Result<()> {
+    std::fs::hard_link(from, to)?;
+    std::fs::remove_file(from)
 }

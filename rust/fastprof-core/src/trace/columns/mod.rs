@@ -744,11 +744,11 @@ fn push_row(t: &mut Table, name: u32, cat: u32, ts: i64, pid: i64, tid: i64, fil
     t.file.push(file);
 }
 
-/// A counter value: a JSON number, or a string holding one.
+/// A counter value: a JSON number, or a string holding one (fastprof
+/// writes NaN and infinities as `"NaN"`, `"Infinity"`, `"-Infinity"`).
 fn number(raw: &[u8]) -> Option<f64> {
     let t = scan::str_value(raw).unwrap_or(raw);
-    let v: f64 = std::str::from_utf8(t).ok()?.parse().ok()?;
-    v.is_finite().then_some(v)
+    std::str::from_utf8(t).ok()?.parse().ok()
 }
 
 /// Top-level values other than the events.

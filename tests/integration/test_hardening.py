@@ -1,0 +1,275 @@
+"""Recording under bad values and faults: a recording call never raises for a
+value it was given, nothing already recorded is lost, failures are said at
+the time, and several processes in one rank directory never overwrite each
+other. Traces are read with gzip + json (conftest), never fastprof's reader.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+import warnings
+
+import pytest
+
+import fastprof
+
+
+def test_surrogates_never_raise_and_are_counted(tmp_path, traces):
+    bad = os.fsdecode(b"caf\xe9")  # a lone surrogate, as os.fsdecode makes it
+    rec = fastprof.start(tmp_path, "surrogates")
+    with fastprof.span(f"span-{bad}", **{f"key-{bad}": f"value-{bad}"}):
+        fastprof.instant(f"instant-{bad}", path=bad)
+    fastprof.counter(f"counter-{bad}", 1.0)
+    fastprof.counter("mapping", {f"series-{bad}": 2.0})
+    rec.stop()
+    run = traces.read(rec.trace_dir)
+    names = {e["name"] for e in run.data_events()}
+    assert {"span-caf\ufffd", "instant-caf\ufffd", "counter-caf\ufffd", "mapping"} <= names
+    (span,) = run.of("X", "span-caf\ufffd")
+    assert span["args"] == {"key-caf\ufffd": "value-caf\ufffd"}
+    (m,) = run.of("C", "mapping")
+    assert m["args"] == {"series-caf\ufffd": 2.0}
+    # span name, its arg key and value, instant name and arg, counter name, series key.
+    assert run.final["replaced_values"] >= 7
+
+
+def test_non_finite_numbers_are_kept(tmp_path, traces):
+    rec = fastprof.start(tmp_path, "nan")
+    fastprof.counter("loss", float("nan"))
+    fastprof.counter("grad_norm", float("inf"))
+    fastprof.counter("pair", {"lo": float("-inf"), "hi": 1.5})
+    fastprof.instant("diverged", loss=float("nan"))
+    rec.stop()
+    run = traces.read(rec.trace_dir)  # Python's json parses the file
+    assert run.of("C", "loss")[0]["args"] == {"value": "NaN"}
+    assert run.of("C", "grad_norm")[0]["args"] == {"value": "Infinity"}
+    assert run.of("C", "pair")[0]["args"] == {"lo": "-Infinity", "hi": 1.5}
+    assert run.of("i", "diverged")[0]["args"] == {"loss": "NaN"}
+    cols = fastprof.read_columns(rec.run_dir, kinds=("counters",))
+    by = {
+        (n, s): v
+        for n, s, v in zip(
+            cols.names_of(cols.counters["name"]),
+            cols.names_of(cols.counters["series"]),
+            cols.counters["value"],
+            strict=True,
+        )
+    }
+    assert math.isnan(by[("loss", "value")]) and by[("grad_norm", "value")] == math.inf
+    assert by[("pair", "lo")] == -math.inf and by[("pair", "hi")] == 1.5
+
+
+def test_values_of_the_wrong_kind_are_dropped_with_one_warning(tmp_path, traces):
+    rec = fastprof.start(tmp_path, "kinds")
+
+    class Unprintable:
+        def __str__(self):
+            raise RuntimeError("no str for you")
+
+    with pytest.warns(fastprof.FastprofWarning, match="dropped and counted") as caught:
+        fastprof.counter("c", "not a number")
+        fastprof.counter("c", object())
+        with fastprof.span(12345):  # not a name: a span that records nothing
+            pass
+        fastprof.instant(None)
+        fastprof.instant("ok", thing=Unprintable())  # replaced, not dropped
+    assert len(caught) == 1
+    rec.stop()
+    run = traces.read(rec.trace_dir)
+    assert [e["name"] for e in run.data_events()] == ["ok"]
+    assert run.of("i", "ok")[0]["args"]["thing"] == "<unprintable Unprintable>"
+    assert run.final["replaced_values"] >= 5
+
+
+PROCESS = """
+import os, sys, fastprof
+out, k, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rec = fastprof.start(out, "shared", segment_size="64KiB", flush_interval=0.01)
+for i in range(n):
+    with fastprof.span("work", proc=k, i=i, pad=os.urandom(48).hex()):  # incompressible: segments rotate
+        pass
+rec.stop()
+"""
+
+
+def test_processes_sharing_a_rank_directory_lose_nothing(pyscript, tmp_path, traces):
+    import subprocess
+    import sys
+
+    script = pyscript.write(PROCESS, "proc.py")
+    n, procs = 3000, 6
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FASTPROF_", "RANK"))}
+    children = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / "runs"), str(k), str(n)],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for k in range(procs)
+    ]
+    errs = [c.communicate(timeout=120)[1] for c in children]
+    assert all(c.returncode == 0 for c in children), errs
+    run = traces.read(tmp_path / "runs" / "shared" / "rank0")
+    assert len(run.segments) > procs  # they rotated, many times
+    per_proc = {}
+    for e in run.of("X", "work"):
+        per_proc.setdefault(e["args"]["proc"], set()).add(e["args"]["i"])
+    assert {k: len(v) for k, v in per_proc.items()} == dict.fromkeys(range(procs), n)
+    # Sharing was noticed and said (by whichever processes overlapped).
+    assert any("also recording into" in e for e in errs), errs
+
+
+def test_a_disk_full_is_said_at_the_time(pyscript):
+    r = pyscript.run(
+        """
+        import os, resource, signal, sys, time, warnings
+        import fastprof
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # writes past the limit fail with EFBIG
+        rec = fastprof.start(sys.argv[1], "full", flush_interval=0.02)
+        with fastprof.span("before"):
+            pass
+        time.sleep(0.1)
+        part = next(p for p in os.listdir(rec.trace_dir) if p.endswith(".part"))
+        size = os.path.getsize(os.path.join(rec.trace_dir, part))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size + 100, resource.RLIM_INFINITY))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            deadline = time.monotonic() + 20
+            i = 0
+            while not caught and time.monotonic() < deadline:
+                fastprof.instant("filler", i=i, pad="y" * 500)   # the next API call says it
+                i += 1
+                time.sleep(0.001)
+            active = fastprof.is_active()
+        assert caught and "File too large" in str(caught[0].message), [str(w.message) for w in caught]
+        assert "recording stopped" in str(caught[0].message)
+        assert not active and not rec.active
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            stats = rec.stop()
+        assert stats.error and "File too large" in stats.error
+        print("OK")
+        """,
+        str(pyscript.tmp_path / "runs"),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "File too large" in r.stderr  # on stderr too, when it happened
+
+
+def test_a_deleted_run_directory_stops_recording_at_once(tmp_path):
+    rec = fastprof.start(tmp_path, "gone", flush_interval=0.02)
+    with fastprof.span("before"):
+        pass
+    shutil.rmtree(rec.run_dir)
+    deadline = time.monotonic() + 20
+    with pytest.warns(fastprof.FastprofWarning, match="deleted") as caught:
+        while fastprof.is_active() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        fastprof.instant("after")  # the next API call says why
+    assert not fastprof.is_active() and not rec.active
+    assert len(caught) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stats = rec.stop()
+    assert stats.error and "deleted" in stats.error
+
+
+def test_a_failed_start_leaves_nothing_half_made(pyscript):
+    r = pyscript.run(
+        """
+        import os, resource, signal, sys
+        import fastprof
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        out = sys.argv[1]
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))   # a full disk
+        try:
+            fastprof.start(out, "nostart")
+        except OSError as e:
+            assert isinstance(e, fastprof.FastprofError), type(e)
+            print("refused:", e)
+        else:
+            raise SystemExit("start did not fail")
+        left = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs]
+        assert left == [], left
+        assert not os.path.exists(os.path.join(out, "nostart", "rank0")), os.listdir(os.path.join(out, "nostart"))
+        assert not fastprof.is_active()
+        print("OK")
+        """,
+        str(pyscript.tmp_path / "runs"),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "refused:" in r.stdout and "File too large" in r.stdout
+
+
+def test_payload_in_flight_is_bounded(pyscript):
+    """Instants with 100 KB of args as fast as a thread can make them: the
+    payload kept in flight stays under its 64 MiB bound instead of filling
+    every ring slot (1 Mi slots x 100 KB)."""
+    r = pyscript.run(
+        """
+        import json, resource, sys, warnings
+        import fastprof
+        def rss():
+            return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
+        big = "z" * 100_000
+        rec = fastprof.start(sys.argv[1], "payload", flush_interval=5)   # the writer drains late
+        before, peak = rss(), 0
+        for i in range(3000):                  # 300 MB of args offered
+            fastprof.instant("big", i=i, blob=big)
+            if i % 100 == 0:
+                peak = max(peak, rss() - before)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            stats = rec.stop()
+        msgs = [str(w.message) for w in caught]
+        print(json.dumps({"peak": peak, "dropped": stats.dropped, "payload": stats.payload_dropped,
+                          "written": stats.events_written, "msgs": msgs}))
+        """,
+        str(pyscript.tmp_path / "runs"),
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["payload"] > 0 and got["payload"] == got["dropped"], got
+    assert got["written"] + got["dropped"] == 3000
+    assert got["peak"] < 64 * 2**20 + 40 * 2**20, got["peak"]  # the bound plus Python's own churn
+    assert any("64 MiB of payload" in m for m in got["msgs"]), got["msgs"]
+
+
+def test_dataloader_workers_say_once_that_they_record_nothing(pyscript):
+    r = pyscript.run(
+        """
+        import sys, torch
+        from torch.utils.data import DataLoader, Dataset
+        import fastprof
+
+        class D(Dataset):
+            def __len__(self):
+                return 16
+            def __getitem__(self, i):
+                with fastprof.span("item"):
+                    fastprof.instant("inside")
+                return torch.tensor([i])
+
+        if __name__ == "__main__":
+            rec = fastprof.start(sys.argv[1], "workers")
+            for ctx in ("fork", "spawn"):
+                for _ in DataLoader(D(), batch_size=4, num_workers=2, multiprocessing_context=ctx):
+                    pass
+            rec.stop()
+            print("OK")
+        """,
+        str(pyscript.tmp_path / "runs"),
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    # Each worker says it once on stderr (2 fork + 2 spawn workers), however
+    # many items it fetched; the Python warning repeats it unless filtered.
+    said = r.stderr.count("fastprof: this process")
+    assert said == 4, r.stderr[-3000:]
