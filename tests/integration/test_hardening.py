@@ -273,3 +273,69 @@ def test_dataloader_workers_say_once_that_they_record_nothing(pyscript):
     # many items it fetched; the Python warning repeats it unless filtered.
     said = r.stderr.count("fastprof: this process")
     assert said == 4, r.stderr[-3000:]
+
+
+def test_async_spans_of_interleaved_tasks_keep_their_own_durations(tmp_path, traces):
+    import asyncio
+
+    @fastprof.span("outer_task")
+    async def work(delay):
+        await inner(delay / 2)
+        await asyncio.sleep(delay / 2)
+        return delay
+
+    @fastprof.span("inner")
+    async def inner(delay):
+        await asyncio.sleep(delay)
+
+    @fastprof.span("fails", kind="test")
+    async def fails():
+        await asyncio.sleep(0.01)
+        raise KeyError("boom")
+
+    async def main():
+        got = await asyncio.gather(work(0.060), work(0.080))
+        with pytest.raises(KeyError):
+            await fails()
+        forever = asyncio.ensure_future(work(10.0))  # still open when recording stops
+        await asyncio.sleep(0.02)
+        return got, forever
+
+    rec = fastprof.start(tmp_path, "async")
+    loop = asyncio.new_event_loop()
+    try:
+        got, forever = loop.run_until_complete(main())
+        assert got == [0.060, 0.080]
+        rec.stop()
+        forever.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            loop.run_until_complete(forever)
+    finally:
+        loop.close()
+    run = traces.read(rec.trace_dir)
+    base = run.segments[0].base_ns
+    # Pair b/e per (id, name) with a stack, as a viewer does.
+    open_, spans = {}, []
+    for e in run.events:
+        if e.get("cat") != "async":
+            continue
+        key = (e["id"], e["name"])
+        if e["ph"] == "b":
+            open_.setdefault(key, []).append(e)
+        elif e["ph"] == "e":
+            b = open_[key].pop()
+            spans.append((e["name"], e["id"], traces.us_to_ns(e["ts"] - b["ts"]) / 1e6, b, e))
+    assert all(not v for v in open_.values()), "every async begin has its end"
+    outer = sorted(d for n, _, d, _, e in spans if n == "outer_task" and "unclosed" not in e.get("args", {}))
+    inner_ = sorted(d for n, _, d, _, e in spans if n == "inner" and "unclosed" not in e.get("args", {}))
+    # Each task's own duration (the bug gave 40 ms and 101 ms).
+    assert 58 <= outer[0] < 75 and 78 <= outer[1] < 95, outer
+    assert 28 <= inner_[0] < 45 and 38 <= inner_[1] < 55, inner_
+    # Two tasks, two ids; the inner span shares its task's id.
+    ids = {i for n, i, *_ in spans if n == "outer_task"}
+    assert len(ids) == 3  # two finished tasks and the one left open
+    (f,) = [(b, e) for n, _, _, b, e in spans if n == "fails"]
+    assert f[0]["args"] == {"kind": "test"} and f[1]["args"] == {"exception": True}
+    left = [e for n, _, _, _, e in spans if e.get("args", {}).get("unclosed")]
+    assert {e["name"] for e in left} == {"outer_task", "inner"}
+    assert all(base + traces.us_to_ns(e["ts"]) > base for e in left)

@@ -241,9 +241,17 @@ pub struct StopReport {
     pub notices: Vec<String>,
 }
 
+#[derive(Clone)]
 enum SpanName {
     Id(u32),
     Owned(Box<str>),
+}
+
+/// An async span whose end has not been drained yet.
+struct OpenAsync {
+    id: u64,
+    name: SpanName,
+    ti: usize,
 }
 
 struct Open {
@@ -273,6 +281,8 @@ pub(crate) struct State {
     anchors: Vec<(Anchor, &'static str)>,
     /// Escaped JSON of every interned name, by id.
     names: Vec<Vec<u8>>,
+    /// Async spans begun and not yet ended, oldest first.
+    open_async: Vec<OpenAsync>,
     events_written: u64,
     unclosed_spans: u64,
     sink_errors: Vec<String>,
@@ -398,6 +408,7 @@ impl Collector {
                 thread_names: BTreeMap::new(),
                 retired_drops: BTreeMap::new(),
                 names: Vec::new(),
+                open_async: Vec::new(),
                 events_written: 0,
                 unclosed_spans: 0,
                 sink_errors: Vec::new(),
@@ -505,6 +516,15 @@ impl Collector {
                 self.st.unclosed_spans += 1;
             }
             self.end_chunk(i);
+        }
+        while let Some(open) = self.st.open_async.pop() {
+            let ti = open.ti.min(self.st.threads.len().saturating_sub(1));
+            self.st
+                .async_head(&mut self.batch, ti, b"e", &open.name, open.id, stop_ns);
+            write_args(&mut self.batch.bytes, None, &[("unclosed", "true")]);
+            self.batch.event_done(stop_ns);
+            self.st.unclosed_spans += 1;
+            self.end_chunk(ti);
         }
         self.send_batch()?;
         self.st.anchors.push((Anchor::take(), "stop"));
@@ -721,14 +741,14 @@ impl State {
     }
 
     fn format_record(&mut self, batch: &mut Batch, ti: usize, mut rec: Record) {
-        let (owned_name, args) = match rec.take_extra() {
+        let (owned_name, args, async_id) = match rec.take_extra() {
             Some(x) => {
                 self.shared
                     .payload_in_flight
                     .fetch_sub(x.bytes(), Ordering::Relaxed);
-                (x.name, x.args_json)
+                (x.name, x.args_json, x.async_id)
             }
-            None => (None, None),
+            None => (None, None, 0),
         };
         let name = match owned_name {
             Some(n) => SpanName::Owned(n),
@@ -752,6 +772,27 @@ impl State {
                 batch.bytes.extend_from_slice(b",\"s\":\"t\"");
                 write_args(&mut batch.bytes, args.as_deref(), &[]);
                 batch.event_done(ns);
+            }
+            Kind::AsyncBegin => {
+                self.async_head(batch, ti, b"b", &name, async_id, ns);
+                write_args(&mut batch.bytes, args.as_deref(), &[]);
+                batch.event_done(ns);
+                self.open_async.push(OpenAsync {
+                    id: async_id,
+                    name,
+                    ti,
+                });
+            }
+            Kind::AsyncEnd => {
+                // The innermost open span of this key; none means its begin
+                // was gated by a pause or dropped: then the end goes too.
+                if let Some(i) = self.open_async.iter().rposition(|o| o.id == async_id) {
+                    let open = self.open_async.remove(i);
+                    self.async_head(batch, ti, b"e", &open.name, async_id, ns);
+                    // The end's own args: `exception` when the body raised.
+                    write_args(&mut batch.bytes, args.as_deref(), &[]);
+                    batch.event_done(ns);
+                }
             }
             Kind::Counter => {
                 self.event_head(batch, ti, b"C", &name, ns);
@@ -784,13 +825,43 @@ impl State {
         batch.event_done(end_ns);
     }
 
+    /// An async event's head: `cat` "async" and the key as a hex `id`.
+    fn async_head(
+        &mut self,
+        batch: &mut Batch,
+        ti: usize,
+        ph: &[u8],
+        name: &SpanName,
+        id: u64,
+        ns: u64,
+    ) {
+        self.head_with_cat(batch, ti, ph, b"async", name, ns);
+        batch.bytes.extend_from_slice(b",\"id\":\"0x");
+        let _ = std::io::Write::write_fmt(&mut batch.bytes, format_args!("{id:x}"));
+        batch.bytes.push(b'"');
+    }
+
     /// `,\n{"ph":..,"cat":"user","name":..,"pid":..,"tid":..,"ts":..` (no
     /// closing brace); `ns` in CLOCK_MONOTONIC ns.
     fn event_head(&mut self, batch: &mut Batch, ti: usize, ph: &[u8], name: &SpanName, ns: u64) {
+        self.head_with_cat(batch, ti, ph, b"user", name, ns);
+    }
+
+    fn head_with_cat(
+        &mut self,
+        batch: &mut Batch,
+        ti: usize,
+        ph: &[u8],
+        cat: &[u8],
+        name: &SpanName,
+        ns: u64,
+    ) {
         let b = &mut batch.bytes;
         b.extend_from_slice(b",\n{\"ph\":\"");
         b.extend_from_slice(ph);
-        b.extend_from_slice(b"\",\"cat\":\"user\",\"name\":");
+        b.extend_from_slice(b"\",\"cat\":\"");
+        b.extend_from_slice(cat);
+        b.extend_from_slice(b"\",\"name\":");
         match name {
             SpanName::Id(id) => {
                 let id = *id as usize;

@@ -131,7 +131,10 @@ mod tests {
         assert_eq!(s(|o| write_f64(o, f64::NEG_INFINITY)), "\"-Infinity\"");
         for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
             let text = s(|o| write_f64(o, v));
-            assert!(serde_json::from_str::<serde_json::Value>(&text).is_ok(), "{text}");
+            assert!(
+                serde_json::from_str::<serde_json::Value>(&text).is_ok(),
+                "{text}"
+            );
         }
         let big = s(|o| write_f64(o, 1e300));
         assert_eq!(serde_json::from_str::<f64>(&big).unwrap(), 1e300);

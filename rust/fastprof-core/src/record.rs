@@ -21,6 +21,11 @@ pub enum Kind {
     Instant = 3,
     /// A counter sample; the value is [`Record::value`] unless it carries an extra.
     Counter = 4,
+    /// An async span opens (a coroutine's body starts); always carries an
+    /// extra holding its key (`Extra::async_id`, the asyncio task).
+    AsyncBegin = 5,
+    /// The innermost open async span of the same key closes.
+    AsyncEnd = 6,
 }
 
 /// `flags` bit: `payload` is a `Box<Extra>` pointer owned by this record.
@@ -53,6 +58,8 @@ pub struct Extra {
     pub name: Option<Box<str>>,
     /// A ready-to-write JSON object (`{"k":v,...}`) for the event's `args`.
     pub args_json: Option<Box<str>>,
+    /// The key of an async span (which asyncio task it belongs to).
+    pub async_id: u64,
 }
 
 // SAFETY: the only non-plain data is an owned `Box<Extra>`, which is Send.
@@ -111,6 +118,8 @@ impl Record {
             1 => Kind::Begin,
             2 => Kind::End,
             3 => Kind::Instant,
+            5 => Kind::AsyncBegin,
+            6 => Kind::AsyncEnd,
             _ => Kind::Counter,
         }
     }
@@ -198,6 +207,7 @@ mod tests {
         let x = Box::new(Extra {
             name: Some("n".into()),
             args_json: Some("{\"a\":1}".into()),
+            ..Default::default()
         });
         let mut r = Record::with_extra(Kind::Instant, NAME_IN_EXTRA, 5, x);
         assert_eq!(r.value(), 0.0);

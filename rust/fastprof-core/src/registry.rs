@@ -699,6 +699,21 @@ pub fn counters_at(items: &[(u32, f64)], ticks: u64, hooks: &mut dyn ThreadHooks
     });
 }
 
+/// An async span's begin or end (`extra.async_id` keys it: spans of one key
+/// nest, spans of different keys may interleave on one thread). A begin is
+/// gated by a pause; an end always passes (the writer drops an end whose
+/// begin it never saw).
+pub fn async_event(begin: bool, name: u32, extra: Box<Extra>, hooks: &mut dyn ThreadHooks) {
+    let kind = if begin {
+        Kind::AsyncBegin
+    } else {
+        Kind::AsyncEnd
+    };
+    point(hooks, begin, || {
+        Record::with_extra(kind, name, clock::ticks(), extra)
+    });
+}
+
 /// A counter sample of several series (`extra.args_json` is the mapping).
 pub fn counter_extra(name: u32, extra: Box<Extra>, hooks: &mut dyn ThreadHooks) {
     point(hooks, true, || {

@@ -372,6 +372,7 @@ mod tests {
             let x = Box::new(Extra {
                 name: Some(format!("n{i}").into()),
                 args_json: None,
+                ..Default::default()
             });
             assert!(p
                 .push(Record::with_extra(Kind::Instant, 0, i, x), 0)

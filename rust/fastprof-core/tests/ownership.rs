@@ -37,6 +37,7 @@ fn extra(i: u64) -> Box<Extra> {
     Box::new(Extra {
         name: Some(format!("name-{i}").into()),
         args_json: Some(format!("{{\"i\":{i}}}").into()),
+        ..Default::default()
     })
 }
 

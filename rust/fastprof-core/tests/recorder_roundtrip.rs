@@ -45,6 +45,7 @@ fn threads_spans_roundtrip() {
                         let x = Box::new(Extra {
                             name: None,
                             args_json: Some(format!("{{\"i\":{i}}}").into()),
+                            ..Default::default()
                         });
                         registry::begin_extra(inner, x, &mut namer);
                     } else {

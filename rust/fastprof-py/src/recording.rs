@@ -51,6 +51,21 @@ impl Name {
         decorate(slf.as_any(), func)
     }
 
+    /// Open this span as an async span keyed by `key` (the asyncio task):
+    /// what `@fastprof.span` does for a coroutine function.
+    fn _async_begin(slf: &Bound<'_, Self>, key: u64) {
+        let x = Box::new(Extra {
+            async_id: key,
+            ..Default::default()
+        });
+        registry::async_event(true, slf.get().id, x, &mut PyHooks(slf.py()));
+    }
+
+    #[pyo3(signature = (key, exception=false))]
+    fn _async_end(slf: &Bound<'_, Self>, key: u64, exception: bool) {
+        async_end(slf.py(), slf.get().id, key, exception);
+    }
+
     #[getter]
     fn name(&self, py: Python<'_>) -> Py<PyString> {
         self.name.clone_ref(py)
@@ -84,6 +99,7 @@ impl ArgSpan {
         Box::new(Extra {
             name: self.name.clone(),
             args_json: self.args.clone(),
+            ..Default::default()
         })
     }
 }
@@ -110,6 +126,29 @@ impl ArgSpan {
     fn __call__(slf: &Bound<'_, Self>, func: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         decorate(slf.as_any(), func)
     }
+
+    fn _async_begin(slf: &Bound<'_, Self>, key: u64) {
+        let me = slf.get();
+        let mut x = me.extra();
+        x.async_id = key;
+        registry::async_event(true, me.id, x, &mut PyHooks(slf.py()));
+    }
+
+    #[pyo3(signature = (key, exception=false))]
+    fn _async_end(slf: &Bound<'_, Self>, key: u64, exception: bool) {
+        async_end(slf.py(), slf.get().id, key, exception);
+    }
+}
+
+/// The end of an async span (the writer finds its begin by key).
+fn async_end(py: Python<'_>, id: u32, key: u64, exception: bool) {
+    let x = Box::new(Extra {
+        async_id: key,
+        // The end's flags travel in its args; the name is the begin's.
+        args_json: exception.then(|| "{\"exception\":true}".into()),
+        ..Default::default()
+    });
+    registry::async_event(false, id, x, &mut PyHooks(py));
 }
 
 /// Wrap `func` so each call runs inside `span` (written in Python, where
@@ -299,6 +338,7 @@ pub fn instant(name: &Bound<'_, PyAny>, args: Option<&Bound<'_, PyDict>>) -> PyR
         Box::new(Extra {
             name: owned,
             args_json: args,
+            ..Default::default()
         })
     });
     registry::instant(id, extra, &mut PyHooks(py));
@@ -334,6 +374,7 @@ pub fn counter(name: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()
             let x = Box::new(Extra {
                 name: Some(owned),
                 args_json: Some(args),
+                ..Default::default()
             });
             registry::counter_extra(id, x, &mut PyHooks(py))
         }
@@ -356,6 +397,7 @@ pub fn counter(name: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()
             let x = Box::new(Extra {
                 name: owned,
                 args_json: Some(series),
+                ..Default::default()
             });
             registry::counter_extra(id, x, &mut PyHooks(py))
         }
