@@ -339,3 +339,73 @@ def test_async_spans_of_interleaved_tasks_keep_their_own_durations(tmp_path, tra
     left = [e for n, _, _, _, e in spans if e.get("args", {}).get("unclosed")]
     assert {e["name"] for e in left} == {"outer_task", "inner"}
     assert all(base + traces.us_to_ns(e["ts"]) > base for e in left)
+
+
+class _Weird:
+    def __repr__(self):
+        raise ValueError("no repr")
+
+    __str__ = __repr__
+
+
+class _BadMapping:
+    def items(self):
+        raise RuntimeError("items() fails")
+
+
+class _HalfBad(dict):
+    pass
+
+
+HOSTILE_ARGS = [
+    {"big": "x" * (4 << 20)},  # one 4 MiB arg
+    {"nested": {"a": [{"b": {"c": [1, 2, {"d": None}]}}] * 50}},  # nesting written via str()
+    {"huge_int": 2**100, "neg": -(2**70)},
+    {"bytes": b"\x00\xff\xfe", "bytearray": bytearray(b"abc")},
+    {"weird": _Weird()},
+    {"ctrl": '\x00\x01\x1f"\\\n\t', "emoji": "🔥" * 100},
+    {"surrogate_key" + os.fsdecode(b"\xff"): 1},
+    {"float_edge": 5e-324, "float_big": 1.7976931348623157e308, "negzero": -0.0},
+]
+
+HOSTILE_COUNTERS = [
+    float("nan"),
+    -float("inf"),
+    2**1000,  # not an f64: dropped and counted
+    "3.5",
+    None,
+    [1, 2],
+    _BadMapping(),
+    _HalfBad(a=1, b="x", c=float("nan")),  # the good series are kept
+    {os.fsdecode(b"\xfe"): 1.0},
+    True,
+]
+
+
+def test_hostile_values_never_raise_and_the_trace_stays_valid_json(tmp_path, traces):
+    rec = fastprof.start(tmp_path, "hostile", flush_interval=0.02)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        for i, args in enumerate(HOSTILE_ARGS):
+            with fastprof.span(f"span{i}", **args):
+                fastprof.instant(f"instant{i}", **args)
+        for i, value in enumerate(HOSTILE_COUNTERS):
+            fastprof.counter(f"counter{i}", value)
+        for name in (None, 3, b"bytes", ("t",), os.fsdecode(b"\x80name"), "", "x" * 100_000):
+            with fastprof.span(name):
+                fastprof.instant(name)
+            fastprof.counter(name, 1.0)
+        stats = rec.stop()
+    run = traces.read(rec.trace_dir)  # every segment parses with Python's json
+    traces.nesting(run)
+    spans = {e["name"] for e in run.of("X")}
+    assert {f"span{i}" for i in range(len(HOSTILE_ARGS))} <= spans
+    assert run.of("X", "span0")[0]["args"]["big"] == "x" * (4 << 20)
+    assert run.of("X", "span2")[0]["args"] == {"huge_int": str(2**100), "neg": str(-(2**70))}
+    assert run.of("X", "span4")[0]["args"]["weird"] == "<unprintable _Weird>"
+    assert run.of("X", "span5")[0]["args"]["ctrl"] == '\x00\x01\x1f"\\\n\t'
+    half = run.of("C", "counter7")[0]["args"]
+    assert half == {"a": 1, "c": "NaN"}  # "b" was not a number
+    assert run.of("X", "x" * 100_000) and run.of("X", "")
+    assert stats.dropped == 0
+    assert run.final["replaced_values"] >= 10
