@@ -20,6 +20,7 @@ pub mod collect;
 pub mod config;
 pub mod error;
 pub mod json;
+mod leaked;
 pub mod merge;
 pub mod names;
 pub mod pargz;

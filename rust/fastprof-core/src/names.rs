@@ -25,28 +25,7 @@ struct Table {
 static TABLE: AtomicPtr<RwLock<Table>> = AtomicPtr::new(std::ptr::null_mut());
 
 fn table() -> &'static RwLock<Table> {
-    let p = TABLE.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: tables are leaked, so the pointer stays valid forever.
-        return unsafe { &*p };
-    }
-    let fresh = Box::into_raw(Box::new(RwLock::new(Table::default())));
-    match TABLE.compare_exchange(
-        std::ptr::null_mut(),
-        fresh,
-        Ordering::AcqRel,
-        Ordering::Acquire,
-    ) {
-        // SAFETY: `fresh` is leaked from here on.
-        Ok(_) => unsafe { &*fresh },
-        Err(existing) => {
-            // SAFETY: `fresh` was never published; `existing` is leaked.
-            unsafe {
-                drop(Box::from_raw(fresh));
-                &*existing
-            }
-        }
-    }
+    crate::leaked::get_or_install(&TABLE, || RwLock::new(Table::default()))
 }
 
 // Fork: `prepare_fork` (in the forking thread, before fork) takes the

@@ -135,28 +135,7 @@ type Current = Mutex<Option<Arc<dyn Target>>>;
 static CURRENT: AtomicPtr<Current> = AtomicPtr::new(std::ptr::null_mut());
 
 fn current() -> &'static Current {
-    let p = CURRENT.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: these are leaked, never freed, so the pointer stays valid.
-        return unsafe { &*p };
-    }
-    let fresh = Box::into_raw(Box::new(Mutex::new(None)));
-    match CURRENT.compare_exchange(
-        std::ptr::null_mut(),
-        fresh,
-        Ordering::AcqRel,
-        Ordering::Acquire,
-    ) {
-        // SAFETY: we just published `fresh`, which is leaked.
-        Ok(_) => unsafe { &*fresh },
-        Err(existing) => {
-            // SAFETY: `fresh` was never shared; `existing` is leaked.
-            unsafe {
-                drop(Box::from_raw(fresh));
-                &*existing
-            }
-        }
-    }
+    crate::leaked::get_or_install(&CURRENT, || Mutex::new(None))
 }
 
 pub(crate) fn lock_current() -> MutexGuard<'static, Option<Arc<dyn Target>>> {

@@ -251,6 +251,25 @@ fn bad_value(py: Python<'_>, what: impl FnOnce() -> String) {
     }
 }
 
+/// [`target`], or `None` after dropping and counting the event of a
+/// recording call (`call`) whose name is not a name.
+fn target_or_drop<'py>(
+    py: Python<'py>,
+    name: &Bound<'py, PyAny>,
+    call: &str,
+) -> PyResult<Option<Target<'py>>> {
+    let t = target(name)?;
+    if t.is_none() {
+        bad_value(py, || {
+            format!(
+                "fastprof.{call}() got a {} as its name (a str or fastprof.Name is expected)",
+                type_name(name)
+            )
+        });
+    }
+    Ok(t)
+}
+
 fn type_name(v: &Bound<'_, PyAny>) -> String {
     v.get_type()
         .name()
@@ -275,13 +294,7 @@ pub fn span<'py>(
     let py = name.py();
     surface_notices(py);
     let args = args.and_then(args_json);
-    let Some(t) = target(name)? else {
-        bad_value(py, || {
-            format!(
-                "fastprof.span() got a {} as its name (a str or fastprof.Name is expected)",
-                type_name(name)
-            )
-        });
+    let Some(t) = target_or_drop(py, name, "span")? else {
         return Ok(Bound::new(py, _NullSpan)?.into_any());
     };
     match (t, args) {
@@ -324,13 +337,7 @@ pub fn instant(name: &Bound<'_, PyAny>, args: Option<&Bound<'_, PyDict>>) -> PyR
     }
     let py = name.py();
     let args = args.and_then(args_json);
-    let Some(t) = target(name)? else {
-        bad_value(py, || {
-            format!(
-                "fastprof.instant() got a {} as its name (a str or fastprof.Name is expected)",
-                type_name(name)
-            )
-        });
+    let Some(t) = target_or_drop(py, name, "instant")? else {
         return Ok(());
     };
     let (id, owned) = id_and_name(t);
@@ -353,13 +360,7 @@ pub fn counter(name: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()
         return Ok(());
     }
     let py = name.py();
-    let Some(t) = target(name)? else {
-        bad_value(py, || {
-            format!(
-                "fastprof.counter() got a {} as its name (a str or fastprof.Name is expected)",
-                type_name(name)
-            )
-        });
+    let Some(t) = target_or_drop(py, name, "counter")? else {
         return Ok(());
     };
     let (id, owned) = id_and_name(t);
