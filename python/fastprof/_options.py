@@ -478,14 +478,19 @@ def _origin(opt: Option, given: object, env: Mapping[str, str]) -> str:
     return f"option {opt.name}"
 
 
+def _parsed(opt: Option, raw: object) -> tuple[bool, Any]:
+    """``(True, value)`` when ``raw`` parses and passes the option's check."""
+    try:
+        v = opt.parse(raw)
+        return bool(opt.check(v)), v
+    except (TypeError, ValueError, OverflowError):
+        return False, None
+
+
 def _value(opt: Option, given: object, env: Mapping[str, str]) -> Any:
     """Explicit argument > first set environment variable > default, checked."""
     if given is not None:
-        try:
-            v = opt.parse(given)
-            ok = opt.check(v)
-        except (TypeError, ValueError, OverflowError):
-            ok = False
+        ok, v = _parsed(opt, given)
         if not ok:
             raise ConfigError(f"invalid option {opt.name}: expected {opt.expect}, got {given!r}")
         return v
@@ -493,11 +498,7 @@ def _value(opt: Option, given: object, env: Mapping[str, str]) -> Any:
         raw = env.get(var)
         if raw is None or raw.strip() == "":
             continue
-        try:
-            v = opt.parse(raw)
-            ok = opt.check(v)
-        except (TypeError, ValueError, OverflowError):
-            ok = False
+        ok, v = _parsed(opt, raw)
         if not ok:
             raise ConfigError(f"invalid environment variable {var}={raw!r} (option {opt.name}): expected {opt.expect}")
         return v
