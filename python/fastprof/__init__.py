@@ -37,6 +37,7 @@ from fastprof._core import (
 from fastprof._merge import merge
 from fastprof._reader import read_trace
 from fastprof._recorder import Recorder, RunStats, current, start, stop
+from fastprof.profiler import schedule
 
 __all__ = [
     "AlreadyRunningError",
@@ -62,6 +63,7 @@ __all__ = [
     "name_id",
     "read_columns",
     "read_trace",
+    "schedule",
     "span",
     "start",
     "stop",
