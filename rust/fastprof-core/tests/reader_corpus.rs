@@ -130,16 +130,19 @@ fn specific_corpus_outcomes() {
     assert!(!doc.gzip_truncated);
     assert!(doc.value["otherData"]["producer"].is_null());
 
-    for name in [
-        "ok_absurd_1e400_ts.json",
-        "ok_deeply_nested_args.json",
-        "ok_lone_surrogate_escape.json",
+    // The 1000-deep event is dropped by the scanner (past the nesting
+    // limit of what it hands on), the others by serde_json.
+    for (name, why) in [
+        ("ok_absurd_1e400_ts.json", "dropped 1 unreadable"),
+        (
+            "ok_deeply_nested_args.json",
+            "nested deeper than 128 levels",
+        ),
+        ("ok_lone_surrogate_escape.json", "dropped 1 unreadable"),
     ] {
         let doc = read(name);
         assert!(
-            doc.warnings
-                .iter()
-                .any(|w| w.contains("dropped 1 unreadable")),
+            doc.warnings.iter().any(|w| w.contains(why)),
             "{name}: {:?}",
             doc.warnings
         );

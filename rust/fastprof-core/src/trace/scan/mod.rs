@@ -531,7 +531,18 @@ impl Scanner {
             ));
             return Ok(None);
         }
-        if b != b'{' {
+        if b == b'{' {
+            // The walk only delimits; JSON syntax inside the event is checked
+            // here so that nothing copied through can spoil an output.
+            if let Err((off, why)) = validate::check(&self.buf[range.clone()]) {
+                self.dropped += 1;
+                self.warn(format!(
+                    "dropped the malformed event at byte {at} ({why} at byte {})",
+                    at + off as u64
+                ));
+                return Ok(None);
+            }
+        } else {
             self.non_objects += 1;
             self.warn(format!(
                 "ignored a traceEvents entry that is not an object ({}) at byte {at}",
@@ -1038,6 +1049,7 @@ fn walk(buf: &[u8], w: &mut Walk, stack: &mut [u64; STACK_WORDS], abs0: u64) -> 
 }
 
 mod fields;
+pub mod validate;
 use fields::number_parts;
 pub use fields::{for_each_entry, parse_int, parse_us_to_ns, str_value, Fields};
 
