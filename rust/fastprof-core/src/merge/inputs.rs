@@ -61,11 +61,8 @@ fn walk(
         let traceish = is_trace_name(&e.file_name().to_string_lossy());
         match file_kind(&p) {
             Ok((m, _)) if m.is_dir() => walk(&p, out, seen, warnings)?,
-            Ok((m, _)) if m.is_file() => {
-                if traceish {
-                    out.push(p);
-                }
-            }
+            Ok((m, _)) if m.is_file() && traceish => out.push(p),
+            Ok((m, _)) if m.is_file() => {}
             // Opening a FIFO blocks until a writer comes; a device never ends.
             Ok((_, kind)) if traceish => {
                 warnings.push(format!(
@@ -272,7 +269,7 @@ mod tests {
                 .unwrap();
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
         let mut warnings = Vec::new();
-        let files = expand_warn(&[dir.clone()], &mut warnings).unwrap();
+        let files = expand_warn(std::slice::from_ref(&dir), &mut warnings).unwrap();
         assert_eq!(files, vec![dir.join("sub/a.json")]);
         assert_eq!(warnings.len(), 2, "{warnings:?}");
         assert!(warnings
