@@ -93,7 +93,11 @@ fn merge(
                 if let Err(e) = py.check_signals() {
                     // Relaxed: the merge polls it; the channel orders the rest.
                     cancel.store(true, Ordering::Relaxed);
-                    let _ = py.detach(move || rx.recv().is_ok());
+                    // Finished in the instant before the signal was seen: the
+                    // caller is told nothing was written, so that holds.
+                    if let Ok(Ok(done)) = py.detach(move || rx.recv()) {
+                        let _ = std::fs::remove_file(&done.output);
+                    }
                     return Err(e);
                 }
             }
