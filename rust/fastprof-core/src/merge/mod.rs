@@ -8,8 +8,8 @@
 //!    `baseTimeNanoseconds` after `traceEvents`, and windows by step need
 //!    every rank's steps before any event is placed.
 //! 2. write: each event's raw bytes are copied through with only the fields
-//!    merging must change rewritten (`pid`, `ts`, flow/async `id`s, process
-//!    names and sort indexes), in ~1 MiB chunks compressed in parallel into a
+//!    merging must change rewritten ([`rewrite`]: `pid`, `ts`, flow/async
+//!    `id`s, process names and sort indexes), in ~1 MiB chunks compressed in parallel into a
 //!    single-member gzip ([`crate::pargz`]), written to a temporary name and
 //!    renamed when complete.
 //!
@@ -19,17 +19,18 @@
 
 pub mod inputs;
 pub mod plan;
+mod rewrite;
 
 use crate::error::{CoreError, Result};
 use crate::json;
 use crate::pargz::ParGzWriter;
-use crate::trace::scan::{self, Fields, Item, Scanner};
+use crate::trace::scan::{self, Item, Scanner};
 use plan::{InputInfo, Kind};
+use rewrite::{rewrite, Counts, Ctx};
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -142,191 +143,6 @@ pub struct MergeSummary {
     pub warnings: Vec<String>,
     /// One JSON object per input: path, kind, rank, base, offset, counts.
     pub inputs_json: Vec<Value>,
-}
-
-struct Ctx<'a> {
-    info: &'a InputInfo,
-    rank: u32,
-    /// Added to numeric flow / async ids so they never join across inputs.
-    id_offset: i64,
-    /// This rank's original pid (raw JSON bytes) -> merged pid.
-    pids: Option<&'a HashMap<Vec<u8>, i64>>,
-    out_base: i64,
-    /// Epoch-ns window for this input's rank (a step window is per rank).
-    window: Option<(i64, i64)>,
-    include: &'a [String],
-    exclude: &'a [String],
-    dropped: &'a [String],
-}
-
-#[derive(Default)]
-struct Counts {
-    out: u64,
-    /// Of `out`, events other than metadata (`ph` "M").
-    data: u64,
-    /// Events `Fields` could not read (the scanner's check should have caught them).
-    invalid: u64,
-    replaced: u64,
-    utf8_fixed: u64,
-    window: u64,
-    category: u64,
-    max_bytes: u64,
-}
-
-/// Whether one of an event's comma-separated categories is in `set`; no
-/// allocation, and nothing to do when the set is empty (the usual case).
-fn any_cat_in(cats: &[u8], set: &[String]) -> bool {
-    !set.is_empty()
-        && cats
-            .split(|&b| b == b',')
-            .any(|c| set.iter().any(|s| s.as_bytes() == c.trim_ascii()))
-}
-
-/// Rewrite one event into `out` (prefixed by `,\n`), or count why it was left out.
-/// Invalid UTF-8 (torch writes such names with `with_stack`) is replaced by
-/// U+FFFD so the output is always strict JSON.
-fn rewrite(raw: &[u8], ctx: &Ctx<'_>, counts: &mut Counts, out: &mut Vec<u8>) {
-    if std::str::from_utf8(raw).is_err() {
-        let fixed = String::from_utf8_lossy(raw).into_owned();
-        counts.utf8_fixed += 1;
-        return rewrite_valid(fixed.as_bytes(), ctx, counts, out);
-    }
-    rewrite_valid(raw, ctx, counts, out)
-}
-
-fn rewrite_valid(raw: &[u8], ctx: &Ctx<'_>, counts: &mut Counts, out: &mut Vec<u8>) {
-    let Some(f) = Fields::parse(raw) else {
-        // Never copied through: one event that is not a JSON object would
-        // make the whole output unreadable.
-        counts.invalid += 1;
-        return;
-    };
-    let ph =
-        f.ph.clone()
-            .and_then(|r| scan::str_value(&raw[r]))
-            .unwrap_or(b"");
-    let name = f
-        .name
-        .clone()
-        .and_then(|r| scan::str_value(&raw[r]))
-        .unwrap_or(b"");
-    let meta = ph == b"M";
-    if meta && name == b"process_sort_index" {
-        counts.replaced += 1; // ours, in rank order, are written instead
-        return;
-    }
-    if !meta {
-        let cats = f
-            .cat
-            .clone()
-            .and_then(|r| scan::str_value(&raw[r]))
-            .unwrap_or(b"");
-        if any_cat_in(cats, ctx.dropped) {
-            counts.max_bytes += 1;
-            return;
-        }
-        if (!ctx.include.is_empty() && !any_cat_in(cats, ctx.include))
-            || any_cat_in(cats, ctx.exclude)
-        {
-            counts.category += 1;
-            return;
-        }
-    }
-    let ts = f.ts.clone().and_then(|r| scan::parse_us_to_ns(&raw[r]));
-    if let (false, Some((w0, w1)), Some(t)) = (meta, ctx.window, ts) {
-        let start = ctx.info.abs(t);
-        let dur = f
-            .dur
-            .clone()
-            .and_then(|r| scan::parse_us_to_ns(&raw[r]))
-            .unwrap_or(0)
-            .max(0);
-        // Overlap, not mere contact: a span ending where the window begins
-        // (the previous step) is outside; an instant on the edge is inside.
-        let outside = if dur > 0 {
-            start + dur <= w0 || start >= w1
-        } else {
-            start < w0 || start > w1
-        };
-        if outside {
-            counts.window += 1;
-            return;
-        }
-    }
-    let mut reps: Vec<(Range<usize>, Vec<u8>)> = Vec::with_capacity(4);
-    if let Some(r) = f.pid.clone() {
-        if let Some(&p) = ctx.pids.and_then(|m| m.get(&raw[r.clone()])) {
-            let mut v = Vec::new();
-            json::write_int(&mut v, p);
-            reps.push((r, v));
-        }
-    }
-    if let (Some(r), Some(t)) = (f.ts.clone(), ts) {
-        let mut v = Vec::new();
-        json::write_us(&mut v, ctx.info.abs(t) - ctx.out_base);
-        reps.push((r, v));
-    }
-    let flowish = matches!(
-        ph,
-        b"s" | b"t" | b"f" | b"b" | b"e" | b"n" | b"S" | b"T" | b"F" | b"O" | b"N" | b"D"
-    );
-    for r in [if flowish { f.id.clone() } else { None }, f.bind_id.clone()]
-        .into_iter()
-        .flatten()
-    {
-        let v = match scan::parse_int(&raw[r.clone()]) {
-            Some(id) => {
-                let mut v = Vec::new();
-                json::write_int(&mut v, id.wrapping_add(ctx.id_offset));
-                v
-            }
-            None => match scan::str_value(&raw[r.clone()]) {
-                // A string id: its text (escapes and all) goes into a new string.
-                Some(inner) => {
-                    let mut v = format!("\"r{}:", ctx.id_offset >> 40).into_bytes();
-                    v.extend_from_slice(inner);
-                    v.push(b'"');
-                    v
-                }
-                // Anything else (a float, an object): its JSON text, as a string.
-                None => {
-                    let text = String::from_utf8_lossy(&raw[r.clone()]);
-                    let mut v = Vec::new();
-                    json::write_str(&mut v, &format!("r{}:{text}", ctx.id_offset >> 40));
-                    v
-                }
-            },
-        };
-        reps.push((r, v));
-    }
-    if meta && name == b"process_name" {
-        if let (Some(a), Some(p)) = (f.args.clone(), f.pid.clone()) {
-            let orig = ctx
-                .info
-                .process_names
-                .get(&raw[p])
-                .cloned()
-                .unwrap_or_default();
-            let mut v = b"{\"name\":".to_vec();
-            json::write_str(&mut v, &format!("rank {}: {}", ctx.rank, orig));
-            v.push(b'}');
-            reps.push((a, v));
-        }
-    }
-    reps.sort_by_key(|(r, _)| r.start);
-    out.extend_from_slice(b",\n");
-    let mut at = 0;
-    for (r, v) in reps {
-        if r.start < at {
-            continue; // overlapping ranges: keep the first rewrite
-        }
-        out.extend_from_slice(&raw[at..r.start]);
-        out.extend_from_slice(&v);
-        at = r.end;
-    }
-    out.extend_from_slice(&raw[at..]);
-    counts.out += 1;
-    counts.data += u64::from(!meta);
 }
 
 enum Sink {
@@ -991,7 +807,11 @@ fn write_all(
             // grown (or been closed and renamed) since, with pids and times
             // the plan does not know.
             let mut seen = 0u64;
-            while seen < info.events {
+            loop {
+                counts.name_pending(&info.path, sc.offset());
+                if seen >= info.events {
+                    break;
+                }
                 let Some(item) = sc.next_item()? else { break };
                 if let Item::Event(raw) = item {
                     seen += 1;
@@ -1038,6 +858,14 @@ fn write_all(
     for (c, info) in counts.iter().zip(&kept) {
         summary.events_out += c.out;
         summary.events_dropped += c.invalid;
+        summary.warnings.extend(c.warnings.iter().cloned());
+        if c.invalid > rewrite::MAX_INVALID_WARNINGS {
+            summary.warnings.push(format!(
+                "{}: {} more malformed events dropped",
+                info.path.display(),
+                c.invalid - rewrite::MAX_INVALID_WARNINGS
+            ));
+        }
         data_out += c.data;
         summary.metadata_replaced += c.replaced;
         if c.utf8_fixed > 0 {
@@ -1045,13 +873,6 @@ fn write_all(
                 "{}: invalid UTF-8 in {} events replaced by U+FFFD",
                 info.path.display(),
                 c.utf8_fixed
-            ));
-        }
-        if c.invalid > 0 {
-            summary.warnings.push(format!(
-                "{}: dropped {} events that are not JSON objects",
-                info.path.display(),
-                c.invalid
             ));
         }
         summary.filtered_window += c.window;

@@ -12,7 +12,10 @@
 //! Events are bytes, never validated as UTF-8 (torch writes raw C++ symbol
 //! bytes into names), but the walk does check what copy-through needs for the
 //! output to stay valid JSON: balanced and matching brackets, legal escapes,
-//! no control characters inside strings and no stray bytes between tokens. A
+//! no control characters inside strings and no stray bytes between tokens
+//! (the rest of the grammar, such as commas, colons and number forms, is
+//! checked by [`Fields::parse_checked`] in the pass that locates an event's
+//! keys, see [`validate`]). A
 //! value failing that is dropped with a warning and the walk resumes at the
 //! next element (a bad byte between elements skips to the next `{`): a truncated
 //! input ends with a [`Salvage`] after every complete event, and input that is
@@ -531,18 +534,7 @@ impl Scanner {
             ));
             return Ok(None);
         }
-        if b == b'{' {
-            // The walk only delimits; JSON syntax inside the event is checked
-            // here so that nothing copied through can spoil an output.
-            if let Err((off, why)) = validate::check(&self.buf[range.clone()]) {
-                self.dropped += 1;
-                self.warn(format!(
-                    "dropped the malformed event at byte {at} ({why} at byte {})",
-                    at + off as u64
-                ));
-                return Ok(None);
-            }
-        } else {
+        if b != b'{' {
             self.non_objects += 1;
             self.warn(format!(
                 "ignored a traceEvents entry that is not an object ({}) at byte {at}",

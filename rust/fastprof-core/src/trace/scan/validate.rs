@@ -1,15 +1,17 @@
-//! Strict JSON syntax check of one complete value (an event), in one
-//! iterative pass with no allocation: what decides whether the scanner may
-//! hand an event on for copy-through.
+//! Strict JSON syntax of one value, in one iterative pass with no
+//! allocation: what decides whether an event may be copied through.
 //!
 //! The scanner's walk (`walk` in the parent module) only delimits a value:
 //! bracket balance, strings, escapes, stray bytes. That lets through text
 //! every JSON parser refuses: trailing commas (`{"a":1,}`, `[1,]`), a missing
 //! comma or colon, misspelt literals (`tru`), numbers JSON does not allow
 //! (`+5`, `.5`, `01`, `1.`), a key that is not a string. Copied through, one
-//! such event makes a whole merged file unreadable, so the scanner checks
-//! each event with [`check`] once the walk has found its end, and drops
-//! (with a warning naming the byte) whatever fails.
+//! such event makes a whole merged file unreadable. [`Fields::parse`]
+//! (`fields.rs`), which every consumer that copies or reads events by field
+//! already runs over each whole event, steps over values with [`value`], so
+//! the check costs no pass of its own; [`check`] is the same for a whole text.
+//!
+//! [`Fields::parse`]: super::Fields::parse
 //!
 //! Bytes >= 0x80 inside strings are accepted as they are: invalid UTF-8 is
 //! repaired (U+FFFD) by whoever copies or parses the event. Nesting is capped
@@ -22,20 +24,35 @@ use super::INSIDE;
 /// value itself counts as level 1).
 pub const MAX_DEPTH: usize = 128;
 
+/// Where a check failed (an offset in the text) and why.
+pub type Invalid = (usize, &'static str);
+
 /// `Ok` when `text` is exactly one JSON value (blanks around it allowed);
 /// else the offset in `text` of the first byte at fault and why.
-pub fn check(text: &[u8]) -> Result<(), (usize, &'static str)> {
-    let n = text.len();
+pub fn check(text: &[u8]) -> Result<(), Invalid> {
+    let end = value(text, ws(text, 0), MAX_DEPTH)?;
+    let i = ws(text, end);
+    if i == text.len() {
+        Ok(())
+    } else {
+        Err((i, "text after the end of the value"))
+    }
+}
+
+/// The JSON value starting at `text[i]`, nested at most `max_depth` levels
+/// (at most [`MAX_DEPTH`]): the index just past it, or where and why it is
+/// not JSON.
+pub fn value(text: &[u8], mut i: usize, max_depth: usize) -> Result<usize, Invalid> {
+    let max_depth = max_depth.min(MAX_DEPTH);
     // Bit d of `arrays` says whether the container at depth d is an array.
     let mut arrays: u128 = 0;
     let mut depth = 0usize;
-    let mut i = ws(text, 0);
     'value: loop {
         // A value starts at `i`.
         match text.get(i) {
             None => return Err((i, "the text ends where a value should be")),
             Some(&b) if b == b'{' || b == b'[' => {
-                if depth == MAX_DEPTH {
+                if depth == max_depth {
                     return Err((i, "nested deeper than 128 levels"));
                 }
                 let is_array = b == b'[';
@@ -69,14 +86,10 @@ pub fn check(text: &[u8]) -> Result<(), (usize, &'static str)> {
         }
         // After a value: a separator or the end of its container(s).
         loop {
-            i = ws(text, i);
             if depth == 0 {
-                return if i == n {
-                    Ok(())
-                } else {
-                    Err((i, "text after the end of the value"))
-                };
+                return Ok(i);
             }
+            i = ws(text, i);
             let in_array = arrays >> (depth - 1) & 1 == 1;
             match (text.get(i), in_array) {
                 (Some(b','), true) => {
@@ -103,7 +116,8 @@ pub fn check(text: &[u8]) -> Result<(), (usize, &'static str)> {
     }
 }
 
-fn ws(text: &[u8], mut i: usize) -> usize {
+#[inline(always)]
+pub(super) fn ws(text: &[u8], mut i: usize) -> usize {
     while let Some(b' ' | b'\t' | b'\n' | b'\r') = text.get(i) {
         i += 1;
     }
@@ -111,7 +125,8 @@ fn ws(text: &[u8], mut i: usize) -> usize {
 }
 
 /// A key, blanks and `:` at `i`; the index of the value after them.
-fn key(text: &[u8], i: usize) -> Result<usize, (usize, &'static str)> {
+#[inline(always)]
+pub(super) fn key(text: &[u8], i: usize) -> Result<usize, Invalid> {
     if text.get(i) != Some(&b'"') {
         return Err((i, "expected a string key"));
     }
@@ -123,9 +138,19 @@ fn key(text: &[u8], i: usize) -> Result<usize, (usize, &'static str)> {
 }
 
 /// The string opening at `open`; the index just past its closing quote.
-fn string(text: &[u8], open: usize) -> Result<usize, (usize, &'static str)> {
+#[inline(always)]
+pub(super) fn string(text: &[u8], open: usize) -> Result<usize, Invalid> {
     let mut i = open + 1;
     loop {
+        // Eight bytes at a time while none of them is `"`, `\` or a control
+        // byte (most strings are names and keys of 8-40 bytes).
+        while let Some(chunk) = text.get(i..i + 8) {
+            let w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+            if special8(w) {
+                break;
+            }
+            i += 8;
+        }
         while i < text.len() && INSIDE[text[i] as usize] == 0 {
             i += 1;
         }
@@ -155,8 +180,21 @@ fn string(text: &[u8], open: usize) -> Result<usize, (usize, &'static str)> {
     }
 }
 
+/// Whether one of the 8 bytes of `w` is `"`, `\\` or below 0x20 (the
+/// classic zero-byte test, per byte: `x - 1` borrows into the top bit only
+/// from a zero byte, and never for bytes >= 0x80 given `!x`).
+#[inline(always)]
+fn special8(w: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+    let below_space = w.wrapping_sub(ONES * 0x20) & !w & HIGHS;
+    zero(w ^ (ONES * b'"' as u64)) | zero(w ^ (ONES * b'\\' as u64)) | below_space != 0
+}
+
 /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?` at `i`; the index past it.
-fn number(text: &[u8], mut i: usize) -> Result<usize, (usize, &'static str)> {
+#[inline(always)]
+fn number(text: &[u8], mut i: usize) -> Result<usize, Invalid> {
     let start = i;
     let digits = |from: usize| {
         text[from..]
@@ -192,7 +230,8 @@ fn number(text: &[u8], mut i: usize) -> Result<usize, (usize, &'static str)> {
     Ok(i)
 }
 
-fn literal(text: &[u8], i: usize, word: &'static [u8]) -> Result<usize, (usize, &'static str)> {
+#[inline(always)]
+fn literal(text: &[u8], i: usize, word: &'static [u8]) -> Result<usize, Invalid> {
     if text[i..].starts_with(word) {
         Ok(i + word.len())
     } else {
@@ -259,6 +298,23 @@ mod tests {
             check(deep.as_bytes()),
             Err((MAX_DEPTH, "nested deeper than 128 levels"))
         );
+    }
+
+    #[test]
+    fn special8_finds_quote_backslash_and_control_bytes_anywhere() {
+        for pos in 0..8 {
+            for b in (0u8..0x20).chain([b'"', b'\\']) {
+                let mut bytes = *b"abcdefgh";
+                bytes[pos] = b;
+                assert!(special8(u64::from_le_bytes(bytes)), "{b:#x} at {pos}");
+            }
+        }
+        for b in (0x20u8..=0xff).filter(|b| *b != b'"' && *b != b'\\') {
+            assert!(!special8(u64::from_le_bytes([b; 8])), "{b:#x}");
+            let mut bytes = [b; 8];
+            bytes[3] = b'x';
+            assert!(!special8(u64::from_le_bytes(bytes)), "{b:#x}");
+        }
     }
 
     #[test]
