@@ -9,6 +9,9 @@ from typing import Any
 
 from fastprof import _core
 
+#: Most worker threads a merge takes (the core's ``merge::MAX_THREADS``).
+MAX_THREADS = 256
+
 
 def merge(
     inputs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
@@ -36,9 +39,15 @@ def merge(
     uncompressed output by dropping low-value categories first
     (python_function first); what was dropped is in the output's
     ``otherData.max_bytes``. Runs in Rust with the GIL released, in constant
-    memory. Returns the summary; salvaged inputs emit a
-    :class:`fastprof.FastprofWarning` naming the file and offset.
+    memory; Ctrl-C interrupts it (``KeyboardInterrupt``, nothing written).
+    Returns the summary; salvaged inputs and dropped malformed events emit a
+    :class:`fastprof.FastprofWarning` naming the file and offset. Raises
+    :class:`fastprof.NoEventsError` when no event is left to write (no trace
+    files, only previous merge outputs, everything filtered out); no file is
+    written then.
     """
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads <= MAX_THREADS:
+        raise _core.ConfigError(f"threads={threads!r}: expected 0 (one per core) or 1..{MAX_THREADS}")
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     summary: dict[str, Any] = _core.merge(

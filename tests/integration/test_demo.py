@@ -104,3 +104,32 @@ def test_demo_in_process(tmp_path, capsys, traces):
     _check_demo_trace(trace_dir, stdout, traces)
     # --quiet prints only the segment paths.
     assert [Path(line) for line in stdout.split()] == sorted(trace_dir.glob("fastprof.*.json.gz"))
+
+
+@pytest.mark.parametrize("device", ["banana", "cuda", "cuda:99", "meta"])
+def test_demo_rejects_unusable_devices_in_one_line_and_leaves_nothing(tmp_path, device):
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("a GPU is available: cuda is usable here")
+    out = tmp_path / "D"
+    proc = _run(
+        [sys.executable, "-m", "fastprof", "demo", "--out-dir", str(out), "--steps", "2", "--device", device],
+        tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "Traceback" not in line and f"--device {device}" in line.replace("'", "")
+    assert not out.exists()
+
+
+def test_demo_progress_raises_no_warning(tmp_path, capsys, traces):
+    """Under filterwarnings=error a warning from the demo's own code (e.g. float() of
+    a tensor that requires grad, in the progress line) fails the run."""
+    from fastprof.cli.main import main
+
+    out = tmp_path / "D"
+    assert main(["demo", "--out-dir", str(out), "--run-name", "w", "--steps", str(STEPS), "--device", "cpu"]) == 0
+    stdout = capsys.readouterr().out
+    assert f"step {STEPS:>5}/{STEPS}" in stdout
+    _check_demo_trace(out / "w" / "rank0", stdout, traces)

@@ -32,6 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def describe(e: BaseException) -> str:
+    """One line for an error: an OSError as "path: cause" (its str() reads
+    "[Errno 2] ...: 'path'"), anything else as its message."""
+    if isinstance(e, OSError) and e.filename is not None:
+        return f"{e.filename}: {e.strerror or e}"
+    return " ".join(str(e).split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -44,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fastprof {args.verb}: error: {e}", file=sys.stderr)
         return e.exit_code
     except FastprofError as e:
-        print(f"fastprof {args.verb}: error: {e}", file=sys.stderr)
+        print(f"fastprof {args.verb}: error: {describe(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"fastprof {args.verb}: interrupted", file=sys.stderr)

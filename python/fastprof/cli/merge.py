@@ -10,15 +10,21 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from fastprof._merge import merge
+from fastprof._merge import MAX_THREADS, merge
 from fastprof._options import parse_size
+
+THREADS_ENV = "FASTPROF_MERGE_THREADS"
 
 
 def add_parser(verbs: Any) -> None:
@@ -41,9 +47,8 @@ def add_parser(verbs: Any) -> None:
     p.add_argument(
         "-j",
         "--threads",
-        type=int,
-        default=int(os.environ.get("FASTPROF_MERGE_THREADS", "0")),
-        help="worker threads (default: every core; env FASTPROF_MERGE_THREADS)",
+        default=None,
+        help=f"worker threads, 1..{MAX_THREADS} or 0 = one per core (default: 0; env {THREADS_ENV})",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary")
     p.set_defaults(run=run)
@@ -73,6 +78,34 @@ def parse_steps(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+def parse_threads(text: str, source: str) -> int:
+    """A thread count from ``-j`` or the environment; ``source`` names it in the error."""
+    try:
+        n = int(text.strip())
+    except ValueError:
+        n = -1
+    if not 0 <= n <= MAX_THREADS:
+        raise ValueError(f"{source}: {text!r} is not a thread count (0 = one per core, or 1..{MAX_THREADS})")
+    return n
+
+
+def check_window(start: float | None, end: float | None) -> None:
+    for flag, v in (("--start", start), ("--end", end)):
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"{flag} {v}: expected seconds >= 0 from the start of the run")
+    if end is not None and end <= (start or 0.0):
+        raise ValueError(f"--end {end} is not after --start {start or 0.0}: the window would be empty")
+
+
+class _Terminated(Exception):
+    """Raised by the SIGTERM handler while a merge runs, so the merge stops
+    and removes its temporary file instead of the process dying mid-write."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated
+
+
 def default_output(inputs: list[str]) -> Path:
     first = Path(inputs[0])
     if first.is_dir():
@@ -92,6 +125,11 @@ def run(args: argparse.Namespace) -> int:
         ranks = parse_ranks(args.ranks) if args.ranks else None
         steps = parse_steps(args.steps) if args.steps else None
         max_bytes = parse_size(args.max_bytes) if args.max_bytes else None
+        if args.threads is not None:
+            threads = parse_threads(args.threads, "-j/--threads")
+        else:
+            threads = parse_threads(os.environ.get(THREADS_ENV, "0"), THREADS_ENV)
+        check_window(args.start, args.end)
     except ValueError as e:
         raise CommandError(str(e), exit_code=2) from None
     if steps and (args.start is not None or args.end is not None):
@@ -100,22 +138,35 @@ def run(args: argparse.Namespace) -> int:
     cats = [c.strip() for group in args.include_cat for c in group.split(",") if c.strip()]
     excl = [c.strip() for group in args.exclude_cat for c in group.split(",") if c.strip()]
     t0 = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        s = merge(
-            args.inputs,
-            output,
-            force=args.force,
-            ranks=ranks,
-            start=args.start,
-            end=args.end,
-            steps=steps,
-            include_categories=cats,
-            exclude_categories=excl,
-            max_bytes=max_bytes,
-            threads=args.threads,
-            progress=sys.stderr.isatty() and not args.quiet,
-        )
+    # Ctrl-C raises KeyboardInterrupt inside the merge call (which cancels
+    # the Rust merge); SIGTERM, which would kill the process outright, is
+    # turned into an exception the same way while the merge runs.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            s = merge(
+                args.inputs,
+                output,
+                force=args.force,
+                ranks=ranks,
+                start=args.start,
+                end=args.end,
+                steps=steps,
+                include_categories=cats,
+                exclude_categories=excl,
+                max_bytes=max_bytes,
+                threads=threads,
+                progress=sys.stderr.isatty() and not args.quiet,
+            )
+    except KeyboardInterrupt:
+        raise CommandError(f"interrupted; nothing written to {output}", exit_code=130) from None
+    except _Terminated:
+        raise CommandError(f"terminated (SIGTERM); nothing written to {output}", exit_code=143) from None
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     dt = time.perf_counter() - t0
     for w in caught:
         print(f"fastprof merge: warning: {w.message}", file=sys.stderr)
@@ -127,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
     mb = s["bytes_uncompressed"] / 1e6
     print(f"merged {s['files']} files, ranks {s['ranks']} -> {output}")
     print(
-        f"  events: {s['events_in']} in, {s['events_out']} out, {filtered} filtered "
+        f"  events: {s['events_in']} in, {s['events_out']} out, {s['events_dropped']} dropped as malformed JSON, "
+        f"{filtered} filtered "
         f"(window {s['filtered_window']}, category {s['filtered_category']}, rank {s['filtered_rank']}, "
         f"max-bytes {s['filtered_max_bytes']}), {s['metadata_replaced']} sort indexes replaced, "
         f"{s['metadata_added']} metadata added"

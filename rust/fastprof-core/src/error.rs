@@ -30,6 +30,15 @@ pub enum CoreError {
         source: std::io::Error,
     },
 
+    /// A merge found nothing to write: no trace files, or no event left
+    /// after skipping and filtering. Says which inputs and why.
+    #[error("nothing to merge: {reason}")]
+    NoEvents { reason: String },
+
+    /// The caller asked a long operation (a merge) to stop; nothing was written.
+    #[error("interrupted")]
+    Cancelled,
+
     /// A trace file that cannot be read: names the file and the byte offset
     /// (in the decompressed JSON text) where reading failed.
     #[error("{path}: {reason} at byte {offset}")]

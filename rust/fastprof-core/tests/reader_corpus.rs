@@ -27,6 +27,7 @@ const EVENT_COUNTS: &[(&str, usize)] = &[
     ("ok_keys_reversed.json", 3),
     ("ok_kineto_like.json", 4),
     ("ok_lone_surrogate_escape.json", 2),
+    ("ok_malformed_events.json", 18),
     ("ok_multi_member.json.gz", 8),
     ("ok_garbage_between_events.json", 4),
     ("ok_nul_padded.json", 3),
@@ -144,6 +145,14 @@ fn specific_corpus_outcomes() {
             doc.warnings
         );
     }
+    let doc = read("ok_malformed_events.json");
+    assert!(
+        doc.warnings
+            .iter()
+            .any(|w| w.contains("dropped 15 unreadable")),
+        "{:?}",
+        doc.warnings
+    );
     let doc = read("ok_invalid_utf8_names.json");
     assert!(doc.warnings.iter().any(|w| w.contains("invalid UTF-8")));
     let names: Vec<&str> = doc.value["traceEvents"]

@@ -57,6 +57,7 @@ dual_classes! {
     ALREADY_RUNNING, "AlreadyRunningError", PyRuntimeError, "A recorder already runs in this process (also a RuntimeError).";
     NOT_RUNNING, "NotRunningError", PyRuntimeError, "No recorder runs (also a RuntimeError).";
     TRACE_ERROR, "TraceError", PyValueError, "A trace file cannot be read (also a ValueError).";
+    NO_EVENTS, "NoEventsError", PyValueError, "A merge found no event to write: no trace files, or every event skipped or filtered out (also a ValueError).";
     FILE_NOT_FOUND, "FastprofFileNotFoundError", PyFileNotFoundError, "A file fastprof needs does not exist (also a FileNotFoundError).";
     PERMISSION, "FastprofPermissionError", PyPermissionError, "fastprof may not read or write a path (also a PermissionError).";
     OS_ERROR, "FastprofOSError", PyOSError, "Another I/O failure on a named path (also an OSError).";
@@ -94,6 +95,8 @@ impl From<Error> for PyErr {
                 CoreError::Config { .. } => new_err(py, &CONFIG_ERROR, msg),
                 CoreError::AlreadyRunning { .. } => new_err(py, &ALREADY_RUNNING, msg),
                 CoreError::NotRunning => new_err(py, &NOT_RUNNING, msg),
+                CoreError::NoEvents { .. } => new_err(py, &NO_EVENTS, msg),
+                CoreError::Cancelled => pyo3::exceptions::PyKeyboardInterrupt::new_err(msg),
                 CoreError::Trace {
                     path,
                     offset,
@@ -113,8 +116,16 @@ impl From<Error> for PyErr {
                         _ => &OS_ERROR,
                     };
                     // OSError(errno, strerror, filename): keeps .errno and .filename.
-                    let errno = source.raw_os_error().unwrap_or(0);
-                    let args = (errno, source.to_string(), path.display().to_string());
+                    // A cause the core wrote itself ("already exists; pass -f")
+                    // has no errno of its own: take its kind's, never 0.
+                    let errno = source.raw_os_error().unwrap_or(match source.kind() {
+                        std::io::ErrorKind::NotFound => libc::ENOENT,
+                        std::io::ErrorKind::PermissionDenied => libc::EACCES,
+                        std::io::ErrorKind::AlreadyExists => libc::EEXIST,
+                        std::io::ErrorKind::InvalidInput => libc::EINVAL,
+                        _ => libc::EIO,
+                    });
+                    let args = (errno, strerror(source), path.display().to_string());
                     match cls.get(py) {
                         Some(t) => match t.bind(py).call1(args) {
                             Ok(inst) => PyErr::from_value(inst),
@@ -125,5 +136,15 @@ impl From<Error> for PyErr {
                 }
             }
         })
+    }
+}
+
+/// The cause without Rust's " (os error N)" suffix: Python's OSError shows
+/// the errno itself.
+fn strerror(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match (e.raw_os_error(), text.rfind(" (os error ")) {
+        (Some(_), Some(i)) => text[..i].to_string(),
+        _ => text,
     }
 }

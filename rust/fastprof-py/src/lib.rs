@@ -10,9 +10,13 @@ mod session;
 
 use errors::Error;
 use fastprof_core::{reader, registry};
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 /// True while a session records (paused or not).
 #[pyfunction]
@@ -21,7 +25,8 @@ fn is_active(py: Python<'_>) -> bool {
     registry::is_active()
 }
 
-/// Merge traces (see `fastprof merge --help`); runs in Rust with the GIL released.
+/// Merge traces (see `fastprof merge --help`); runs in Rust with the GIL
+/// released, interruptible by signals (Ctrl-C raises KeyboardInterrupt).
 #[pyfunction]
 #[pyo3(signature = (inputs, output, *, force=false, ranks=None, start=None, end=None, steps=None,
                     include_categories=Vec::new(), exclude_categories=Vec::new(), max_bytes=None,
@@ -49,6 +54,7 @@ fn merge(
         (None, None, None) => Window::All,
         (None, s, e) => Window::Seconds { start: s, end: e },
     };
+    let cancel = Arc::new(AtomicBool::new(false));
     let opts = MergeOptions {
         inputs,
         output,
@@ -61,10 +67,49 @@ fn merge(
         threads,
         compression_level,
         progress,
+        cancel: Some(cancel.clone()),
     };
-    let s = py
-        .detach(|| fastprof_core::merge::merge(&opts))
-        .map_err(Error)?;
+    // The merge runs on its own thread while this one, between short waits
+    // without the GIL, lets Python run its signal handlers: Ctrl-C (or a
+    // handler that raises, e.g. for SIGTERM) cancels the merge, which then
+    // removes its temporary file, and the exception propagates.
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("fastprof-merge".into())
+        .spawn(move || {
+            let _ = tx.send(fastprof_core::merge::merge(&opts));
+        })
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the merge thread: {e}")))?;
+    // A Receiver is Send but not Sync: it moves into each wait and back.
+    let mut rx = rx;
+    let result = loop {
+        let (back, got) = py.detach(move || {
+            let got = rx.recv_timeout(Duration::from_millis(50));
+            (rx, got)
+        });
+        rx = back;
+        match got {
+            Ok(r) => break r,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Err(e) = py.check_signals() {
+                    // Relaxed: the merge polls it; the channel orders the rest.
+                    cancel.store(true, Ordering::Relaxed);
+                    // Finished in the instant before the signal was seen: the
+                    // caller is told nothing was written, so that holds.
+                    if let Ok(Ok(done)) = py.detach(move || rx.recv()) {
+                        let _ = std::fs::remove_file(&done.output);
+                    }
+                    return Err(e);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(PyRuntimeError::new_err(
+                    "the merge thread ended without a result",
+                ))
+            }
+        }
+    };
+    let s = result.map_err(Error)?;
     let d = PyDict::new(py);
     d.set_item("output", s.output)?;
     d.set_item("files", s.files)?;
@@ -72,6 +117,7 @@ fn merge(
     d.set_item("ranks", s.ranks)?;
     d.set_item("events_in", s.events_in)?;
     d.set_item("events_out", s.events_out)?;
+    d.set_item("events_dropped", s.events_dropped)?;
     d.set_item("metadata_added", s.metadata_added)?;
     d.set_item("metadata_replaced", s.metadata_replaced)?;
     d.set_item("filtered_window", s.filtered_window)?;

@@ -11,7 +11,46 @@ pub fn is_trace_name(name: &str) -> bool {
         || (name.starts_with("fastprof.") && name.ends_with(".json.gz.part"))
 }
 
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+/// What a path is, following symlinks, for messages: "a directory", "a
+/// FIFO (named pipe)"...; the error when even that cannot be found out
+/// (a broken symlink, a symlink loop, a permission problem).
+fn file_kind(p: &Path) -> std::io::Result<(std::fs::Metadata, &'static str)> {
+    use std::os::unix::fs::FileTypeExt;
+    let m = std::fs::metadata(p)?;
+    let t = m.file_type();
+    let kind = if t.is_file() {
+        "a regular file"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else {
+        "not a regular file"
+    };
+    Ok((m, kind))
+}
+
+/// Directories already walked, by (device, inode): a symlink back up the
+/// tree (or two symlinks to the same directory) is walked once, not 2^depth times.
+type Seen = std::collections::HashSet<(u64, u64)>;
+
+fn walk(
+    dir: &Path,
+    out: &mut Vec<PathBuf>,
+    seen: &mut Seen,
+    warnings: &mut Vec<String>,
+) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir).map_err(|e| CoreError::io(dir, e))?;
+    if !seen.insert((m.dev(), m.ino())) {
+        return Ok(());
+    }
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| CoreError::io(dir, e))?
         .filter_map(|e| e.ok())
@@ -19,24 +58,56 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
         let p = e.path();
-        if p.is_dir() {
-            walk(&p, out)?;
-        } else if is_trace_name(&e.file_name().to_string_lossy()) {
-            out.push(p);
+        let traceish = is_trace_name(&e.file_name().to_string_lossy());
+        match file_kind(&p) {
+            Ok((m, _)) if m.is_dir() => walk(&p, out, seen, warnings)?,
+            Ok((m, _)) if m.is_file() && traceish => out.push(p),
+            Ok((m, _)) if m.is_file() => {}
+            // Opening a FIFO blocks until a writer comes; a device never ends.
+            Ok((_, kind)) if traceish => {
+                warnings.push(format!(
+                    "{}: skipped, {kind} and not a regular file",
+                    p.display()
+                ));
+            }
+            Err(err) if traceish => {
+                warnings.push(format!("{}: skipped, {err}", p.display()));
+            }
+            _ => {}
         }
     }
     Ok(())
 }
 
-/// `*` and `?` in one path component.
+/// `*` (any run of bytes) and `?` (one byte) in one path component, in
+/// O(len(pat) * len(s)) at worst: on a mismatch only the most recent `*`
+/// is retried one byte further (an earlier `*` can never do better), so
+/// there is no exponential backtracking whatever the number of stars.
 fn wildcard(pat: &[u8], s: &[u8]) -> bool {
-    match (pat.first(), s.first()) {
-        (None, None) => true,
-        (Some(b'*'), _) => wildcard(&pat[1..], s) || (!s.is_empty() && wildcard(pat, &s[1..])),
-        (Some(b'?'), Some(_)) => wildcard(&pat[1..], &s[1..]),
-        (Some(a), Some(b)) if a == b => wildcard(&pat[1..], &s[1..]),
-        _ => false,
+    let (mut p, mut i) = (0, 0);
+    // Position after the last `*` seen, and where in `s` it resumes.
+    let mut star: Option<(usize, usize)> = None;
+    while i < s.len() {
+        match pat.get(p) {
+            Some(b'*') => {
+                p += 1;
+                star = Some((p, i));
+            }
+            Some(&c) if c == b'?' || c == s[i] => {
+                p += 1;
+                i += 1;
+            }
+            _ => match star {
+                Some((sp, si)) => {
+                    p = sp;
+                    i = si + 1;
+                    star = Some((sp, si + 1));
+                }
+                None => return false,
+            },
+        }
     }
+    pat[p..].iter().all(|&c| c == b'*')
 }
 
 fn glob(pattern: &str) -> Result<Vec<PathBuf>> {
@@ -61,7 +132,7 @@ fn glob(pattern: &str) -> Result<Vec<PathBuf>> {
                 }
             } else {
                 let p = base.join(comp);
-                if p.exists() {
+                if p.symlink_metadata().is_ok() {
                     next.push(p);
                 }
             }
@@ -74,39 +145,69 @@ fn glob(pattern: &str) -> Result<Vec<PathBuf>> {
         .collect())
 }
 
+fn not_found(path: &Path, why: impl Into<String>) -> CoreError {
+    CoreError::io(
+        path,
+        std::io::Error::new(std::io::ErrorKind::NotFound, why.into()),
+    )
+}
+
+/// One path named by the user (or matched by their glob): a directory is
+/// walked, a regular file taken; anything else is an error naming what it is.
+fn add(
+    a: &Path,
+    out: &mut Vec<PathBuf>,
+    seen: &mut Seen,
+    warnings: &mut Vec<String>,
+) -> Result<()> {
+    match file_kind(a) {
+        Ok((m, _)) if m.is_dir() => walk(a, out, seen, warnings),
+        Ok((m, _)) if m.is_file() => {
+            out.push(a.to_path_buf());
+            Ok(())
+        }
+        Ok((_, kind)) => Err(CoreError::io(
+            a,
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{kind}, not a trace file or a directory"),
+            ),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && a.symlink_metadata().is_ok() => {
+            Err(not_found(a, "a symlink whose target does not exist"))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(not_found(a, "no such file or directory"))
+        }
+        Err(e) => Err(CoreError::io(a, e)),
+    }
+}
+
 /// Expand the command-line inputs into trace files, in a stable order,
 /// without duplicates. A missing input is an error naming it.
 pub fn expand(args: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    expand_warn(args, &mut Vec::new())
+}
+
+/// [`expand`], also saying in `warnings` what it skipped inside
+/// directories: a FIFO, socket or device with a trace's name (opening it
+/// could block forever), a broken symlink, a symlink loop. Every real
+/// directory is walked once, however many symlinks lead to it.
+pub fn expand_warn(args: &[PathBuf], warnings: &mut Vec<String>) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
+    let mut seen = Seen::new();
     for a in args {
         let s = a.to_string_lossy();
-        if a.is_dir() {
-            walk(a, &mut out)?;
-        } else if a.is_file() {
-            out.push(a.clone());
-        } else if s.contains(['*', '?']) {
+        if a.symlink_metadata().is_err() && s.contains(['*', '?']) {
             let found = glob(&s)?;
             if found.is_empty() {
-                return Err(CoreError::io(
-                    a,
-                    std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        "no file matches this pattern",
-                    ),
-                ));
+                return Err(not_found(a, "no file matches this pattern"));
             }
             for p in found {
-                if p.is_dir() {
-                    walk(&p, &mut out)?;
-                } else {
-                    out.push(p);
-                }
+                add(&p, &mut out, &mut seen, warnings)?;
             }
         } else {
-            return Err(CoreError::io(
-                a,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
-            ));
+            add(a, &mut out, &mut seen, warnings)?;
         }
     }
     let mut seen = std::collections::HashSet::new();
@@ -136,10 +237,70 @@ mod tests {
     use super::*;
 
     #[test]
+    fn many_stars_match_in_linear_time() {
+        // 13 stars against a 120-byte name that almost matches: exponential
+        // backtracking takes longer than the universe has; this is ~1600 steps.
+        let name = "a".repeat(120);
+        let pat = format!("{}b", "*a".repeat(13));
+        let t = std::time::Instant::now();
+        for _ in 0..1000 {
+            assert!(!wildcard(pat.as_bytes(), name.as_bytes()));
+        }
+        assert!(wildcard(
+            format!("{}a", "*a".repeat(13)).as_bytes(),
+            name.as_bytes()
+        ));
+        // Generous: a thousand linear matches take microseconds each.
+        assert!(t.elapsed() < std::time::Duration::from_secs(10));
+    }
+
+    #[test]
+    fn symlink_loops_are_walked_once_and_fifos_skipped() {
+        let dir = std::env::temp_dir().join(format!("fastprof-inputs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("sub/a.json"), "{}").unwrap();
+        std::os::unix::fs::symlink(".", dir.join("sub/self1")).unwrap();
+        std::os::unix::fs::symlink(".", dir.join("sub/self2")).unwrap();
+        std::os::unix::fs::symlink("..", dir.join("sub/up")).unwrap();
+        std::os::unix::fs::symlink("loop.json", dir.join("loop.json")).unwrap();
+        let fifo =
+            std::ffi::CString::new(dir.join("pipe.json").into_os_string().into_encoded_bytes())
+                .unwrap();
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let mut warnings = Vec::new();
+        let files = expand_warn(std::slice::from_ref(&dir), &mut warnings).unwrap();
+        assert_eq!(files, vec![dir.join("sub/a.json")]);
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings
+            .iter()
+            .any(|w| w.contains("pipe.json") && w.contains("FIFO")));
+        assert!(warnings
+            .iter()
+            .any(|w| w.contains("loop.json") && w.contains("symbolic links")));
+        // Named directly, they are errors saying what they are.
+        let e = expand(&[dir.join("pipe.json")]).unwrap_err().to_string();
+        assert!(e.contains("pipe.json") && e.contains("FIFO"), "{e}");
+        let e = expand(&[dir.join("loop.json")]).unwrap_err().to_string();
+        assert!(e.contains("symbolic links"), "{e}");
+        let e = expand(&[PathBuf::from("/dev/null")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("character device"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn wildcards_and_ranks() {
         assert!(wildcard(b"*.json.gz", b"a.pt.trace.json.gz"));
         assert!(wildcard(b"fastprof.?.json.gz", b"fastprof.3.json.gz"));
         assert!(!wildcard(b"*.json", b"a.json.gz"));
+        assert!(wildcard(b"*", b""));
+        assert!(wildcard(b"a*b*c", b"aXbYbZc"));
+        assert!(!wildcard(b"a*b*c", b"aXbYbZ"));
+        assert!(wildcard(b"*a?", b"bbab"));
+        assert!(!wildcard(b"?", b""));
+        assert!(wildcard(b"**x**", b"yyxyy"));
         assert_eq!(
             rank_from_path(Path::new("runs/x/rank3/fastprof.0.json.gz")),
             Some(3)

@@ -8,8 +8,8 @@
 //!    `baseTimeNanoseconds` after `traceEvents`, and windows by step need
 //!    every rank's steps before any event is placed.
 //! 2. write: each event's raw bytes are copied through with only the fields
-//!    merging must change rewritten (`pid`, `ts`, flow/async `id`s, process
-//!    names and sort indexes), in ~1 MiB chunks compressed in parallel into a
+//!    merging must change rewritten ([`rewrite`]: `pid`, `ts`, flow/async
+//!    `id`s, process names and sort indexes), in ~1 MiB chunks compressed in parallel into a
 //!    single-member gzip ([`crate::pargz`]), written to a temporary name and
 //!    renamed when complete.
 //!
@@ -19,17 +19,18 @@
 
 pub mod inputs;
 pub mod plan;
+mod rewrite;
 
 use crate::error::{CoreError, Result};
 use crate::json;
 use crate::pargz::ParGzWriter;
-use crate::trace::scan::{self, Fields, Item, Scanner};
+use crate::trace::scan::{self, Item, Scanner};
 use plan::{InputInfo, Kind};
+use rewrite::{rewrite, Counts, Ctx};
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -84,7 +85,15 @@ pub struct MergeOptions {
     pub compression_level: u32,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// Set by another thread (a signal handler, Ctrl-C) to stop the merge:
+    /// it then returns [`CoreError::Cancelled`] within a few milliseconds
+    /// per worker and leaves neither output nor temporary file.
+    pub cancel: Option<Arc<AtomicBool>>,
 }
+
+/// Most worker threads a merge accepts: more only costs memory (each
+/// compression worker holds chunks in flight) and scheduling.
+pub const MAX_THREADS: usize = 256;
 
 impl Default for MergeOptions {
     fn default() -> Self {
@@ -100,6 +109,7 @@ impl Default for MergeOptions {
             threads: 0,
             compression_level: 1,
             progress: false,
+            cancel: None,
         }
     }
 }
@@ -113,6 +123,8 @@ pub struct MergeSummary {
     pub ranks: Vec<u32>,
     pub events_in: u64,
     pub events_out: u64,
+    /// Input events that were not valid JSON, dropped (each named in a warning).
+    pub events_dropped: u64,
     pub metadata_added: u64,
     /// Original `process_sort_index` events, replaced by rank-ordered ones.
     pub metadata_replaced: u64,
@@ -131,178 +143,6 @@ pub struct MergeSummary {
     pub warnings: Vec<String>,
     /// One JSON object per input: path, kind, rank, base, offset, counts.
     pub inputs_json: Vec<Value>,
-}
-
-struct Ctx<'a> {
-    info: &'a InputInfo,
-    rank: u32,
-    /// Added to numeric flow / async ids so they never join across inputs.
-    id_offset: i64,
-    /// This rank's original pid (raw JSON bytes) -> merged pid.
-    pids: Option<&'a HashMap<Vec<u8>, i64>>,
-    out_base: i64,
-    /// Epoch-ns window for this input's rank (a step window is per rank).
-    window: Option<(i64, i64)>,
-    include: &'a [String],
-    exclude: &'a [String],
-    dropped: &'a [String],
-}
-
-#[derive(Default)]
-struct Counts {
-    out: u64,
-    replaced: u64,
-    utf8_fixed: u64,
-    window: u64,
-    category: u64,
-    max_bytes: u64,
-}
-
-/// Whether one of an event's comma-separated categories is in `set`; no
-/// allocation, and nothing to do when the set is empty (the usual case).
-fn any_cat_in(cats: &[u8], set: &[String]) -> bool {
-    !set.is_empty()
-        && cats
-            .split(|&b| b == b',')
-            .any(|c| set.iter().any(|s| s.as_bytes() == c.trim_ascii()))
-}
-
-/// Rewrite one event into `out` (prefixed by `,\n`), or count why it was left out.
-/// Invalid UTF-8 (torch writes such names with `with_stack`) is replaced by
-/// U+FFFD so the output is always strict JSON.
-fn rewrite(raw: &[u8], ctx: &Ctx<'_>, counts: &mut Counts, out: &mut Vec<u8>) {
-    if std::str::from_utf8(raw).is_err() {
-        let fixed = String::from_utf8_lossy(raw).into_owned();
-        counts.utf8_fixed += 1;
-        return rewrite_valid(fixed.as_bytes(), ctx, counts, out);
-    }
-    rewrite_valid(raw, ctx, counts, out)
-}
-
-fn rewrite_valid(raw: &[u8], ctx: &Ctx<'_>, counts: &mut Counts, out: &mut Vec<u8>) {
-    let Some(f) = Fields::parse(raw) else {
-        // Not an object: copy through untouched (viewers ignore what they do not know).
-        out.extend_from_slice(b",\n");
-        out.extend_from_slice(raw);
-        counts.out += 1;
-        return;
-    };
-    let ph =
-        f.ph.clone()
-            .and_then(|r| scan::str_value(&raw[r]))
-            .unwrap_or(b"");
-    let name = f
-        .name
-        .clone()
-        .and_then(|r| scan::str_value(&raw[r]))
-        .unwrap_or(b"");
-    let meta = ph == b"M";
-    if meta && name == b"process_sort_index" {
-        counts.replaced += 1; // ours, in rank order, are written instead
-        return;
-    }
-    if !meta {
-        let cats = f
-            .cat
-            .clone()
-            .and_then(|r| scan::str_value(&raw[r]))
-            .unwrap_or(b"");
-        if any_cat_in(cats, ctx.dropped) {
-            counts.max_bytes += 1;
-            return;
-        }
-        if (!ctx.include.is_empty() && !any_cat_in(cats, ctx.include))
-            || any_cat_in(cats, ctx.exclude)
-        {
-            counts.category += 1;
-            return;
-        }
-    }
-    let ts = f.ts.clone().and_then(|r| scan::parse_us_to_ns(&raw[r]));
-    if let (false, Some((w0, w1)), Some(t)) = (meta, ctx.window, ts) {
-        let start = ctx.info.abs(t);
-        let dur = f
-            .dur
-            .clone()
-            .and_then(|r| scan::parse_us_to_ns(&raw[r]))
-            .unwrap_or(0)
-            .max(0);
-        // Overlap, not mere contact: a span ending where the window begins
-        // (the previous step) is outside; an instant on the edge is inside.
-        let outside = if dur > 0 {
-            start + dur <= w0 || start >= w1
-        } else {
-            start < w0 || start > w1
-        };
-        if outside {
-            counts.window += 1;
-            return;
-        }
-    }
-    let mut reps: Vec<(Range<usize>, Vec<u8>)> = Vec::with_capacity(4);
-    if let Some(r) = f.pid.clone() {
-        if let Some(&p) = ctx.pids.and_then(|m| m.get(&raw[r.clone()])) {
-            let mut v = Vec::new();
-            json::write_int(&mut v, p);
-            reps.push((r, v));
-        }
-    }
-    if let (Some(r), Some(t)) = (f.ts.clone(), ts) {
-        let mut v = Vec::new();
-        json::write_us(&mut v, ctx.info.abs(t) - ctx.out_base);
-        reps.push((r, v));
-    }
-    let flowish = matches!(
-        ph,
-        b"s" | b"t" | b"f" | b"b" | b"e" | b"n" | b"S" | b"T" | b"F" | b"O" | b"N" | b"D"
-    );
-    for r in [if flowish { f.id.clone() } else { None }, f.bind_id.clone()]
-        .into_iter()
-        .flatten()
-    {
-        let v = match scan::parse_int(&raw[r.clone()]) {
-            Some(id) => {
-                let mut v = Vec::new();
-                json::write_int(&mut v, id.wrapping_add(ctx.id_offset));
-                v
-            }
-            None => {
-                let inner = scan::str_value(&raw[r.clone()]).unwrap_or(&raw[r.clone()]);
-                let mut v = format!("\"r{}:", ctx.id_offset >> 40).into_bytes();
-                v.extend_from_slice(inner);
-                v.push(b'"');
-                v
-            }
-        };
-        reps.push((r, v));
-    }
-    if meta && name == b"process_name" {
-        if let (Some(a), Some(p)) = (f.args.clone(), f.pid.clone()) {
-            let orig = ctx
-                .info
-                .process_names
-                .get(&raw[p])
-                .cloned()
-                .unwrap_or_default();
-            let mut v = b"{\"name\":".to_vec();
-            json::write_str(&mut v, &format!("rank {}: {}", ctx.rank, orig));
-            v.push(b'}');
-            reps.push((a, v));
-        }
-    }
-    reps.sort_by_key(|(r, _)| r.start);
-    out.extend_from_slice(b",\n");
-    let mut at = 0;
-    for (r, v) in reps {
-        if r.start < at {
-            continue; // overlapping ranges: keep the first rewrite
-        }
-        out.extend_from_slice(&raw[at..r.start]);
-        out.extend_from_slice(&v);
-        at = r.end;
-    }
-    out.extend_from_slice(&raw[at..]);
-    counts.out += 1;
 }
 
 enum Sink {
@@ -365,8 +205,62 @@ fn progress_thread(
     })
 }
 
-/// Run a merge. On error nothing is left at `output`.
+/// Check the options that do not depend on the inputs.
+fn validate(opts: &MergeOptions) -> Result<()> {
+    if opts.threads > MAX_THREADS {
+        return Err(CoreError::config(
+            "threads",
+            format!(
+                "{} worker threads requested; use 0 (one per core) or 1..={MAX_THREADS}",
+                opts.threads
+            ),
+        ));
+    }
+    if opts.compression_level > 9 {
+        return Err(CoreError::config(
+            "compression_level",
+            format!("{} is not a gzip level (0..=9)", opts.compression_level),
+        ));
+    }
+    match opts.window {
+        Window::Seconds { start, end } => {
+            for (name, v) in [("start", start), ("end", end)] {
+                if let Some(v) = v {
+                    if !v.is_finite() || v < 0.0 {
+                        return Err(CoreError::config(
+                            name,
+                            format!(
+                                "{v} is not a number of seconds >= 0 from the start of the run"
+                            ),
+                        ));
+                    }
+                }
+            }
+            if let Some(e) = end {
+                let s = start.unwrap_or(0.0);
+                if e <= s {
+                    return Err(CoreError::config(
+                        "end",
+                        format!("the window ends ({e} s) before it starts ({s} s)"),
+                    ));
+                }
+            }
+        }
+        Window::Steps { from, to } if to < from => {
+            return Err(CoreError::config(
+                "steps",
+                format!("step {to} is before step {from}"),
+            ));
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Run a merge. On error (and when cancelled) nothing is left at `output`
+/// and no temporary file remains.
 pub fn merge(opts: &MergeOptions) -> Result<MergeSummary> {
+    validate(opts)?;
     if opts.output.exists() && !opts.force {
         return Err(CoreError::io(
             &opts.output,
@@ -376,8 +270,19 @@ pub fn merge(opts: &MergeOptions) -> Result<MergeSummary> {
             ),
         ));
     }
+    // Before reading anything: an output directory that is not one fails now.
+    if let Err(e) = std::fs::metadata(output_dir(&opts.output)).and_then(|m| {
+        if m.is_dir() {
+            Ok(())
+        } else {
+            Err(std::io::Error::from_raw_os_error(libc::ENOTDIR))
+        }
+    }) {
+        return Err(output_error(&opts.output, e));
+    }
     let out_abs = opts.output.canonicalize().ok();
-    let files: Vec<PathBuf> = inputs::expand(&opts.inputs)?
+    let mut input_warnings = Vec::new();
+    let files: Vec<PathBuf> = inputs::expand_warn(&opts.inputs, &mut input_warnings)?
         .into_iter()
         .filter(|p| {
             out_abs
@@ -386,10 +291,14 @@ pub fn merge(opts: &MergeOptions) -> Result<MergeSummary> {
         })
         .collect();
     if files.is_empty() {
-        return Err(CoreError::config(
-            "inputs",
-            "no trace files found in the inputs",
-        ));
+        let mut reason = format!(
+            "no trace files (*.json, *.json.gz, fastprof.*.json.gz.part) in {}",
+            show_inputs(&opts.inputs)
+        );
+        if let Some(w) = input_warnings.first() {
+            reason.push_str(&format!(" ({w})"));
+        }
+        return Err(CoreError::NoEvents { reason });
     }
     let threads = if opts.threads == 0 {
         std::thread::available_parallelism()
@@ -407,7 +316,11 @@ pub fn merge(opts: &MergeOptions) -> Result<MergeSummary> {
     let bar = opts
         .progress
         .then(|| progress_thread(done.clone(), total, stop.clone()));
-    let result = run(opts, files, threads, &done);
+    let cancel = opts.cancel.clone().unwrap_or_default();
+    let result = plan_all(opts, files, threads, &done, &cancel).and_then(|mut p| {
+        p.summary.warnings.splice(0..0, input_warnings);
+        write_all(opts, p, threads, &done, &cancel)
+    });
     stop.store(true, Ordering::Relaxed);
     if let Some(b) = bar {
         let _ = b.join();
@@ -415,10 +328,71 @@ pub fn merge(opts: &MergeOptions) -> Result<MergeSummary> {
     result
 }
 
-fn parallel<T: Send, R: Send>(items: Vec<T>, threads: usize, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+/// The directory the output (and its temporary) goes to.
+fn output_dir(output: &Path) -> &Path {
+    output
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+/// An error writing the output, naming the output the user asked for (not
+/// our hidden temporary) and its directory.
+fn output_error(output: &Path, e: std::io::Error) -> CoreError {
+    let text = e.to_string();
+    let cause = match (e.raw_os_error(), text.rfind(" (os error ")) {
+        (Some(_), Some(i)) => &text[..i],
+        _ => &text,
+    };
+    let dir = output_dir(output);
+    CoreError::io(
+        output,
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot write the output in {}: {cause}", dir.display()),
+        ),
+    )
+}
+
+/// The user's inputs, for messages: the first few, then how many more.
+fn show_inputs(inputs: &[PathBuf]) -> String {
+    let mut s: Vec<String> = inputs
+        .iter()
+        .take(3)
+        .map(|p| p.display().to_string())
+        .collect();
+    if inputs.len() > 3 {
+        s.push(format!("and {} more", inputs.len() - 3));
+    }
+    s.join(", ")
+}
+
+/// Open an input, following a rename: a recording closes its open segment
+/// `X.part` by renaming it to `X` (same bytes, then more), possibly between
+/// the two passes of a merge.
+fn open_input(path: &Path) -> Result<Scanner> {
+    match Scanner::open(path) {
+        Err(CoreError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound
+                && path.extension().is_some_and(|e| e == "part") =>
+        {
+            Scanner::open(&path.with_extension(""))
+        }
+        other => other,
+    }
+}
+
+/// Run `f` on each item on up to `threads` threads; results in input order.
+/// Once `f` fails for one item, `stop` is set so the others end early.
+fn parallel<T: Send, R: Send>(
+    items: Vec<T>,
+    threads: usize,
+    stop: &AtomicBool,
+    f: impl Fn(T) -> Result<R> + Sync,
+) -> Vec<Result<R>> {
     let n = items.len();
-    let queue = Mutex::new(items.into_iter().enumerate().collect::<Vec<_>>());
-    let results: Mutex<Vec<Option<R>>> = Mutex::new((0..n).map(|_| None).collect());
+    let queue = Mutex::new(items.into_iter().enumerate().rev().collect::<Vec<_>>());
+    let results: Mutex<Vec<Option<Result<R>>>> = Mutex::new((0..n).map(|_| None).collect());
     std::thread::scope(|s| {
         for _ in 0..threads.min(n).max(1) {
             s.spawn(|| loop {
@@ -426,6 +400,10 @@ fn parallel<T: Send, R: Send>(items: Vec<T>, threads: usize, f: impl Fn(T) -> R 
                     break;
                 };
                 let r = f(item);
+                if r.is_err() {
+                    // Relaxed: a hint to stop early; the scope's join orders the rest.
+                    stop.store(true, Ordering::Relaxed);
+                }
                 results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
             });
         }
@@ -434,25 +412,77 @@ fn parallel<T: Send, R: Send>(items: Vec<T>, threads: usize, f: impl Fn(T) -> R 
         .into_inner()
         .unwrap_or_else(|e| e.into_inner())
         .into_iter()
-        .flatten()
+        .map(|r| r.unwrap_or(Err(CoreError::Cancelled)))
         .collect()
 }
 
-fn run(
+/// The first real error of `results`: an input's own failure rather than
+/// the `Cancelled` of the workers it stopped.
+fn first_error<R>(results: Vec<Result<R>>) -> Result<Vec<R>> {
+    let mut cancelled = false;
+    let mut ok = Vec::with_capacity(results.len());
+    for r in results {
+        match r {
+            Ok(v) => ok.push(v),
+            Err(CoreError::Cancelled) => cancelled = true,
+            Err(e) => return Err(e),
+        }
+    }
+    if cancelled {
+        return Err(CoreError::Cancelled);
+    }
+    Ok(ok)
+}
+
+/// What pass 1 decided for pass 2.
+struct Plan {
+    kept: Vec<InputInfo>,
+    summary: MergeSummary,
+    window: Option<(i64, i64)>,
+    rank_windows: HashMap<u32, (i64, i64)>,
+    dropped: Vec<String>,
+    pid_maps: HashMap<u32, HashMap<Vec<u8>, i64>>,
+    sort_events: Vec<u8>,
+    out_base: i64,
+}
+
+fn plan_all(
     opts: &MergeOptions,
     files: Vec<PathBuf>,
     threads: usize,
     done: &Arc<AtomicU64>,
-) -> Result<MergeSummary> {
-    // ---- pass 1
-    let infos: Vec<Result<InputInfo>> = parallel(files, threads, |p| plan::scan_input(p, done));
+    cancel: &AtomicBool,
+) -> Result<Plan> {
+    let is_part = |p: &Path| p.extension().is_some_and(|e| e == "part");
+    let infos = parallel(files.clone(), threads, cancel, |p| {
+        match open_input(&p).and_then(|sc| plan::scan_input(p.clone(), sc, done, cancel)) {
+            // An open segment a recording has just created holds no event
+            // yet (0 bytes, or part of the gzip header): nothing to merge in it.
+            Err(CoreError::Trace { reason, .. }) if is_part(&p) => Ok(Err(reason)),
+            other => other.map(Ok),
+        }
+    });
     let mut summary = MergeSummary {
         output: opts.output.clone(),
         ..Default::default()
     };
     let mut kept: Vec<InputInfo> = Vec::new();
-    for r in infos {
-        let info = r?;
+    let mut read = Vec::with_capacity(infos.len());
+    for (r, path) in first_error(infos)?.into_iter().zip(&files) {
+        match r {
+            Ok(info) => read.push(info),
+            Err(reason) => {
+                summary.warnings.push(format!(
+                    "{}: skipped, an open segment with nothing readable yet ({reason})",
+                    path.display()
+                ));
+                summary
+                    .skipped_files
+                    .push(format!("{} (empty open segment)", path.display()));
+            }
+        }
+    }
+    for info in read {
         summary.warnings.extend(info.warnings.iter().cloned());
         if info.merged_output {
             summary
@@ -461,8 +491,18 @@ fn run(
             continue;
         }
         summary.events_in += info.events;
+        summary.events_dropped += info.dropped;
         summary.salvaged_bytes += info.salvaged_bytes;
         kept.push(info);
+    }
+    if kept.is_empty() {
+        return Err(CoreError::NoEvents {
+            reason: format!(
+                "every trace in {} was skipped: {}",
+                show_inputs(&opts.inputs),
+                summary.skipped_files.join(", ")
+            ),
+        });
     }
     // Ranks: from metadata, the path, or else the order of unranked inputs.
     let mut unranked = 0;
@@ -528,10 +568,22 @@ fn run(
     let mut rank_windows: HashMap<u32, (i64, i64)> = HashMap::new();
     let window = match &opts.window {
         Window::All => None,
-        Window::Seconds { start: s, end: e } => Some((
-            start + (s.unwrap_or(0.0) * 1e9) as i64,
-            e.map_or(i64::MAX, |e| start + (e * 1e9) as i64),
-        )),
+        Window::Seconds { start: s, end: e } => {
+            let s = s.unwrap_or(0.0);
+            let span = (end - start) as f64 / 1e9;
+            if s > span {
+                return Err(CoreError::config(
+                    "start",
+                    format!(
+                        "the window starts at {s} s, after the end of the inputs: they span {span:.3} s"
+                    ),
+                ));
+            }
+            Some((
+                start.saturating_add((s * 1e9) as i64),
+                e.map_or(i64::MAX, |e| start.saturating_add((e * 1e9) as i64)),
+            ))
+        }
         Window::Steps { from, to } => {
             let sel: Vec<(i64, i64)> = kept
                 .iter()
@@ -643,13 +695,57 @@ fn run(
         .map(|i| i.offset_uncertainty_ns + i.anchor_uncertainty_ns)
         .max()
         .unwrap_or(0);
+    Ok(Plan {
+        kept,
+        summary,
+        window,
+        rank_windows,
+        dropped,
+        pid_maps,
+        sort_events,
+        out_base,
+    })
+}
 
-    // ---- pass 2
-    let dir = opts
-        .output
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+/// Why a merge that read its inputs selected no event, naming them.
+fn no_events_reason(opts: &MergeOptions, s: &MergeSummary, metadata: u64) -> String {
+    let inputs = show_inputs(&opts.inputs);
+    let filtered = s.filtered_window + s.filtered_category + s.filtered_rank + s.filtered_max_bytes;
+    if filtered > 0 {
+        format!(
+            "every event of {inputs} was filtered out (window {}, category {}, rank {}, max-bytes {})",
+            s.filtered_window, s.filtered_category, s.filtered_rank, s.filtered_max_bytes
+        )
+    } else if s.events_dropped > 0 {
+        format!(
+            "{inputs}: all {} events are malformed JSON and were dropped",
+            s.events_dropped
+        )
+    } else if metadata > 0 {
+        format!("{inputs} hold only metadata events ({metadata}), no trace events")
+    } else {
+        format!("{inputs} hold no events")
+    }
+}
+
+fn write_all(
+    opts: &MergeOptions,
+    plan: Plan,
+    threads: usize,
+    done: &Arc<AtomicU64>,
+    cancel: &AtomicBool,
+) -> Result<MergeSummary> {
+    let Plan {
+        kept,
+        mut summary,
+        window,
+        rank_windows,
+        dropped,
+        pid_maps,
+        sort_events,
+        out_base,
+    } = plan;
+    let dir = output_dir(&opts.output);
     let tmp = dir.join(format!(
         ".{}.tmp-{}",
         opts.output
@@ -658,14 +754,15 @@ fn run(
             .unwrap_or_default(),
         std::process::id()
     ));
-    let file = File::create(&tmp).map_err(|e| CoreError::io(&tmp, e))?;
+    let out_err = |e: std::io::Error| output_error(&opts.output, e);
+    let file = File::create(&tmp).map_err(out_err)?;
     let gz = !opts.output.to_string_lossy().ends_with(".json");
     let sink = if gz {
         match ParGzWriter::new(Box::new(file), threads, opts.compression_level) {
             Ok(w) => Sink::Gz(Box::new(w)),
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
-                return Err(CoreError::io(&tmp, e));
+                return Err(out_err(e));
             }
         }
     } else {
@@ -685,9 +782,9 @@ fn run(
         sink.lock()
             .unwrap_or_else(|e| e.into_inner())
             .write(head)
-            .map_err(|e| CoreError::io(&tmp, e))?;
+            .map_err(out_err)?;
         let jobs: Vec<(usize, &InputInfo)> = kept.iter().enumerate().collect();
-        let results = parallel(jobs, threads, |(idx, info)| -> Result<Counts> {
+        let results = parallel(jobs, threads, cancel, |(idx, info)| -> Result<Counts> {
             let ctx = Ctx {
                 info,
                 rank: info.rank.unwrap_or(0),
@@ -703,34 +800,51 @@ fn run(
                 dropped: &dropped,
             };
             let mut counts = Counts::default();
-            let mut sc = Scanner::open(&info.path)?;
+            let mut sc = open_input(&info.path)?;
             let mut chunk = Vec::with_capacity(CHUNK + 4096);
             let mut last = 0;
-            while let Some(item) = sc.next_item()? {
+            // Only the events pass 1 planned for: an open segment may have
+            // grown (or been closed and renamed) since, with pids and times
+            // the plan does not know.
+            let mut seen = 0u64;
+            loop {
+                counts.name_pending(&info.path, sc.offset());
+                if seen >= info.events {
+                    break;
+                }
+                let Some(item) = sc.next_item()? else { break };
                 if let Item::Event(raw) = item {
+                    seen += 1;
                     rewrite(raw, &ctx, &mut counts, &mut chunk);
                     if chunk.len() >= CHUNK {
+                        // Relaxed: a request to stop, nothing is published through it.
+                        if cancel.load(Ordering::Relaxed) {
+                            return Err(CoreError::Cancelled);
+                        }
                         let c = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK + 4096));
                         sink.lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .write(c)
-                            .map_err(|e| CoreError::io(&tmp, e))?;
+                            .map_err(out_err)?;
                         let r = sc.compressed_read();
-                        done.fetch_add(r - last, Ordering::Relaxed);
+                        done.fetch_add(r.saturating_sub(last), Ordering::Relaxed);
                         last = r;
                     }
                 }
             }
             done.fetch_add(sc.compressed_read().saturating_sub(last), Ordering::Relaxed);
+            if cancel.load(Ordering::Relaxed) {
+                return Err(CoreError::Cancelled);
+            }
             if !chunk.is_empty() {
                 sink.lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .write(chunk)
-                    .map_err(|e| CoreError::io(&tmp, e))?;
+                    .map_err(out_err)?;
             }
             Ok(counts)
         });
-        results.into_iter().collect()
+        first_error(results)
     })();
     let counts = match write_result {
         Ok(c) => c,
@@ -740,8 +854,19 @@ fn run(
             return Err(e);
         }
     };
+    let mut data_out = 0;
     for (c, info) in counts.iter().zip(&kept) {
         summary.events_out += c.out;
+        summary.events_dropped += c.invalid;
+        summary.warnings.extend(c.warnings.iter().cloned());
+        if c.invalid > rewrite::MAX_INVALID_WARNINGS {
+            summary.warnings.push(format!(
+                "{}: {} more malformed events dropped",
+                info.path.display(),
+                c.invalid - rewrite::MAX_INVALID_WARNINGS
+            ));
+        }
+        data_out += c.data;
         summary.metadata_replaced += c.replaced;
         if c.utf8_fixed > 0 {
             summary.warnings.push(format!(
@@ -762,8 +887,17 @@ fn run(
             "offset_uncertainty_ns": info.offset_uncertainty_ns,
             "events_in": info.events,
             "events_out": c.out,
+            "events_dropped": info.dropped + c.invalid,
             "salvaged_bytes": info.salvaged_bytes,
         }));
+    }
+    if data_out == 0 {
+        drop(sink);
+        let _ = std::fs::remove_file(&tmp);
+        let metadata = summary.events_out;
+        return Err(CoreError::NoEvents {
+            reason: no_events_reason(opts, &summary, metadata),
+        });
     }
     summary.files = kept.len();
     let other = json!({
@@ -787,6 +921,7 @@ fn run(
         "filtered_rank": summary.filtered_rank,
         "events_in": summary.events_in,
         "events_out": summary.events_out,
+        "events_dropped": summary.events_dropped,
         "metadata_added": summary.metadata_added,
         "metadata_replaced": summary.metadata_replaced,
         "salvaged_bytes": summary.salvaged_bytes,
@@ -804,8 +939,12 @@ fn run(
         }
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
-            return Err(CoreError::io(&opts.output, e));
+            return Err(out_err(e));
         }
+    }
+    if cancel.load(Ordering::Relaxed) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(CoreError::Cancelled);
     }
     std::fs::rename(&tmp, &opts.output).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
@@ -813,3 +952,6 @@ fn run(
     })?;
     Ok(summary)
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,12 +3,12 @@
 //! pids and process names, step markers, time range and bytes per category.
 //! Nothing is kept per event.
 
-use crate::error::Result;
+use crate::error::{CoreError, Result};
 use crate::trace::scan::{self, Fields, Item, Scanner};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// What kind of producer wrote an input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +56,9 @@ pub struct InputInfo {
     pub min_ts: Option<i64>,
     pub max_ts: Option<i64>,
     pub events: u64,
+    /// Events the scanner dropped as unreadable (named in `warnings`); pass 2
+    /// drops and counts those that break the JSON grammar otherwise.
+    pub dropped: u64,
     pub bytes: u64,
     pub cat_bytes: HashMap<String, u64>,
     pub salvaged_bytes: u64,
@@ -104,9 +107,15 @@ fn apply_fastprof_meta(info: &mut InputInfo, meta: &Value) {
     }
 }
 
-/// Scan one input. `progress` counts compressed bytes read.
-pub fn scan_input(path: PathBuf, progress: &AtomicU64) -> Result<InputInfo> {
-    let mut sc = Scanner::open(&path)?;
+/// Scan one input, already opened as `sc`. `progress` counts compressed
+/// bytes read; `cancel` set by another thread ends the scan with
+/// [`CoreError::Cancelled`].
+pub fn scan_input(
+    path: PathBuf,
+    mut sc: Scanner,
+    progress: &AtomicU64,
+    cancel: &AtomicBool,
+) -> Result<InputInfo> {
     let mut info = InputInfo {
         rank: super::inputs::rank_from_path(&path),
         path,
@@ -121,6 +130,7 @@ pub fn scan_input(path: PathBuf, progress: &AtomicU64) -> Result<InputInfo> {
         min_ts: None,
         max_ts: None,
         events: 0,
+        dropped: 0,
         bytes: 0,
         cat_bytes: HashMap::new(),
         salvaged_bytes: 0,
@@ -131,6 +141,10 @@ pub fn scan_input(path: PathBuf, progress: &AtomicU64) -> Result<InputInfo> {
     let mut fastprof_steps = 0u64;
     let mut last_progress = 0;
     while let Some(item) = sc.next_item()? {
+        // Relaxed: a request to stop, nothing is published through it.
+        if cancel.load(Ordering::Relaxed) {
+            return Err(CoreError::Cancelled);
+        }
         match item {
             Item::Meta { key, raw } => match key {
                 "baseTimeNanoseconds" => info.base_ns = scan::parse_int(raw),
@@ -162,6 +176,9 @@ pub fn scan_input(path: PathBuf, progress: &AtomicU64) -> Result<InputInfo> {
             Item::Event(raw) => {
                 info.events += 1;
                 info.bytes += raw.len() as u64 + 2;
+                // The fast view: pass 2 checks the JSON grammar of each event
+                // it copies (and drops what fails), so that the check is made
+                // once, where the bytes are copied.
                 let Some(f) = Fields::parse(raw) else {
                     continue;
                 };
@@ -255,6 +272,7 @@ pub fn scan_input(path: PathBuf, progress: &AtomicU64) -> Result<InputInfo> {
     }
     let read = sc.compressed_read();
     progress.fetch_add(read.saturating_sub(last_progress), Ordering::Relaxed);
+    info.dropped = sc.dropped();
     info.warnings.extend(sc.warnings().iter().cloned());
     if let Some(s) = sc.salvage() {
         info.salvaged_bytes = s.unused_bytes;

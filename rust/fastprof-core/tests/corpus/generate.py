@@ -136,6 +136,28 @@ FILES["ok_raw_control_chars_in_strings.json"] = obj(
 FILES["ok_garbage_between_events.json"] = (
     '{"traceEvents":[' + ev(0) + ", @@ junk @@ ," + ev(1) + " xx " + ev(2) + ",\x07," + ev(3) + "]}"
 ).encode()
+# Events every JSON parser refuses but whose brackets balance, as a merge
+# copying bytes through would have passed them on: trailing commas, a missing
+# comma or colon, misspelt literals, numbers JSON does not allow, bare keys.
+MALFORMED = [
+    '{"ph":"X","name":"a","pid":1,"tid":1,"ts":1.0,"dur":1.0,}',
+    '{"ph":"X","name":"a","pid":1,"tid":1,"ts":1.0,"dur":1.0,"args":{"x":1,}}',
+    '{"ph":"X","name":"a","pid":1,"tid":1,"ts":1.0,"dur":1.0,"args":{"x":[1,2,]}}',
+    '{"ph":"X","name":"a" "pid":1,"tid":1,"ts":1.0,"dur":1.0}',
+    '{"ph":"X","name" "a","pid":1,"tid":1,"ts":1.0,"dur":1.0}',
+    '{"ph":"X","name":"a","pid":1,"tid":1,"ts":1.0,"dur":1.0,"args":{"b":tru}}',
+    '{"ph":"X","name":"a","pid":1,"tid":1,"ts":+5,"dur":1.0}',
+    '{"ph":"X","name":"a","pid":1,"tid":1,"ts":.5,"dur":1.0}',
+    '{"ph":"X","name":"a","pid":1,"tid":1,"ts":05,"dur":1.0}',
+    '{"ph":"X","name":"a","pid":1,"tid":1,"ts":5.,"dur":1.0}',
+    '{"ph":"X","name":"a","pid":1,"tid":1,"ts":1,,"dur":1}',
+    '{"ph":"X","name":"a","pid":1,"tid":1,"ts":1,"dur":1,"args":{"k":nul}}',
+    '{"ph":"X","name":"a","pid":1,"tid":1,"ts":1,"dur":1,"args":[1 2]}',
+    '{"ph":"X","name":"a","pid":1,"tid":1,"ts":1,"dur":1,"args":{"a":-}}',
+    '{"ph":"X","name":"a","pid":1,"tid":1,"ts":1,"dur":1,"args":{"a":1e}}',
+    '{"ph":"X","name":"a","pid":1,"tid":1,"ts":1,"dur":1,"args":{"a":1}}}',
+]
+FILES["ok_malformed_events.json"] = obj([e for i, m in enumerate(MALFORMED) for e in (ev(i), m)] + [ev(99)])
 FILES["ok_kineto_like.json"] = json.dumps(
     {
         "schemaVersion": 1,

@@ -182,9 +182,10 @@ pub struct Columns {
 /// directory are skipped with a warning instead).
 pub fn read_columns(inputs: &[PathBuf], opts: &ColumnsOptions) -> Result<Columns> {
     let mut files: Vec<(PathBuf, bool)> = Vec::new();
+    let mut input_warnings = Vec::new();
     for input in inputs {
         let from_dir = input.is_dir() || input.to_string_lossy().contains(['*', '?']);
-        for f in inputs::expand(std::slice::from_ref(input))? {
+        for f in inputs::expand_warn(std::slice::from_ref(input), &mut input_warnings)? {
             if !files.iter().any(|(p, _)| *p == f) {
                 files.push((f, from_dir));
             }
@@ -194,6 +195,7 @@ pub fn read_columns(inputs: &[PathBuf], opts: &ColumnsOptions) -> Result<Columns
     // its torch traces are placed.
     files.sort_by_key(|(p, _)| !is_fastprof_name(p));
     let mut r = Reading::new(opts);
+    r.out.warnings.extend(input_warnings);
     let several = files.len() > 1;
     let mut merged_skipped = Vec::new();
     for (path, from_dir) in &files {

@@ -2,6 +2,7 @@
 //! merging needs), and the number parsers for timestamps and ids, which turn
 //! decimal text into integers without going through a float.
 
+use super::validate::{self, Invalid};
 use super::{is_token_byte, valid_scalar, CLOSE, INSIDE, OPEN, OUTSIDE, QUOTE};
 use std::ops::Range;
 
@@ -25,29 +26,62 @@ pub struct Fields {
 
 impl Fields {
     /// None if `event` is not one object with string keys and well-formed
-    /// top-level values (nested values are only checked for balance).
+    /// top-level values (nested values are only checked for balance): the
+    /// fast view for reading fields. Use [`Fields::parse_checked`] before
+    /// copying an event anywhere that must stay valid JSON.
     pub fn parse(event: &[u8]) -> Option<Fields> {
+        Self::parse_with::<false>(event).ok()
+    }
+
+    /// The fields of `event`, or where and why it is not one JSON object:
+    /// the whole event is checked against the JSON grammar on the way (a
+    /// trailing comma, a missing comma or colon, `tru`, `+5`, `.5`, `01`,
+    /// nesting past [`validate::MAX_DEPTH`]), in the one pass that locates
+    /// the fields, so whoever copies an event it accepts copies valid JSON.
+    /// About half the speed of [`Fields::parse`] (it looks at every token).
+    pub fn parse_checked(event: &[u8]) -> Result<Fields, Invalid> {
+        Self::parse_with::<true>(event)
+    }
+
+    fn parse_with<const STRICT: bool>(event: &[u8]) -> Result<Fields, Invalid> {
         let mut f = Fields::default();
         let mut i = skip_ws(event, 0);
         if event.get(i) != Some(&b'{') {
-            return None;
+            return Err((i, "not an object"));
         }
         i = skip_ws(event, i + 1);
+        let end_of = |i: usize| {
+            let j = skip_ws(event, i);
+            if j == event.len() {
+                Ok(())
+            } else {
+                Err((j, "text after the end of the event"))
+            }
+        };
         if event.get(i) == Some(&b'}') {
-            return (skip_ws(event, i + 1) == event.len()).then_some(f);
+            end_of(i + 1)?;
+            return Ok(f);
         }
         loop {
             if event.get(i) != Some(&b'"') {
-                return None;
+                return Err((i, "expected a string key"));
             }
-            let key_end = string_end(event, i)?;
+            let key_end = if STRICT {
+                validate::string(event, i)?
+            } else {
+                string_end(event, i).ok_or((i, "unreadable key"))?
+            };
             let key = &event[i + 1..key_end - 1];
             i = skip_ws(event, key_end);
             if event.get(i) != Some(&b':') {
-                return None;
+                return Err((i, "expected `:` after a key (missing colon?)"));
             }
             i = skip_ws(event, i + 1);
-            let end = value_end(event, i)?;
+            let end = if STRICT {
+                validate::value(event, i, validate::MAX_DEPTH - 1)?
+            } else {
+                value_end(event, i).ok_or((i, "unreadable value"))?
+            };
             let slot = match key {
                 b"ph" => &mut f.ph,
                 b"pid" => &mut f.pid,
@@ -64,10 +98,19 @@ impl Fields {
             };
             *slot = Some(i..end);
             i = skip_ws(event, end);
-            match event.get(i)? {
-                b',' => i = skip_ws(event, i + 1),
-                b'}' => return (skip_ws(event, i + 1) == event.len()).then_some(f),
-                _ => return None,
+            match event.get(i) {
+                Some(b',') => {
+                    i = skip_ws(event, i + 1);
+                    if event.get(i) == Some(&b'}') {
+                        return Err((i, "trailing comma in an object"));
+                    }
+                }
+                Some(b'}') => {
+                    end_of(i + 1)?;
+                    return Ok(f);
+                }
+                None => return Err((i, "the text ends inside the event")),
+                Some(_) => return Err((i, "expected `,` or `}` (missing comma?)")),
             }
         }
     }

@@ -12,7 +12,10 @@
 //! Events are bytes, never validated as UTF-8 (torch writes raw C++ symbol
 //! bytes into names), but the walk does check what copy-through needs for the
 //! output to stay valid JSON: balanced and matching brackets, legal escapes,
-//! no control characters inside strings and no stray bytes between tokens. A
+//! no control characters inside strings and no stray bytes between tokens
+//! (the rest of the grammar, such as commas, colons and number forms, is
+//! checked by [`Fields::parse_checked`] in the pass that locates an event's
+//! keys, see [`validate`]). A
 //! value failing that is dropped with a warning and the walk resumes at the
 //! next element (a bad byte between elements skips to the next `{`): a truncated
 //! input ends with a [`Salvage`] after every complete event, and input that is
@@ -1038,6 +1041,7 @@ fn walk(buf: &[u8], w: &mut Walk, stack: &mut [u64; STACK_WORDS], abs0: u64) -> 
 }
 
 mod fields;
+pub mod validate;
 use fields::number_parts;
 pub use fields::{for_each_entry, parse_int, parse_us_to_ns, str_value, Fields};
 
