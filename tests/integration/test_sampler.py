@@ -335,19 +335,24 @@ def test_thread_count_follows_threads_as_they_come_and_go(tmp_path):
         t.start()
     time.sleep(0.5)
     t1 = time.monotonic_ns()
+    mid = psutil.Process().num_threads()
     stop.set()
     for t in extra:
         t.join()
     time.sleep(0.5)
     t2 = time.monotonic_ns()
+    end = psutil.Process().num_threads()
     rec.stop()
     series = rec.counters()["proc.threads"]
     before = window(series, t0 - 200_000_000, t0)
     during = window(series, t1 - 200_000_000, t1)
     after = window(series, t2 - 200_000_000, t2)
+    # Against the true count at the same instants (other threads of the
+    # process may come and go too), never an assumed total.
     assert abs(before[-1] - base) <= 1, (before[-1], base)
-    assert during[-1] - before[-1] == 6, (before[-1], during[-1])
-    assert after[-1] == before[-1], (before[-1], after[-1])
+    assert abs(during[-1] - mid) <= 1, (during[-1], mid)
+    assert abs(after[-1] - end) <= 1, (after[-1], end)
+    assert during[-1] - before[-1] >= 5 and during[-1] - after[-1] >= 5, (before[-1], during[-1], after[-1])
 
 
 def test_per_cpu_sampling_at_1khz_under_a_cpu_hog(tmp_path, traces):

@@ -164,7 +164,7 @@ impl SessionShared {
     /// A message for the user, said on stderr now and as a warning by the
     /// next API call on a Python thread.
     pub(crate) fn notice(&self, msg: String) {
-        eprintln!("fastprof: {msg}");
+        registry::say(&msg);
         self.notices
             .lock()
             .unwrap_or_else(|e| e.into_inner())

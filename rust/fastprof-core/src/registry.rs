@@ -41,7 +41,7 @@ static NEXT_GEN: AtomicU64 = AtomicU64::new(0);
 pub trait ThreadHooks {
     fn thread_name(&mut self) -> String;
     fn warn(&mut self, message: &str) {
-        eprintln!("fastprof: {message}");
+        say(message);
     }
 }
 
@@ -50,6 +50,15 @@ impl<F: FnMut() -> String> ThreadHooks for F {
     fn thread_name(&mut self) -> String {
         self()
     }
+}
+
+/// `fastprof: <message>` on stderr in ONE write: several processes (DataLoader
+/// workers) share a stderr pipe, and a line written in pieces interleaves
+/// with theirs (one write of less than PIPE_BUF bytes is atomic).
+pub fn say(message: &str) {
+    use std::io::Write;
+    let line = format!("fastprof: {message}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// Hooks for Rust threads (the sampler, tests, benches): a fixed name,

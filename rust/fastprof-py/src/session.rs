@@ -59,7 +59,7 @@ impl ThreadHooks for PyHooks<'_> {
     }
 
     fn warn(&mut self, message: &str) {
-        eprintln!("fastprof: {message}");
+        registry::say(message);
         py_warn(self.0, message);
     }
 }
