@@ -93,6 +93,9 @@ class Recorder:
         self._psutil: PsutilHostSampler | None = None
         self._session: _core.Session | None = None
         self._pid = os.getpid()
+        #: Extra keys for the trace's ``otherData`` (set before :meth:`start`);
+        #: a ``"distributedInfo"`` entry is written at the top level, as Kineto does.
+        self.metadata: dict[str, Any] = {}
 
     @property
     def run_dir(self) -> Path:
@@ -117,7 +120,7 @@ class Recorder:
         :class:`fastprof.FastprofError` before anything is recorded."""
         global _current, _atexit_registered
         o = self.options
-        extra: dict[str, Any] = {"out_dir": str(o.out_dir), "local_world_size": o.local_world_size}
+        extra: dict[str, Any] = {**self.metadata, "out_dir": str(o.out_dir), "local_world_size": o.local_world_size}
         if o.sample_hz and o.sample_gpus != []:
             extra["gpu_inventory"] = inventory()
         use_psutil = bool(o.sample_hz) and o.host_sampler == "psutil"
