@@ -241,6 +241,7 @@ class Profiler:
         self._t0 = 0
         self._step_args: tuple[int, int, int, str] = (0, 0, 0, "")
         self._pending = False
+        self._driver_due = False
         self._explicit = False
         self._opt_ended = False
         self._opt_handle: Any = None
@@ -344,9 +345,11 @@ class Profiler:
             if self._opt_handle is not None:
                 self._opt_handle.remove()
                 self._opt_handle = None
-            if self._open:
+            if self._open and (not self._fresh or self.batch == 0):
+                # The last step, if it did anything: one that a boundary
+                # opened and nothing fetched into is the time after the loop.
                 self._end_step()
-            self._pending = False
+            self._open = self._pending = False
             if self._driver is not None:
                 self._driver.close()
             if self._paused_by_gate and self.recorder.active:
@@ -382,7 +385,7 @@ class Profiler:
 
     # ---------------------------------------------------------------- steps
 
-    def _begin_step(self) -> None:
+    def _begin_step(self, driver: bool = True) -> None:
         self._pending = False
         self._fresh = True
         action = self.schedule.action(self._position())
@@ -393,7 +396,10 @@ class Profiler:
                 (self.recorder.pause if gate else self.recorder.resume)()
                 self._paused_by_gate = gate
         if self._driver is not None:
-            self._driver.begin(action, self.batch, self.epoch)
+            if driver:
+                self._driver.begin(action, self.batch, self.epoch)
+            else:
+                self._driver_due = True
         if self.recorder.active:
             self.recorder.mark_step(self.batch)
         level = _ACTION_LEVEL[action]
@@ -423,7 +429,11 @@ class Profiler:
         True when this call began it (see :meth:`_unbegin`)."""
         began = self._pending
         if began:
-            self._begin_step()
+            # Past the loader's known length the fetch may find it exhausted
+            # (an unsized loader, always): torch is stepped only once a batch
+            # came (see _fetched), so a step that is no step never moves a window.
+            n = self._epoch_len
+            self._begin_step(driver=n is not None and self.batch_in_epoch < n)
         elif self._fresh and self._open:
             # Opened at start (or by a boundary outside a train pass) and
             # nothing fetched yet: the step starts with its first fetch.
@@ -432,6 +442,16 @@ class Profiler:
         self._opt_ended = False
         return began
 
+    def _fetched(self) -> None:
+        """A batch came for a step whose torch step was held back: step torch
+        now; inside a window the step then begins here, after torch's
+        ProfilerStep boundary (so the two still nest)."""
+        self._driver_due = False
+        if self._driver is not None:
+            self._driver.begin(self._action, self.batch, self.epoch)
+            if self._driver.live:
+                self._t0 = _core._ticks()
+
     def _unbegin(self) -> None:
         """The fetch that began a step found the loader exhausted: that step
         is not one (nothing of it is recorded until its end). It begins again
@@ -439,6 +459,7 @@ class Profiler:
         (as torch's own loop would trace validation between epochs)."""
         self._open = False
         self._pending = True
+        self._driver_due = False
 
     def step(self) -> None:
         """End the current training step (the next begins at the train loader's
@@ -541,6 +562,8 @@ class Profiler:
                     raise
                 end()
                 counter(wait, (clock() - t0) * 1e-6)
+                if began and self._driver_due:
+                    self._fetched()
                 yield item
         finally:
             if train:

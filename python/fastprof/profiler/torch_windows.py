@@ -48,6 +48,8 @@ FORMAT_VARIABLES = (
     "batch",
     "batch_in_epoch",
 )
+#: Test-only: seconds each export sleeps first (a slow disk). Never set it outside tests.
+EXPORT_DELAY_ENV = "FASTPROF_TEST_EXPORT_DELAY_S"
 #: The variables that change from window to window.
 _STEP_VARIABLES = frozenset({"epoch", "batch", "batch_in_epoch"})
 _RECORDS = (Action.WARMUP, Action.ACTIVE, Action.ACTIVE_AND_SAVE)
@@ -183,6 +185,15 @@ class TorchWindows:
         return out
 
 
+def _another_profiler_active() -> bool:
+    import torch
+
+    try:
+        return bool(torch.autograd.profiler._is_profiler_enabled)
+    except AttributeError:  # older torch: ask the C++ side
+        return bool(torch._C._autograd._profiler_enabled())
+
+
 @dataclass
 class WindowRecord:
     """One window, as the profiler's summary lists it."""
@@ -196,6 +207,8 @@ class WindowRecord:
     start_stall_s: float = 0.0
     stop_stall_s: float = 0.0
     export_s: float = 0.0
+    #: Steps traced and kept (not warmup).
+    active_steps: int = 0
     saved: bool = False
     error: str | None = None
     deleted: bool = False
@@ -283,6 +296,8 @@ class WindowDriver:
                 self._stop()
             elif step != self._step:
                 self._step = step
+                if self._window is not None and action is not Action.WARMUP:
+                    self._window.active_steps += 1
                 self._next = to_torch(action)
                 try:
                     self._tp.step()
@@ -296,6 +311,9 @@ class WindowDriver:
         cfg = self.cfg
         t0 = time.perf_counter()
         try:
+            if _another_profiler_active():
+                # torch would cancel the user's own trace to start ours.
+                raise RuntimeError("another torch profiler is already active in this process")
             with _core.span("torch.window.start", step=step):
                 tp = tprof.profile(
                     activities=self._activities(),
@@ -313,7 +331,9 @@ class WindowDriver:
                 tp.current_action = to_torch(action)
                 tp._prev_schedule_action = tp.current_action
                 self._next = tp.current_action
-                self._window = WindowRecord(first_step=step, last_step=step, epoch=epoch)
+                self._window = WindowRecord(
+                    first_step=step, last_step=step, epoch=epoch, active_steps=int(action is not Action.WARMUP)
+                )
                 self._step = step
                 tp.start()
                 self._tp = tp
@@ -363,8 +383,8 @@ class WindowDriver:
         # On the training thread, inside tp.stop(): hand the finished profile
         # to the exporter thread and return.
         window = self._window
-        if window is None:
-            return
+        if window is None or window.active_steps == 0:
+            return  # a warmup cut short: torch's trace holds nothing of ours
         path = self.cfg.path_for(self.run_dir, {**self.variables, **self._save_vars})
         window.path = str(path)
         with self._lock:
@@ -390,6 +410,10 @@ class WindowDriver:
 
     def _export(self, tp: Any, window: WindowRecord, path: Path) -> None:
         t0 = time.perf_counter()
+        delay = os.environ.get(EXPORT_DELAY_ENV, "").strip()
+        if delay:
+            # Test-only: a slow disk, to show that no other rank waits on it.
+            time.sleep(float(delay))
         with _core.span("torch.window.export", step=window.last_step):
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.exists() and not self.cfg.overwrite:
