@@ -105,10 +105,10 @@ def _run(pyscript: Any, tmp_path: Path, ctx: str, kind: str = "map", persistent:
 
 def _worker_meta(other: dict[str, Any]) -> dict[str, Any]:
     # Top-level otherData.worker once the core lifts Recorder.metadata there;
-    # until then the core keeps it under otherData.config.metadata.
+    # until then Recorder.metadata lands in otherData.config.
     if "worker" in other:
         return other["worker"]  # type: ignore[no-any-return]
-    return other["config"]["metadata"]["worker"]  # type: ignore[no-any-return]
+    return other["config"]["worker"]  # type: ignore[no-any-return]
 
 
 def _check_workers(result: dict[str, Any], rank_dir: Path, marks: Path, traces: Any, fetches: int) -> list[Path]:
