@@ -242,6 +242,8 @@ class Profiler:
         self._step_args: tuple[int, int, int, str] = (0, 0, 0, "")
         self._pending = False
         self._driver_due = False
+        self._opt_pending = False
+        self._depth = 0
         self._explicit = False
         self._opt_ended = False
         self._opt_handle: Any = None
@@ -345,6 +347,9 @@ class Profiler:
             if self._opt_handle is not None:
                 self._opt_handle.remove()
                 self._opt_handle = None
+            if self._opt_pending:
+                self._opt_pending = False
+                self._boundary()
             if self._open and (not self._fresh or self.batch == 0):
                 # The last step, if it did anything: one that a boundary
                 # opened and nothing fetched into is the time after the loop.
@@ -408,6 +413,7 @@ class Profiler:
             self._last_level = level
         self._step_args = (self.epoch, self.batch, self.batch_in_epoch, action.value)
         self._open = True
+        self._depth = _core._span_depth()
         self._t0 = _core._ticks()
 
     def _end_step(self) -> None:
@@ -427,6 +433,9 @@ class Profiler:
     def _on_fetch(self) -> bool:
         """A train loader's next() is about to block: the step begins here.
         True when this call began it (see :meth:`_unbegin`)."""
+        if self._opt_pending:
+            self._opt_pending = False
+            self._boundary()
         began = self._pending
         if began:
             # Past the loader's known length the fetch may find it exhausted
@@ -472,7 +481,10 @@ class Profiler:
                 if self._opt_handle is not None:
                     self._opt_handle.remove()
                     self._opt_handle = None
-                if self._opt_ended:
+                if self._opt_pending:
+                    # The optimizer's step asked for this boundary; it is taken here, once.
+                    self._opt_pending = False
+                elif self._opt_ended:
                     # The optimizer's step already ended this step.
                     self._opt_ended = False
                     return
@@ -505,9 +517,17 @@ class Profiler:
         if self._explicit or self._state != "running" or threading.get_ident() != self._thread_id:
             return
         try:
-            self._boundary()
-            self._opt_ended = True
             self.steps_by_optimizer += 1
+            if self._opt_pending or _core._span_depth() <= self._depth:
+                self._opt_pending = False
+                self._boundary()
+                self._opt_ended = True
+            else:
+                # Inside a span the user opened within the step (e.g. around
+                # optimizer.step()): ending the step here would cut across
+                # it. The boundary waits for the next train fetch, step()
+                # call or optimizer step.
+                self._opt_pending = True
         except Exception as e:  # noqa: BLE001
             self._internal_error("optimizer step hook", e)
 
