@@ -100,7 +100,7 @@ def schedule_for(batches_per_epoch: int) -> Any:
 def train(prof: fastprof.Profiler, steps: int, batch_size: int, workers: int, device: Any, progress: bool) -> None:
     """The profiled loop: each step holds data/forward/backward/optimizer_step."""
     torch = require_torch()
-    from torch.utils.data import DataLoader
+    DataLoader = torch.utils.data.DataLoader
 
     w = make_workload(batch_size=batch_size, num_batches=1, device=str(device))
     per_epoch = max(1, steps // EPOCHS)
