@@ -4,6 +4,7 @@ windows; every trace is read back with Python's gzip + json."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import itertools
 import json
 import time
@@ -361,3 +362,17 @@ def test_calls_outside_a_running_profiler_do_nothing(tmp_path: Path) -> None:
         pass
     with pytest.raises(ConfigError, match="runs once"):
         prof.start()
+
+
+def test_memory_timeline_beside_each_window(tmp_path: Path) -> None:
+    tw = TorchWindows(profile_memory=True, record_shapes=True, with_stack=True, memory_timeline="json")
+    sched = fastprof.schedule.cyclic(wait=0, warmup=1, active=2, repeat=1)
+    with fastprof.Profiler(out_dir=tmp_path, run_name="run", schedule=sched, torch=tw) as prof:
+        _train(prof, epochs=1, batches=4)
+    folder = tmp_path / "run" / "rank0" / "torch"
+    assert sorted(p.name for p in folder.iterdir()) == ["ep0-ba2.memory.json", "ep0-ba2.pt.trace.json.gz"]
+    times, sizes = _load(folder / "ep0-ba2.memory.json")  # torch's [times, [sizes by category]]
+    assert len(times) == len(sizes) > 0
+    if importlib.util.find_spec("matplotlib") is None:
+        with pytest.raises(ConfigError, match="needs matplotlib"):
+            TorchWindows(profile_memory=True, record_shapes=True, with_stack=True, memory_timeline="html")

@@ -362,6 +362,8 @@ class Profiler:
             if self.sync_clocks_enabled:
                 self._sync("end")
             exports_done = self._driver is None or self._driver.wait(self.merge_timeout)
+            for message in [] if self._driver is None else self._driver.errors:
+                warnings.warn(f"fastprof: {message}", FastprofWarning, stacklevel=2)
             if not exports_done:
                 warnings.warn(
                     f"fastprof: torch window exports still running after {self.merge_timeout:g} s; "

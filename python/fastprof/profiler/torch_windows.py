@@ -168,6 +168,14 @@ class TorchWindows:
             raise ConfigError(
                 "TorchWindows: memory_timeline needs profile_memory=True, record_shapes=True and with_stack=True"
             )
+        if self.memory_timeline == "html":
+            import importlib.util
+
+            if importlib.util.find_spec("matplotlib") is None:
+                raise ConfigError(
+                    "TorchWindows: memory_timeline='html' needs matplotlib (pip install matplotlib); "
+                    "'json' needs nothing more"
+                )
 
     def path_for(self, run_dir: Path, variables: Mapping[str, Any]) -> Path:
         """The trace file of a window whose last step has these variables."""
@@ -183,6 +191,29 @@ class TorchWindows:
                 break
             out = out / part.format(**variables)
         return out
+
+
+def _memory_timeline(tp: Any, path: Path) -> None:
+    """torch's memory timeline of a finished window (JSON points or an HTML
+    plot), built from the window's own results on the exporter thread.
+    ``profile.export_memory_timeline`` does the same but is deprecated (it
+    warns on every call); its building blocks are not."""
+    import torch
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    timeline = MemoryProfileTimeline(tp._memory_profile())
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}{path.suffix}")
+    try:
+        if path.suffix == ".html":
+            timeline.export_memory_timeline_html(str(tmp), device)
+        else:
+            timeline.export_memory_timeline(str(tmp), device)
+        if not tmp.exists():
+            raise RuntimeError("torch wrote no file (for html: is matplotlib installed?)")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _another_profiler_active() -> bool:
@@ -227,6 +258,8 @@ class WindowDriver:
         self.variables = dict(variables)
         self.windows: list[WindowRecord] = []
         self.failed: str | None = None
+        #: Export failures (on the exporter thread), for the profiler to warn about at stop().
+        self.errors: list[str] = []
         self._tp: Any = None
         self._window: WindowRecord | None = None
         self._next: Any = None
@@ -402,9 +435,9 @@ class WindowDriver:
             tp, window, path = job
             try:
                 self._export(tp, window, path)
-            except Exception as e:  # noqa: BLE001 - a failed export is reported, never raised
+            except Exception as e:  # noqa: BLE001 - reported at stop() on the caller's thread, never raised here
                 window.error = f"{type(e).__name__}: {e}"
-                warnings.warn(f"fastprof: writing torch window {path} failed: {window.error}", FastprofWarning, 2)
+                self.errors.append(f"writing torch window {path} failed: {window.error}")
             finally:
                 self._jobs.task_done()
 
@@ -438,10 +471,10 @@ class WindowDriver:
             if self.cfg.memory_timeline:
                 mt = path.with_name(path.name.split(".pt.trace")[0] + f".memory.{self.cfg.memory_timeline}")
                 try:
-                    tp.export_memory_timeline(str(mt))
+                    _memory_timeline(tp, mt)
                     window.memory_timeline = str(mt)
-                except Exception as e:  # noqa: BLE001
-                    warnings.warn(f"fastprof: memory timeline {mt} failed: {e}", FastprofWarning, 2)
+                except Exception as e:  # noqa: BLE001 - reported at stop(), never raised here
+                    self.errors.append(f"memory timeline {mt} failed: {type(e).__name__}: {e}")
             self._saved.append(window)
             keep = int(self.cfg.num_traces_to_keep or -1)
             while keep > 0 and len([w for w in self._saved if not w.deleted]) > keep:
