@@ -311,7 +311,8 @@ class Profiler:
             raise ConfigError("a Profiler runs once; make a new one for another run")
         variables = self._variables()
         if self.torch_windows is not None:
-            self._driver = WindowDriver(self.torch_windows, self.run_dir, variables)
+            level = int(self.recorder.options.compression_level)
+            self._driver = WindowDriver(self.torch_windows, self.run_dir, variables, compression_level=level)
             self._driver.check_folder()
         d = self.dist
         info = {"backend": d.backend or "", "rank": self.rank, "world_size": int(self.recorder.options.world_size)}
