@@ -62,7 +62,7 @@ from fastprof._core import ConfigError, FastprofWarning
 from fastprof._options import Option, _bool, _float, _value
 from fastprof._recorder import Recorder, current
 from fastprof.profiler import schedule as _schedule
-from fastprof.profiler.schedule import Action, Position, Schedule
+from fastprof.profiler.schedule import Action, Schedule
 from fastprof.profiler.torch_windows import TorchWindows, WindowDriver
 
 __all__ = ["OPTIONS", "Profiler"]
@@ -296,11 +296,6 @@ class Profiler:
             "batch_in_epoch": self.batch_in_epoch,
         }
 
-    def _position(self) -> Position:
-        return Position(
-            step=self.batch, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch, epoch_len=self._epoch_len
-        )
-
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> Profiler:
@@ -396,7 +391,7 @@ class Profiler:
     def _begin_step(self, driver: bool = True) -> None:
         self._pending = False
         self._fresh = True
-        action = self.schedule.action(self._position())
+        action = self.schedule.at(self.batch, self.epoch, self.batch_in_epoch, self._epoch_len)
         self._action = action
         if self.gate_spans:
             gate = action not in (Action.WARMUP, Action.ACTIVE, Action.ACTIVE_AND_SAVE)
@@ -427,8 +422,8 @@ class Profiler:
             self._step_name, self._t0, epoch=epoch, batch=batch, batch_in_epoch=batch_in_epoch, action=action
         )
         self._open = False
-        self._last_vars = self._variables()
         if self._driver is not None:
+            self._last_vars = self._variables()
             self._driver.end(self._action, self._last_vars)
         self.batch += 1
         self.batch_in_epoch += 1

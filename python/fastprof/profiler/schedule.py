@@ -181,6 +181,12 @@ class Schedule(ABC):
     def __call__(self, at: Position | int) -> Action:
         return self.action(at)
 
+    def at(self, step: int, epoch: int, batch_in_epoch: int, epoch_len: int | None) -> Action:
+        """:meth:`action` for a position the caller has already checked (the
+        profiler asks once per step; a :class:`Position` is built and checked
+        only where a schedule needs one)."""
+        return self.action(Position(step, epoch, batch_in_epoch, epoch_len))
+
     def ends_window(self, at: Position | int) -> bool:
         """True when the step at ``at`` is a save point: the last of a window."""
         return self.action(at).saves
@@ -220,7 +226,11 @@ class EpochSchedule(Schedule):
 
     def action(self, at: Position | int) -> Action:
         pos = _position(at)
-        b = pos.batch
+        return self.at(pos.step, pos.epoch, pos.batch, pos.epoch_len)
+
+    def at(self, step: int, epoch: int, batch_in_epoch: int, epoch_len: int | None) -> Action:
+        b = batch_in_epoch
+        last_in_epoch = epoch_len is not None and b == epoch_len - 1
         if b < self.skip_first:
             return Action.SKIP_FIRST
         b -= self.skip_first
@@ -229,7 +239,7 @@ class EpochSchedule(Schedule):
             return Action.DISABLED
         act = _cycle(b % cycle, self.wait, self.warmup, self.active)
         # Composer saves a window the epoch cuts short on the epoch's last batch.
-        if act is Action.ACTIVE and pos.last_in_epoch:
+        if act is Action.ACTIVE and last_in_epoch:
             return Action.ACTIVE_AND_SAVE
         return act
 
@@ -251,7 +261,9 @@ class CyclicSchedule(Schedule):
         object.__setattr__(self, "skip_first_wait", _flag(self.skip_first_wait))
 
     def action(self, at: Position | int) -> Action:
-        step = _position(at).step
+        return self.at(_position(at).step, 0, 0, None)
+
+    def at(self, step: int, epoch: int, batch_in_epoch: int, epoch_len: int | None) -> Action:
         if step < self.skip_first:
             return Action.SKIP_FIRST
         step -= self.skip_first
