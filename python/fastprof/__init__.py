@@ -39,6 +39,8 @@ from fastprof._merge import merge
 from fastprof._reader import read_trace
 from fastprof._recorder import Recorder, RunStats, current, start, stop
 from fastprof.profiler import schedule
+from fastprof.profiler.loop import Profiler
+from fastprof.profiler.torch_windows import TorchWindows
 
 __all__ = [
     "AlreadyRunningError",
@@ -52,8 +54,10 @@ __all__ = [
     "Name",
     "NoEventsError",
     "NotRunningError",
+    "Profiler",
     "Recorder",
     "RunStats",
+    "TorchWindows",
     "TraceError",
     "__version__",
     "counter",

@@ -93,6 +93,10 @@ class Recorder:
         self._psutil: PsutilHostSampler | None = None
         self._session: _core.Session | None = None
         self._pid = os.getpid()
+        self._trace_dir: Path | None = None
+        #: Extra keys for the trace's ``otherData`` (set before :meth:`start`);
+        #: a ``"distributedInfo"`` entry is written at the top level, as Kineto does.
+        self.metadata: dict[str, Any] = {}
 
     @property
     def run_dir(self) -> Path:
@@ -100,7 +104,16 @@ class Recorder:
 
     @property
     def trace_dir(self) -> Path:
-        return self.options.trace_dir
+        """Where the segments go: ``<run_dir>/rank{R}`` unless set (before
+        :meth:`start`) to another directory, as a DataLoader worker's recorder
+        sets ``rank{R}/workers/<loader>-w<id>-pid<pid>``."""
+        return self.options.trace_dir if self._trace_dir is None else self._trace_dir
+
+    @trace_dir.setter
+    def trace_dir(self, path: str | os.PathLike[str]) -> None:
+        if self._started:
+            raise _core.AlreadyRunningError("trace_dir cannot change while this recorder runs")
+        self._trace_dir = Path(path)
 
     @property
     def active(self) -> bool:
@@ -117,14 +130,14 @@ class Recorder:
         :class:`fastprof.FastprofError` before anything is recorded."""
         global _current, _atexit_registered
         o = self.options
-        extra: dict[str, Any] = {"out_dir": str(o.out_dir), "local_world_size": o.local_world_size}
+        extra: dict[str, Any] = {**self.metadata, "out_dir": str(o.out_dir), "local_world_size": o.local_world_size}
         if o.sample_hz and o.sample_gpus != []:
             extra["gpu_inventory"] = inventory()
         use_psutil = bool(o.sample_hz) and o.host_sampler == "psutil"
         extra["host_sampler"] = o.host_sampler if o.sample_hz else None
         with _lock:
             self._session = _core.Session(
-                str(o.trace_dir),
+                str(self.trace_dir),
                 o.run_name,
                 o.rank,
                 o.world_size,

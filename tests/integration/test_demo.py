@@ -1,9 +1,11 @@
 """``fastprof demo`` end to end: the console script and ``python -m fastprof``
 as real subprocesses, plus one in-process run through ``main([...])``.
 
-The demo promises (python/fastprof/cli/demo.py) one ``step`` span per step
-holding ``data``, ``forward``, ``backward`` and ``optimizer_step``, a
-``loss`` counter per step, and ``train_begin``/``train_end`` instants.
+The demo promises (python/fastprof/cli/demo.py) a run under
+``fastprof.Profiler``: one ``step`` span per step holding its loader wait,
+``data``, ``forward``, ``backward`` and ``optimizer_step``, a ``loss``
+counter per step, ``train_begin``/``train_end`` instants, torch.profiler
+windows, and the unified trace, whose path it prints.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-STEPS = 5
+STEPS = 4
 STEP_SPANS = ("data", "forward", "backward", "optimizer_step")
 
 
@@ -38,14 +40,17 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def _check_demo_trace(trace_dir: Path, stdout: str, traces) -> None:
+    unified = trace_dir.parent / "trace.json.gz"
+    assert str(unified) in stdout, stdout
     run = traces.read(trace_dir)
     for seg in run.segments:
-        assert str(seg.path) in stdout, f"{seg.path} not printed:\n{stdout}"
         traces.time_format(seg.text)
     steps = run.of("X", "step")
     assert len(steps) == STEPS
+    assert [e["args"]["epoch"] for e in sorted(steps, key=lambda e: e["ts"])] == [0] * 2 + [1] * 2
     for name in STEP_SPANS:
         assert len(run.of("X", name)) == STEPS, name
+    assert len(run.of("X", "loader.train.next")) == STEPS + 2  # + the exhausted next() per epoch
     assert len(run.of("C", "loss")) == STEPS
     assert all(isinstance(e["args"]["value"], (int, float)) for e in run.of("C", "loss"))
     (begin,) = run.of("i", "train_begin")
@@ -53,14 +58,24 @@ def _check_demo_trace(trace_dir: Path, stdout: str, traces) -> None:
     assert len(run.of("i", "train_end")) == 1
     assert run.final["final"] is True
     assert run.final["drops"]["total"] == 0
+    # One window per epoch (warmup 1, active 1), each saved.
+    assert sorted(p.name for p in (trace_dir / "torch").iterdir()) == [
+        "ep0-ba1.pt.trace.json.gz",
+        "ep1-ba3.pt.trace.json.gz",
+    ]
 
-    # Each step holds its four phases, in order, directly inside it.
+    # Each step holds its fetch and its four phases, in order, directly inside it.
     nested = traces.nesting(run)
     (main_tid,) = {e["tid"] for e in steps}
     spans = sorted(nested[main_tid], key=lambda s: s[0])
-    order = [e["name"] for _, _, d, e in spans if d == 1]
-    assert order == list(STEP_SPANS) * STEPS
-    assert all(e["name"] == "step" for _, _, d, e in spans if d == 0)
+    order = [e["name"] for _, _, d, e in spans if d == 1 and e["name"] in (*STEP_SPANS, "loader.train.next")]
+    assert order == ["loader.train.next", *STEP_SPANS] * STEPS
+    assert all(
+        e["name"] in ("step", "loader.train.next", "loader.val.next", "loader.train.iter", "loader.val.iter")
+        or e["name"].startswith("torch.window")
+        for _, _, d, e in spans
+        if d == 0
+    )
 
 
 def test_demo_console_script(tmp_path, traces):
@@ -102,8 +117,8 @@ def test_demo_in_process(tmp_path, capsys, traces):
     stdout = capsys.readouterr().out
     trace_dir = out / "inproc" / "rank0"
     _check_demo_trace(trace_dir, stdout, traces)
-    # --quiet prints only the segment paths.
-    assert [Path(line) for line in stdout.split()] == sorted(trace_dir.glob("fastprof.*.json.gz"))
+    # --quiet prints only the unified trace's path.
+    assert [Path(line) for line in stdout.split()] == [out / "inproc" / "trace.json.gz"]
 
 
 @pytest.mark.parametrize("device", ["banana", "cuda", "cuda:99", "meta"])

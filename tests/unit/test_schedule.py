@@ -234,3 +234,22 @@ def test_config_error_is_a_value_error_and_schedules_are_frozen():
     assert hash(sched) == hash(schedule.cyclic(wait=1, warmup=1, active=1))
     with pytest.raises(ConfigError, match="invalid step"):
         sched(-1)
+
+
+def test_parse_reads_the_text_form_of_every_kind():
+    assert schedule.parse("epoch:skip_first=1,wait=1,warmup=1,active=2,repeat=1") == schedule.epoch(
+        skip_first=1, wait=1, warmup=1, active=2, repeat=1
+    )
+    assert schedule.parse(" cyclic: wait=1, warmup=0, active=3 ") == schedule.cyclic(wait=1, warmup=0, active=3)
+    assert schedule.parse("steps:10-12,50,warmup=2") == schedule.steps([(10, 13), 50], warmup=2)
+    assert schedule.parse("epoch") == schedule.epoch()
+    for bad, match in (
+        ("weekly:x=1", "expected epoch:..., cyclic:... or steps:..."),
+        ("epoch:wait", "expected name=integer items"),
+        ("epoch:wait=1.5", "expected name=integer items"),
+        ("epoch:colour=1", "unexpected keyword"),
+        ("steps:a-b", "not a step"),
+        ("cyclic:wait=1,warmup=1,active=0", "active"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            schedule.parse(bad)

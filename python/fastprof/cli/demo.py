@@ -1,21 +1,23 @@
-"""``fastprof demo``: profile a short training run of a small CNN on
-synthetic CIFAR-shaped data (CPU, or the GPU when there is one), with spans
-around data, forward, backward and the optimizer step, and print where the
-trace is and how to open it."""
+"""``fastprof demo``: a profiled training run of a small CNN on synthetic
+CIFAR-shaped data (CPU, or the GPU when there is one) under
+``fastprof.Profiler``: two epochs through a DataLoader whose samples are made
+and augmented per item, validation after each epoch, Composer's epoch
+schedule driving torch.profiler windows, host sampling, and one unified
+trace at the end. Prints where the trace is and what to run next."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import fastprof
 from fastprof.workloads import make_workload, require_torch
 
-#: The span names the demo records once per step, in order.
+#: The span names the demo records inside each step, in order.
 STEP_SPANS = ("data", "forward", "backward", "optimizer_step")
+EPOCHS = 2
 
 
 def add_parser(verbs: Any) -> None:
@@ -27,7 +29,8 @@ def add_parser(verbs: Any) -> None:
     )
     p.add_argument("-o", "--out-dir", default=None, help="parent of the run directory (default: fastprof_runs)")
     p.add_argument("--run-name", default=None, help="run directory name (default: run-<timestamp>)")
-    p.add_argument("--steps", type=int, default=100, help="training steps (default: 100)")
+    p.add_argument("--steps", type=int, default=64, help="training steps over the two epochs (default: 64)")
+    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (default: 0)")
     p.add_argument("--batch-size", type=int, default=32, help="batch size (default: 32)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the trace location")
@@ -64,17 +67,52 @@ def resolve_device(name: str | None) -> Any:
     return dev
 
 
-def train(steps: int, batch_size: int, device: Any, progress: bool) -> None:
-    """The profiled loop: a 'step' span holding data/forward/backward/optimizer_step."""
+class SyntheticImages:
+    """CIFAR-shaped samples made per item: a seeded image, a random crop and
+    flip, and normalisation (real per-sample work for the loader to time)."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed = n, seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        torch = require_torch()
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        img = torch.rand(3, 40, 40, generator=g)
+        dx, dy = (int(v) for v in torch.randint(0, 9, (2,), generator=g))
+        img = img[:, dy : dy + 32, dx : dx + 32]
+        if bool(torch.rand(1, generator=g) < 0.5):
+            img = img.flip(-1)
+        img = (img - 0.5) / 0.25
+        return img, int(torch.randint(0, 10, (1,), generator=g))
+
+
+def schedule_for(batches_per_epoch: int) -> Any:
+    """Composer's documented schedule when an epoch is long enough for it,
+    else one short window per epoch."""
+    if batches_per_epoch >= 9:
+        return fastprof.schedule.epoch(skip_first=1, wait=1, warmup=1, active=2, repeat=1)
+    return fastprof.schedule.epoch(warmup=min(1, batches_per_epoch - 1), active=1, repeat=1)
+
+
+def train(prof: fastprof.Profiler, steps: int, batch_size: int, workers: int, device: Any, progress: bool) -> None:
+    """The profiled loop: each step holds data/forward/backward/optimizer_step."""
     torch = require_torch()
-    w = make_workload(batch_size=batch_size, device=str(device))
-    step_span, data, fwd, bwd, opt = (fastprof.name_id(n) for n in ("step", *STEP_SPANS))
-    w.model.train()
+    DataLoader = torch.utils.data.DataLoader
+
+    w = make_workload(batch_size=batch_size, num_batches=1, device=str(device))
+    per_epoch = max(1, steps // EPOCHS)
+    train_dl = DataLoader(SyntheticImages(per_epoch * batch_size, 0), batch_size=batch_size, num_workers=workers)
+    val_dl = DataLoader(SyntheticImages(max(1, per_epoch // 4) * batch_size, 1), batch_size=batch_size)
+    data, fwd, bwd, opt = (fastprof.name_id(n) for n in STEP_SPANS)
     t0 = time.perf_counter()
-    for i in range(steps):
-        with step_span:
+    done = 0
+    for epoch in range(EPOCHS):
+        w.model.train()
+        for x, y in prof.loader(train_dl):
             with data:
-                x, y = w.batches[i % len(w.batches)]
                 x, y = x.to(w.device, non_blocking=True), y.to(w.device, non_blocking=True)
             with fwd:
                 loss = w.loss_fn(w.model(x), y)
@@ -85,12 +123,18 @@ def train(steps: int, batch_size: int, device: Any, progress: bool) -> None:
                 w.optimizer.step()
             if w.device.type == "cuda":
                 torch.cuda.synchronize()
-        # detach(): float() of a tensor that requires grad warns (UserWarning).
-        loss_value = float(loss.detach())
-        fastprof.counter("loss", loss_value)
-        if progress and (i + 1) % max(1, steps // 10) == 0:
-            rate = (i + 1) / (time.perf_counter() - t0)
-            print(f"  step {i + 1:>5}/{steps}  loss {loss_value:.3f}  {rate:.1f} steps/s", flush=True)
+            # detach(): float() of a tensor that requires grad warns (UserWarning).
+            loss_value = float(loss.detach())
+            fastprof.counter("loss", loss_value)
+            prof.step()
+            done += 1
+            if progress and done % max(1, steps // 10) == 0:
+                rate = done / (time.perf_counter() - t0)
+                print(f"  epoch {epoch} step {done:>5}/{per_epoch * EPOCHS}  loss {loss_value:.3f}  {rate:.1f} steps/s")
+        w.model.eval()
+        with torch.no_grad():
+            for x, _y in prof.loader(val_dl, name="val"):
+                w.model(x.to(w.device))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,36 +144,48 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--steps must be at least 1", exit_code=2)
     if args.batch_size < 1:
         raise CommandError("--batch-size must be at least 1", exit_code=2)
+    if args.workers < 0:
+        raise CommandError("--workers must be 0 or more", exit_code=2)
     device = resolve_device(args.device)
-    rec = fastprof.Recorder(args.out_dir, args.run_name)
+    per_epoch = max(1, args.steps // EPOCHS)
+    prof = fastprof.Profiler(
+        args.out_dir,
+        args.run_name,
+        schedule=schedule_for(per_epoch),
+        torch=fastprof.TorchWindows(record_shapes=True),
+    )
     if not args.quiet:
-        print(f"fastprof demo: training a small CNN for {args.steps} steps, recording into {rec.trace_dir}")
-    with rec:
-        fastprof.instant("train_begin", steps=args.steps, batch_size=args.batch_size)
-        train(args.steps, args.batch_size, device, progress=not args.quiet)
+        print(
+            f"fastprof demo: {EPOCHS} epochs x {per_epoch} steps of a small CNN on {device}, "
+            f"recording into {prof.run_dir}"
+        )
+    with prof:
+        fastprof.instant("train_begin", steps=per_epoch * EPOCHS, batch_size=args.batch_size)
+        train(prof, args.steps, args.batch_size, args.workers, device, progress=not args.quiet)
         fastprof.instant("train_end")
-    stats = rec.stats
-    assert stats is not None
-    segments = [Path(p) for p in stats.segments]
+    stats = prof.recorder.stats
+    trace = prof.trace_path
     if args.quiet:
-        for s in segments:
-            print(s)
+        print(trace)
         return 0
-    print(f"\nwrote {stats.events_written} events ({stats.dropped} dropped) in {len(segments)} segment(s):")
-    for s in segments:
-        print(f"  {s}")
-    counters = rec.counters()
+    assert stats is not None
+    print(f"\nrecorded {stats.events_written} events ({stats.dropped} dropped) in {prof.rank_dir}")
+    for wdw in prof.windows:
+        if wdw["saved"]:
+            print(
+                f"torch window steps {wdw['first_step']}-{wdw['last_step']}: {wdw['path']} "
+                f"(training thread stalled {wdw['stop_stall_s'] * 1e3:.1f} ms at its end; "
+                f"export {wdw['export_s'] * 1e3:.0f} ms off the training thread)"
+            )
+    counters = prof.recorder.counters()
     if "proc.rss [B]" in counters:
         rss = counters["proc.rss [B]"][1]
-        cpu = counters.get("proc.cpu_user [%]", (None, rss[:0]))[1]
-        line = f"sampled: peak RSS {rss.max() / 2**20:.0f} MiB"
-        if cpu.size:
-            line += f", mean CPU {cpu.mean():.0f}% of a core"
-        info = rec.sampler_info() or {}
+        info = prof.recorder.sampler_info() or {}
         nvml = info.get("nvml", {})
-        line += "; GPU: " + ("sampled" if nvml.get("available") else f"unavailable ({nvml.get('reason', '?')})")
-        print(line)
-    print("\nopen it: drag the file into https://ui.perfetto.dev (or chrome://tracing)")
-    print(f"next:    fastprof merge {rec.run_dir}    # one trace for every rank and torch.profiler window")
+        gpu = "sampled" if nvml.get("available") else f"unavailable ({nvml.get('reason', '?')})"
+        print(f"sampled: peak RSS {rss.max() / 2**20:.0f} MiB; GPU: {gpu}")
+    print(f"\nunified trace: {trace}")
+    print("open it:  drag the file into https://ui.perfetto.dev (or chrome://tracing)")
+    print(f"redo it:  fastprof merge {prof.run_dir} -o {trace} --force")
     sys.stdout.flush()
     return 0

@@ -56,6 +56,7 @@ __all__ = [
     "epoch",
     "from_callable",
     "from_torch",
+    "parse",
     "steps",
     "to_torch",
 ]
@@ -426,3 +427,53 @@ def as_schedule(value: Schedule | Callable[[int], Any]) -> Schedule:
     if callable(value):
         return CallableSchedule(value)
     raise ConfigError(f"invalid schedule: expected a fastprof schedule or a callable (step) -> Action, got {value!r}")
+
+
+_MAKERS: dict[str, Callable[..., Schedule]] = {"epoch": epoch, "cyclic": cyclic}
+
+
+def parse(text: str) -> Schedule:
+    """A schedule from its text form (``FASTPROF_SCHEDULE``):
+    ``epoch:skip_first=1,wait=1,warmup=1,active=2,repeat=1``,
+    ``cyclic:wait=1,warmup=1,active=3,repeat=2``, or ``steps:10-12,50``
+    (inclusive ranges and bare steps; ``warmup=N`` may be one of the items).
+    Raises :class:`fastprof.ConfigError` naming what is wrong."""
+    kind, sep, rest = text.strip().partition(":")
+    kind = kind.strip().lower()
+    items = [x.strip() for x in rest.split(",") if x.strip()] if sep else []
+    if kind == "steps":
+        windows: list[int | tuple[int, int]] = []
+        warmup = 1
+        for item in items:
+            key, eq, value = item.partition("=")
+            try:
+                if eq:
+                    if key.strip() != "warmup":
+                        raise ValueError(item)
+                    warmup = int(value, 10)
+                elif "-" in item:
+                    a, b = item.split("-", 1)
+                    windows.append((int(a, 10), int(b, 10) + 1))
+                else:
+                    windows.append(int(item, 10))
+            except ValueError:
+                raise ConfigError(
+                    f"invalid schedule {text!r}: {item!r} is not a step, an inclusive range a-b or warmup=N"
+                ) from None
+        return steps(windows, warmup=warmup)
+    maker = _MAKERS.get(kind)
+    if maker is None:
+        raise ConfigError(f"invalid schedule {text!r}: expected epoch:..., cyclic:... or steps:...")
+    kwargs: dict[str, int] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        try:
+            if not eq:
+                raise ValueError(item)
+            kwargs[key.strip()] = int(value.strip(), 10)
+        except ValueError:
+            raise ConfigError(f"invalid schedule {text!r}: expected name=integer items, got {item!r}") from None
+    try:
+        return maker(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"invalid schedule {text!r}: {e}") from None

@@ -289,6 +289,21 @@ thread_local! {
     };
 }
 
+/// Spans this thread has begun in the current recording and not yet ended
+/// (recorded or gated); 0 when it has not recorded in this one. The Python
+/// profiler compares it with the depth at which it opened its step span, so
+/// that a step boundary never closes a span the user opened inside the step.
+pub fn thread_depth() -> u32 {
+    let gen = WORD.load(Ordering::Relaxed) >> 1;
+    LOCAL.with(|l| {
+        if l.generation.get() == gen {
+            l.depth.get()
+        } else {
+            0
+        }
+    })
+}
+
 #[cfg(target_os = "linux")]
 fn native_tid() -> u64 {
     // SAFETY: gettid has no preconditions.
@@ -557,6 +572,22 @@ pub fn begin_extra(name: u32, extra: Box<Extra>, hooks: &mut dyn ThreadHooks) {
     begin_with(hooks, || {
         Record::with_extra(Kind::Begin, name, clock::ticks(), extra)
     });
+}
+
+/// A span that began at `begin_ticks` (a [`clock::ticks`] reading taken
+/// earlier on this thread) and ends now, pushed as its Begin and End at once.
+/// The profiler records its step spans this way: a step's end (a
+/// `Profiler.step()` call, an optimizer step) may come while spans the user
+/// opened inside the step are still open, where a plain `end` would close
+/// theirs. Collect pairs the two records as usual; the span's time may
+/// enclose events recorded before it.
+pub fn complete(name: u32, begin_ticks: u64, extra: Option<Box<Extra>>, hooks: &mut dyn ThreadHooks) {
+    let begin_ticks = begin_ticks.min(clock::ticks());
+    begin_with(hooks, || match extra {
+        Some(x) => Record::with_extra(Kind::Begin, name, begin_ticks, x),
+        None => Record::new(Kind::Begin, name, begin_ticks, 0),
+    });
+    end(false);
 }
 
 /// Close this thread's innermost open span (`exception`: its body raised).

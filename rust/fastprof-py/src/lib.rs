@@ -152,6 +152,12 @@ fn _after_fork_in_child() {
 #[pyfunction]
 fn _noop() {}
 
+/// Spans this thread has open in the current recording (see `registry::thread_depth`).
+#[pyfunction]
+fn _span_depth() -> u32 {
+    registry::thread_depth()
+}
+
 /// Read a trace file (`.json`, `.json.gz`, or an open `.part` segment).
 /// Returns `(document, warnings, salvaged, unused_bytes)`.
 #[pyfunction]
@@ -185,12 +191,15 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(recording::span, m)?)?;
     m.add_function(wrap_pyfunction!(recording::name_id, m)?)?;
     m.add_function(wrap_pyfunction!(recording::instant, m)?)?;
+    m.add_function(wrap_pyfunction!(recording::_complete, m)?)?;
+    m.add_function(wrap_pyfunction!(recording::_ticks, m)?)?;
     m.add_function(wrap_pyfunction!(recording::end, m)?)?;
     m.add_function(wrap_pyfunction!(recording::counter, m)?)?;
     m.add_class::<session::Session>()?;
     m.add_function(wrap_pyfunction!(is_active, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(_noop, m)?)?;
+    m.add_function(wrap_pyfunction!(_span_depth, m)?)?;
     m.add_function(wrap_pyfunction!(read_trace, m)?)?;
     m.add_function(wrap_pyfunction!(merge, m)?)?;
     m.add_function(wrap_pyfunction!(columns::read_columns, m)?)?;

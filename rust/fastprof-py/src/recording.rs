@@ -327,6 +327,38 @@ pub fn end() {
     registry::end(false);
 }
 
+/// A span `name` (with `args`) from `begin_ticks` (read with `_ticks()` on
+/// this thread) to now, recorded at once (see `registry::complete`).
+#[pyfunction]
+#[pyo3(signature = (name, begin_ticks, **args))]
+pub fn _complete(name: &Bound<'_, PyAny>, begin_ticks: u64, args: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    surface_notices(name.py());
+    if !registry::is_active() {
+        return Ok(());
+    }
+    let py = name.py();
+    let args = args.and_then(args_json);
+    let Some(t) = target_or_drop(py, name, "span")? else {
+        return Ok(());
+    };
+    let (id, owned) = id_and_name(t);
+    let extra = (owned.is_some() || args.is_some()).then(|| {
+        Box::new(Extra {
+            name: owned,
+            args_json: args,
+            ..Default::default()
+        })
+    });
+    registry::complete(id, begin_ticks, extra, &mut PyHooks(py));
+    Ok(())
+}
+
+/// The recorder's clock now, in its own ticks (for `_complete`).
+#[pyfunction]
+pub fn _ticks() -> u64 {
+    fastprof_core::clock::ticks()
+}
+
 /// A point event.
 #[pyfunction]
 #[pyo3(signature = (name, **args))]

@@ -1,0 +1,519 @@
+"""``torch.profiler`` windows driven by a fastprof schedule, exported off the
+training thread.
+
+One ``torch.profiler.profile`` object per window: it is made at the window's
+first step (WARMUP, or ACTIVE when there is no warmup), stepped through the
+window with torch's own state machine (warmup traced and discarded, active
+steps recorded, ``ProfilerStep#N`` named by fastprof's global step), and
+stopped after the window's last step. Stopping is the only part the training
+thread waits for (torch's own stop and post-processing); writing the trace
+(torch's export, gzip, the rename, retention, the memory timeline) runs on an
+exporter thread, and never involves a collective, so a rank that is saving
+never holds up one that is not.
+
+A failure of torch.profiler (another profiler already active, a Kineto error)
+is said once as a :class:`fastprof.FastprofWarning` and training goes on
+without windows.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import queue
+import string
+import threading
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastprof import _core
+from fastprof._core import ConfigError, FastprofWarning
+from fastprof._options import Option, _bool, _int, _str, _value
+from fastprof.profiler.schedule import Action, to_torch
+
+__all__ = ["FORMAT_VARIABLES", "TorchWindows"]
+
+#: The variables a folder or file name may use.
+FORMAT_VARIABLES = (
+    "run_name",
+    "rank",
+    "local_rank",
+    "world_size",
+    "local_world_size",
+    "node_rank",
+    "epoch",
+    "batch",
+    "batch_in_epoch",
+)
+#: Test-only: seconds each export sleeps first (a slow disk). Never set it outside tests.
+EXPORT_DELAY_ENV = "FASTPROF_TEST_EXPORT_DELAY_S"
+#: The variables that change from window to window.
+_STEP_VARIABLES = frozenset({"epoch", "batch", "batch_in_epoch"})
+_RECORDS = (Action.WARMUP, Action.ACTIVE, Action.ACTIVE_AND_SAVE)
+_MEMORY_TIMELINE = ("html", "json")
+
+
+def _activities(v: object) -> tuple[str, ...]:
+    if isinstance(v, str):
+        items = [x.strip().lower() for x in v.split(",") if x.strip()]
+    elif isinstance(v, (list, tuple)):
+        items = [str(getattr(x, "name", x)).strip().lower() for x in v]
+    else:
+        raise TypeError(v)
+    if items == ["auto"]:
+        return ("auto",)
+    if not items or any(x not in ("cpu", "cuda", "xpu", "mtia") for x in items):
+        raise ValueError(v)
+    return tuple(dict.fromkeys(items))
+
+
+def _timeline(v: object) -> str:
+    text = _str(v).strip().lower()
+    if text in ("", "none", "off", "0"):
+        return ""
+    if text not in _MEMORY_TIMELINE:
+        raise ValueError(v)
+    return text
+
+
+def _opt(name: str, kind: str, default: Any, expect: str, doc: str, parse: Any) -> Option:
+    return Option(name, kind, default, (f"FASTPROF_TORCH_{name.upper()}",), expect, doc, repr(default), parse)
+
+
+#: TorchWindows' options; each has a FASTPROF_TORCH_<NAME> variable.
+OPTIONS: tuple[Option, ...] = (
+    _opt("activities", "str", ("auto",), "auto, or a comma list of cpu, cuda", "What torch traces.", _activities),
+    _opt("record_shapes", "bool", False, "a boolean", "Input shapes of every op.", _bool),
+    _opt("profile_memory", "bool", False, "a boolean", "Tensor allocations and frees.", _bool),
+    _opt("with_stack", "bool", False, "a boolean", "Python stacks (python_function events).", _bool),
+    _opt("with_flops", "bool", False, "a boolean", "FLOP estimates of matmul/conv.", _bool),
+    _opt("with_modules", "bool", False, "a boolean", "nn.Module hierarchy of ops.", _bool),
+    _opt("use_gzip", "bool", True, "a boolean", "Write .pt.trace.json.gz.", _bool),
+    _opt("folder", "str", "rank{rank}/torch", "a folder (format variables allowed)", "Under the run dir.", _str),
+    _opt("filename", "str", "", "a file name (format variables allowed)", "ep{epoch}-ba{batch}.pt.trace.json", _str),
+    _opt("num_traces_to_keep", "int", -1, "-1 (all) or an integer >= 1", "Oldest deleted first.", _int),
+    _opt("overwrite", "bool", False, "a boolean", "Allow writing into a folder with traces.", _bool),
+    _opt("memory_timeline", "str", "", "none, html or json", "Per window (needs memory+shapes+stack).", _timeline),
+)
+_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+def _check_format(option: str, text: str) -> None:
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+    except ValueError as e:
+        raise ConfigError(f"TorchWindows: invalid {option} {text!r}: {e}") from None
+    for f in fields:
+        if f not in FORMAT_VARIABLES:
+            known = ", ".join("{" + k + "}" for k in FORMAT_VARIABLES)
+            raise ConfigError(
+                f"TorchWindows: invalid {option} {text!r}: unknown format variable {{{f}}} (known: {known})"
+            )
+
+
+@dataclass(frozen=True)
+class TorchWindows:
+    """What the ``torch.profiler`` windows record and where they go.
+
+    Options not given (None) come from ``FASTPROF_TORCH_<NAME>`` variables,
+    then defaults. ``folder`` (relative to the run directory) and
+    ``filename`` are format strings over :data:`FORMAT_VARIABLES`; the
+    default is ``rank{rank}/torch/ep{epoch}-ba{batch}.pt.trace.json.gz``
+    (epoch and batch of the window's last step). ``num_traces_to_keep``
+    deletes this run's oldest traces beyond that count. ``overwrite=False``
+    refuses a run whose trace folder already holds traces (a
+    :class:`fastprof.ConfigError` naming it, before training). ``activities``
+    ``"auto"`` is CPU, plus CUDA when ``torch.cuda.is_available()``.
+    ``memory_timeline`` ("html" or "json") writes torch's memory timeline of
+    each window beside it; it needs ``profile_memory``, ``record_shapes`` and
+    ``with_stack``.
+    """
+
+    activities: Sequence[str] | str | None = None
+    record_shapes: bool | None = None
+    profile_memory: bool | None = None
+    with_stack: bool | None = None
+    with_flops: bool | None = None
+    with_modules: bool | None = None
+    use_gzip: bool | None = None
+    folder: str | os.PathLike[str] | None = None
+    filename: str | None = None
+    num_traces_to_keep: int | None = None
+    overwrite: bool | None = None
+    memory_timeline: str | None = None
+    env: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        env = os.environ if self.env is None else self.env
+        for opt in OPTIONS:
+            object.__setattr__(self, opt.name, _value(opt, getattr(self, opt.name), env))
+        if self.num_traces_to_keep == 0 or self.num_traces_to_keep < -1:  # type: ignore[operator]
+            raise ConfigError(
+                f"TorchWindows: invalid num_traces_to_keep {self.num_traces_to_keep!r}: expected -1 (all) or >= 1"
+            )
+        name = self.filename or "ep{epoch}-ba{batch}.pt.trace.json"
+        if self.use_gzip and not name.endswith(".gz"):
+            name += ".gz"
+        if not self.use_gzip and name.endswith(".gz"):
+            raise ConfigError(f"TorchWindows: invalid filename {name!r}: ends in .gz but use_gzip is False")
+        if "/" in name or name in (".", ".."):
+            raise ConfigError(f"TorchWindows: invalid filename {name!r}: a file name, not a path (use folder)")
+        object.__setattr__(self, "filename", name)
+        _check_format("folder", str(self.folder))
+        _check_format("filename", name)
+        if self.memory_timeline and not (self.profile_memory and self.record_shapes and self.with_stack):
+            raise ConfigError(
+                "TorchWindows: memory_timeline needs profile_memory=True, record_shapes=True and with_stack=True"
+            )
+        if self.memory_timeline == "html":
+            import importlib.util
+
+            if importlib.util.find_spec("matplotlib") is None:
+                raise ConfigError(
+                    "TorchWindows: memory_timeline='html' needs matplotlib (pip install matplotlib); "
+                    "'json' needs nothing more"
+                )
+
+    def path_for(self, run_dir: Path, variables: Mapping[str, Any]) -> Path:
+        """The trace file of a window whose last step has these variables."""
+        return run_dir / str(self.folder).format(**variables) / str(self.filename).format(**variables)
+
+    def static_folder(self, run_dir: Path, variables: Mapping[str, Any]) -> Path:
+        """The deepest folder every window of this rank writes under (the folder
+        up to its first component that names a step variable)."""
+        out = run_dir
+        for part in Path(str(self.folder)).parts:
+            fields = {f for _, f, _, _ in string.Formatter().parse(part) if f}
+            if fields & _STEP_VARIABLES:
+                break
+            out = out / part.format(**variables)
+        return out
+
+
+def _gzip(src: Path, dst: Path, level: int) -> None:
+    """``src`` as one gzip member at ``dst``, in 1 MiB chunks."""
+    with (
+        open(src, "rb") as fin,
+        open(dst, "wb") as raw,
+        gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=level) as out,
+    ):
+        while chunk := fin.read(1 << 20):
+            out.write(chunk)
+
+
+def _memory_timeline(tp: Any, path: Path) -> None:
+    """torch's memory timeline of a finished window (JSON points or an HTML
+    plot), built from the window's own results on the exporter thread.
+    ``profile.export_memory_timeline`` does the same but is deprecated (it
+    warns on every call); its building blocks are not."""
+    import torch
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    timeline = MemoryProfileTimeline(tp._memory_profile())
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}{path.suffix}")
+    try:
+        if path.suffix == ".html":
+            timeline.export_memory_timeline_html(str(tmp), device)
+        else:
+            timeline.export_memory_timeline(str(tmp), device)
+        if not tmp.exists():
+            raise RuntimeError("torch wrote no file (for html: is matplotlib installed?)")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _another_profiler_active() -> bool:
+    import torch
+
+    try:
+        return bool(torch.autograd.profiler._is_profiler_enabled)
+    except AttributeError:  # older torch: ask the C++ side
+        return bool(torch._C._autograd._profiler_enabled())
+
+
+@dataclass
+class WindowRecord:
+    """One window, as the profiler's summary lists it."""
+
+    first_step: int
+    last_step: int
+    epoch: int
+    path: str | None = None
+    bytes: int = 0
+    #: Training-thread time in torch's start (prepare/start trace) and stop.
+    start_stall_s: float = 0.0
+    stop_stall_s: float = 0.0
+    export_s: float = 0.0
+    #: Steps traced and kept (not warmup).
+    active_steps: int = 0
+    saved: bool = False
+    error: str | None = None
+    deleted: bool = False
+    memory_timeline: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class WindowDriver:
+    """Drives one rank's windows from the profiler's step boundaries."""
+
+    def __init__(
+        self, cfg: TorchWindows, run_dir: Path, variables: Mapping[str, Any], compression_level: int = 1
+    ) -> None:
+        self.cfg = cfg
+        self.compression_level = max(1, min(9, compression_level))
+        self.run_dir = run_dir
+        self.variables = dict(variables)
+        self.windows: list[WindowRecord] = []
+        self.failed: str | None = None
+        #: Export failures (on the exporter thread), for the profiler to warn about at stop().
+        self.errors: list[str] = []
+        self._tp: Any = None
+        self._window: WindowRecord | None = None
+        self._next: Any = None
+        self._step = -1
+        self._save_vars: dict[str, Any] = dict(variables)
+        self._jobs: queue.Queue[tuple[Any, WindowRecord, Path] | None] = queue.Queue()
+        self._saved: list[WindowRecord] = []
+        self._exporter: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # -------------------------------------------------------------- setup
+
+    def check_folder(self) -> None:
+        """Overwrite protection, before training: a folder of this rank that
+        already holds torch traces is refused unless ``overwrite``."""
+        if self.cfg.overwrite:
+            return
+        folder = self.cfg.static_folder(self.run_dir, self.variables)
+        if folder.is_dir():
+            found = [p for p in folder.rglob("*") if p.is_file() and ".pt.trace.json" in p.name]
+            if found:
+                raise ConfigError(
+                    f"TorchWindows: folder {folder} already holds {len(found)} torch trace(s) from an earlier run "
+                    f"(e.g. {found[0].name}); pass overwrite=True (FASTPROF_TORCH_OVERWRITE=1), or a new run_name"
+                )
+
+    def _activities(self) -> list[Any]:
+        import torch
+        from torch.profiler import ProfilerActivity
+
+        names = list(self.cfg.activities or ("auto",))
+        if names == ["auto"]:
+            names = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        return [getattr(ProfilerActivity, n.upper()) for n in names]
+
+    def _fail(self, what: str, e: BaseException) -> None:
+        if self.failed is None:
+            self.failed = f"{what}: {type(e).__name__}: {e}"
+            warnings.warn(
+                f"fastprof: torch.profiler failed ({self.failed}); training goes on without torch windows",
+                FastprofWarning,
+                stacklevel=4,
+            )
+        tp, window, self._tp, self._window = self._tp, self._window, None, None
+        if window is not None:
+            window.error = self.failed
+            self.windows.append(window)
+        if tp is not None:
+            try:
+                tp.stop()
+            except Exception:  # noqa: BLE001 - already failing; the warning said so
+                pass
+
+    # ----------------------------------------------------------- stepping
+
+    @property
+    def live(self) -> bool:
+        return self._tp is not None
+
+    def begin(self, action: Action, step: int, epoch: int) -> None:
+        """A step begins: start a window at its first step, step torch through
+        it, or stop it when the schedule left it (a window cut short)."""
+        if self.failed is not None:
+            return
+        if self._tp is not None:
+            if action not in _RECORDS:
+                self._stop()
+            elif step != self._step:
+                self._step = step
+                if self._window is not None and action is not Action.WARMUP:
+                    self._window.active_steps += 1
+                self._next = to_torch(action)
+                try:
+                    self._tp.step()
+                except Exception as e:  # noqa: BLE001 - torch.profiler must never take training down
+                    self._fail("step", e)
+            return
+        if action not in _RECORDS:
+            return
+        import torch.profiler as tprof
+
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        try:
+            if _another_profiler_active():
+                # torch would cancel the user's own trace to start ours.
+                raise RuntimeError("another torch profiler is already active in this process")
+            with _core.span("torch.window.start", step=step):
+                tp = tprof.profile(
+                    activities=self._activities(),
+                    schedule=self._schedule,
+                    on_trace_ready=self._ready,
+                    record_shapes=bool(cfg.record_shapes),
+                    profile_memory=bool(cfg.profile_memory),
+                    with_stack=bool(cfg.with_stack),
+                    with_flops=bool(cfg.with_flops),
+                    with_modules=bool(cfg.with_modules),
+                )
+                # ProfilerStep#N carries fastprof's global step, and torch
+                # starts in the state the schedule gives this step.
+                tp.step_num = step
+                tp.current_action = to_torch(action)
+                tp._prev_schedule_action = tp.current_action
+                self._next = tp.current_action
+                self._window = WindowRecord(
+                    first_step=step, last_step=step, epoch=epoch, active_steps=int(action is not Action.WARMUP)
+                )
+                self._step = step
+                tp.start()
+                self._tp = tp
+        except Exception as e:  # noqa: BLE001 - torch.profiler must never take training down
+            self._fail("start", e)
+            return
+        if self._window is not None:
+            self._window.start_stall_s = time.perf_counter() - t0
+
+    def _schedule(self, _step: int) -> Any:
+        return self._next
+
+    def end(self, action: Action, variables: Mapping[str, Any]) -> None:
+        """A step ended (``action`` its action): a window's last step stops it."""
+        if self._window is not None:
+            self._window.last_step = int(variables["batch"])
+            self._save_vars = dict(variables)
+        if self._tp is not None and action is Action.ACTIVE_AND_SAVE:
+            self._stop()
+
+    def _stop(self) -> None:
+        tp, window = self._tp, self._window
+        if tp is None or window is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            with _core.span("torch.window.stop", step=window.last_step):
+                tp.stop()
+        except Exception as e:  # noqa: BLE001
+            self._fail("stop", e)
+            return
+        finally:
+            self._tp = self._window = None
+        window.stop_stall_s = time.perf_counter() - t0
+        if window.path is None:
+            window.error = "ended before its active steps (torch discards a warmup)"
+        self.windows.append(window)
+
+    def close(self) -> None:
+        """At the profiler's stop: a window still open is stopped (torch saves
+        an active window cut short; a warmup is discarded)."""
+        self._stop()
+
+    # ------------------------------------------------------------- export
+
+    def _ready(self, tp: Any) -> None:
+        # On the training thread, inside tp.stop(): hand the finished profile
+        # to the exporter thread and return.
+        window = self._window
+        if window is None or window.active_steps == 0:
+            return  # a warmup cut short: torch's trace holds nothing of ours
+        path = self.cfg.path_for(self.run_dir, {**self.variables, **self._save_vars})
+        window.path = str(path)
+        with self._lock:
+            if self._exporter is None:
+                self._exporter = threading.Thread(target=self._export_loop, name="fastprof-torch-export", daemon=True)
+                self._exporter.start()
+        self._jobs.put((tp, window, path))
+
+    def _export_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                self._jobs.task_done()
+                return
+            tp, window, path = job
+            try:
+                self._export(tp, window, path)
+            except Exception as e:  # noqa: BLE001 - reported at stop() on the caller's thread, never raised here
+                window.error = f"{type(e).__name__}: {e}"
+                self.errors.append(f"writing torch window {path} failed: {window.error}")
+            finally:
+                self._jobs.task_done()
+
+    def _export(self, tp: Any, window: WindowRecord, path: Path) -> None:
+        t0 = time.perf_counter()
+        delay = os.environ.get(EXPORT_DELAY_ENV, "").strip()
+        if delay:
+            # Test-only: a slow disk, to show that no other rank waits on it.
+            time.sleep(float(delay))
+        with _core.span("torch.window.export", step=window.last_step):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists() and not self.cfg.overwrite:
+                stem = path.name
+                n = 1
+                while path.exists():
+                    n += 1
+                    path = path.with_name(f"{stem.split('.', 1)[0]}-{n}.{stem.split('.', 1)[1]}")
+                window.path = str(path)
+            # torch writes the JSON (kineto's save holds the GIL: the part of
+            # the export the training thread still feels); the compression is
+            # ours, in 1 MiB chunks that zlib runs without the GIL (torch's own
+            # .gz export recompresses line by line at level 9). The rename
+            # publishes the complete file.
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.json")
+            tmp_gz = tmp.with_name(tmp.name + ".gz")
+            try:
+                tp.export_chrome_trace(str(tmp))
+                if path.name.endswith(".gz"):
+                    _gzip(tmp, tmp_gz, self.compression_level)
+                    os.replace(tmp_gz, path)
+                else:
+                    os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
+                tmp_gz.unlink(missing_ok=True)
+            window.bytes = path.stat().st_size
+            window.saved = True
+            if self.cfg.memory_timeline:
+                mt = path.with_name(path.name.split(".pt.trace")[0] + f".memory.{self.cfg.memory_timeline}")
+                try:
+                    _memory_timeline(tp, mt)
+                    window.memory_timeline = str(mt)
+                except Exception as e:  # noqa: BLE001 - reported at stop(), never raised here
+                    self.errors.append(f"memory timeline {mt} failed: {type(e).__name__}: {e}")
+            self._saved.append(window)
+            keep = int(self.cfg.num_traces_to_keep or -1)
+            while keep > 0 and len([w for w in self._saved if not w.deleted]) > keep:
+                oldest = next(w for w in self._saved if not w.deleted)
+                for p in (oldest.path, oldest.memory_timeline):
+                    if p:
+                        Path(p).unlink(missing_ok=True)
+                oldest.deleted = True
+        window.export_s = time.perf_counter() - t0
+
+    def wait(self, timeout: float) -> bool:
+        """Wait for the exports still running (at the profiler's stop); True
+        when all finished within ``timeout`` seconds."""
+        with self._lock:
+            exporter = self._exporter
+        if exporter is None:
+            return True
+        self._jobs.put(None)
+        exporter.join(timeout)
+        return not exporter.is_alive()

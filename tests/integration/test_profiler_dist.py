@@ -1,0 +1,165 @@
+"""``fastprof.Profiler`` under a real ``torchrun --nproc-per-node 2`` job
+(gloo, CPU, DDP): one unified trace with both ranks, clock offsets measured
+and applied, and no rank held up by another's slow export."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+SKEW_NS = 5_000_000
+EXPORT_DELAY_S = 6.0
+
+WORKER = (
+    textwrap.dedent(
+        """
+    import json, os, sys, time
+    import torch, torch.distributed as dist
+    from torch.utils.data import DataLoader, TensorDataset
+    import fastprof
+
+    out = sys.argv[1]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if rank == 1:
+        # Test-only: rank 1's clock reads 5 ms ahead in the sync exchange,
+        # and its torch window export sleeps (a slow disk).
+        os.environ["FASTPROF_TEST_CLOCK_SKEW_NS"] = "@SKEW@"
+        os.environ["FASTPROF_TEST_EXPORT_DELAY_S"] = "@DELAY@"
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    dl = DataLoader(TensorDataset(torch.randn(40, 16), torch.randint(0, 4, (40,))), batch_size=4)
+    sched = fastprof.schedule.cyclic(wait=1, warmup=1, active=2, repeat=1)
+    prof = fastprof.Profiler(out_dir=out, run_name="job", schedule=sched, merge_timeout=60)
+    with prof:
+        t0 = time.monotonic()
+        for x, y in prof.loader(dl):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+        loop_s = time.monotonic() - t0
+        dist.barrier()
+        fastprof.instant("after_barrier", rank=rank)
+    with open(os.path.join(out, f"result{rank}.json"), "w") as f:
+        json.dump({"loop_s": loop_s, "trace": str(prof.trace_path), "steps": prof.batch}, f)
+    dist.destroy_process_group()
+    """
+    )
+    .replace("@SKEW@", str(SKEW_NS))
+    .replace("@DELAY@", str(EXPORT_DELAY_S))
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("pdist")
+    (root / "worker.py").write_text(WORKER)
+    out = root / "out"
+    out.mkdir()
+    skip = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_") and k not in skip}
+    env.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+    cmd += ["--master-port", str(_free_port()), str(root / "worker.py"), str(out)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=110, env=env, cwd=root)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"torchrun did not finish within 110 s\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}")
+    assert r.returncode == 0, f"torchrun failed ({r.returncode})\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    results = [json.loads((out / f"result{rank}.json").read_text()) for rank in (0, 1)]
+    run = out / "job"
+    summaries = [json.loads((run / f"rank{rank}" / "profiler.json").read_text()) for rank in (0, 1)]
+    return {"run": run, "results": results, "summaries": summaries}
+
+
+def _unified(job: dict[str, Any]) -> dict[str, Any]:
+    with gzip.open(job["run"] / "trace.json.gz", "rt") as f:
+        doc: dict[str, Any] = json.load(f)
+    return doc
+
+
+def test_rank0_merges_both_ranks_into_one_trace(job: dict[str, Any]) -> None:
+    r0, r1 = job["results"]
+    assert r0["trace"] == str(job["run"] / "trace.json.gz")
+    assert r1["trace"] == "None"  # only rank 0 merges
+    doc = _unified(job)
+    steps = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("name") == "step"]
+    by_pid: dict[int, list[int]] = {}
+    for e in steps:
+        by_pid.setdefault(e["pid"], []).append(e["args"]["batch"])
+    assert len(by_pid) == 2
+    assert all(sorted(b) == list(range(10)) for b in by_pid.values())
+    names = {
+        e["pid"]: e["args"]["name"]
+        for e in doc["traceEvents"]
+        if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
+    assert len({names[p] for p in by_pid}) == 2, names
+    # Both ranks' torch windows are in it too.
+    marks = [e["name"] for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+    assert sorted(marks) == sorted(["ProfilerStep#2", "ProfilerStep#3"] * 2)
+
+
+def test_clock_offsets_are_measured_recorded_and_applied(job: dict[str, Any]) -> None:
+    s0, s1 = job["summaries"]
+    assert s0["clock_sync"]["start"]["offset_ns"] == 0
+    for phase in ("start", "end"):
+        sync = s1["clock_sync"][phase]
+        residual = sync["offset_ns"] + SKEW_NS
+        assert abs(residual) <= 200_000, sync
+        assert sync["uncertainty_ns"] > 0 and sync["measured"]
+    assert "drift_ppm" in s1["clock_sync"]["end"]
+    # The merge applied the offset: rank 1's clock was never really off, so
+    # its events move by the measured offset against rank 0's (the instant
+    # both record right after one barrier).
+    doc = _unified(job)
+    after = {e["args"]["rank"]: e["ts"] for e in doc["traceEvents"] if e.get("name") == "after_barrier"}
+    shift_us = after[1] - after[0]
+    assert abs(shift_us + SKEW_NS / 1000) <= 3000, shift_us
+
+
+def test_a_slow_export_on_one_rank_holds_up_no_training(job: dict[str, Any]) -> None:
+    s0, s1 = job["summaries"]
+    window = s1["torch"]["windows"][0]
+    assert window["saved"] and window["export_s"] >= EXPORT_DELAY_S
+    # DDP all-reduces every step: had rank 1's training thread waited for its
+    # export, both loops would have taken longer than the export.
+    for r in job["results"]:
+        assert r["loop_s"] < window["export_s"], (r, window)
+    assert s0["torch"]["windows"][0]["export_s"] < EXPORT_DELAY_S
+
+
+def test_per_rank_directories_and_metadata(job: dict[str, Any]) -> None:
+    for rank in (0, 1):
+        d = job["run"] / f"rank{rank}"
+        segs = sorted(d.glob("fastprof.*.json.gz"))
+        assert segs and (d / "torch").is_dir()
+        with gzip.open(segs[-1], "rt") as f:
+            other = json.load(f)["otherData"]
+        assert other["rank"] == rank and other["world_size"] == 2
+        summary = job["summaries"][rank]
+        assert summary["dist"]["backend"] == "gloo" and summary["steps"] == 10
+
+
+def test_runs_without_files_left_behind(job: dict[str, Any]) -> None:
+    leftovers = [p for p in Path(job["run"]).rglob("*") if ".tmp-" in p.name]
+    assert leftovers == []
