@@ -6,8 +6,8 @@ What is measured, in µs per training step, in interleaved rounds in one run:
    does nothing), so that µs differences are not lost in step-time noise:
    * baseline: ``for batch in data: pass``;
    * fastprof.Profiler (torch=None, default schedule): ``for b in prof.loader(data): prof.step()``
-     (once the Profiler exists; it records a "step" span with args, a "loader.train.next"
-     span and a "loader.train.wait_ms" counter per step);
+     (it records a "step" span with args, a "loader.train.next" span and a
+     "loader.train.wait_ms" counter per step; skipped in a build without it);
    * fastprof spans by hand: the same three records through ``fastprof.span``/``counter``
      (the floor the Profiler builds on);
    * Composer markers: what Composer's Engine runs for BEFORE/AFTER_DATALOADER and

@@ -9,7 +9,7 @@ AFTER steps (the export a case moved off the training thread still shares the co
     processing, no file);
   * torch, export_chrome_trace: a plain .json written in the handler;
   * torch, tensorboard_trace_handler(dir, use_gzip=True): the usual choice, gzip in the handler;
-  * fastprof.Profiler with torch windows (once it exists): the same window through
+  * fastprof.Profiler with torch windows (export off the training thread): the same window through
     ``fastprof.TorchWindows(record_shapes=True)`` and ``fastprof.schedule.cyclic``.
 Cases are interleaved round by round, each round with a fresh profiler and output
 directory; the median over rounds is reported, with the size of what was written.
