@@ -2,6 +2,7 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
+BENCH_VENV ?= .bench-venv
 RUST_SRC := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml pyproject.toml
 
 .DEFAULT_GOAL := help
@@ -43,7 +44,14 @@ fmt: ## Format Rust and Python sources
 demo: dev ## Profile a short CNN training on synthetic data
 	$(VENV)/bin/fastprof demo
 
-bench: dev ## Run the benchmarks (peers side by side, ratios printed)
+$(BENCH_VENV)/.peers: benches/setup_peers.sh | $(VENV)/.deps
+	benches/setup_peers.sh $(VENV) $(BENCH_VENV)
+
+bench-env: $(BENCH_VENV)/.peers ## Create .bench-venv: Composer and Lightning on the dev venv's torch (for the benches)
+
+bench: dev bench-env ## Run the benchmarks (peers side by side, ratios printed)
+	$(BENCH_VENV)/bin/python benches/bench_loop.py
+	$(PY) benches/bench_window_stall.py
 	$(PY) benches/bench_span.py
 	$(PY) benches/bench_writer.py
 	$(PY) benches/bench_training.py
@@ -52,6 +60,6 @@ bench: dev ## Run the benchmarks (peers side by side, ratios printed)
 	cargo bench -p fastprof-core
 
 clean: ## Remove build outputs and the venv
-	rm -rf target $(VENV) fastprof_runs
+	rm -rf target $(VENV) $(BENCH_VENV) fastprof_runs
 
-.PHONY: help dev test lint fmt demo bench clean
+.PHONY: help dev test lint fmt demo bench bench-env clean
