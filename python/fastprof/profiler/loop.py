@@ -241,6 +241,7 @@ class Profiler:
         self._t0 = 0
         self._step_args: tuple[int, int, int, str] = (0, 0, 0, "")
         self._pending = False
+        self._end_due = False
         self._driver_due = False
         self._opt_pending = False
         self._depth = 0
@@ -346,6 +347,7 @@ class Profiler:
             if self._opt_pending:
                 self._opt_pending = False
                 self._boundary()
+            self._take_due_end()
             if self._open and (not self._fresh or self.batch == 0):
                 # The last step, if it did anything: one that a boundary
                 # opened and nothing fetched into is the time after the loop.
@@ -434,6 +436,7 @@ class Profiler:
         if self._opt_pending:
             self._opt_pending = False
             self._boundary()
+        self._take_due_end()
         began = self._pending
         if began:
             # Past the loader's known length the fetch may find it exhausted
@@ -491,16 +494,26 @@ class Profiler:
             self._internal_error("step", e)
 
     def _boundary(self) -> None:
+        self._take_due_end()
         if self._pending:
             # A step whose begin never came (no train loader next() since the
             # last boundary): it still counts, as an empty span.
             self._begin_step()
+        if self._in_train_pass:
+            # Inside a train pass the step ends where the next begins, at the
+            # next fetch (or where the pass ends): steps tile the epoch, and
+            # torch's ProfilerStep boundary is taken at the same place.
+            self._end_due = self._open
+            self._pending = True
+            return
         if self._open:
             self._end_step()
-        if self._in_train_pass:
-            self._pending = True
-        else:
-            self._begin_step()
+        self._begin_step()
+
+    def _take_due_end(self) -> None:
+        if self._end_due:
+            self._end_due = False
+            self._end_step()
 
     def _install_optimizer_hook(self) -> None:
         if "torch" not in sys.modules:
@@ -586,6 +599,8 @@ class Profiler:
         finally:
             if train:
                 self._in_train_pass -= 1
+                if not self._in_train_pass and self._state == "running":
+                    self._take_due_end()  # the loop left the pass early (break)
 
     def _new_epoch(self, iterable: Iterable[Any]) -> None:
         try:
@@ -594,6 +609,7 @@ class Profiler:
         except Exception:  # noqa: BLE001 - not every iterable has a length
             self._epoch_len = None
         self._train_passes += 1
+        self._take_due_end()
         if self._train_passes == 1:
             return  # epoch 0: step 0 (open since start) begins at the first fetch
         if self._open and self._fresh:
