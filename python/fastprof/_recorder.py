@@ -60,7 +60,7 @@ def _distributed_info(rank: int, world_size: int) -> dict[str, Any]:
     if dist is not None:
         try:
             info["backend"] = str(dist.get_backend())
-        except Exception:  # a group being torn down: the rank is what matters
+        except (RuntimeError, ValueError):  # a group being torn down: the rank is what matters
             pass
     return info
 
@@ -150,7 +150,7 @@ class Recorder:
         use_psutil = bool(o.sample_hz) and o.host_sampler == "psutil"
         extra["host_sampler"] = o.host_sampler if o.sample_hz else None
         # Written top-level as Kineto writes it, so that HTA finds the rank.
-        extra["distributedInfo"] = _distributed_info(o.rank, o.world_size)
+        extra.setdefault("distributedInfo", _distributed_info(o.rank, o.world_size))
         with _lock:
             self._session = _core.Session(
                 str(self.trace_dir),

@@ -7,6 +7,7 @@ recorders in real processes; outputs checked with Python's gzip and json."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import shutil
 from collections import Counter, defaultdict
@@ -132,7 +133,7 @@ def test_fastprof_spans_nest_with_torch_python_functions(tmp_path: Path) -> None
     assert sum(e["name"].startswith("ProfilerStep#") for e in ev) == 3
     # Spans only moved later, never earlier or longer than the torch call they met.
     steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e["name"] == "step" and e.get("cat") == "user")
-    assert all(a[1] <= b[0] + 0.0005 for a, b in zip(steps, steps[1:])), "step spans overlap"
+    assert all(a[1] <= b[0] + 0.0005 for a, b in itertools.pairwise(steps)), "step spans overlap"
     # Inside the window, fastprof's step and torch's ProfilerStep#N are one interval.
     prof_steps = {(e["ts"], e["dur"]) for e in ev if e["name"].startswith("ProfilerStep#")}
     fp_steps = {(e["ts"], e["dur"]) for e in ev if e["name"] == "step"}

@@ -68,6 +68,9 @@ pub(super) fn plan(kept: &[InputInfo]) -> Names {
     });
     let mut pid_maps: HashMap<u32, HashMap<Vec<u8>, i64>> = HashMap::new();
     let mut mains: HashMap<u32, u32> = HashMap::new();
+    // Worker ids repeat when a loader restarts its workers (every epoch
+    // without `persistent_workers`): the later ones also show their pid.
+    let mut workers: std::collections::HashSet<(u32, &str, u64)> = Default::default();
     let mut out = Vec::new();
     let mut added = 0;
     for i in &order {
@@ -81,7 +84,16 @@ pub(super) fn plan(kept: &[InputInfo]) -> Names {
             pid_map.insert(p.clone(), new);
             let own = i.kind == Kind::Fastprof && i.own_pid.as_ref().is_none_or(|o| o == p);
             let name = match (&i.worker, own) {
-                (Some((loader, id)), true) => format!("rank {rank} · {loader} loader worker {id}"),
+                (Some((loader, id)), true) => {
+                    if workers.insert((rank, loader, *id)) {
+                        format!("rank {rank} · {loader} loader worker {id}")
+                    } else {
+                        format!(
+                            "rank {rank} · {loader} loader worker {id} ({})",
+                            shown_pid(p)
+                        )
+                    }
+                }
                 (None, true) => {
                     let n = mains.entry(rank).or_insert(0);
                     *n += 1;

@@ -12,6 +12,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+/// A thread as an input names it: (pid, tid), raw JSON bytes.
+pub type ThreadKey = (Vec<u8>, Vec<u8>);
+
 /// What kind of producer wrote an input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -54,7 +57,7 @@ pub struct InputInfo {
     pub pids: Vec<Vec<u8>>,
     pub process_names: HashMap<Vec<u8>, String>,
     /// (pid, tid) -> the first `thread_name` given (raw JSON bytes of both).
-    pub thread_names: Vec<((Vec<u8>, Vec<u8>), String)>,
+    pub thread_names: Vec<(ThreadKey, String)>,
     /// The pid of the `fastprof_info` event: the recording process.
     pub own_pid: Option<Vec<u8>>,
     /// A DataLoader worker's recording: (loader name, worker id).

@@ -118,7 +118,7 @@ fn rewrite_valid(raw: &[u8], ctx: &Ctx<'_>, counts: &mut Counts, out: &mut Vec<u
     let meta = ph == b"M";
     if meta
         && matches!(
-            &name[..],
+            name,
             b"process_sort_index" | b"process_name" | b"thread_name"
         )
     {
