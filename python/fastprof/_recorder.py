@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from fastprof import _core
+from fastprof._dist import _initialized as _process_group
 from fastprof._gpu import inventory
 from fastprof._options import Options, resolve
 from fastprof._options import docstring as options_docstring
@@ -49,6 +50,19 @@ class RunStats:
     sampler_error: str | None = None
     #: Of ``dropped``: events whose args or name found the payload budget spent.
     payload_dropped: int = 0
+
+
+def _distributed_info(rank: int, world_size: int) -> dict[str, Any]:
+    """Kineto's ``distributedInfo``: the rank and world size this recorder
+    writes under, and the process group's backend when one exists."""
+    info: dict[str, Any] = {"rank": rank, "world_size": world_size}
+    dist = _process_group()
+    if dist is not None:
+        try:
+            info["backend"] = str(dist.get_backend())
+        except (RuntimeError, ValueError):  # a group being torn down: the rank is what matters
+            pass
+    return info
 
 
 class Recorder:
@@ -135,6 +149,8 @@ class Recorder:
             extra["gpu_inventory"] = inventory()
         use_psutil = bool(o.sample_hz) and o.host_sampler == "psutil"
         extra["host_sampler"] = o.host_sampler if o.sample_hz else None
+        # Written top-level as Kineto writes it, so that HTA finds the rank.
+        extra.setdefault("distributedInfo", _distributed_info(o.rank, o.world_size))
         with _lock:
             self._session = _core.Session(
                 str(self.trace_dir),

@@ -155,7 +155,7 @@ def test_two_rank_torchrun_merge(two_rank_run, tmp_path):
             pids_by_rank[rank_of(e["pid"])].add(e["pid"])
     assert pids_by_rank[0] and pids_by_rank[1] and not (pids_by_rank[0] & pids_by_rank[1])
     names = [e for e in ev if e.get("ph") == "M" and e["name"] == "process_name"]
-    assert all(e["args"]["name"].startswith(f"rank {rank_of(e['pid'])}:") for e in names)
+    assert all(re.fullmatch(rf"rank {rank_of(e['pid'])}( · .+)?", e["args"]["name"]) for e in names)
     sort = {e["pid"]: e["args"]["sort_index"] for e in ev if e.get("ph") == "M" and e["name"] == "process_sort_index"}
     assert sorted(sort, key=sort.get) == sorted(sort, key=lambda p: (rank_of(p), p))
     flows: dict[int, set] = {0: set(), 1: set()}
@@ -167,6 +167,19 @@ def test_two_rank_torchrun_merge(two_rank_run, tmp_path):
     assert {rank_of(e["pid"]) for e in steps} == {0, 1}
     counters = [e for e in ev if e.get("ph") == "C"]
     assert {rank_of(e["pid"]) for e in counters} == {0, 1}
+    # Per-rank segments carry Kineto's distributedInfo (backend included); a
+    # merge of several ranks names none (HTA reads one rank per file).
+    for rank in (0, 1):
+        seg = load_single_member(two_rank_run / f"rank{rank}" / "fastprof.0.json.gz")
+        assert seg["distributedInfo"] == {"backend": "gloo", "rank": rank, "world_size": 2}
+    assert "distributedInfo" not in load_single_member(out)
+    one = fastprof.merge(two_rank_run, tmp_path / "one.json", ranks=[1])
+    assert one["ranks"] == [1]
+    assert load_single_member(tmp_path / "one.json")["distributedInfo"] == {
+        "backend": "gloo",
+        "rank": 1,
+        "world_size": 2,
+    }
 
 
 def test_rank_window_and_category_filters(two_rank_run, tmp_path):

@@ -337,7 +337,22 @@ impl Collector {
         let pid = std::process::id();
         let host = hostname();
         let start = shared.start_anchor;
-        let extra: Value = serde_json::from_str(&cfg.extra_config_json).unwrap_or(json!({}));
+        let mut extra: Value = serde_json::from_str(&cfg.extra_config_json).unwrap_or(json!({}));
+        // Two keys of the extra metadata are not configuration: the caller's
+        // `distributedInfo` (with the backend, which only Python knows) is
+        // written top-level like Kineto's, and a DataLoader worker's `worker`
+        // role goes to the top of `otherData`, where the merge looks for it.
+        let taken = |x: &mut Value, k: &str| x.as_object_mut().and_then(|m| m.remove(k));
+        let distributed = match taken(&mut extra, "distributedInfo") {
+            Some(Value::Object(d)) => d,
+            _ => {
+                let mut d = Map::new();
+                d.insert("rank".into(), json!(cfg.rank));
+                d.insert("world_size".into(), json!(cfg.world_size));
+                d
+            }
+        };
+        let worker = taken(&mut extra, "worker");
         let mut config = json!({
             "buffer_size": cfg.ring_capacity(),
             "flush_interval_s": cfg.flush_interval_s,
@@ -350,7 +365,7 @@ impl Collector {
         if let (Some(c), Value::Object(x)) = (config.as_object_mut(), extra) {
             c.extend(x);
         }
-        let static_meta = match json!({
+        let mut static_meta = match json!({
             "producer": "fastprof",
             "version": crate::VERSION,
             "host": host,
@@ -370,6 +385,9 @@ impl Collector {
             Value::Object(m) => m,
             _ => unreachable!(),
         };
+        if let Some(w) = worker {
+            static_meta.insert("worker".into(), w);
+        }
         let header = Arc::new(Header {
             base_ns: start.realtime_ns,
             start_mono_ns: start.monotonic_ns,
@@ -377,6 +395,7 @@ impl Collector {
             rank: cfg.rank,
             process_name: format!("rank {} ({} pid {})", cfg.rank, host, pid),
             static_meta,
+            distributed,
         });
         let segments = ChromeGz::create(
             header.clone(),

@@ -38,6 +38,23 @@ pub fn quoted(s: &str) -> Vec<u8> {
     v
 }
 
+/// Append `m` as `{"k": v, "k2": v2}`: a space after each colon and comma,
+/// as Kineto writes `distributedInfo` and as Holistic Trace Analysis finds
+/// a trace's rank (it searches the text for `"rank":` followed by
+/// whitespace). Values are compact JSON.
+pub fn write_spaced_object(out: &mut Vec<u8>, m: &serde_json::Map<String, serde_json::Value>) {
+    out.push(b'{');
+    for (i, (k, v)) in m.iter().enumerate() {
+        if i > 0 {
+            out.extend_from_slice(b", ");
+        }
+        write_str(out, k);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(&serde_json::to_vec(v).unwrap_or_else(|_| b"null".to_vec()));
+    }
+    out.push(b'}');
+}
+
 /// Append an integer.
 #[inline]
 pub fn write_int<I: itoa::Integer>(out: &mut Vec<u8>, v: I) {

@@ -126,6 +126,9 @@ fn merge(
     d.set_item("filtered_max_bytes", s.filtered_max_bytes)?;
     d.set_item("dropped_categories", s.dropped_categories)?;
     d.set_item("salvaged_bytes", s.salvaged_bytes)?;
+    d.set_item("python_calls", s.python_calls)?;
+    d.set_item("nest_moved", s.nest_moved)?;
+    d.set_item("nest_clipped", s.nest_clipped)?;
     d.set_item("base_ns", s.base_ns)?;
     d.set_item("start_ns", s.start_ns)?;
     d.set_item("end_ns", s.end_ns)?;

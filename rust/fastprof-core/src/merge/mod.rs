@@ -18,13 +18,15 @@
 //! written against one output `baseTimeNanoseconds`.
 
 pub mod inputs;
+mod names;
+pub mod nest;
 pub mod plan;
 mod rewrite;
 
 use crate::error::{CoreError, Result};
 use crate::json;
 use crate::pargz::ParGzWriter;
-use crate::trace::scan::{self, Item, Scanner};
+use crate::trace::scan::{Item, Scanner};
 use plan::{InputInfo, Kind};
 use rewrite::{rewrite, Counts, Ctx};
 use serde_json::{json, Value};
@@ -134,6 +136,12 @@ pub struct MergeSummary {
     pub filtered_max_bytes: u64,
     pub dropped_categories: Vec<String>,
     pub salvaged_bytes: u64,
+    /// torch `python_function` events indexed for strict nesting.
+    pub python_calls: u64,
+    /// Duration events moved to nest with them (see [`nest`]).
+    pub nest_moved: u64,
+    /// Of those, events begun before the torch window they end in.
+    pub nest_clipped: u64,
     pub base_ns: i64,
     pub start_ns: i64,
     pub end_ns: i64,
@@ -444,6 +452,9 @@ struct Plan {
     pid_maps: HashMap<u32, HashMap<Vec<u8>, i64>>,
     sort_events: Vec<u8>,
     out_base: i64,
+    nest: nest::NestIndex,
+    /// The output's top-level `distributedInfo` (a single rank's merge only).
+    distributed: Option<Value>,
 }
 
 fn plan_all(
@@ -645,47 +656,27 @@ fn plan_all(
         }
     }
     summary.dropped_categories = dropped.clone();
-    // pids: unique per (rank, original pid), numbered so the rank shows.
-    let mut pid_maps: HashMap<u32, HashMap<Vec<u8>, i64>> = HashMap::new();
-    let mut order: Vec<&InputInfo> = kept.iter().collect();
-    order.sort_by_key(|i| (i.rank, i.kind != Kind::Fastprof));
-    let mut sort_events: Vec<u8> = Vec::new();
-    for i in &order {
-        let rank = i.rank.unwrap_or(0);
-        let pid_map = pid_maps.entry(rank).or_default();
-        for p in &i.pids {
-            if pid_map.contains_key(p) {
-                continue;
-            }
-            let new = (rank as i64 + 1) * 100_000 + pid_map.len() as i64;
-            pid_map.insert(p.clone(), new);
-            sort_events
-                .extend_from_slice(b",\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":");
-            json::write_int(&mut sort_events, new);
-            sort_events.extend_from_slice(b",\"tid\":0,\"args\":{\"sort_index\":");
-            json::write_int(&mut sort_events, new);
-            sort_events.extend_from_slice(b"}}");
-            summary.metadata_added += 1;
-            if !kept
-                .iter()
-                .any(|k| k.rank == Some(rank) && k.process_names.contains_key(p))
-            {
-                sort_events
-                    .extend_from_slice(b",\n{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":");
-                json::write_int(&mut sort_events, new);
-                sort_events.extend_from_slice(b",\"tid\":0,\"args\":{\"name\":");
-                // A string pid ("Spans", or Kineto's "" for its window-end marker) reads as its text.
-                let shown = match scan::str_value(p) {
-                    Some(b"") => "(unnamed)".to_string(),
-                    Some(t) => String::from_utf8_lossy(t).into_owned(),
-                    None => format!("pid {}", String::from_utf8_lossy(p)),
-                };
-                json::write_str(&mut sort_events, &format!("rank {rank}: {shown}"));
-                sort_events.extend_from_slice(b"}}");
-                summary.metadata_added += 1;
-            }
+    // pids: unique per (rank, original pid), numbered so the rank shows,
+    // and one name per pid and per thread (see `names`).
+    let names::Names {
+        pid_maps,
+        metadata,
+        added,
+    } = names::plan(&kept);
+    summary.metadata_added += added;
+    let sort_events = metadata;
+    // The python_function index for strict nesting (bounded by their count).
+    let mut nest = nest::NestIndex::default();
+    for i in kept.iter_mut() {
+        let calls = std::mem::take(&mut i.py_calls);
+        if !calls.is_empty() {
+            let info: &InputInfo = i;
+            nest.add(info.rank.unwrap_or(0), calls, |t| info.abs(t));
         }
     }
+    nest.finish();
+    summary.python_calls = nest.calls() as u64;
+    let distributed = distributed_info(&kept, &summary.ranks);
     let out_base = window.map_or(start, |w| w.0.max(start));
     summary.base_ns = out_base;
     summary.start_ns = window.map_or(start, |w| w.0.max(start));
@@ -704,7 +695,29 @@ fn plan_all(
         pid_maps,
         sort_events,
         out_base,
+        nest,
+        distributed,
     })
+}
+
+/// The `distributedInfo` of a merge of one rank: that rank's own (a
+/// fastprof segment's first, else a Kineto trace's), or one made from the
+/// rank and world size the inputs say. A merge of several ranks has none:
+/// HTA reads one rank per file (`"rank": N` anywhere in it), so naming one
+/// rank there would misattribute the others; per-rank inputs keep theirs.
+fn distributed_info(kept: &[InputInfo], ranks: &[u32]) -> Option<Value> {
+    let [rank] = ranks else { return None };
+    let mut order: Vec<&InputInfo> = kept.iter().collect();
+    order.sort_by_key(|i| i.kind != Kind::Fastprof);
+    if let Some(d) = order.iter().find_map(|i| i.distributed.clone()) {
+        return Some(d);
+    }
+    let mut d = serde_json::Map::new();
+    d.insert("rank".into(), json!(rank));
+    if let Some(w) = order.iter().find_map(|i| i.world_size) {
+        d.insert("world_size".into(), json!(w));
+    }
+    Some(Value::Object(d))
 }
 
 /// Why a merge that read its inputs selected no event, naming them.
@@ -744,6 +757,8 @@ fn write_all(
         pid_maps,
         sort_events,
         out_base,
+        nest,
+        distributed,
     } = plan;
     let dir = output_dir(&opts.output);
     let tmp = dir.join(format!(
@@ -772,6 +787,10 @@ fn write_all(
     let write_result = (|| -> Result<Vec<Counts>> {
         let mut head = b"{\"baseTimeNanoseconds\":".to_vec();
         json::write_int(&mut head, out_base);
+        if let Some(Value::Object(d)) = &distributed {
+            head.extend_from_slice(b",\"distributedInfo\": ");
+            json::write_spaced_object(&mut head, d);
+        }
         head.extend_from_slice(b",\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
         head.extend_from_slice(
             b"{\"ph\":\"M\",\"name\":\"fastprof_merge\",\"pid\":0,\"tid\":0,\"args\":{\"inputs\":",
@@ -795,6 +814,7 @@ fn write_all(
                     .get(&info.rank.unwrap_or(0))
                     .copied()
                     .or(window),
+                nest: (!nest.is_empty()).then_some(&nest),
                 include: &opts.include_categories,
                 exclude: &opts.exclude_categories,
                 dropped: &dropped,
@@ -876,6 +896,8 @@ fn write_all(
             ));
         }
         summary.filtered_window += c.window;
+        summary.nest_moved += c.nest_moved;
+        summary.nest_clipped += c.nest_clipped;
         summary.filtered_category += c.category;
         summary.filtered_max_bytes += c.max_bytes;
         summary.inputs_json.push(json!({
@@ -925,6 +947,11 @@ fn write_all(
         "metadata_added": summary.metadata_added,
         "metadata_replaced": summary.metadata_replaced,
         "salvaged_bytes": summary.salvaged_bytes,
+        "nesting": {
+            "python_calls": summary.python_calls,
+            "moved": summary.nest_moved,
+            "clipped_to_window": summary.nest_clipped,
+        },
         "warnings": summary.warnings,
     });
     let mut tail = b"\n],\"otherData\":".to_vec();

@@ -1,14 +1,19 @@
 //! Pass 1 of a merge: scan every input once (in parallel, constant memory)
 //! for what alignment and filtering need: base time, rank, clock offset,
-//! pids and process names, step markers, time range and bytes per category.
-//! Nothing is kept per event.
+//! pids and process and thread names, step markers, time range and bytes
+//! per category. Nothing is kept per event, except the intervals of torch's
+//! `python_function` events (see [`super::nest`]).
 
+use super::nest::PyCall;
 use crate::error::{CoreError, Result};
 use crate::trace::scan::{self, Fields, Item, Scanner};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// A thread as an input names it: (pid, tid), raw JSON bytes.
+pub type ThreadKey = (Vec<u8>, Vec<u8>);
 
 /// What kind of producer wrote an input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +56,18 @@ pub struct InputInfo {
     /// pids in order of first appearance.
     pub pids: Vec<Vec<u8>>,
     pub process_names: HashMap<Vec<u8>, String>,
+    /// (pid, tid) -> the first `thread_name` given (raw JSON bytes of both).
+    pub thread_names: Vec<(ThreadKey, String)>,
+    /// The pid of the `fastprof_info` event: the recording process.
+    pub own_pid: Option<Vec<u8>>,
+    /// A DataLoader worker's recording: (loader name, worker id).
+    pub worker: Option<(String, u64)>,
+    pub world_size: Option<u32>,
+    /// The input's top-level `distributedInfo` (Kineto's, or fastprof's own).
+    pub distributed: Option<Value>,
+    /// Its `python_function` events (torch `with_stack`), taken by the merge
+    /// for [`super::nest::NestIndex`].
+    pub py_calls: Vec<PyCall>,
     pub steps: Vec<Step>,
     /// Input-relative ns.
     pub min_ts: Option<i64>,
@@ -82,6 +99,22 @@ fn apply_fastprof_meta(info: &mut InputInfo, meta: &Value) {
     info.kind = Kind::Fastprof;
     if let Some(r) = meta.get("rank").and_then(json_u32) {
         info.rank = Some(r);
+    }
+    if let Some(w) = meta.get("world_size").and_then(json_u32) {
+        info.world_size = Some(w);
+    }
+    // A DataLoader worker's recorder says so at the top of its metadata
+    // (or, from older writers, among the recorder's extra config).
+    let worker = meta
+        .get("worker")
+        .or_else(|| meta.get("config").and_then(|c| c.get("worker")));
+    if let Some(w) = worker.filter(|w| w.is_object()) {
+        let loader = w
+            .get("loader")
+            .and_then(Value::as_str)
+            .unwrap_or("data")
+            .to_string();
+        info.worker = Some((loader, w.get("id").and_then(Value::as_u64).unwrap_or(0)));
     }
     let clock = meta.get("clock");
     if let Some(off) = clock
@@ -126,6 +159,12 @@ pub fn scan_input(
         anchor_uncertainty_ns: 0,
         pids: Vec::new(),
         process_names: HashMap::new(),
+        thread_names: Vec::new(),
+        own_pid: None,
+        worker: None,
+        world_size: None,
+        distributed: None,
+        py_calls: Vec::new(),
         steps: Vec::new(),
         min_ts: None,
         max_ts: None,
@@ -138,6 +177,7 @@ pub fn scan_input(
         merged_output: false,
     };
     let mut rank_from_meta = false;
+    let mut other_data_seen = false;
     let mut fastprof_steps = 0u64;
     let mut last_progress = 0;
     while let Some(item) = sc.next_item()? {
@@ -154,8 +194,16 @@ pub fn scan_input(
                             info.rank = Some(r);
                             rank_from_meta = true;
                         }
+                        if let Some(w) = v.get("world_size").and_then(json_u32) {
+                            info.world_size = Some(w);
+                        }
+                        info.distributed = Some(v);
                     }
-                    info.kind = Kind::Kineto;
+                    // fastprof writes it too (first in the file, before its
+                    // `fastprof_info`, which says what wrote the file).
+                    if info.kind == Kind::Chrome {
+                        info.kind = Kind::Kineto;
+                    }
                 }
                 "schemaVersion" | "deviceProperties" | "traceName" if info.kind == Kind::Chrome => {
                     info.kind = Kind::Kineto;
@@ -168,6 +216,7 @@ pub fn scan_input(
                         if v.get("producer").and_then(Value::as_str) == Some("fastprof") {
                             apply_fastprof_meta(&mut info, &v);
                             rank_from_meta = true;
+                            other_data_seen = true;
                         }
                     }
                 }
@@ -208,13 +257,37 @@ pub fn scan_input(
                     .and_then(|r| scan::str_value(&raw[r]))
                     .unwrap_or(b"");
                 if ph == b"M" {
-                    if name == b"fastprof_info" && !rank_from_meta {
+                    if name == b"fastprof_info" {
+                        if info.own_pid.is_none() {
+                            info.own_pid = f.pid.clone().map(|r| raw[r].to_vec());
+                        }
+                        // The complete `otherData` (read first only in a
+                        // file that puts it first) wins; the rank Kineto's
+                        // `distributedInfo` gave is kept either way.
                         if let Some(a) = f
                             .args
                             .clone()
+                            .filter(|_| !other_data_seen)
                             .and_then(|r| serde_json::from_slice::<Value>(&raw[r]).ok())
                         {
+                            let rank = info.rank.filter(|_| rank_from_meta);
                             apply_fastprof_meta(&mut info, &a);
+                            info.rank = rank.or(info.rank);
+                        }
+                    } else if name == b"thread_name" {
+                        if let (Some(p), Some(t), Some(a)) =
+                            (f.pid.clone(), f.tid.clone(), f.args.clone())
+                        {
+                            let key = (raw[p].to_vec(), raw[t].to_vec());
+                            if !info.thread_names.iter().any(|(k, _)| *k == key) {
+                                if let Some(n) =
+                                    serde_json::from_slice::<Value>(&raw[a]).ok().and_then(|v| {
+                                        v.get("name").and_then(Value::as_str).map(String::from)
+                                    })
+                                {
+                                    info.thread_names.push((key, n));
+                                }
+                            }
                         }
                     } else if name == b"process_name" {
                         if let (Some(p), Some(a)) = (f.pid.clone(), f.args.clone()) {
@@ -238,7 +311,24 @@ pub fn scan_input(
                     .max(0);
                 info.min_ts = Some(info.min_ts.map_or(ts, |m| m.min(ts)));
                 info.max_ts = Some(info.max_ts.map_or(ts + dur, |m| m.max(ts + dur)));
-                if ph == b"X" {
+                if ph == b"X"
+                    && f.cat
+                        .clone()
+                        .and_then(|r| scan::str_value(&raw[r]))
+                        .is_some_and(|c| c == b"python_function")
+                {
+                    let int = |r: Option<std::ops::Range<usize>>| {
+                        r.and_then(|r| scan::parse_int(&raw[r]))
+                    };
+                    if let (Some(pid), Some(tid)) = (int(f.pid.clone()), int(f.tid.clone())) {
+                        info.py_calls.push(PyCall {
+                            pid,
+                            tid,
+                            start: ts,
+                            end: ts + dur,
+                        });
+                    }
+                } else if ph == b"X" {
                     if let Some(n) = name.strip_prefix(b"ProfilerStep#") {
                         if let Some(number) =
                             std::str::from_utf8(n).ok().and_then(|s| s.parse().ok())

@@ -1,10 +1,13 @@
 //! Pass 2's per-event work: rewrite one event's raw bytes for the merged
-//! timeline (pid, ts, flow/async ids, process names) or say why it is left
-//! out (window, categories, byte budget, not readable). Only numbers and
+//! timeline (pid, ts, flow/async ids, and ts/dur of the duration events
+//! [`super::nest`] moves) or say why it is left out (window, categories,
+//! byte budget, not readable, or process/thread metadata that
+//! [`super::names`] writes once instead). Only numbers and
 //! strings this module formats are spliced into events the scanner has
 //! already checked against the JSON grammar, so the output stays JSON.
 
-use super::plan::InputInfo;
+use super::nest::NestIndex;
+use super::plan::{InputInfo, Kind};
 use crate::json;
 use crate::trace::scan::{self, Fields};
 use std::collections::HashMap;
@@ -21,6 +24,8 @@ pub(super) struct Ctx<'a> {
     pub(super) out_base: i64,
     /// Epoch-ns window for this input's rank (a step window is per rank).
     pub(super) window: Option<(i64, i64)>,
+    /// torch's python_function calls, when there are any.
+    pub(super) nest: Option<&'a NestIndex>,
     pub(super) include: &'a [String],
     pub(super) exclude: &'a [String],
     pub(super) dropped: &'a [String],
@@ -45,6 +50,8 @@ pub(super) struct Counts {
     pub(super) window: u64,
     pub(super) category: u64,
     pub(super) max_bytes: u64,
+    pub(super) nest_moved: u64,
+    pub(super) nest_clipped: u64,
 }
 
 /// Invalid events named one by one per input; later ones are counted.
@@ -109,8 +116,13 @@ fn rewrite_valid(raw: &[u8], ctx: &Ctx<'_>, counts: &mut Counts, out: &mut Vec<u
         .and_then(|r| scan::str_value(&raw[r]))
         .unwrap_or(b"");
     let meta = ph == b"M";
-    if meta && name == b"process_sort_index" {
-        counts.replaced += 1; // ours, in rank order, are written instead
+    if meta
+        && matches!(
+            name,
+            b"process_sort_index" | b"process_name" | b"thread_name"
+        )
+    {
+        counts.replaced += 1; // ours, one per pid / thread in rank order, are written instead
         return;
     }
     if !meta {
@@ -197,18 +209,35 @@ fn rewrite_valid(raw: &[u8], ctx: &Ctx<'_>, counts: &mut Counts, out: &mut Vec<u
         };
         reps.push((r, v));
     }
-    if meta && name == b"process_name" {
-        if let (Some(a), Some(p)) = (f.args.clone(), f.pid.clone()) {
-            let orig = ctx
-                .info
-                .process_names
-                .get(&raw[p])
-                .cloned()
-                .unwrap_or_default();
-            let mut v = b"{\"name\":".to_vec();
-            json::write_str(&mut v, &format!("rank {}: {}", ctx.rank, orig));
-            v.push(b'}');
-            reps.push((a, v));
+    if let (Some(nest), true, Some(t), Some(d)) = (ctx.nest, ph == b"X", ts, f.dur.clone()) {
+        // fastprof's spans, and torch's own annotations (`record_function`,
+        // `ProfilerStep#N`), move to nest with the python calls they straddle.
+        let movable = ctx.info.kind == Kind::Fastprof
+            || f.cat
+                .clone()
+                .and_then(|r| scan::str_value(&raw[r]))
+                .is_some_and(|c| c == b"user_annotation");
+        let int = |r: Option<Range<usize>>| r.and_then(|r| scan::parse_int(&raw[r]));
+        let dur = scan::parse_us_to_ns(&raw[d.clone()]);
+        if let (true, Some(pid), Some(tid), Some(dur)) =
+            (movable, int(f.pid.clone()), int(f.tid.clone()), dur)
+        {
+            let b = ctx.info.abs(t);
+            if let Some(m) = nest.fix(ctx.rank, pid, tid, b, b.saturating_add(dur)) {
+                counts.nest_moved += 1;
+                counts.nest_clipped += u64::from(m.clipped);
+                for (r, ns) in [
+                    (f.ts.clone(), m.begin - ctx.out_base),
+                    (Some(d), m.end - m.begin),
+                ] {
+                    if let Some(r) = r {
+                        let mut v = Vec::new();
+                        json::write_us(&mut v, ns);
+                        reps.retain(|(x, _)| *x != r);
+                        reps.push((r, v));
+                    }
+                }
+            }
         }
     }
     reps.sort_by_key(|(r, _)| r.start);

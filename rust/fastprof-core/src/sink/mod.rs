@@ -31,6 +31,9 @@ pub struct Header {
     pub process_name: String,
     /// The `fastprof_info` metadata event's args (and the base of `otherData`).
     pub static_meta: Map<String, Value>,
+    /// The top-level `distributedInfo` (rank, world size, backend if known),
+    /// written as Kineto writes it so that HTA finds the rank.
+    pub distributed: Map<String, Value>,
 }
 
 /// The metadata a sink writes when it closes a file (`otherData`).
@@ -116,12 +119,18 @@ pub trait Sink: Send {
     }
 }
 
-/// `{"baseTimeNanoseconds":B,"displayTimeUnit":"ms","traceEvents":[` then the
-/// static metadata first (so that a salvaged prefix still says what it is):
-/// `fastprof_info`, the process name and sort index.
+/// `{"baseTimeNanoseconds":B,"distributedInfo": {...},"displayTimeUnit":"ms","traceEvents":[`
+/// then the static metadata first (so that a salvaged prefix still says what
+/// it is): `fastprof_info`, the process name and sort index.
+/// `distributedInfo` is in the first line: HTA reads a file's lines until
+/// one matches `"rank":\s+N`.
 pub(crate) fn write_head(out: &mut Vec<u8>, h: &Header) {
     out.extend_from_slice(b"{\"baseTimeNanoseconds\":");
     json::write_int(out, h.base_ns);
+    if !h.distributed.is_empty() {
+        out.extend_from_slice(b",\"distributedInfo\": ");
+        json::write_spaced_object(out, &h.distributed);
+    }
     out.extend_from_slice(b",\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
     out.extend_from_slice(b"{\"ph\":\"M\",\"name\":\"fastprof_info\",\"pid\":");
     json::write_int(out, h.pid);

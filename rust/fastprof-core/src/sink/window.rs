@@ -291,6 +291,7 @@ mod tests {
             rank: 0,
             process_name: "p".into(),
             static_meta: Map::new(),
+            distributed: Map::new(),
         })
     }
 

@@ -19,7 +19,7 @@
 //!   merge` places events. `dur` only for spans (X events, and B/E pairs).
 //! * `pid`, `tid`: integers as written (-1 where not an integer).
 //! * `rank`: from fastprof metadata, `distributedInfo`, a `rank{R}` path
-//!   component, or in a merged trace the `rank R:` process names; -1 unknown.
+//!   component, or in a merged trace the `rank R` / `rank R · ...` process names; -1 unknown.
 //! * `step`: see [`steps`]; -1 outside every step.
 //! * `file`: index into [`Columns::files`].
 //! * counters only: `series` (index into `names`: the args key, one row per
@@ -336,7 +336,9 @@ struct Reading<'o> {
 struct FileScan {
     info: FileInfo,
     rank_from_meta: bool,
-    /// Merged traces: rank of each pid, from `rank R: ...` process names.
+    /// A complete fastprof `otherData` was read (it wins over `fastprof_info`).
+    other_data_seen: bool,
+    /// Merged traces: rank of each pid, from `rank R` / `rank R · ...` process names.
     pid_rank: HashMap<i64, u32>,
     /// First row of this file in each table, and first marker.
     first: [usize; 3],
@@ -376,6 +378,7 @@ impl<'o> Reading<'o> {
                 ..FileInfo::new(path.to_path_buf())
             },
             rank_from_meta: false,
+            other_data_seen: false,
             pid_rank: HashMap::new(),
             first: [
                 self.out.spans.len(),
@@ -474,15 +477,21 @@ impl<'o> Reading<'o> {
             }
             let args = || get(&f.args).and_then(|a| serde_json::from_slice::<Value>(a).ok());
             // A merged trace carries every input's fastprof_info: not its own.
-            if name == b"fastprof_info" && !fs.rank_from_meta && fs.info.kind != "merged" {
+            // fastprof's own `distributedInfo` comes before it: its rank is
+            // kept, the rest (kind, clock offset) still comes from here.
+            if name == b"fastprof_info" && !fs.other_data_seen && fs.info.kind != "merged" {
                 if let Some(a) = args() {
+                    let rank = fs.info.rank.filter(|_| fs.rank_from_meta);
                     apply_fastprof_meta(fs, &a);
+                    fs.info.rank = rank.or(fs.info.rank);
                 }
             } else if name == b"process_name" && fs.info.kind == "merged" {
                 let pid = get(&f.pid).and_then(scan::parse_int);
                 let rank = args().and_then(|a| {
+                    // "rank R", "rank R · <role>" (and older merges' "rank R: <name>").
                     let n = a.get("name")?.as_str()?.strip_prefix("rank ")?;
-                    n.split(':').next()?.parse::<u32>().ok()
+                    let end = n.find(|c: char| !c.is_ascii_digit()).unwrap_or(n.len());
+                    n[..end].parse::<u32>().ok()
                 });
                 if let (Some(p), Some(r)) = (pid, rank) {
                     fs.pid_rank.insert(p, r);
@@ -779,6 +788,7 @@ fn meta(fs: &mut FileScan, key: &str, raw: &[u8]) {
             } else if v.get("producer").and_then(Value::as_str) == Some("fastprof") {
                 apply_fastprof_meta(fs, &v);
                 fs.rank_from_meta = true;
+                fs.other_data_seen = true;
             }
         }
         _ => {}
