@@ -311,7 +311,9 @@ class Profiler:
             self._driver = WindowDriver(self.torch_windows, self.run_dir, variables, compression_level=level)
             self._driver.check_folder()
         d = self.dist
-        info = {"backend": d.backend or "", "rank": self.rank, "world_size": int(self.recorder.options.world_size)}
+        info: dict[str, Any] = {"rank": self.rank, "world_size": int(self.recorder.options.world_size)}
+        if d.backend:
+            info["backend"] = d.backend
         if self._owns_recorder:
             self.recorder.metadata.setdefault("distributedInfo", info)
             self.recorder.metadata["profiler"] = self._config()
