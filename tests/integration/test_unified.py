@@ -224,3 +224,69 @@ def test_hta_finds_the_rank_of_each_trace(tmp_path: Path, monkeypatch: pytest.Mo
         assert Path(analysis.t.trace_files[rank]).name == f"trace_{1 - rank}.json.gz"
         df = analysis.t.get_trace(rank)
         assert len(df) == 6
+
+
+PROFILED_LOOP = """
+import json, sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+import fastprof
+
+class Images(Dataset):
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return torch.full((32,), float(i))
+
+if __name__ == "__main__":
+    out, ctx = sys.argv[1], sys.argv[2]
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    dl = DataLoader(Images(), batch_size=4, num_workers=2, multiprocessing_context=ctx)
+    prof = fastprof.Profiler(
+        out_dir=out, run_name="run",
+        schedule=fastprof.schedule.epoch(wait=1, warmup=1, active=2, repeat=1),
+        torch=fastprof.TorchWindows(with_stack=True, record_shapes=True),
+    )
+    with prof:
+        for epoch in range(2):
+            for x in prof.loader(dl):
+                with fastprof.span("forward"):
+                    loss = model(x).sum()
+                with fastprof.span("backward"):
+                    loss.backward()
+                opt.step()
+                opt.zero_grad()
+                prof.step()
+    print(json.dumps({"trace": str(prof.trace_path), "windows": prof.windows}))
+"""
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_profiler_unified_trace_with_workers_and_stacks(ctx: str, tmp_path: Path, pyscript: Any) -> None:
+    r = pyscript.run(PROFILED_LOOP, str(tmp_path), ctx)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    # Per epoch of 6: batches 2-3 saved; the second window's warmup (batch 5)
+    # is cut by the epoch's end and discarded.
+    assert [w["saved"] for w in result["windows"]] == [True, False, True, False]
+    doc = load(Path(result["trace"]))
+    ev = doc["traceEvents"]
+    assert any(e.get("cat") == "python_function" for e in ev)
+    # Strict nesting on every track, against torch's python_function events too.
+    assert partial_overlaps(ev) == []
+    names = {e["pid"]: e["args"]["name"] for e in ev if e.get("ph") == "M" and e["name"] == "process_name"}
+    fetches = [e for e in ev if e.get("name") == "loader.train.fetch"]
+    # 6 batches per epoch; each epoch has its own 2 workers.
+    assert len(fetches) == 12
+    worker_pids = {e["pid"] for e in fetches}
+    assert len(worker_pids) == 4
+    assert all("train loader worker" in names[p] for p in worker_pids)
+    (main,) = {e["pid"] for e in ev if e.get("name") == "step"}
+    assert names[main] == "rank 0" and main not in worker_pids
+    assert sorted(e["args"]["batch"] for e in ev if e.get("name") == "step") == list(range(12))
+    assert sorted(e["name"] for e in ev if e["name"].startswith("ProfilerStep#")) == sorted(
+        f"ProfilerStep#{n}" for n in (2, 3, 8, 9)
+    )
