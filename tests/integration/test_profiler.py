@@ -376,3 +376,19 @@ def test_memory_timeline_beside_each_window(tmp_path: Path) -> None:
     if importlib.util.find_spec("matplotlib") is None:
         with pytest.raises(ConfigError, match="needs matplotlib"):
             TorchWindows(profile_memory=True, record_shapes=True, with_stack=True, memory_timeline="html")
+
+
+def test_persistent_workers_are_complete_in_the_unified_trace(tmp_path: Path) -> None:
+    dl = DataLoader(TensorDataset(torch.randn(32, 8)), batch_size=4, num_workers=2, persistent_workers=True)
+    with fastprof.Profiler(out_dir=tmp_path, run_name="run", torch=None) as prof:
+        for _ in range(2):
+            for (_x,) in prof.loader(dl):
+                prof.step()
+    # No open (.part) worker segment was merged: the workers were shut down
+    # first, so the merge salvaged nothing (a warning would fail this test).
+    assert not list((tmp_path / "run").rglob("*.part"))
+    doc = _load(prof.trace_path)  # type: ignore[arg-type]
+    fetches = _spans(doc, "loader.train.fetch")
+    assert len(fetches) == 16 and len({e["pid"] for e in fetches}) == 2
+    # The loader still works afterwards (torch starts new workers).
+    assert sum(len(x) for (x,) in dl) == 32

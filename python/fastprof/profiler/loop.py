@@ -53,6 +53,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -250,6 +251,7 @@ class Profiler:
         self._opt_handle: Any = None
         self._paused_by_gate = False
         self._loader_names: dict[str, _LoaderNames] = {}
+        self._persistent: weakref.WeakSet[Any] = weakref.WeakSet()
         self._driver: WindowDriver | None = None
         self._last_vars: dict[str, Any] = {}
         self._syncs: dict[str, Any] = {}
@@ -371,6 +373,7 @@ class Profiler:
                     FastprofWarning,
                     stacklevel=2,
                 )
+            self._stop_persistent_workers()
             if self._owns_recorder and self.recorder.active:
                 self.recorder.stop()
             self._write_summary()
@@ -625,6 +628,23 @@ class Profiler:
         self.batch_in_epoch = 0
         self._pending = True
 
+    def _stop_persistent_workers(self) -> None:
+        """Persistent DataLoader workers outlive the loop, and their recordings
+        with them: shut them down so that their traces are complete before the
+        merge. A later pass over the loader starts new workers (torch does when
+        the loader has no live iterator)."""
+        for loader in list(self._persistent):
+            it = getattr(loader, "_iterator", None)
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is None:
+                continue
+            try:
+                shutdown()
+                loader._iterator = None
+            except Exception as e:  # noqa: BLE001
+                self._internal_error("stopping persistent DataLoader workers", e)
+        self._persistent.clear()
+
     def _instrument_workers(self, iterable: Any, name: str) -> None:
         if getattr(iterable, "num_workers", 0) in (0, None) or self._state != "running":
             return
@@ -637,6 +657,8 @@ class Profiler:
             workers.instrument(
                 iterable, name=name, rank_dir=self.rank_dir, run_name=o.run_name, rank=o.rank, world_size=o.world_size
             )
+            if getattr(iterable, "persistent_workers", False):
+                self._persistent.add(iterable)
         except Exception as e:  # noqa: BLE001
             self._internal_error("loader worker instrumentation", e)
 
