@@ -234,6 +234,7 @@ class Profiler:
         self._epoch_len: int | None = None
         self._train_passes = 0
         self._in_train_pass = 0
+        self._framework_pass = False
         self._action = Action.WAIT
         self._last_level = -1
         self._open = False
@@ -300,10 +301,14 @@ class Profiler:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> Profiler:
+    def start(self, *, defer_step: bool = False) -> Profiler:
         """Start profiling: checks, the recorder, a clock sync across ranks, the
         optimizer hook, and step 0. Raises :class:`fastprof.ConfigError` (and
-        the recorder's errors) before anything is recorded."""
+        the recorder's errors) before anything is recorded.
+
+        ``defer_step``: step 0 begins at the first :meth:`begin_step` (or train
+        loader ``next()``) instead of now, for a loop a framework runs whose
+        setup and sanity checks are no step; with none, the run has no steps."""
         if self._state != "new":
             raise ConfigError("a Profiler runs once; make a new one for another run")
         variables = self._variables()
@@ -321,7 +326,10 @@ class Profiler:
         if self.sync_clocks_enabled:
             self._sync("start")
         self._install_optimizer_hook()
-        self._begin_step()
+        if defer_step:
+            self._pending = True
+        else:
+            self._begin_step()
         return self
 
     def _config(self) -> dict[str, Any]:
@@ -490,6 +498,48 @@ class Profiler:
         except Exception as e:  # noqa: BLE001
             self._internal_error("optimizer step hook", e)
 
+    # ------------------------------------------------------ framework loops
+
+    def begin_epoch(self, epoch_len: int | None = None) -> None:
+        """A pass over the training data starts, in a loop that does not go
+        through :meth:`loader` (a framework's): what a train loader's pass
+        does, with ``epoch_len`` its number of batches when known. Until
+        :meth:`end_epoch`, each step begins at :meth:`begin_step`. Never raises."""
+        if self._state != "running":
+            return
+        try:
+            if self._framework_pass:
+                self._in_train_pass -= 1
+            n = epoch_len if isinstance(epoch_len, int) and epoch_len > 0 else None
+            self._start_epoch(n)
+            self._in_train_pass += 1
+            self._framework_pass = True
+        except Exception as e:  # noqa: BLE001
+            self._internal_error("begin_epoch", e)
+
+    def end_epoch(self) -> None:
+        """The pass :meth:`begin_epoch` started is over."""
+        if self._framework_pass:
+            self._in_train_pass -= 1
+            self._framework_pass = False
+
+    def begin_step(self) -> None:
+        """The next step begins now, if none is open (where a framework's loop
+        fetches its batch, or starts the batch). A loop that says where its
+        steps begin ends them with :meth:`step`: the first call switches the
+        optimizer-step boundaries off. Never raises."""
+        if self._state != "running":
+            return
+        try:
+            if not self._explicit:
+                self._explicit = True
+                if self._opt_handle is not None:
+                    self._opt_handle.remove()
+                    self._opt_handle = None
+            self._on_fetch()
+        except Exception as e:  # noqa: BLE001
+            self._internal_error("begin_step", e)
+
     def mark(self, name: str, **args: Any) -> None:
         """An instant event ``name`` with ``args`` at this moment."""
         _core.instant(name, **args)
@@ -549,9 +599,13 @@ class Profiler:
     def _new_epoch(self, iterable: Iterable[Any]) -> None:
         try:
             n = len(iterable)  # type: ignore[arg-type]
-            self._epoch_len = n if isinstance(n, int) and n > 0 else None
+            epoch_len = n if isinstance(n, int) and n > 0 else None
         except Exception:  # noqa: BLE001 - not every iterable has a length
-            self._epoch_len = None
+            epoch_len = None
+        self._start_epoch(epoch_len)
+
+    def _start_epoch(self, epoch_len: int | None) -> None:
+        self._epoch_len = epoch_len
         self._train_passes += 1
         if self._train_passes == 1:
             return  # epoch 0: step 0 (open since start) begins at the first fetch
