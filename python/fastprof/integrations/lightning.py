@@ -150,7 +150,7 @@ class FastprofProfiler(_LightningProfiler):
     def stop(self, action_name: str) -> None:
         self._clock.stop(action_name)
 
-    def profile(self, action_name: str) -> Any:  # type: ignore[override]
+    def profile(self, action_name: str) -> Any:
         return self._clock.profile(action_name)
 
     def summary(self) -> str:
@@ -268,7 +268,9 @@ class FastprofProfiler(_LightningProfiler):
         title = f"{kind.upper()} Profiler Report (fastprof)"
         head = ("Action", "Calls", "Mean (s)", "Total (s)", f"% of {kind}")
         body = [(stage, "1", f"{total / 1e9:.5f}", f"{total / 1e9:.5f}", "100.0")]
-        body += [(n, str(c), f"{m:.6f}", f"{t:.5f}", f"{100 * t * 1e9 / total:.1f}" if total else "-") for n, c, m, t in rows]
+        body += [
+            (n, str(c), f"{m:.6f}", f"{t:.5f}", f"{100 * t * 1e9 / total:.1f}" if total else "-") for n, c, m, t in rows
+        ]
         width = max(len(head[0]), *(len(r[0]) for r in body))
         cw = [max(len(head[i]), *(len(r[i]) for r in body)) for i in range(1, 5)]
 

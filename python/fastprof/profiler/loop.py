@@ -38,6 +38,13 @@ Epochs: each new pass over the train loader (``name="train"``, or
 ``epoch=True``) starts an epoch; the batch in epoch restarts at 0 and, when
 the loader has a length, the epoch schedule knows the epoch's last batch.
 
+Loops a framework runs (Lightning: :mod:`fastprof.integrations.lightning`)
+say the same without :meth:`Profiler.loader`: ``start(defer_step=True)``
+(no step until the first batch), :meth:`Profiler.begin_epoch` /
+:meth:`Profiler.end_epoch` around each pass over the training data,
+:meth:`Profiler.begin_step` where a batch is fetched, :meth:`Profiler.step`
+where it ends.
+
 At exit: the recorder stops (when the profiler started it), the exports
 finish, ``rank{R}/profiler.json`` says what happened (windows, stalls, clock
 syncs), and the unified trace ``<run>/trace.json.gz`` is merged by the Rust

@@ -74,17 +74,22 @@ fn call_hook(py: Python<'_>, hook: Option<Py<PyAny>>) {
     }
 }
 
-fn start_at(slf: &Bound<'_, _ActionClock>, i: usize) -> PyResult<()> {
+/// Start action `find` picks (one borrow of the clock when it has no hook).
+fn start_with(
+    slf: &Bound<'_, _ActionClock>,
+    find: impl FnOnce(&mut _ActionClock) -> PyResult<usize>,
+) -> PyResult<()> {
     let py = slf.py();
-    let hook = {
+    let (i, hook) = {
         let mut me = slf.borrow_mut();
+        let i = find(&mut me)?;
         let a = &mut me.actions[i];
         match &a.on_start {
             None => {
                 a.starts.push(clock::ticks());
                 return Ok(());
             }
-            Some(h) => h.clone_ref(py),
+            Some(h) => (i, h.clone_ref(py)),
         }
     };
     // The hook runs with the clock released: it may use the clock itself.
@@ -93,10 +98,15 @@ fn start_at(slf: &Bound<'_, _ActionClock>, i: usize) -> PyResult<()> {
     Ok(())
 }
 
-fn stop_at(slf: &Bound<'_, _ActionClock>, i: usize) {
+/// Stop action `find` picks: record its span, then run its hook.
+fn stop_with(
+    slf: &Bound<'_, _ActionClock>,
+    find: impl FnOnce(&mut _ActionClock) -> PyResult<usize>,
+) -> PyResult<()> {
     let py = slf.py();
     let hook = {
         let mut me = slf.borrow_mut();
+        let i = find(&mut me)?;
         let a = &mut me.actions[i];
         if let Some(t0) = a.starts.pop() {
             if registry::is_active() {
@@ -110,9 +120,13 @@ fn stop_at(slf: &Bound<'_, _ActionClock>, i: usize) {
                 registry::complete(a.id, t0, extra, &mut PyHooks(py));
             }
         }
-        a.on_stop.as_ref().map(|h| h.clone_ref(py))
+        match &a.on_stop {
+            None => return Ok(()),
+            Some(h) => h.clone_ref(py),
+        }
     };
-    call_hook(py, hook);
+    call_hook(py, Some(hook));
+    Ok(())
 }
 
 /// What `_ActionClock.profile(name)` returns: enter starts the action, exit
@@ -127,7 +141,7 @@ pub struct _ActionScope {
 #[pymethods]
 impl _ActionScope {
     fn __enter__(&self, py: Python<'_>) -> PyResult<Py<PyString>> {
-        start_at(self.clock.bind(py), self.index)?;
+        start_with(self.clock.bind(py), |_| Ok(self.index))?;
         Ok(self.name.clone_ref(py))
     }
 
@@ -139,7 +153,10 @@ impl _ActionScope {
         _exc: Option<&Bound<'_, PyAny>>,
         _tb: Option<&Bound<'_, PyAny>>,
     ) -> bool {
-        stop_at(self.clock.bind(py), self.index);
+        // A failed stop is reported, never raised over the body's own outcome.
+        if let Err(e) = stop_with(self.clock.bind(py), |_| Ok(self.index)) {
+            e.write_unraisable(py, None);
+        }
         false
     }
 }
@@ -156,16 +173,13 @@ impl _ActionClock {
 
     /// Begin `name` now (after its `on_start` hook, if any).
     fn start(slf: &Bound<'_, Self>, name: &Bound<'_, PyString>) -> PyResult<()> {
-        let i = slf.borrow_mut().slot(name)?;
-        start_at(slf, i)
+        start_with(slf, |me| me.slot(name))
     }
 
     /// End `name`'s innermost start and record its span (then its `on_stop`
     /// hook). A stop without a start records nothing.
     fn stop(slf: &Bound<'_, Self>, name: &Bound<'_, PyString>) -> PyResult<()> {
-        let i = slf.borrow_mut().slot(name)?;
-        stop_at(slf, i);
-        Ok(())
+        stop_with(slf, |me| me.slot(name))
     }
 
     /// A context manager timing `name` (``with clock.profile(name):``), for
