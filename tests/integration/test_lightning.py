@@ -218,3 +218,36 @@ def test_import_fastprof_does_not_import_lightning_and_missing_lightning_is_expl
     assert out.returncode == 0, out.stderr
     assert "fastprof.integrations.lightning needs Lightning" in out.stdout
     assert "pip install" in out.stdout
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """No length: Lightning prefetches a batch ahead to find the epoch's end."""
+
+    def __iter__(self) -> Iterator[Any]:
+        g = torch.Generator().manual_seed(1)
+        for _ in range(2 * BATCHES):
+            yield torch.randn(8, generator=g), torch.randn(1, generator=g)
+
+
+def test_prefetched_batches_of_an_unsized_loader_are_steps(tmp_path: Path) -> None:
+    prof = FastprofProfiler(tmp_path / "out", "stream", torch=False)
+    trainer = pl.Trainer(
+        max_epochs=EPOCHS,
+        profiler=prof,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+    )
+    with _lightning_warnings():
+        trainer.fit(Tiny(), torch.utils.data.DataLoader(_Stream(), batch_size=2))
+    doc = _load(tmp_path / "out" / "stream" / "trace.json.gz")
+    steps = sorted(_spans(doc, "step"), key=lambda e: e["ts"])
+    assert [(s["args"]["epoch"], s["args"]["batch_in_epoch"]) for s in steps] == [
+        (e, b) for e in range(EPOCHS) for b in range(BATCHES)
+    ]
+    batches = sorted(_spans(doc, "run_training_batch"), key=lambda e: e["ts"])
+    for step, batch in zip(steps, batches, strict=True):
+        assert step["ts"] <= batch["ts"] and batch["ts"] + batch["dur"] <= step["ts"] + step["dur"] + 0.002
