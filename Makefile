@@ -15,7 +15,7 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 $(VENV)/.deps: pyproject.toml | $(PY)
-	$(PY) -m pip install -q 'maturin>=1.7,<2' 'numpy>=1.24' 'psutil>=5.9' 'nvidia-ml-py>=12' 'torch>=2.4' \
+	$(PY) -m pip install -q 'maturin>=1.7,<2' 'numpy>=1.24' 'psutil>=5.9' 'nvidia-ml-py>=12' 'torch>=2.4' 'lightning>=2.2' \
 		'pytest>=8' 'pytest-timeout>=2.3' 'ruff>=0.6' 'mypy>=1.11'
 	touch $@
 
@@ -57,6 +57,7 @@ bench: dev bench-env ## Run the benchmarks (peers side by side, ratios printed)
 	$(PY) benches/bench_training.py
 	$(PY) benches/bench_sampler.py
 	$(PY) benches/bench_merge.py
+	$(PY) benches/bench_lightning.py
 	cargo bench -p fastprof-core
 
 clean: ## Remove build outputs and the venv

@@ -38,6 +38,13 @@ Epochs: each new pass over the train loader (``name="train"``, or
 ``epoch=True``) starts an epoch; the batch in epoch restarts at 0 and, when
 the loader has a length, the epoch schedule knows the epoch's last batch.
 
+Loops a framework runs (Lightning: :mod:`fastprof.integrations.lightning`)
+say the same without :meth:`Profiler.loader`: ``start(defer_step=True)``
+(no step until the first batch), :meth:`Profiler.begin_epoch` /
+:meth:`Profiler.end_epoch` around each pass over the training data,
+:meth:`Profiler.begin_step` where a batch is fetched, :meth:`Profiler.step`
+where it ends.
+
 At exit: the recorder stops (when the profiler started it), the exports
 finish, ``rank{R}/profiler.json`` says what happened (windows, stalls, clock
 syncs), and the unified trace ``<run>/trace.json.gz`` is merged by the Rust
@@ -235,6 +242,7 @@ class Profiler:
         self._epoch_len: int | None = None
         self._train_passes = 0
         self._in_train_pass = 0
+        self._framework_pass = False
         self._action = Action.WAIT
         self._last_level = -1
         self._open = False
@@ -301,10 +309,14 @@ class Profiler:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> Profiler:
+    def start(self, *, defer_step: bool = False) -> Profiler:
         """Start profiling: checks, the recorder, a clock sync across ranks, the
         optimizer hook, and step 0. Raises :class:`fastprof.ConfigError` (and
-        the recorder's errors) before anything is recorded."""
+        the recorder's errors) before anything is recorded.
+
+        ``defer_step``: step 0 begins at the first :meth:`begin_step` (or train
+        loader ``next()``) instead of now, for a loop a framework runs whose
+        setup and sanity checks are no step; with none, the run has no steps."""
         if self._state != "new":
             raise ConfigError("a Profiler runs once; make a new one for another run")
         variables = self._variables()
@@ -325,7 +337,10 @@ class Profiler:
         if self.sync_clocks_enabled:
             self._sync("start")
         self._install_optimizer_hook()
-        self._begin_step()
+        if defer_step:
+            self._pending = True
+        else:
+            self._begin_step()
         return self
 
     def _config(self) -> dict[str, Any]:
@@ -547,6 +562,57 @@ class Profiler:
         except Exception as e:  # noqa: BLE001
             self._internal_error("optimizer step hook", e)
 
+    # ------------------------------------------------------ framework loops
+
+    def begin_epoch(self, epoch_len: int | None = None) -> None:
+        """A pass over the training data starts, in a loop that does not go
+        through :meth:`loader` (a framework's): what a train loader's pass
+        does, with ``epoch_len`` its number of batches when known. Until
+        :meth:`end_epoch`, each step begins at :meth:`begin_step`. Never raises."""
+        if self._state != "running":
+            return
+        try:
+            if self._framework_pass:
+                self._in_train_pass -= 1
+            n = epoch_len if isinstance(epoch_len, int) and epoch_len > 0 else None
+            self._start_epoch(n)
+            self._in_train_pass += 1
+            self._framework_pass = True
+        except Exception as e:  # noqa: BLE001
+            self._internal_error("begin_epoch", e)
+
+    def end_epoch(self) -> None:
+        """The pass :meth:`begin_epoch` started is over: its last step ends
+        here, and a step a fetch began without a :meth:`step` after it (the
+        fetch that found the data exhausted) is no step."""
+        if self._framework_pass:
+            self._in_train_pass -= 1
+            self._framework_pass = False
+            if self._state == "running":
+                try:
+                    self._take_due_end()
+                    if self._open and not self._in_train_pass:
+                        self._unbegin()
+                except Exception as e:  # noqa: BLE001
+                    self._internal_error("end_epoch", e)
+
+    def begin_step(self) -> None:
+        """The next step begins now, if none is open (where a framework's loop
+        fetches its batch, or starts the batch). A loop that says where its
+        steps begin ends them with :meth:`step`: the first call switches the
+        optimizer-step boundaries off. Never raises."""
+        if self._state != "running":
+            return
+        try:
+            if not self._explicit:
+                self._explicit = True
+                if self._opt_handle is not None:
+                    self._opt_handle.remove()
+                    self._opt_handle = None
+            self._on_fetch()
+        except Exception as e:  # noqa: BLE001
+            self._internal_error("begin_step", e)
+
     def mark(self, name: str, **args: Any) -> None:
         """An instant event ``name`` with ``args`` at this moment."""
         _core.instant(name, **args)
@@ -610,9 +676,13 @@ class Profiler:
     def _new_epoch(self, iterable: Iterable[Any]) -> None:
         try:
             n = len(iterable)  # type: ignore[arg-type]
-            self._epoch_len = n if isinstance(n, int) and n > 0 else None
+            epoch_len = n if isinstance(n, int) and n > 0 else None
         except Exception:  # noqa: BLE001 - not every iterable has a length
-            self._epoch_len = None
+            epoch_len = None
+        self._start_epoch(epoch_len)
+
+    def _start_epoch(self, epoch_len: int | None) -> None:
+        self._epoch_len = epoch_len
         self._train_passes += 1
         self._take_due_end()
         if self._train_passes == 1:

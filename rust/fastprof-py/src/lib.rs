@@ -2,6 +2,7 @@
 //! is written in Python (`python/fastprof`); this module only converts values,
 //! releases the GIL around blocking work and maps errors.
 
+mod actions;
 mod columns;
 mod convert;
 mod errors;
@@ -198,6 +199,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(recording::_ticks, m)?)?;
     m.add_function(wrap_pyfunction!(recording::end, m)?)?;
     m.add_function(wrap_pyfunction!(recording::counter, m)?)?;
+    m.add_class::<actions::_ActionClock>()?;
+    m.add_class::<actions::_ActionScope>()?;
     m.add_class::<session::Session>()?;
     m.add_function(wrap_pyfunction!(is_active, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// span lives in the thread's ring), so one object is shared by every thread.
 #[pyclass(frozen, module = "fastprof._core")]
 pub struct Name {
-    id: u32,
+    pub(crate) id: u32,
     name: Py<PyString>,
 }
 
@@ -194,7 +194,7 @@ impl _NullSpan {
 static CACHE: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
 
 /// The interned `Name` for `s`, or `None` if the interner is full.
-fn lookup<'py>(s: &Bound<'py, PyString>) -> PyResult<Option<Bound<'py, Name>>> {
+pub(crate) fn lookup<'py>(s: &Bound<'py, PyString>) -> PyResult<Option<Bound<'py, Name>>> {
     let py = s.py();
     let cache = CACHE.get_or_init(py, || PyDict::new(py).unbind()).bind(py);
     if let Some(hit) = cache.get_item(s)? {
