@@ -192,6 +192,14 @@ pub fn is_active() -> bool {
     WORD.load(Ordering::Relaxed) != 0
 }
 
+/// The generation that records now (paused or not), 0 when none does. No
+/// lock, so cheap enough for every step: generations are never reused, so a
+/// match means that very session still records. Relaxed, as on the hot path:
+/// a stale read only moves the answer across a concurrent start or stop.
+pub fn recording_generation() -> u64 {
+    WORD.load(Ordering::Relaxed) >> 1
+}
+
 /// True while the recording session is paused.
 pub fn is_paused() -> bool {
     WORD.load(Ordering::Relaxed) & 1 == 1
