@@ -254,7 +254,7 @@ pub fn install_fork_handlers() {
 /// does not exist there and any mutex may be held by a thread that vanished.
 /// The old state is leaked on purpose: freeing it could touch a lock held by
 /// a thread that does not exist in this process.
-pub fn after_fork_in_child() {
+fn after_fork_in_child() {
     if WORD.load(Ordering::Relaxed) != 0 {
         FORKED_FROM_RECORDING.store(true, Ordering::Relaxed);
     }
