@@ -366,11 +366,11 @@ def _stop_at_exit() -> None:
 
 def _after_fork_in_child() -> None:
     # The child has no writer thread and may have inherited locks held by
-    # threads that do not exist there: drop the recorder entirely.
-    # (The Rust core's own pthread_atfork handler has already reset itself;
-    # each Recorder's session handle checks the pid and stays inert here.)
+    # threads that do not exist there: drop the recorder entirely. The Rust
+    # core resets itself in its own pthread_atfork handler (installed when
+    # _core is imported, so before any fork), and each Recorder's session
+    # handle checks the pid and stays inert here.
     global _current, _lock
-    _core._after_fork_in_child()
     _current = None
     _lock = threading.Lock()
 

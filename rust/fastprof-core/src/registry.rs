@@ -192,6 +192,14 @@ pub fn is_active() -> bool {
     WORD.load(Ordering::Relaxed) != 0
 }
 
+/// The generation that records now (paused or not), 0 when none does. No
+/// lock, so cheap enough for every step: generations are never reused, so a
+/// match means that very session still records. Relaxed, as on the hot path:
+/// a stale read only moves the answer across a concurrent start or stop.
+pub fn recording_generation() -> u64 {
+    WORD.load(Ordering::Relaxed) >> 1
+}
+
 /// True while the recording session is paused.
 pub fn is_paused() -> bool {
     WORD.load(Ordering::Relaxed) & 1 == 1
@@ -246,7 +254,7 @@ pub fn install_fork_handlers() {
 /// does not exist there and any mutex may be held by a thread that vanished.
 /// The old state is leaked on purpose: freeing it could touch a lock held by
 /// a thread that does not exist in this process.
-pub fn after_fork_in_child() {
+fn after_fork_in_child() {
     if WORD.load(Ordering::Relaxed) != 0 {
         FORKED_FROM_RECORDING.store(true, Ordering::Relaxed);
     }
@@ -460,26 +468,27 @@ fn count_drop(r: &Registered) {
     r.meta.drops.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Open a span on this thread's ring. `make` builds the Begin only when it is
+/// pushed: a Begin skipped (paused, or nested in a dropped or skipped span)
+/// costs no clock read, and the record goes straight into the ring slot.
 #[inline(always)]
-fn begin_record(l: &Local, r: &Registered, rec: Record, paused: bool) {
+fn begin_record(l: &Local, r: &Registered, paused: bool, make: impl FnOnce() -> Record) {
     let depth = l.depth.get() + 1;
     l.depth.set(depth);
     if l.floor.get() != 0 {
         if l.floor_counts.get() {
             count_drop(r);
         }
-        drop(rec);
-        return;
+        return; // `make` goes unused, freeing any extra it holds
     }
     if paused {
         l.floor.set(depth);
         l.floor_counts.set(false);
-        drop(rec);
         return;
     }
     let open = l.open_recorded.get();
     // Reserve the slot for this span's own End plus every End already due.
-    if push(r, rec, open as u64 + 1) {
+    if push(r, make(), open as u64 + 1) {
         l.open_recorded.set(open + 1);
     } else {
         l.floor.set(depth);
@@ -501,20 +510,20 @@ fn begin_with(hooks: &mut dyn ThreadHooks, make: impl FnOnce() -> Record) {
         return;
     }
     if w & 1 != 0 {
-        begin_paused(w >> 1, make());
+        begin_paused(w >> 1, make);
         return;
     }
-    with_reg(w, hooks, |l, r| begin_record(l, r, make(), false));
+    with_reg(w, hooks, |l, r| begin_record(l, r, false, make));
 }
 
 #[cold]
 #[inline(never)]
-fn begin_paused(gen: u64, rec: Record) {
+fn begin_paused(gen: u64, make: impl FnOnce() -> Record) {
     let _ = LOCAL.try_with(|l| {
         let r = l.reg.get();
         if l.generation.get() == gen && !r.is_null() {
             // SAFETY: `owner` keeps the registration alive while `reg` is set.
-            begin_record(l, unsafe { &*r }, rec, true);
+            begin_record(l, unsafe { &*r }, true, make);
         }
     });
 }
@@ -522,8 +531,9 @@ fn begin_paused(gen: u64, rec: Record) {
 /// Open a span named by interned id `name` on this thread.
 ///
 /// The common case (recording, not paused, this thread registered in this
-/// generation, nothing being skipped) is kept small so that it inlines into
-/// the binding's method; everything else goes through `begin_with`.
+/// generation) goes straight to [`begin_record`] and is kept small so that it
+/// inlines into the binding's method; everything else (registration, pause,
+/// the forked child) goes through `begin_with`.
 #[inline(always)]
 pub fn begin(name: u32, hooks: &mut dyn ThreadHooks) {
     let w = WORD.load(Ordering::Relaxed);
@@ -535,25 +545,14 @@ pub fn begin(name: u32, hooks: &mut dyn ThreadHooks) {
     }
     let fast = LOCAL.try_with(|l| {
         let r = l.reg.get();
-        if w & 1 != 0 || l.generation.get() != w >> 1 || l.floor.get() != 0 || r.is_null() {
+        if w & 1 != 0 || l.generation.get() != w >> 1 || r.is_null() {
             return false;
         }
         // SAFETY: `owner` keeps the registration alive while `reg` is set.
         let r = unsafe { &*r };
-        let open = l.open_recorded.get();
-        l.depth.set(l.depth.get() + 1);
-        // Reserve the slot for this span's own End plus every End already due.
-        if push(
-            r,
-            Record::new(Kind::Begin, name, clock::ticks(), 0),
-            open as u64 + 1,
-        ) {
-            l.open_recorded.set(open + 1);
-        } else {
-            l.floor.set(l.depth.get());
-            l.floor_counts.set(true);
-            count_drop(r);
-        }
+        begin_record(l, r, false, || {
+            Record::new(Kind::Begin, name, clock::ticks(), 0)
+        });
         true
     });
     if fast != Ok(true) {

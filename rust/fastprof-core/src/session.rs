@@ -102,12 +102,10 @@ impl Session {
     }
 
     /// True while this session records (paused or not) and no failure disabled it.
+    /// Lock-free ([`Session::mark_step`] asks every step): a disabled, stopped
+    /// or superseded session no longer owns the recording generation.
     pub fn is_active(&self) -> bool {
-        self.report.is_none()
-            && registry::is_active()
-            && registry::lock_current()
-                .as_ref()
-                .is_some_and(|s| s.generation() == self.shared.generation)
+        self.report.is_none() && registry::recording_generation() == self.shared.generation
     }
 
     /// Gate new spans, instants and counters until [`Session::resume`]; spans

@@ -152,6 +152,31 @@ fn open_span_is_closed_at_stop_and_marked() {
 }
 
 #[test]
+fn active_while_recording_paused_or_not_until_disabled_or_stopped() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tmpdir("active");
+    let config = || Config {
+        trace_dir: dir.clone(),
+        ..Config::default()
+    };
+    let mut first = Session::start(config()).unwrap();
+    assert!(first.is_active());
+    first.pause().unwrap();
+    assert!(first.is_active() && first.is_paused());
+    first.resume().unwrap();
+    // A failure disables a session without stopping it.
+    first.shared().disable();
+    assert!(!first.is_active() && !first.is_paused());
+    first.stop().unwrap();
+    assert!(!first.is_active());
+    let mut second = Session::start(config()).unwrap();
+    assert!(second.is_active() && !first.is_active());
+    second.stop().unwrap();
+    assert!(!second.is_active());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn second_start_is_refused() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tmpdir("twice");

@@ -144,14 +144,6 @@ fn merge(
     Ok(d)
 }
 
-/// Called in a forked child (os.register_at_fork): forget the parent's
-/// recording. The core's own pthread_atfork handler already did; this is
-/// idempotent and kept for forks that bypass it.
-#[pyfunction]
-fn _after_fork_in_child() {
-    registry::after_fork_in_child();
-}
-
 /// Does nothing: the floor the span benchmark compares against.
 #[pyfunction]
 fn _noop() {}
@@ -203,7 +195,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<actions::_ActionScope>()?;
     m.add_class::<session::Session>()?;
     m.add_function(wrap_pyfunction!(is_active, m)?)?;
-    m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(_noop, m)?)?;
     m.add_function(wrap_pyfunction!(_span_depth, m)?)?;
     m.add_function(wrap_pyfunction!(read_trace, m)?)?;

@@ -300,15 +300,10 @@ pub fn scan_input(
                     }
                     continue; // metadata timestamps (Kineto stamps them) are not event times
                 }
-                let Some(ts) = f.ts.clone().and_then(|r| scan::parse_us_to_ns(&raw[r])) else {
+                let Some(ts) = f.ts_ns(raw) else {
                     continue;
                 };
-                let dur = f
-                    .dur
-                    .clone()
-                    .and_then(|r| scan::parse_us_to_ns(&raw[r]))
-                    .unwrap_or(0)
-                    .max(0);
+                let dur = f.dur_ns(raw);
                 info.min_ts = Some(info.min_ts.map_or(ts, |m| m.min(ts)));
                 info.max_ts = Some(info.max_ts.map_or(ts + dur, |m| m.max(ts + dur)));
                 if ph == b"X"

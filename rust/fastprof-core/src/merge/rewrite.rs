@@ -142,15 +142,10 @@ fn rewrite_valid(raw: &[u8], ctx: &Ctx<'_>, counts: &mut Counts, out: &mut Vec<u
             return;
         }
     }
-    let ts = f.ts.clone().and_then(|r| scan::parse_us_to_ns(&raw[r]));
+    let ts = f.ts_ns(raw);
     if let (false, Some((w0, w1)), Some(t)) = (meta, ctx.window, ts) {
         let start = ctx.info.abs(t);
-        let dur = f
-            .dur
-            .clone()
-            .and_then(|r| scan::parse_us_to_ns(&raw[r]))
-            .unwrap_or(0)
-            .max(0);
+        let dur = f.dur_ns(raw);
         // Overlap, not mere contact: a span ending where the window begins
         // (the previous step) is outside; an instant on the edge is inside.
         let outside = if dur > 0 {

@@ -505,7 +505,7 @@ impl<'o> Reading<'o> {
             b"C" => 2,
             _ => return true,
         };
-        let Some(ts) = get(&f.ts).and_then(scan::parse_us_to_ns) else {
+        let Some(ts) = f.ts_ns(raw) else {
             fs.bad_ts += 1;
             return true;
         };
@@ -519,10 +519,7 @@ impl<'o> Reading<'o> {
         };
         let (pid, tid) = (id(&f.pid), id(&f.tid));
         let name = text(name_raw);
-        let dur = get(&f.dur)
-            .and_then(scan::parse_us_to_ns)
-            .unwrap_or(0)
-            .max(0);
+        let dur = f.dur_ns(raw);
         self.step_marker(fs, ph, &name, &f, raw, pid, ts, dur);
 
         let wanted = match kind {

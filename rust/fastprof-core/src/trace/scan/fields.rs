@@ -25,6 +25,23 @@ pub struct Fields {
 }
 
 impl Fields {
+    /// The event's `ts` in integer ns (see [`parse_us_to_ns`]); None when it
+    /// has none or it is not a number in range. `raw` is the event these
+    /// fields were parsed from.
+    pub fn ts_ns(&self, raw: &[u8]) -> Option<i64> {
+        self.ts.clone().and_then(|r| parse_us_to_ns(&raw[r]))
+    }
+
+    /// The event's `dur` in integer ns: 0 when absent or unreadable, and a
+    /// negative duration counts as 0, so `ts + dur` is never before `ts`.
+    pub fn dur_ns(&self, raw: &[u8]) -> i64 {
+        self.dur
+            .clone()
+            .and_then(|r| parse_us_to_ns(&raw[r]))
+            .unwrap_or(0)
+            .max(0)
+    }
+
     /// None if `event` is not one object with string keys and well-formed
     /// top-level values (nested values are only checked for balance): the
     /// fast view for reading fields. Use [`Fields::parse_checked`] before
