@@ -580,7 +580,12 @@ pub fn begin_extra(name: u32, extra: Box<Extra>, hooks: &mut dyn ThreadHooks) {
 /// opened inside the step are still open, where a plain `end` would close
 /// theirs. Collect pairs the two records as usual; the span's time may
 /// enclose events recorded before it.
-pub fn complete(name: u32, begin_ticks: u64, extra: Option<Box<Extra>>, hooks: &mut dyn ThreadHooks) {
+pub fn complete(
+    name: u32,
+    begin_ticks: u64,
+    extra: Option<Box<Extra>>,
+    hooks: &mut dyn ThreadHooks,
+) {
     let begin_ticks = begin_ticks.min(clock::ticks());
     begin_with(hooks, || match extra {
         Some(x) => Record::with_extra(Kind::Begin, name, begin_ticks, x),

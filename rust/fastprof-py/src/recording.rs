@@ -331,7 +331,11 @@ pub fn end() {
 /// this thread) to now, recorded at once (see `registry::complete`).
 #[pyfunction]
 #[pyo3(signature = (name, begin_ticks, **args))]
-pub fn _complete(name: &Bound<'_, PyAny>, begin_ticks: u64, args: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+pub fn _complete(
+    name: &Bound<'_, PyAny>,
+    begin_ticks: u64,
+    args: Option<&Bound<'_, PyDict>>,
+) -> PyResult<()> {
     surface_notices(name.py());
     if !registry::is_active() {
         return Ok(());
