@@ -2,9 +2,12 @@
 
 Every case profiles the same window with torch.profiler (CPU activity, record_shapes):
 one warmup step and ACTIVE recorded steps of the workload's CNN (``fastprof.workloads``),
-driven by a schedule, so that the window ends inside a ``step()`` call, as in training.
-What is timed is that call (the stall the training thread sees), and then the next
-AFTER steps (the export a case moved off the training thread still shares the cores):
+driven by a schedule, so that the window ends between two training steps, as in training.
+What is timed is the gap on the training thread between the end of the window's last
+step's work and the start of the next step's work (``step()`` and the fetch of the next
+batch: torch stops inside ``step()``, fastprof at the next fetch), and then the next
+AFTER steps (the export a case moved off the training thread still shares the cores and,
+where it holds the GIL, the thread):
   * torch, no handler: ``on_trace_ready=None``, the bare stop (collection and event
     processing, no file);
   * torch, export_chrome_trace: a plain .json written in the handler;
@@ -69,12 +72,16 @@ def main() -> None:
                 on_trace_ready=handler(out) if handler else None,
                 record_shapes=True,
             ) as p:
+                prev = train_s = 0.0
                 for batch in batches:
                     t0 = time.perf_counter()
+                    if prev:
+                        calls.append((train_s, t0 - prev))
                     train(batch)
-                    t1 = time.perf_counter()
+                    prev = time.perf_counter()
+                    train_s = prev - t0
                     p.step()
-                    calls.append((t1 - t0, time.perf_counter() - t1))
+                calls.append((train_s, time.perf_counter() - prev))
             return calls
 
         return run
@@ -105,12 +112,16 @@ def main() -> None:
                 merge=False,
             )
             with prof:
+                prev = train_s = 0.0
                 for batch in prof.loader(batches):
                     t0 = time.perf_counter()
+                    if prev:
+                        calls.append((train_s, t0 - prev))
                     train(batch)
-                    t1 = time.perf_counter()
+                    prev = time.perf_counter()
+                    train_s = prev - t0
                     prof.step()
-                    calls.append((t1 - t0, time.perf_counter() - t1))
+                calls.append((train_s, time.perf_counter() - prev))
             return calls
 
         cases["fastprof.Profiler torch windows"] = fastprof_case
@@ -133,7 +144,7 @@ def main() -> None:
                 calls = cases[name](out)
                 step_calls = [c for _, c in calls]
                 if max(range(n_steps), key=step_calls.__getitem__) != end_at:
-                    late[name] += 1  # the longest step() call was not the window's end
+                    late[name] += 1  # the longest gap between two steps was not the window's end
                 stall[name].append(step_calls[end_at])
                 after[name].extend(t + c for t, c in calls[end_at + 1 :])
                 plain.extend(t for t, _ in calls[:end_at])
@@ -154,7 +165,7 @@ def main() -> None:
     for k in cases:
         s = statistics.median(stall[k]) * 1e3
         a = statistics.median(after[k]) * 1e3
-        note = f"  (longest step() elsewhere in {late[k]} rounds)" if late[k] else ""
+        note = f"  (longest gap elsewhere in {late[k]} rounds)" if late[k] else ""
         print(f"  {k:<40} {s:17.1f} ms {a:11.1f} ms {size.get(k, 0) / 1e6:7.2f} MB{note}")
     bare = statistics.median(stall[names[0]])
     gz = statistics.median(stall["torch, tensorboard_trace_handler(gzip)"])
