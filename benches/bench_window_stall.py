@@ -63,25 +63,31 @@ def main() -> None:
 
     batches = [w.batches[i % len(w.batches)] for i in range(n_steps)]
 
+    def timed(loader: Any, step: Callable[[], None]) -> list[tuple[float, float]]:
+        """(training work, gap to the next step's work) per step: the gap holds
+        ``step()`` and the next fetch (and, after the last step, the loop's end)."""
+        calls: list[tuple[float, float]] = []
+        prev = train_s = 0.0
+        for batch in loader:
+            t0 = time.perf_counter()
+            if prev:
+                calls.append((train_s, t0 - prev))
+            train(batch)
+            prev = time.perf_counter()
+            train_s = prev - t0
+            step()
+        calls.append((train_s, time.perf_counter() - prev))
+        return calls
+
     def torch_case(handler: Callable[[Path], Any] | None) -> Callable[[Path], list[tuple[float, float]]]:
         def run(out: Path) -> list[float]:
-            calls: list[tuple[float, float]] = []
             with tp.profile(
                 activities=[tp.ProfilerActivity.CPU],
                 schedule=tp.schedule(wait=0, warmup=WARMUP, active=args.active, repeat=1),
                 on_trace_ready=handler(out) if handler else None,
                 record_shapes=True,
             ) as p:
-                prev = train_s = 0.0
-                for batch in batches:
-                    t0 = time.perf_counter()
-                    if prev:
-                        calls.append((train_s, t0 - prev))
-                    train(batch)
-                    prev = time.perf_counter()
-                    train_s = prev - t0
-                    p.step()
-                calls.append((train_s, time.perf_counter() - prev))
+                calls = timed(batches, p.step)
             return calls
 
         return run
@@ -103,7 +109,6 @@ def main() -> None:
     if hasattr(fastprof, "Profiler") and hasattr(fastprof, "TorchWindows"):
 
         def fastprof_case(out: Path) -> list[tuple[float, float]]:
-            calls: list[tuple[float, float]] = []
             prof = fastprof.Profiler(
                 out_dir=str(out),
                 run_name="window",
@@ -112,16 +117,7 @@ def main() -> None:
                 merge=False,
             )
             with prof:
-                prev = train_s = 0.0
-                for batch in prof.loader(batches):
-                    t0 = time.perf_counter()
-                    if prev:
-                        calls.append((train_s, t0 - prev))
-                    train(batch)
-                    prev = time.perf_counter()
-                    train_s = prev - t0
-                    prof.step()
-                calls.append((train_s, time.perf_counter() - prev))
+                calls = timed(prof.loader(batches), prof.step)
             return calls
 
         cases["fastprof.Profiler torch windows"] = fastprof_case

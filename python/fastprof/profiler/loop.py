@@ -497,11 +497,7 @@ class Profiler:
         if self._state != "running":
             return
         try:
-            if not self._explicit:
-                self._explicit = True
-                if self._opt_handle is not None:
-                    self._opt_handle.remove()
-                    self._opt_handle = None
+            if self._go_explicit():
                 if self._opt_pending:
                     # The optimizer's step asked for this boundary; it is taken here, once.
                     self._opt_pending = False
@@ -512,6 +508,17 @@ class Profiler:
             self._boundary()
         except Exception as e:  # noqa: BLE001
             self._internal_error("step", e)
+
+    def _go_explicit(self) -> bool:
+        """The loop says where steps end: optimizer steps no longer do. True
+        on the first call."""
+        if self._explicit:
+            return False
+        self._explicit = True
+        if self._opt_handle is not None:
+            self._opt_handle.remove()
+            self._opt_handle = None
+        return True
 
     def _boundary(self) -> None:
         self._take_due_end()
@@ -604,11 +611,7 @@ class Profiler:
         if self._state != "running":
             return
         try:
-            if not self._explicit:
-                self._explicit = True
-                if self._opt_handle is not None:
-                    self._opt_handle.remove()
-                    self._opt_handle = None
+            self._go_explicit()
             self._on_fetch()
         except Exception as e:  # noqa: BLE001
             self._internal_error("begin_step", e)

@@ -336,14 +336,27 @@ pub fn _complete(
     begin_ticks: u64,
     args: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<()> {
+    if let Some((id, extra)) = named_extra(name, args, "span")? {
+        registry::complete(id, begin_ticks, extra, &mut PyHooks(name.py()));
+    }
+    Ok(())
+}
+
+/// The interned id of `name` and the extra (an un-interned name, args) of
+/// an event about to be recorded; None when nothing records or `name` is
+/// dropped (counted).
+fn named_extra(
+    name: &Bound<'_, PyAny>,
+    args: Option<&Bound<'_, PyDict>>,
+    what: &str,
+) -> PyResult<Option<(u32, Option<Box<Extra>>)>> {
     surface_notices(name.py());
     if !registry::is_active() {
-        return Ok(());
+        return Ok(None);
     }
-    let py = name.py();
     let args = args.and_then(args_json);
-    let Some(t) = target_or_drop(py, name, "span")? else {
-        return Ok(());
+    let Some(t) = target_or_drop(name.py(), name, what)? else {
+        return Ok(None);
     };
     let (id, owned) = id_and_name(t);
     let extra = (owned.is_some() || args.is_some()).then(|| {
@@ -353,8 +366,7 @@ pub fn _complete(
             ..Default::default()
         })
     });
-    registry::complete(id, begin_ticks, extra, &mut PyHooks(py));
-    Ok(())
+    Ok(Some((id, extra)))
 }
 
 /// The recorder's clock now, in its own ticks (for `_complete`).
@@ -367,24 +379,9 @@ pub fn _ticks() -> u64 {
 #[pyfunction]
 #[pyo3(signature = (name, **args))]
 pub fn instant(name: &Bound<'_, PyAny>, args: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
-    surface_notices(name.py());
-    if !registry::is_active() {
-        return Ok(());
+    if let Some((id, extra)) = named_extra(name, args, "instant")? {
+        registry::instant(id, extra, &mut PyHooks(name.py()));
     }
-    let py = name.py();
-    let args = args.and_then(args_json);
-    let Some(t) = target_or_drop(py, name, "instant")? else {
-        return Ok(());
-    };
-    let (id, owned) = id_and_name(t);
-    let extra = (owned.is_some() || args.is_some()).then(|| {
-        Box::new(Extra {
-            name: owned,
-            args_json: args,
-            ..Default::default()
-        })
-    });
-    registry::instant(id, extra, &mut PyHooks(py));
     Ok(())
 }
 
