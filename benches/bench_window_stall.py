@@ -45,6 +45,13 @@ def main() -> None:
     ap.add_argument("--active", type=int, default=3, help="recorded steps per window (default 3)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: no spin contention)")
+    ap.add_argument(
+        "--long-run",
+        type=int,
+        default=1000,
+        help="steps of the long run (a window every 50 steps) that checks whether saving a window "
+        "costs more later in the run (0: skip; default 1000)",
+    )
     args = ap.parse_args()
     torch = require_torch()
     torch.set_num_threads(args.threads)
@@ -179,6 +186,39 @@ def main() -> None:
         )
     else:
         print("  (fastprof.Profiler with TorchWindows is not in this build: torch's cases only)")
+
+    if args.long_run and "fastprof.Profiler torch windows" in stall:
+        long_run(args.long_run, batches, timed)
+
+
+def long_run(n: int, pool: list[Any], timed: Callable[..., list[tuple[float, float]]]) -> None:
+    """A window every 50 steps over ``n`` steps: the stall and the export time
+    of the first and the last window (Composer's per-window trace merge grows
+    with the run: 0.2 s per save at batch 50, 4.8 s at batch 950)."""
+    batches = [pool[i % len(pool)] for i in range(n)]
+    with tempfile.TemporaryDirectory() as tmpdir, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = fastprof.Profiler(
+            out_dir=tmpdir,
+            run_name="long",
+            schedule=fastprof.schedule.cyclic(wait=45, warmup=1, active=4, repeat=0),
+            torch=fastprof.TorchWindows(record_shapes=True),
+        )
+        with prof:
+            calls = timed(prof.loader(batches), prof.step)
+            t_exit = time.perf_counter()
+        exit_s = time.perf_counter() - t_exit
+    saved = [w for w in prof.windows if w["saved"]]
+    first, last = saved[0], saved[-1]
+    print(f"\nlong run: {n} steps, a window every 50 steps ({len(saved)} saved)")
+    for label, w in (("first", first), ("last", last)):
+        gap = calls[w["last_step"]][1]
+        print(
+            f"  {label} window (steps {w['first_step']}-{w['last_step']}): stall {gap * 1e3:.1f} ms, "
+            f"torch stop {w['stop_stall_s'] * 1e3:.1f} ms, export {w['export_s'] * 1e3:.0f} ms off the thread"
+        )
+    ratio = last["export_s"] / first["export_s"]
+    print(f"  last / first window export: {ratio:.2f}x (no merge per window; the exit, with its merge: {exit_s:.2f} s)")
 
 
 if __name__ == "__main__":
