@@ -15,8 +15,8 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 $(VENV)/.deps: pyproject.toml | $(PY)
-	$(PY) -m pip install -q 'maturin>=1.7,<2' 'numpy>=1.24' 'psutil>=5.9' 'nvidia-ml-py>=12' 'torch>=2.4' 'lightning>=2.2' 'HolisticTraceAnalysis>=0.5' \
-		'pytest>=8' 'pytest-timeout>=2.3' 'ruff>=0.6' 'mypy>=1.11'
+	$(PY) -m pip install -q 'maturin>=1.7,<2' 'numpy>=1.24' 'psutil>=5.9' 'nvidia-ml-py>=12' 'torch>=2.4' 'lightning>=2.2' 'HolisticTraceAnalysis>=0.5' 'rich>=13' \
+		'pytest>=8' 'pytest-timeout>=2.3' 'jsonschema>=4.18' 'ruff>=0.6' 'mypy>=1.11'
 	touch $@
 
 $(VENV)/.built: $(RUST_SRC) $(VENV)/.deps

@@ -41,6 +41,7 @@ from fastprof._recorder import Recorder, RunStats, current, start, stop
 from fastprof.profiler import schedule
 from fastprof.profiler.loop import Profiler
 from fastprof.profiler.torch_windows import TorchWindows
+from fastprof.reports import Report, report
 
 __all__ = [
     "AlreadyRunningError",
@@ -56,6 +57,7 @@ __all__ = [
     "NotRunningError",
     "Profiler",
     "Recorder",
+    "Report",
     "RunStats",
     "TorchWindows",
     "TraceError",
@@ -69,6 +71,7 @@ __all__ = [
     "name_id",
     "read_columns",
     "read_trace",
+    "report",
     "schedule",
     "span",
     "start",

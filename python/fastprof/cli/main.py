@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from fastprof import __version__
 from fastprof._core import FastprofError
-from fastprof.cli import demo, merge
+from fastprof.cli import demo, diff, merge, report, summary
 
 
 class CommandError(Exception):
@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     demo.add_parser(verbs)
     merge.add_parser(verbs)
+    report.add_parser(verbs)
+    summary.add_parser(verbs)
+    diff.add_parser(verbs)
     return parser
 
 

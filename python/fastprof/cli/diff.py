@@ -1,0 +1,173 @@
+"""``fastprof diff BASE NEW``: compare two runs (throughput, step time p50/p95,
+breakdown parts, peak memory, energy per sample) and exit 1 when NEW crosses
+a threshold: a CI performance gate.
+
+BASE and NEW: run directories, traces, or report.json files written by
+``fastprof report``. Exit status: 0 within the thresholds, 1 when one is
+crossed, 2 on bad input.
+
+Examples:
+  fastprof diff runs/baseline runs/candidate --max-slowdown 10%
+  fastprof diff base/reports/report.json new/reports/report.json --max-memory-growth 1%
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from fastprof._core import FastprofError
+
+
+def add_parser(verbs: Any) -> None:
+    p = verbs.add_parser(
+        "diff",
+        help="compare two runs' reports; exit 1 when a threshold is crossed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("base", help="baseline: run directory, trace, or report.json")
+    p.add_argument("new", help="candidate: run directory, trace, or report.json")
+    p.add_argument(
+        "--max-slowdown", default="10%", help="fail when throughput drops or step time grows more (default 10%%)"
+    )
+    p.add_argument(
+        "--max-memory-growth", default=None, help="fail when peak memory grows more, e.g. 1%% (default: off)"
+    )
+    p.add_argument("--warmup-steps", type=int, help="steps left out of the rates (both runs)")
+    p.set_defaults(run=run)
+
+
+def parse_pct(text: str, flag: str) -> float:
+    t = text.strip()
+    try:
+        v = float(t[:-1]) if t.endswith("%") else float(t) * 100.0 if "." in t and float(t) < 1 else float(t)
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected a percentage, e.g. 10%") from None
+    if not v >= 0:
+        raise ValueError(f"{flag} {text!r}: expected a percentage >= 0")
+    return v
+
+
+def load_doc(path: str, warmup: int | None) -> dict[str, Any]:
+    from fastprof.cli.main import CommandError, describe
+    from fastprof.reports import report
+
+    p = Path(path)
+    if not p.exists():
+        raise CommandError(f"{path}: no such file or directory (expected a run directory, trace or report.json)", 2)
+    if p.is_file() and p.name.endswith(".json") and not p.name.endswith(".pt.trace.json"):
+        try:
+            doc = json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            raise CommandError(f"{path}: not a fastprof report ({describe(e)})", 2) from None
+        if isinstance(doc, dict) and doc.get("schema") == "fastprof.report":
+            return doc
+    try:
+        return dict(report(p, formats=(), warmup_steps=warmup).data)
+    except (FastprofError, ValueError, OSError) as e:
+        raise CommandError(describe(e), exit_code=2) from None
+
+
+def _peak_memory(doc: dict[str, Any]) -> tuple[float | None, str]:
+    gpus = doc["system"]["gpu"]["devices"]
+    peaks = [d["mem_used_peak_b"] for d in gpus if d.get("mem_used_peak_b") is not None]
+    if peaks:
+        return float(max(peaks)), "GPU memory used, peak"
+    rss = [h["rss_peak_b"] for h in doc["system"]["host"] if h.get("rss_peak_b") is not None]
+    return (float(max(rss)), "process RSS, peak") if rss else (None, "peak memory")
+
+
+def _energy_per_sample(doc: dict[str, Any]) -> float | None:
+    vals = [
+        d["energy_per_sample_j"] for d in doc["system"]["gpu"]["devices"] if d.get("energy_per_sample_j") is not None
+    ]
+    return float(sum(vals)) if vals else None
+
+
+def _breakdown_means(doc: dict[str, Any]) -> dict[str, float]:
+    bd = doc.get("breakdown")
+    if not bd or not bd.get("steps"):
+        return {}
+    steps = bd["steps"]
+    parts = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other")
+    return {f"breakdown {p} (s/step)": sum(float(s[f"{p}_ns"]) for s in steps) / len(steps) / 1e9 for p in parts}
+
+
+def compare(
+    base: dict[str, Any], new: dict[str, Any], max_slowdown: float, max_mem: float | None
+) -> tuple[list[dict[str, Any]], int]:
+    """Rows (measure, base, new, change %, limit, verdict) and the exit code."""
+    rows: list[dict[str, Any]] = []
+
+    def add(name: str, b: float | None, n: float | None, worse_if_higher: bool, limit: float | None) -> None:
+        change = None if b is None or n is None or b == 0 else 100.0 * (n - b) / abs(b)
+        worse = None if change is None else (change if worse_if_higher else -change)
+        failed = limit is not None and worse is not None and worse > limit
+        rows.append({"measure": name, "base": b, "new": n, "change_pct": change, "limit_pct": limit, "failed": failed})
+
+    add(
+        "train iterations/s",
+        base["speed"]["train"]["iterations_per_s"],
+        new["speed"]["train"]["iterations_per_s"],
+        False,
+        max_slowdown,
+    )
+    add(
+        "train samples/s",
+        base["speed"]["train"]["samples_per_s"],
+        new["speed"]["train"]["samples_per_s"],
+        False,
+        max_slowdown,
+    )
+    add(
+        "step time p50 (s)", base["speed"]["step_time"]["p50_s"], new["speed"]["step_time"]["p50_s"], True, max_slowdown
+    )
+    add("step time p95 (s)", base["speed"]["step_time"]["p95_s"], new["speed"]["step_time"]["p95_s"], True, None)
+    bb, nb = _breakdown_means(base), _breakdown_means(new)
+    for k in bb:
+        if k in nb:
+            add(k, bb[k], nb[k], True, None)
+    (bm, what), (nm, _) = _peak_memory(base), _peak_memory(new)
+    add(what + " (B)", bm, nm, True, max_mem)
+    add("energy per sample (J)", _energy_per_sample(base), _energy_per_sample(new), True, None)
+    return rows, 1 if any(r["failed"] for r in rows) else 0
+
+
+def fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.6g}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastprof.cli.main import CommandError
+
+    try:
+        max_slowdown = parse_pct(args.max_slowdown, "--max-slowdown")
+        max_mem = parse_pct(args.max_memory_growth, "--max-memory-growth") if args.max_memory_growth else None
+    except ValueError as e:
+        raise CommandError(str(e), exit_code=2) from None
+    base = load_doc(args.base, args.warmup_steps)
+    new = load_doc(args.new, args.warmup_steps)
+    rows, code = compare(base, new, max_slowdown, max_mem)
+    t = Table(title=f"fastprof diff: {args.base} -> {args.new}")
+    for col in ("measure", "base", "new", "change", "limit", ""):
+        t.add_column(col, justify="left" if col == "measure" else "right")
+    for r in rows:
+        t.add_row(
+            r["measure"],
+            fmt(r["base"]),
+            fmt(r["new"]),
+            "-" if r["change_pct"] is None else f"{r['change_pct']:+.1f}%",
+            "-" if r["limit_pct"] is None else f"{r['limit_pct']:g}%",
+            "FAIL" if r["failed"] else "",
+        )
+    Console(width=140, highlight=False).print(t)
+    failed = [r["measure"] for r in rows if r["failed"]]
+    if failed:
+        print(f"fastprof diff: threshold crossed: {', '.join(failed)}")
+    return code

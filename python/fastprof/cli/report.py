@@ -1,0 +1,75 @@
+"""``fastprof report``: time, speed, system, ranks and recommendations of a
+run, written as report.json (versioned schema) and CSV tables.
+
+Examples:
+  fastprof report fastprof_runs/run-1              # writes fastprof_runs/run-1/reports/
+  fastprof report run-1/trace.json.gz -o out --verbose
+  fastprof report rank0/torch/ep0-ba4.pt.trace.json.gz --batch-size 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from fastprof._core import FastprofError
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="a run directory written by fastprof.Profiler, or one fastprof / torch.profiler trace")
+    p.add_argument(
+        "--warmup-steps", type=int, help="steps left out of the rates (default: schedule skip_first, else 1)"
+    )
+    p.add_argument("--batch-size", type=int, help="samples per step, for samples/s (default: a batch_size counter)")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="every span name in the time table, not only the loop's"
+    )
+
+
+def add_parser(verbs: Any) -> None:
+    p = verbs.add_parser(
+        "report",
+        help="write a run's reports (JSON, CSV) and print the key tables",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_common(p)
+    p.add_argument("-o", "--output", help="output directory (default: <run>/reports/)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no tables, no progress; print the files written")
+    p.set_defaults(run=run)
+
+
+def build(args: argparse.Namespace, out_dir: str | None, formats: tuple[str, ...], progress: bool) -> Any:
+    """Run :func:`fastprof.report` for a verb, bad input as one line, exit 2."""
+    from fastprof.cli.main import CommandError, describe
+    from fastprof.reports import report
+
+    if not Path(args.path).exists():
+        raise CommandError(f"{args.path}: no such file or directory (expected a run directory or a trace)", exit_code=2)
+    try:
+        return report(
+            args.path,
+            out_dir=out_dir,
+            formats=formats,
+            verbose=args.verbose,
+            progress=progress,
+            warmup_steps=args.warmup_steps,
+            batch_size=args.batch_size,
+        )
+    except (FastprofError, ValueError, OSError) as e:
+        raise CommandError(describe(e), exit_code=2) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    rep = build(args, args.output, ("json", "csv"), progress=sys.stderr.isatty() and not args.quiet)
+    if args.quiet:
+        for f in rep.files:
+            print(f)
+        return 0
+    rep.print(verbose=args.verbose)
+    if rep.files:
+        print(f"\nwrote {len(rep.files)} files to {rep.files[0].parent} (report.json, one CSV per table)")
+        print(f"compare two runs: fastprof diff {args.path} OTHER_RUN")
+    return 0

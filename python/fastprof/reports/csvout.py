@@ -1,0 +1,59 @@
+"""CSV output: one file per table of the report (``time.csv``, ``steps.csv``,
+``loaders.csv`` ...), a header row and one row per item."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Any
+
+
+def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The report's tables: name -> rows (flat dicts of scalars)."""
+    speed, system, ranks = doc["speed"], doc["system"], doc["ranks"]
+    out: dict[str, list[dict[str, Any]]] = {
+        "time": doc["time"]["rows"],
+        "speed": [
+            {
+                "iterations_per_s": speed["train"]["iterations_per_s"],
+                "samples_per_s": speed["train"]["samples_per_s"],
+                "batch_size": speed["batch_size"]["value"],
+                "warmup_steps_excluded": speed["warmup"]["steps_excluded"],
+                **{f"step_{k}": v for k, v in speed["step_time"].items() if k != "trend"},
+                **{f"trend_{k}": v for k, v in speed["step_time"]["trend"].items()},
+            }
+        ],
+        "train_ranks": speed["train"]["per_rank"],
+        "loaders": speed["loaders"],
+        "validation": speed["validation"],
+        "gpus": system["gpu"]["devices"],
+        "host": system["host"],
+        "overhead": system["overhead"],
+        "ranks": ranks["per_rank"],
+        "slowest_rank_per_step": ranks["slowest"],
+        "recommendations": doc["recommendations"]["checks"],
+    }
+    if doc.get("breakdown"):
+        out["breakdown"] = [
+            {k: v for k, v in s.items() if not isinstance(v, (dict, list))} for s in doc["breakdown"].get("steps", [])
+        ]
+    return out
+
+
+def write_csv(doc: dict[str, Any], out_dir: Path) -> list[Path]:
+    written = []
+    for name, rows in tables(doc).items():
+        path = out_dir / f"{name}.csv"
+        tmp = out_dir / f".{name}.csv.tmp-{os.getpid()}"
+        fields: list[str] = []
+        for r in rows:
+            fields.extend(k for k in r if k not in fields)
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: "" if v is None else v for k, v in r.items()})
+        os.replace(tmp, path)
+        written.append(path)
+    return written

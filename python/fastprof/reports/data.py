@@ -1,0 +1,273 @@
+"""What a report reads: one run directory or one trace, as numpy columns.
+
+Everything per event comes from :func:`fastprof.read_columns` (the Rust
+scanner); this module only groups those columns with numpy. The few small
+JSON documents next to the traces (``rank*/profiler.json``, the fastprof
+segments' ``otherData``) are read whole, the segments' tail by a streaming
+decompression that keeps only the last megabyte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from fastprof._columns import Columns, read_columns
+from fastprof._core import FastprofError, FastprofFileNotFoundError
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+_TAIL_BYTES = 1 << 20
+_RANK_DIR = re.compile(r"^rank(\d+)$")
+
+
+class ReportInputError(FastprofError, ValueError):
+    """The path given to a report is not a run directory or a trace."""
+
+
+@dataclass
+class Spans:
+    """One span name's rows on one rank, sorted by start: ts and dur in ns."""
+
+    ts: I64
+    dur: I64
+
+    @property
+    def end(self) -> I64:
+        return self.ts + self.dur
+
+
+@dataclass
+class RunData:
+    """A run's columns and side documents (see :func:`load`)."""
+
+    path: Path
+    run_dir: Path | None
+    cols: Columns
+    #: rank -> parsed rank{R}/profiler.json
+    profiler: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: rank -> otherData of that rank's main fastprof recording (last segment)
+    other: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: rank -> otherData of DataLoader workers' recordings (last segment each)
+    worker_other: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    _names: npt.NDArray[np.object_] | None = None
+
+    @property
+    def inputs(self) -> list[str]:
+        return [str(f["path"]) for f in self.cols.files]
+
+    @property
+    def ranks(self) -> list[int]:
+        r = np.concatenate([self.cols.spans["rank"], self.cols.counters["rank"]])
+        out = sorted(int(x) for x in np.unique(r))
+        return out or [0]
+
+    def name_id(self, name: str) -> int | None:
+        try:
+            return self.cols.names.index(name)
+        except ValueError:
+            return None
+
+    def span_names(self) -> list[str]:
+        ids = np.unique(self.cols.spans["name"])
+        return [self.cols.names[int(i)] for i in ids]
+
+    def spans(self, name: str, rank: int | None = None) -> Spans:
+        """Rows of one span name (all ranks when ``rank`` is None), by start."""
+        s = self.cols.spans
+        nid = self.name_id(name)
+        if nid is None:
+            return Spans(np.zeros(0, np.int64), np.zeros(0, np.int64))
+        m = s["name"] == nid
+        if rank is not None:
+            m &= s["rank"] == rank
+        ts, dur = s["ts"][m], s["dur"][m]
+        order = np.argsort(ts, kind="stable")
+        return Spans(ts[order].astype(np.int64), dur[order].astype(np.int64))
+
+    def counter(self, name: str, rank: int) -> tuple[I64, F64]:
+        """(ts ns, value) of one counter track on one rank, by time."""
+        c = self.cols.counters
+        nid = self.name_id(name)
+        if nid is None:
+            return np.zeros(0, np.int64), np.zeros(0, np.float64)
+        m = (c["name"] == nid) & (c["rank"] == rank)
+        ts, v = c["ts"][m], c["value"][m]
+        order = np.argsort(ts, kind="stable")
+        return ts[order].astype(np.int64), v[order].astype(np.float64)
+
+    def counter_names(self) -> list[str]:
+        return [self.cols.names[int(i)] for i in np.unique(self.cols.counters["name"])]
+
+    def wall(self, rank: int | None = None) -> tuple[int, int]:
+        """First and last instant (epoch ns) of the rank's spans and counters."""
+        s, c = self.cols.spans, self.cols.counters
+        ms = np.ones(len(s["ts"]), bool) if rank is None else s["rank"] == rank
+        mc = np.ones(len(c["ts"]), bool) if rank is None else c["rank"] == rank
+        starts = np.concatenate([s["ts"][ms], c["ts"][mc]])
+        ends = np.concatenate([s["ts"][ms] + s["dur"][ms], c["ts"][mc]])
+        if not len(starts):
+            return 0, 0
+        return int(starts.min()), int(ends.max())
+
+
+def load(path: str | os.PathLike[str]) -> RunData:
+    """Read a run directory (its unified ``trace.json.gz`` when there is one,
+    else every rank's segments and torch windows) or a single trace.
+
+    Raises :class:`fastprof.FastprofFileNotFoundError` for a missing path,
+    :class:`fastprof.TraceError` for a file that is not a trace and
+    :class:`ReportInputError` for a directory holding no trace."""
+    p = Path(path)
+    if not p.exists():
+        raise FastprofFileNotFoundError(2, "no such file or directory", str(p))
+    run_dir: Path | None = None
+    if p.is_dir():
+        run_dir = p
+        unified = p / "trace.json.gz"
+        target: Path = unified if unified.is_file() else p
+    else:
+        target = p
+        if p.name == "trace.json.gz" and any(p.parent.glob("rank*/profiler.json")):
+            run_dir = p.parent
+    cols = read_columns(target)
+    if not cols.files or (not len(cols.spans["ts"]) and not len(cols.counters["ts"])):
+        raise ReportInputError(f"{p}: no trace events found (expected a fastprof run directory or a trace file)")
+    data = RunData(path=p, run_dir=run_dir, cols=cols)
+    if run_dir is not None:
+        _read_side_documents(data, run_dir)
+    elif p.name.startswith("fastprof.") and p.name.endswith(".json.gz"):
+        other = read_other_data(p)
+        if other is not None:
+            data.other[int(other.get("rank", 0) or 0)] = other
+    return data
+
+
+def _read_side_documents(data: RunData, run_dir: Path) -> None:
+    for rank_dir in sorted(run_dir.glob("rank*")):
+        m = _RANK_DIR.match(rank_dir.name)
+        if not m or not rank_dir.is_dir():
+            continue
+        rank = int(m.group(1))
+        summary = rank_dir / "profiler.json"
+        if summary.is_file():
+            try:
+                data.profiler[rank] = json.loads(summary.read_text())
+            except (OSError, ValueError):
+                data.cols.warnings.append(f"{summary}: not valid JSON; its schedule and windows are left out")
+        # The last closed segment of each recording holds its final counts.
+        last: dict[str, tuple[int, Path]] = {}
+        for seg in rank_dir.rglob("fastprof.*.json.gz"):
+            parts = seg.name.split(".")
+            try:
+                n = int(parts[-3])
+            except (ValueError, IndexError):
+                continue
+            key = str(seg.parent)
+            if key not in last or n > last[key][0]:
+                last[key] = (n, seg)
+        for parent, (_, seg) in sorted(last.items()):
+            other = read_other_data(seg)
+            if other is None:
+                continue
+            if Path(parent) == rank_dir:
+                data.other[rank] = other
+            else:
+                data.worker_other.setdefault(rank, []).append(other)
+
+
+def read_other_data(path: Path) -> dict[str, Any] | None:
+    """The ``otherData`` object at the end of a fastprof segment, found by
+    decompressing the file as a stream and keeping only its tail."""
+    tail = b""
+    try:
+        with open(path, "rb") as f:
+            d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+            while True:
+                chunk = f.read(1 << 20)
+                if not chunk:
+                    break
+                tail = (tail + d.decompress(chunk))[-_TAIL_BYTES:]
+                while d.unused_data:  # a further gzip member
+                    rest = d.unused_data
+                    d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+                    tail = (tail + d.decompress(rest))[-_TAIL_BYTES:]
+            tail = (tail + d.flush())[-_TAIL_BYTES:]
+    except (OSError, zlib.error):
+        return None
+    at = tail.rfind(b'"otherData":')
+    if at < 0:
+        return None
+    body = tail[at + len(b'"otherData":') :].rstrip()
+    if body.endswith(b"}"):
+        body = body[:-1]
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def warmup_from_schedule(profiler: dict[str, Any]) -> int:
+    """skip_first of the Profiler's schedule (0 when it has none)."""
+    m = re.search(r"skip_first=(\d+)", str(profiler.get("schedule", "")))
+    return int(m.group(1)) if m else 0
+
+
+def grouped_quantiles(values: F64, starts: I64, counts: I64, q: float) -> F64:
+    """Quantile ``q`` of each group of ``values`` (sorted within groups),
+    group g being ``values[starts[g]:starts[g]+counts[g]]``; numpy's
+    "linear" method, for every group at once."""
+    if not len(counts):
+        return np.zeros(0, np.float64)
+    pos = (counts - 1) * q
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, counts - 1)
+    a = values[starts + lo]
+    b = values[starts + hi]
+    return np.asarray(a + (b - a) * (pos - lo), dtype=np.float64)
+
+
+def step_spans(data: RunData, rank: int) -> tuple[Spans, str]:
+    """The rank's training steps: fastprof ``step`` spans, else torch's
+    ``ProfilerStep#N`` spans. Returns the spans and the source's name."""
+    s = data.spans("step", rank)
+    if len(s.ts):
+        return s, "step"
+    names = data.cols.names
+    ids = [i for i, n in enumerate(names) if n.startswith("ProfilerStep#")]
+    if not ids:
+        return s, "none"
+    sp = data.cols.spans
+    m = np.isin(sp["name"], ids) & (sp["rank"] == rank)
+    ts, dur = sp["ts"][m], sp["dur"][m]
+    order = np.argsort(ts, kind="stable")
+    return Spans(ts[order].astype(np.int64), dur[order].astype(np.int64)), "ProfilerStep#N"
+
+
+def loader_names(data: RunData) -> list[str]:
+    out = []
+    for n in data.span_names():
+        if n.startswith("loader.") and n.endswith(".next"):
+            out.append(n[len("loader.") : -len(".next")])
+    return sorted(out)
+
+
+def sum_inside(inner_ts: I64, inner_dur: I64, outer_ts: I64, outer_end: I64) -> I64:
+    """Per outer interval, the summed duration of the inner spans that start
+    inside it (both sorted by start)."""
+    if not len(outer_ts):
+        return np.zeros(0, np.int64)
+    csum = np.concatenate([[0], np.cumsum(inner_dur, dtype=np.int64)])
+    a = np.searchsorted(inner_ts, outer_ts, side="left")
+    b = np.searchsorted(inner_ts, outer_end, side="left")
+    return np.asarray(csum[b] - csum[a], dtype=np.int64)

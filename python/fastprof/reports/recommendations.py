@@ -1,0 +1,178 @@
+"""Recommendations: rules over the measured numbers, each quoting the number
+that triggered it. Every rule is listed in ``checks`` with its status
+(``fired``, ``ok``, or ``not_evaluated`` and why), so a quiet report says
+what it looked at."""
+
+from __future__ import annotations
+
+from typing import Any
+
+LOADER_SHARE_PCT = 5.0
+GPU_UTIL_PCT = 50.0
+MEMORY_PCT = 90.0
+COMM_PCT = 10.0
+HOST_CPU_PCT = 90.0
+WORKERS_CPU_PCT = 100.0  # at least one core busy in the workers
+
+
+def _check(rule: str, status: str, measured: float | None, threshold: float, message: str) -> dict[str, Any]:
+    return {"rule": rule, "status": status, "measured": measured, "threshold": threshold, "message": message}
+
+
+def _mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    vals = [float(r[key]) for r in rows if r.get(key) is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _breakdown_share(breakdown: dict[str, Any] | None, part: str) -> float | None:
+    """A role's share of all steps' time (%), from the breakdown when present."""
+    if not breakdown:
+        return None
+    steps = breakdown.get("steps") or []
+    total = sum(float(s.get("duration_ns") or 0) for s in steps)
+    if total <= 0:
+        return None
+    return 100.0 * sum(float(s.get(part) or 0) for s in steps) / total
+
+
+def recommend(speed: dict[str, Any], system: dict[str, Any], breakdown: dict[str, Any] | None) -> dict[str, Any]:
+    checks: list[dict[str, Any]] = []
+
+    # DataLoader share of step time.
+    share = _breakdown_share(breakdown, "dataloader_ns")
+    source = "step-time breakdown"
+    if share is None:
+        share = _mean_of(speed["train"]["per_rank"], "loader_share_pct")
+        source = "time in loader.train.next inside steps"
+    if share is None:
+        checks.append(_check("dataloader", "not_evaluated", None, LOADER_SHARE_PCT, "no train loader or no steps"))
+    elif share > LOADER_SHARE_PCT:
+        checks.append(
+            _check(
+                "dataloader",
+                "fired",
+                share,
+                LOADER_SHARE_PCT,
+                f"DataLoader takes {share:.1f}% of step time ({source}; threshold {LOADER_SHARE_PCT:g}%): "
+                "use more DataLoader workers (num_workers), pin_memory=True, a larger prefetch_factor, "
+                "or cheaper per-sample work in __getitem__",
+            )
+        )
+    else:
+        checks.append(_check("dataloader", "ok", share, LOADER_SHARE_PCT, f"DataLoader {share:.1f}% of step time"))
+
+    # GPU utilisation.
+    devices = system["gpu"]["devices"]
+    util = _mean_of(devices, "util_mean_pct")
+    if breakdown and breakdown.get("steps"):
+        vals = [s["gpu_util"] for s in breakdown["steps"] if s.get("gpu_util") is not None]
+        if vals:
+            util = 100.0 * sum(vals) / len(vals)
+    if util is None:
+        checks.append(_check("gpu_utilization", "not_evaluated", None, GPU_UTIL_PCT, system["gpu"]["reason"] or ""))
+    elif util < GPU_UTIL_PCT:
+        checks.append(
+            _check(
+                "gpu_utilization",
+                "fired",
+                util,
+                GPU_UTIL_PCT,
+                f"GPU utilisation is {util:.1f}% (threshold {GPU_UTIL_PCT:g}%): try a larger batch size, "
+                "and look for host-side stalls (data loading, synchronisation) between kernels",
+            )
+        )
+    else:
+        checks.append(_check("gpu_utilization", "ok", util, GPU_UTIL_PCT, f"GPU utilisation {util:.1f}%"))
+
+    # Peak device memory.
+    peaks = [
+        100.0 * d["mem_used_peak_b"] / d["mem_total_b"]
+        for d in devices
+        if d.get("mem_used_peak_b") and d.get("mem_total_b")
+    ]
+    if not peaks:
+        checks.append(
+            _check("gpu_memory", "not_evaluated", None, MEMORY_PCT, system["gpu"]["reason"] or "no memory counters")
+        )
+    elif max(peaks) > MEMORY_PCT:
+        checks.append(
+            _check(
+                "gpu_memory",
+                "fired",
+                max(peaks),
+                MEMORY_PCT,
+                f"peak GPU memory is {max(peaks):.1f}% of the device (threshold {MEMORY_PCT:g}%): use activation "
+                "checkpointing or mixed precision (AMP) to make room, or a smaller batch",
+            )
+        )
+    else:
+        checks.append(_check("gpu_memory", "ok", max(peaks), MEMORY_PCT, f"peak GPU memory {max(peaks):.1f}%"))
+
+    # Communication.
+    comm = _breakdown_share(breakdown, "communication_ns")
+    if comm is None:
+        checks.append(
+            _check("communication", "not_evaluated", None, COMM_PCT, "needs the step-time breakdown (torch windows)")
+        )
+    elif comm > COMM_PCT:
+        checks.append(
+            _check(
+                "communication",
+                "fired",
+                comm,
+                COMM_PCT,
+                f"communication takes {comm:.1f}% of step time (threshold {COMM_PCT:g}%): overlap it with compute "
+                "(DDP bucket size, gradient accumulation with no_sync), compress gradients, or check the interconnect",
+            )
+        )
+    else:
+        checks.append(_check("communication", "ok", comm, COMM_PCT, f"communication {comm:.1f}% of step time"))
+
+    # Host CPU saturated by DataLoader workers.
+    hosts = system["host"]
+    cpu = max((h["cpu_max_pct"] for h in hosts if h.get("cpu_max_pct") is not None), default=None)
+    cpu_mean = _mean_of(hosts, "cpu_mean_pct")
+    workers = _mean_of(hosts, "workers_cpu_mean_pct")
+    if cpu_mean is None or workers is None:
+        checks.append(_check("host_cpu", "not_evaluated", None, HOST_CPU_PCT, "no host CPU or worker counters"))
+    elif cpu_mean > HOST_CPU_PCT and workers >= WORKERS_CPU_PCT:
+        checks.append(
+            _check(
+                "host_cpu",
+                "fired",
+                cpu_mean,
+                HOST_CPU_PCT,
+                f"host CPU is {cpu_mean:.1f}% busy on average (peak {cpu:.1f}%) with DataLoader workers using "
+                f"{workers:.0f}% of a core: use fewer workers, or faster decoding/augmentation",
+            )
+        )
+    else:
+        checks.append(
+            _check(
+                "host_cpu", "ok", cpu_mean, HOST_CPU_PCT, f"host CPU {cpu_mean:.1f}%, workers {workers:.0f}% of a core"
+            )
+        )
+
+    # Tensor cores (AMP).
+    tc = None
+    if breakdown and breakdown.get("steps"):
+        vals = [s["tensor_core_share"] for s in breakdown["steps"] if s.get("tensor_core_share") is not None]
+        tc = 100.0 * sum(vals) / len(vals) if vals else None
+    if tc is None:
+        checks.append(
+            _check("tensor_cores", "not_evaluated", None, 50.0, "needs the step-time breakdown with GPU kernels")
+        )
+    elif tc < 50.0:
+        checks.append(
+            _check(
+                "tensor_cores",
+                "fired",
+                tc,
+                50.0,
+                f"only {tc:.1f}% of kernel time uses tensor cores: enable mixed precision (torch.autocast / AMP)",
+            )
+        )
+    else:
+        checks.append(_check("tensor_cores", "ok", tc, 50.0, f"tensor cores in {tc:.1f}% of kernel time"))
+
+    return {"items": [c for c in checks if c["status"] == "fired"], "checks": checks}

@@ -1,0 +1,175 @@
+"""Speed report: training and validation iterations/s and samples/s, loader
+throughput, and the step-time distribution with its trend.
+
+Warm-up steps (one-time costs: lazy init, worker start, allocator growth) are
+left out of the rates and of the distribution, and the report says how many
+and why: the ``warmup_steps`` given, else the schedule's ``skip_first``, else
+the first step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fastprof.reports.data import RunData, loader_names, step_spans, sum_inside, warmup_from_schedule
+
+
+def warmup_steps(data: RunData, given: int | None) -> tuple[int, str]:
+    if given is not None:
+        return max(0, int(given)), "given (warmup_steps)"
+    skip = max((warmup_from_schedule(p) for p in data.profiler.values()), default=0)
+    if skip > 0:
+        return skip, "the schedule's skip_first"
+    return 1, "default: the first step (one-time setup costs)"
+
+
+def batch_size(data: RunData, given: int | None) -> tuple[int | None, str]:
+    if given is not None:
+        return int(given), "given (batch_size)"
+    for name in ("batch_size", "loader.train.batch_size"):
+        for r in data.ranks:
+            _ts, v = data.counter(name, r)
+            if len(v) and v[-1] > 0:
+                return int(v[-1]), f"counter {name!r}"
+    return None, "unknown: pass batch_size= (or --batch-size), or record a 'batch_size' counter"
+
+
+def _dist(x: np.ndarray[Any, np.dtype[np.float64]]) -> dict[str, Any]:
+    if not len(x):
+        return {"count": 0, "mean_s": None, "p50_s": None, "p95_s": None, "max_s": None}
+    return {
+        "count": len(x),
+        "mean_s": float(x.mean()),
+        "p50_s": float(np.percentile(x, 50)),
+        "p95_s": float(np.percentile(x, 95)),
+        "max_s": float(x.max()),
+    }
+
+
+def speed_report(data: RunData, warmup: int | None = None, batch: int | None = None) -> dict[str, Any]:
+    n_warm, warm_src = warmup_steps(data, warmup)
+    bs, bs_src = batch_size(data, batch)
+    per_rank: list[dict[str, Any]] = []
+    kept: list[np.ndarray[Any, np.dtype[np.float64]]] = []
+    step_source = "none"
+    excluded = 0
+    for r in data.ranks:
+        steps, src = step_spans(data, r)
+        if src != "none":
+            step_source = src
+        n = len(steps.dur)
+        skip = n_warm if n > n_warm else 0
+        excluded = max(excluded, skip)
+        dur = steps.dur[skip:].astype(np.float64) / 1e9
+        kept.append(dur)
+        total = float(dur.sum())
+        ips = len(dur) / total if total > 0 else None
+        # Time blocked in the train loader's next() inside the measured steps.
+        nxt = data.spans("loader.train.next", r)
+        waited = sum_inside(nxt.ts, nxt.dur, steps.ts[skip:], steps.end[skip:])
+        share = 100.0 * float(waited.sum()) / 1e9 / total if total > 0 and len(nxt.ts) else None
+        per_rank.append(
+            {
+                "rank": r,
+                "steps": n,
+                "steps_measured": len(dur),
+                "seconds": total,
+                "iterations_per_s": ips,
+                "samples_per_s": ips * bs if ips is not None and bs else None,
+                "loader_share_pct": share,
+            }
+        )
+    alld = np.concatenate(kept) if kept else np.zeros(0)
+    rates = [p["iterations_per_s"] for p in per_rank if p["iterations_per_s"] is not None]
+    ips_all = float(np.mean(rates)) if rates else None
+    samples = [p["samples_per_s"] for p in per_rank if p["samples_per_s"] is not None]
+    trend: dict[str, Any] = {"slope_s_per_step": None, "change_pct_over_run": None}
+    if len(kept) and len(kept[0]) >= 3:
+        y = np.mean(np.vstack([k[: min(map(len, kept))] for k in kept]), axis=0)
+        slope = float(np.polyfit(np.arange(len(y), dtype=np.float64), y, 1)[0])
+        trend = {
+            "slope_s_per_step": slope,
+            "change_pct_over_run": 100.0 * slope * (len(y) - 1) / float(y.mean()) if y.mean() > 0 else None,
+        }
+    return {
+        "warmup": {
+            "steps_excluded": excluded,
+            "source": warm_src,
+            "note": f"the first {excluded} step(s) of each rank are left out of rates and distributions"
+            if excluded
+            else "no step left out (too few steps)",
+        },
+        "batch_size": {"value": bs, "source": bs_src},
+        "step_source": step_source,
+        "train": {
+            "iterations_per_s": ips_all,
+            "samples_per_s": float(np.sum(samples)) if samples else None,
+            "note": "iterations/s: mean over ranks; samples/s: sum over ranks (data parallel)",
+            "per_rank": per_rank,
+        },
+        "step_time": {**_dist(alld), "trend": trend},
+        "loaders": _loaders(data, bs),
+        "validation": _validation(data, bs),
+    }
+
+
+def _loaders(data: RunData, bs: int | None) -> list[dict[str, Any]]:
+    rows = []
+    for r in data.ranks:
+        for name in loader_names(data):
+            _ts, wait_ms = data.counter(f"loader.{name}.wait_ms", r)
+            nxt = data.spans(f"loader.{name}.next", r)
+            if not len(nxt.ts):
+                continue
+            # One wait_ms sample per batch delivered (the exhausting next() has none).
+            batches = len(wait_ms) if len(wait_ms) else len(nxt.ts)
+            wait = float(wait_ms.sum()) / 1e3 if len(wait_ms) else float(nxt.dur.sum()) / 1e9
+            per_batch = wait / batches if batches else None
+            rows.append(
+                {
+                    "rank": r,
+                    "loader": name,
+                    "batches": batches,
+                    "wait_total_s": wait,
+                    "wait_per_batch_s": per_batch,
+                    "wait_per_sample_s": per_batch / bs if per_batch is not None and bs else None,
+                    "batches_per_s_waited": batches / wait if wait > 0 else None,
+                }
+            )
+    return rows
+
+
+def _validation(data: RunData, bs: int | None) -> list[dict[str, Any]]:
+    rows = []
+    for name in loader_names(data):
+        if name == "train":
+            continue
+        for r in data.ranks:
+            it = data.spans(f"loader.{name}.iter", r)
+            nxt = data.spans(f"loader.{name}.next", r)
+            _ts, wait_ms = data.counter(f"loader.{name}.wait_ms", r)
+            if not len(it.ts) or not len(nxt.ts):
+                continue
+            # A pass runs from its iter() to the end of its last next().
+            bounds = np.concatenate([it.ts[1:], [np.iinfo(np.int64).max]])
+            last = np.searchsorted(nxt.ts, bounds, side="left") - 1
+            first = np.searchsorted(nxt.ts, it.ts, side="left")
+            ok = last >= first
+            ends = np.where(ok, nxt.end[np.clip(last, 0, None)], it.ts)
+            seconds = float((ends - it.ts)[ok].sum()) / 1e9
+            batches = len(wait_ms) if len(wait_ms) else max(len(nxt.ts) - len(it.ts), 0)
+            ips = batches / seconds if seconds > 0 else None
+            rows.append(
+                {
+                    "rank": r,
+                    "loader": name,
+                    "passes": len(it.ts),
+                    "batches": batches,
+                    "seconds": seconds,
+                    "iterations_per_s": ips,
+                    "samples_per_s": ips * bs if ips is not None and bs else None,
+                }
+            )
+    return rows

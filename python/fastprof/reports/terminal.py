@@ -1,0 +1,124 @@
+"""Terminal tables (rich) of a report document: the key numbers in seconds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _s(v: Any, fmt: str = "{:.4f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _bytes(v: Any) -> str:
+    if v is None:
+        return "-"
+    v = float(v)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(v) < 1024 or unit == "TiB":
+            return f"{v:.1f} {unit}"
+        v /= 1024
+    return f"{v:.1f} TiB"
+
+
+def render(doc: dict[str, Any], verbose: bool = False, file: Any = None) -> None:
+    con = Console(file=file, width=140, highlight=False)
+    src = doc["source"]
+    con.print(
+        f"[bold]fastprof report[/bold] {src['path']}  ranks {src['ranks']}  wall {doc['wall']['duration_s']:.3f} s"
+    )
+
+    rows = doc["time"]["rows"]
+    t = Table(title="Time (seconds)" + (" - every span" if doc["time"]["verbose"] else " - training loop"))
+    for col in ("rank", "name", "count", "total", "mean", "p50", "p95", "max", "% wall"):
+        t.add_column(col, justify="left" if col == "name" else "right")
+    limit = None if verbose else 25
+    for r in rows[:limit]:
+        t.add_row(
+            str(r["rank"]),
+            r["name"],
+            str(r["count"]),
+            _s(r["total_s"]),
+            _s(r["mean_s"], "{:.5f}"),
+            _s(r["p50_s"], "{:.5f}"),
+            _s(r["p95_s"], "{:.5f}"),
+            _s(r["max_s"], "{:.5f}"),
+            _s(r["pct_wall"], "{:.1f}"),
+        )
+    con.print(t)
+    if limit is not None and len(rows) > limit:
+        con.print(f"  ({len(rows) - limit} more rows in time.csv / report.json)")
+
+    sp = doc["speed"]
+    st = sp["step_time"]
+    t = Table(title="Speed")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    t.add_row("train iterations/s", _s(sp["train"]["iterations_per_s"], "{:.2f}"))
+    t.add_row("train samples/s", _s(sp["train"]["samples_per_s"], "{:.1f}"))
+    t.add_row("batch size", f"{_s(sp['batch_size']['value'], '{}')} ({sp['batch_size']['source']})")
+    t.add_row("warm-up excluded", f"{sp['warmup']['steps_excluded']} step(s) ({sp['warmup']['source']})")
+    t.add_row("step p50 / p95 / max (s)", f"{_s(st['p50_s'])} / {_s(st['p95_s'])} / {_s(st['max_s'])}")
+    trend = st["trend"]["change_pct_over_run"]
+    t.add_row("step time trend over the run", _s(trend, "{:+.1f}%"))
+    for r in sp["train"]["per_rank"]:
+        if r["loader_share_pct"] is not None:
+            t.add_row(f"rank {r['rank']}: DataLoader share of step", _s(r["loader_share_pct"], "{:.1f}%"))
+    for r in sp["loaders"]:
+        t.add_row(f"rank {r['rank']} loader {r['loader']}: wait per batch (s)", _s(r["wait_per_batch_s"], "{:.5f}"))
+    for r in sp["validation"]:
+        t.add_row(f"rank {r['rank']} {r['loader']}: iterations/s", _s(r["iterations_per_s"], "{:.2f}"))
+    con.print(t)
+
+    sysr = doc["system"]
+    if sysr["gpu"]["available"]:
+        t = Table(title="GPUs")
+        for col in ("rank", "gpu", "util mean/max %", "mem mean/peak", "power mean/max W", "energy J", "J/sample"):
+            t.add_column(col, justify="right")
+        for d in sysr["gpu"]["devices"]:
+            t.add_row(
+                str(d["rank"]),
+                d["gpu"],
+                f"{_s(d['util_mean_pct'], '{:.0f}')}/{_s(d['util_max_pct'], '{:.0f}')}",
+                f"{_bytes(d['mem_used_mean_b'])}/{_bytes(d['mem_used_peak_b'])}",
+                f"{_s(d['power_mean_w'], '{:.0f}')}/{_s(d['power_max_w'], '{:.0f}')}",
+                f"{_s(d['energy_j'], '{:.1f}')} ({d['energy_source']})",
+                _s(d["energy_per_sample_j"], "{:.4f}"),
+            )
+        con.print(t)
+    else:
+        con.print(f"GPU: {sysr['gpu']['reason']}")
+    t = Table(title="Host")
+    for col in ("rank", "CPU mean/max %", "process CPU %", "peak RSS", "workers", "workers CPU %", "workers RSS"):
+        t.add_column(col, justify="right")
+    for h in sysr["host"]:
+        t.add_row(
+            str(h["rank"]),
+            f"{_s(h['cpu_mean_pct'], '{:.0f}')}/{_s(h['cpu_max_pct'], '{:.0f}')}",
+            _s(h["process_cpu_mean_pct"], "{:.0f}"),
+            _bytes(h["rss_peak_b"]),
+            _s(h["workers_max"], "{}"),
+            _s(h["workers_cpu_mean_pct"], "{:.0f}"),
+            _bytes(h["workers_rss_peak_b"]),
+        )
+    con.print(t)
+    for o in sysr["overhead"]:
+        con.print(
+            f"fastprof overhead, rank {o['rank']}: sampler {_s(o['sampler_thread_cpu_s'], '{:.3f}')} s CPU "
+            f"({_s(o['sampler_cpu_pct_of_wall'], '{:.2f}')}% of wall), drops {_s(o['drops'], '{}')}, "
+            f"torch window stalls {_s(o['torch_window_stall_s'], '{:.3f}')} s"
+        )
+    spread = doc["ranks"]["spread"]
+    if spread:
+        con.print(
+            f"Ranks: step spread p50 {spread['p50_s']:.4f} s, max {spread['max_s']:.4f} s; rank "
+            f"{spread['most_often_slowest_rank']} slowest in {spread['slowest_share_pct']:.0f}% of steps"
+        )
+    if doc["breakdown"] is None:
+        con.print(f"Step-time breakdown: {doc['breakdown_reason']}")
+    recs = doc["recommendations"]["items"]
+    con.print("[bold]Recommendations[/bold]" if recs else "Recommendations: none fired")
+    for r in recs:
+        con.print(f"  - {r['message']}")

@@ -1,0 +1,238 @@
+"""Reports (issue #11) on real CPU training runs through fastprof.Profiler:
+numbers checked against the unified trace read with Python's gzip + json,
+the JSON against its schema, the CSVs with Python's csv, and the CLI verbs
+(report, summary, diff) in subprocesses."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fastprof
+from fastprof.cli.main import main
+from fastprof.reports import SCHEMA_PATH
+
+PYTHON = Path(fastprof.__file__).resolve().parents[1]
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, time, torch, fastprof
+    from torch.utils.data import DataLoader, Dataset
+
+    out, sample_sleep, step_sleep = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+    steps, with_torch = int(sys.argv[4]), sys.argv[5] == "1"
+
+    class Sleepy(Dataset):
+        def __len__(self):
+            return steps * 4
+        def __getitem__(self, i):
+            time.sleep(sample_sleep)
+            return torch.randn(8), torch.randn(1)
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    prof = fastprof.Profiler(out_dir=out, run_name="run", sample_hz=50, torch=None if not with_torch else True,
+                             schedule=fastprof.schedule.epoch(skip_first=2, wait=0, warmup=1, active=1))
+    with prof:
+        for x, y in prof.loader(DataLoader(Sleepy(), batch_size=4, num_workers=0)):
+            with fastprof.span("forward"):
+                loss = ((model(x) - y) ** 2).mean()
+            with fastprof.span("backward"):
+                loss.backward()
+            with fastprof.span("optimizer_step"):
+                opt.step()
+                opt.zero_grad()
+            if step_sleep:
+                time.sleep(step_sleep)
+            prof.step()
+        with torch.no_grad():
+            for x, _y in prof.loader(DataLoader(Sleepy(), batch_size=4), name="val"):
+                with fastprof.span("validation_step"):
+                    model(x)
+    """
+)
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(PYTHON)
+    return e
+
+
+def train(tmp: Path, sample_sleep: float, step_sleep: float, steps: int = 10, with_torch: bool = False) -> Path:
+    script = tmp / "train.py"
+    script.write_text(SCRIPT)
+    args = [str(tmp / "out"), str(sample_sleep), str(step_sleep), str(steps), "1" if with_torch else "0"]
+    subprocess.run([sys.executable, str(script), *args], check=True, env=env(), capture_output=True, timeout=100)
+    run = tmp / "out" / "run"
+    assert (run / "trace.json.gz").is_file()
+    return run
+
+
+@pytest.fixture(scope="module")
+def loader_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A dataset that sleeps 3 ms per sample, num_workers=0, torch windows on."""
+    return train(tmp_path_factory.mktemp("loader"), 0.003, 0.0, steps=10, with_torch=True)
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train(tmp_path_factory.mktemp("base"), 0.0, 0.0, steps=12)
+
+
+@pytest.fixture(scope="module")
+def slowed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The base run with a 40 ms sleep in every step."""
+    return train(tmp_path_factory.mktemp("slowed"), 0.0, 0.04, steps=12)
+
+
+def trace_events(run: Path) -> list[dict[str, Any]]:
+    with gzip.open(run / "trace.json.gz", "rt") as f:
+        doc = json.load(f)
+    return list(doc["traceEvents"])
+
+
+def quantile(xs: list[int], q: float) -> float:
+    s = sorted(xs)
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def test_time_report_matches_the_trace(loader_run: Path) -> None:
+    rep = fastprof.report(loader_run, formats=())
+    durs: dict[str, list[int]] = defaultdict(list)
+    for e in trace_events(loader_run):
+        if e.get("ph") == "X" and e.get("cat") == "user":
+            durs[e["name"]].append(round(float(e["dur"]) * 1000))
+    rows = {r["name"]: r for r in rep["time"]["rows"]}
+    for name in ("step", "forward", "backward", "optimizer_step", "loader.train.next", "validation_step"):
+        got, want = rows[name], durs[name]
+        assert got["count"] == len(want), name
+        assert abs(got["total_s"] * 1e9 - sum(want)) <= len(want), name
+        assert abs(got["max_s"] * 1e9 - max(want)) <= 1, name
+        assert abs(got["p50_s"] * 1e9 - quantile(want, 0.5)) <= 1, name
+        assert abs(got["p95_s"] * 1e9 - quantile(want, 0.95)) <= 1, name
+    # Concise leaves torch ops out; verbose keeps them.
+    assert not any(n.startswith("aten::") for n in rows)
+    verbose = fastprof.report(loader_run, formats=(), verbose=True)
+    assert any(r["name"].startswith("aten::") for r in verbose["time"]["rows"])
+
+
+def test_speed_excludes_warmup(loader_run: Path) -> None:
+    rep = fastprof.report(loader_run, formats=())
+    steps = sorted(
+        (float(e["ts"]), round(float(e["dur"]) * 1000))
+        for e in trace_events(loader_run)
+        if e.get("ph") == "X" and e.get("name") == "step"
+    )
+    speed = rep["speed"]
+    assert speed["warmup"]["steps_excluded"] == 2
+    assert "skip_first" in speed["warmup"]["source"]
+    kept = [d for _ts, d in steps[2:]]
+    r0 = speed["train"]["per_rank"][0]
+    assert r0["steps"] == len(steps) and r0["steps_measured"] == len(kept)
+    assert r0["iterations_per_s"] == pytest.approx(len(kept) / (sum(kept) / 1e9), rel=1e-9)
+    assert speed["step_time"]["max_s"] * 1e9 == pytest.approx(max(kept), abs=1)
+    assert speed["batch_size"]["value"] is None and "unknown" in speed["batch_size"]["source"]
+    with_bs = fastprof.report(loader_run, formats=(), batch_size=4, warmup_steps=0)
+    assert with_bs["speed"]["warmup"]["steps_excluded"] == 0
+    assert with_bs["speed"]["train"]["samples_per_s"] == pytest.approx(
+        4 * with_bs["speed"]["train"]["iterations_per_s"]
+    )
+    assert [v["batches"] for v in speed["validation"]] == [10]
+
+
+def test_dataloader_recommendation_quotes_the_share(loader_run: Path) -> None:
+    rep = fastprof.report(loader_run, formats=())
+    share = rep["speed"]["train"]["per_rank"][0]["loader_share_pct"]
+    assert share > 50.0  # 12 ms of sleep per batch against a tiny linear model
+    fired = [r for r in rep.recommendations if r["rule"] == "dataloader"]
+    assert fired and fired[0]["measured"] == pytest.approx(share)
+    assert f"{share:.1f}%" in fired[0]["message"] and "workers" in fired[0]["message"]
+    assert rep["breakdown"] is None and rep["breakdown_reason"]
+    gpu = rep["system"]["gpu"]
+    assert gpu["available"] is False and gpu["reason"].startswith("no GPU")
+
+
+def test_json_validates_and_csv_parses(loader_run: Path, tmp_path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    rep = fastprof.report(loader_run, out_dir=tmp_path)
+    doc = json.loads((tmp_path / "report.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)
+    assert doc == json.loads(rep.to_json())
+    csvs = sorted(p for p in rep.files if p.suffix == ".csv")
+    assert {p.name for p in csvs} >= {"time.csv", "speed.csv", "loaders.csv", "host.csv", "recommendations.csv"}
+    for p in csvs:
+        with open(p, newline="") as f:
+            rows = list(csv.DictReader(f))
+        if p.name == "time.csv":
+            assert {r["name"] for r in rows} >= {"step", "forward"}
+            assert all(float(r["total_s"]) >= 0 for r in rows)
+
+
+def test_default_out_dir_and_single_trace(base_run: Path) -> None:
+    rep = fastprof.report(base_run)
+    assert (base_run / "reports" / "report.json") in rep.files
+    seg = next((base_run / "rank0").glob("fastprof.*.json.gz"))
+    alone = fastprof.report(seg, formats=())
+    assert alone["speed"]["train"]["per_rank"][0]["steps"] == rep["speed"]["train"]["per_rank"][0]["steps"]
+    assert alone["system"]["overhead"][0]["drops"] == 0
+
+
+def test_summary_prints_in_a_subprocess(base_run: Path) -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "fastprof", "summary", str(base_run)],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "Time (seconds)" in p.stdout and "train iterations/s" in p.stdout and "step" in p.stdout
+
+
+def test_diff_exit_codes(base_run: Path, slowed_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diff", str(base_run), str(base_run)]) == 0
+    assert main(["diff", str(base_run), str(slowed_run), "--max-slowdown", "10%"]) == 1
+    assert "threshold crossed" in capsys.readouterr().out
+    assert main(["diff", str(slowed_run), str(base_run), "--max-slowdown", "10%"]) == 0
+    fastprof.report(base_run)
+    p = subprocess.run(
+        [sys.executable, "-m", "fastprof", "diff", str(base_run / "reports" / "report.json"), str(slowed_run)],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 1, p.stderr
+
+
+def test_bad_input_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope"
+    assert main(["report", str(missing)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(missing) in err[0] and "no such file" in err[0]
+    junk = tmp_path / "junk.json"
+    junk.write_text("this is not a trace")
+    assert main(["summary", str(junk)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(junk) in err[0]
+    assert main(["diff", str(junk), str(missing)]) == 2
+    assert main(["diff", str(missing), str(missing), "--max-slowdown", "ten"]) == 2
+    with pytest.raises(fastprof.ConfigError, match="formats"):
+        fastprof.report(tmp_path, formats=("html5",))
