@@ -392,3 +392,12 @@ def test_persistent_workers_are_complete_in_the_unified_trace(tmp_path: Path) ->
     assert len(fetches) == 16 and len({e["pid"] for e in fetches}) == 2
     # The loader still works afterwards (torch starts new workers).
     assert sum(len(x) for (x,) in dl) == 32
+
+
+def test_the_loaders_batch_size_is_recorded_for_the_reports(tmp_path: Path) -> None:
+    with fastprof.Profiler(out_dir=tmp_path, run_name="run", torch=None) as prof:
+        for _ in prof.loader(_loader(3, batch_size=5)):
+            prof.step()
+    doc = _load(prof.trace_path)  # type: ignore[arg-type]
+    sizes = [e["args"]["value"] for e in doc["traceEvents"] if e.get("name") == "loader.train.batch_size"]
+    assert sizes == [5]

@@ -18,7 +18,7 @@ What it records, always (about a microsecond per step on the training thread):
   ``fastprof.step`` counter (the recorder's step marker) and a
   ``profiler.action`` counter track that changes with the schedule state;
 * ``loader.<name>.next``: the time blocked in the loader's ``next()``, and a
-  ``loader.<name>.wait_ms`` counter; with a DataLoader with workers, each
+  ``loader.<name>.wait_ms`` counter (and ``loader.<name>.batch_size`` once per pass when the loader has one); with a DataLoader with workers, each
   worker's fetch of a batch in the worker's own process
   (:mod:`fastprof.profiler.workers`).
 
@@ -643,6 +643,10 @@ class Profiler:
         if names is None:
             names = self._loader_names[name] = _LoaderNames(name)
         self._instrument_workers(iterable, name)
+        bs = getattr(iterable, "batch_size", None)
+        if isinstance(bs, int) and not isinstance(bs, bool) and bs > 0 and self._state == "running":
+            # Samples per batch, for the reports' samples/s.
+            _core.counter(f"loader.{name}.batch_size", bs)
         if train and self._state == "running":
             self._new_epoch(iterable)
         with _core.span(f"loader.{name}.iter"):
