@@ -18,7 +18,8 @@ What it records, always (about a microsecond per step on the training thread):
   ``fastprof.step`` counter (the recorder's step marker) and a
   ``profiler.action`` counter track that changes with the schedule state;
 * ``loader.<name>.next``: the time blocked in the loader's ``next()``, and a
-  ``loader.<name>.wait_ms`` counter (and ``loader.<name>.batch_size`` once per pass when the loader has one); with a DataLoader with workers, each
+  ``loader.<name>.wait_ms`` counter (and ``loader.<name>.batch_size`` once
+  per pass when the loader has one); with a DataLoader with workers, each
   worker's fetch of a batch in the worker's own process
   (:mod:`fastprof.profiler.workers`).
 
