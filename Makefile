@@ -15,15 +15,25 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 $(VENV)/.deps: pyproject.toml | $(PY)
-	$(PY) -m pip install -q 'maturin>=1.7,<2' 'numpy>=1.24' 'psutil>=5.9' 'nvidia-ml-py>=12' 'torch>=2.4' 'lightning>=2.2' 'HolisticTraceAnalysis>=0.5' 'rich>=13' \
-		'pytest>=8' 'pytest-timeout>=2.3' 'jsonschema>=4.18' 'ruff>=0.6' 'mypy>=1.11'
+	$(PY) -m pip install -q 'maturin>=1.7,<2' 'numpy>=1.24' 'psutil>=5.9' 'nvidia-ml-py>=12' 'torch>=2.4' 'lightning>=2.2' 'HolisticTraceAnalysis>=0.5' 'rich>=13' 'plotly>=6' \
+		'pytest>=8' 'pytest-timeout>=2.3' 'jsonschema>=4.18' 'websocket-client>=1.6' 'pillow>=10' 'ruff>=0.6' 'mypy>=1.11'
 	touch $@
 
 $(VENV)/.built: $(RUST_SRC) $(VENV)/.deps
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
-dev: $(VENV)/.built ## Create .venv with torch + test tools and build fastprof into it (editable)
+# The HTML report's test opens report.html in headless Chromium (Debian's package).
+chromium: ## Install Debian's chromium for the HTML report test when missing (as root; else say how)
+	@if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -q && apt-get install -y -q chromium; \
+		else \
+			echo "note: tests/integration/test_report_html.py needs chromium: sudo apt-get install -y chromium"; \
+		fi; \
+	fi
+
+dev: $(VENV)/.built chromium ## Create .venv with torch + test tools and build fastprof into it (editable)
 
 test: dev ## Run every test: cargo (core) then pytest (Python, real torch on CPU)
 	cargo test --workspace --exclude fastprof-py
@@ -63,4 +73,4 @@ bench: dev bench-env ## Run the benchmarks (peers side by side, ratios printed)
 clean: ## Remove build outputs and the venv
 	rm -rf target $(VENV) $(BENCH_VENV) fastprof_runs
 
-.PHONY: help dev test lint fmt demo bench bench-env clean
+.PHONY: help chromium dev test lint fmt demo bench bench-env clean

@@ -1,5 +1,6 @@
 """``fastprof report``: time, speed, system, ranks and recommendations of a
-run, written as report.json (versioned schema) and CSV tables.
+run, written as report.json (versioned schema), CSV tables and report.html
+(one self-contained page with plots; it opens offline).
 
 Examples:
   fastprof report fastprof_runs/run-1              # writes fastprof_runs/run-1/reports/
@@ -31,7 +32,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
 def add_parser(verbs: Any) -> None:
     p = verbs.add_parser(
         "report",
-        help="write a run's reports (JSON, CSV) and print the key tables",
+        help="write a run's reports (JSON, CSV, HTML) and print the key tables",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -63,13 +64,13 @@ def build(args: argparse.Namespace, out_dir: str | None, formats: tuple[str, ...
 
 
 def run(args: argparse.Namespace) -> int:
-    rep = build(args, args.output, ("json", "csv"), progress=sys.stderr.isatty() and not args.quiet)
+    rep = build(args, args.output, ("json", "csv", "html"), progress=sys.stderr.isatty() and not args.quiet)
     if args.quiet:
         for f in rep.files:
             print(f)
         return 0
     rep.print(verbose=args.verbose)
     if rep.files:
-        print(f"\nwrote {len(rep.files)} files to {rep.files[0].parent} (report.json, one CSV per table)")
+        print(f"\nwrote {len(rep.files)} files to {rep.files[0].parent} (report.json, report.html, one CSV per table)")
         print(f"compare two runs: fastprof diff {args.path} OTHER_RUN")
     return 0

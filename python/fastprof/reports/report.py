@@ -1,5 +1,6 @@
 """``fastprof.report``: every report of a run in one JSON-able document,
-written as JSON (schema ``schema/report.v1.json``) and CSV tables."""
+written as JSON (schema ``schema/report.v1.json``), CSV tables and one
+self-contained HTML page."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from fastprof.reports.time import time_report
 
 SCHEMA_ID = "fastprof.report"
 SCHEMA_VERSION = 1
-FORMATS = ("json", "csv")
+FORMATS = ("json", "csv", "html")
 SCHEMA_PATH = Path(__file__).with_name("schema") / "report.v1.json"
 
 
@@ -91,6 +92,18 @@ def build(
     tick(f"reading {path}")
     data = _data.load(path)
     tick(f"read {len(data.cols.spans['ts'])} spans, {len(data.cols.counters['ts'])} counter samples")
+    return build_from(data, verbose, warmup_steps, batch_size, tick)
+
+
+def build_from(
+    data: _data.RunData,
+    verbose: bool = False,
+    warmup_steps: int | None = None,
+    batch_size: int | None = None,
+    tick: _Progress | None = None,
+) -> dict[str, Any]:
+    """The report document of a run already read (:func:`fastprof.reports.data.load`)."""
+    tick = tick or _Progress(False)
     t = time_report(data, verbose=verbose)
     tick("time report")
     speed = speed_report(data, warmup_steps, batch_size)
@@ -150,7 +163,8 @@ def report(
 
     ``out_dir``: where to write (default ``<run>/reports/``, or ``reports/``
     next to a trace given alone); ``formats``: any of ``"json"`` (one
-    ``report.json``) and ``"csv"`` (one file per table); none writes nothing.
+    ``report.json``), ``"csv"`` (one file per table) and ``"html"`` (one
+    self-contained ``report.html`` with plots); none writes nothing.
     ``verbose``: every span name in the time report, not only the loop's.
     ``warmup_steps``: steps left out of the rates (default: the schedule's
     skip_first, else 1). ``batch_size``: samples per step, for samples/s
@@ -170,7 +184,11 @@ def report(
             raise ConfigError(
                 f"invalid option {opt}: expected an integer >= {0 if opt == 'warmup_steps' else 1}, got {v!r}"
             )
-    doc = build(path, verbose=verbose, warmup_steps=warmup_steps, batch_size=batch_size, progress=progress)
+    tick = _Progress(progress)
+    tick(f"reading {path}")
+    data = _data.load(path)
+    tick(f"read {len(data.cols.spans['ts'])} spans, {len(data.cols.counters['ts'])} counter samples")
+    doc = build_from(data, verbose, warmup_steps, batch_size, tick)
     rep = Report(doc)
     if fmts:
         out = Path(out_dir) if out_dir is not None else default_out_dir(path)
@@ -183,4 +201,9 @@ def report(
             from fastprof.reports.csvout import write_csv
 
             rep.files.extend(write_csv(doc, out))
+        if "html" in fmts:
+            from fastprof.reports.html import write_html
+
+            rep.files.append(write_html(doc, data, out))
+            tick("report.html")
     return rep

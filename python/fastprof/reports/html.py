@@ -1,0 +1,541 @@
+"""report.html: one self-contained page of a run's reports.
+
+Plots are plotly figures; plotly's JavaScript is inlined from the plotly
+Python package once per page, so the page makes no network request and opens
+from a file on a machine without internet access. The report document is
+embedded as JSON (``<script type="application/json" id="fastprof-report">``)
+so the numbers behind the page travel with it.
+
+Series come from the report's :class:`~fastprof.reports.data.RunData`
+(numpy over the core's columns, never a per-event Python loop) and are
+downsampled (min and max per bucket, so peaks survive) to at most
+:data:`MAX_POINTS` points each.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+from fastprof.reports.data import F64, I64, RunData, step_spans
+
+MAX_POINTS = 2000
+#: Per-step parts beyond this many span names are summed into "other spans".
+TOP_SPANS_IN_STEP = 8
+TOP_ROWS = 20
+MAX_RANK_PLOTS = 8
+
+_ROLES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other")
+#: Spans never counted as the user's work inside a step (the loop's own marks).
+_NOT_USER = ("step", "ProfilerStep#")
+_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+def _esc(v: Any) -> str:
+    return html.escape(str(v), quote=True)
+
+
+def _num(v: Any, fmt: str = "{:.4g}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _bytes(v: Any) -> str:
+    if v is None:
+        return "-"
+    x = float(v)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(x) < 1024 or unit == "TiB":
+            return f"{x:.1f} {unit}"
+        x /= 1024
+    return f"{x:.1f} TiB"
+
+
+def downsample(x: F64, y: F64, max_points: int = MAX_POINTS) -> tuple[F64, F64]:
+    """At most ``max_points`` of a series sorted by x: each of max_points/2
+    equal-count buckets keeps its minimum and its maximum, in x order."""
+    n = len(x)
+    if n <= max_points:
+        return x, y
+    buckets = max_points // 2
+    bucket = np.arange(n, dtype=np.int64) * buckets // n  # sorted, every bucket non-empty
+    starts = np.searchsorted(bucket, np.arange(buckets), side="left")
+    ends = np.concatenate([starts[1:], [n]])
+    order = np.lexsort((y, bucket))  # by bucket, then by value
+    keep = np.unique(np.concatenate([order[starts], order[ends - 1]]))
+    return x[keep], y[keep]
+
+
+def _figure(title: str, ytitle: str, height: int = 320, **layout: Any) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "font": {"size": 15}},
+        template="plotly_white",
+        height=height,
+        margin={"l": 60, "r": 20, "t": 45, "b": 45},
+        yaxis_title=ytitle,
+        legend={"orientation": "h", "y": -0.2},
+        **layout,
+    )
+    return fig
+
+
+class _Page:
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.n_plots = 0
+
+    def add(self, s: str) -> None:
+        self.parts.append(s)
+
+    def plot(self, fig: go.Figure) -> None:
+        self.n_plots += 1
+        self.parts.append(
+            '<div class="plot">'
+            + pio.to_html(
+                fig,
+                full_html=False,
+                include_plotlyjs=False,
+                div_id=f"plot-{self.n_plots}",
+                config=_CONFIG,
+                validate=True,
+            )
+            + "</div>"
+        )
+
+    def table(self, header: list[str], rows: list[list[Any]], cls: str = "") -> None:
+        head = "".join(f"<th>{_esc(h)}</th>" for h in header)
+        body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>" for r in rows)
+        self.parts.append(f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
+
+    def note(self, text: str) -> None:
+        self.parts.append(f'<p class="note">{_esc(text)}</p>')
+
+
+def _headline(page: _Page, doc: dict[str, Any], data: RunData) -> None:
+    speed, system = doc["speed"], doc["system"]
+    steps = sum(int(r["steps"]) for r in speed["train"]["per_rank"])
+    rss = [h["rss_peak_b"] for h in system["host"] if h.get("rss_peak_b") is not None]
+    cards: list[tuple[str, str, str]] = [
+        ("wall", "wall time", f"{doc['wall']['duration_s']:.3f} s"),
+        ("steps", "steps", str(steps)),
+        ("iterations_per_s", "train iterations/s", _num(speed["train"]["iterations_per_s"], "{:.2f}")),
+        ("samples_per_s", "train samples/s", _num(speed["train"]["samples_per_s"], "{:.1f}")),
+        ("step_p50", "step time p50", _num(speed["step_time"]["p50_s"], "{:.4f} s")),
+        ("rss_peak", "peak RSS", _bytes(max(rss)) if rss else "-"),
+    ]
+    energy = [d["energy_j"] for d in system["gpu"]["devices"] if d.get("energy_j") is not None]
+    if energy:
+        cards.append(("energy", "GPU energy", f"{sum(energy):.1f} J"))
+    page.add('<section id="headline"><div class="cards">')
+    for key, label, value in cards:
+        page.add(
+            f'<div class="card" data-key="{key}"><div class="v">{_esc(value)}</div><div class="k">{label}</div></div>'
+        )
+    page.add("</div>")
+    page.note(
+        f"{speed['warmup']['note']} ({speed['warmup']['source']}); batch size "
+        f"{_num(speed['batch_size']['value'], '{}')} ({speed['batch_size']['source']}); steps from "
+        f"{speed['step_source']} spans."
+    )
+    page.add("</section>")
+
+
+def _recommendations(page: _Page, doc: dict[str, Any]) -> None:
+    recs = doc["recommendations"]
+    page.add('<section id="recommendations"><h2>Recommendations</h2>')
+    if recs["items"]:
+        page.add("<ul class='recs'>" + "".join(f"<li>{_esc(r['message'])}</li>" for r in recs["items"]) + "</ul>")
+    else:
+        page.note("No rule fired.")
+    page.table(
+        ["rule", "status", "measured", "threshold", "detail"],
+        [[c["rule"], c["status"], _num(c["measured"], "{:.3g}"), c["threshold"], c["message"]] for c in recs["checks"]],
+    )
+    page.add("</section>")
+
+
+def _step_times(page: _Page, doc: dict[str, Any], data: RunData) -> None:
+    page.add('<section id="steps"><h2>Step time</h2>')
+    fig = _figure("Step time per step", "ms")
+    fig.update_xaxes(title_text="step (ordinal on the rank)")
+    n_warm = int(doc["speed"]["warmup"]["steps_excluded"])
+    any_steps = False
+    for r in data.ranks:
+        steps, _src = step_spans(data, r)
+        if not len(steps.ts):
+            continue
+        any_steps = True
+        fig.add_trace(
+            go.Scatter(
+                x=np.arange(len(steps.dur)),
+                y=steps.dur / 1e6,
+                mode="lines+markers",
+                name=f"rank {r}",
+                marker={"size": 4},
+            )
+        )
+    if not any_steps:
+        page.note("No steps in this trace (no fastprof 'step' or torch 'ProfilerStep#N' spans).")
+        page.add("</section>")
+        return
+    if n_warm:
+        fig.add_vrect(x0=-0.5, x1=n_warm - 0.5, fillcolor="gray", opacity=0.12, line_width=0)
+        fig.add_annotation(x=(n_warm - 1) / 2, y=1, yref="paper", text="warm-up", showarrow=False)
+    page.plot(fig)
+    _step_parts(page, doc, data)
+    page.add("</section>")
+
+
+def step_part_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figure], str]:
+    """Per-step stacked bars of where the step went, one figure per rank (at
+    most :data:`MAX_RANK_PLOTS`), and a note saying where the parts come
+    from: the report's step-time breakdown when it has one, else fastprof
+    spans (see :func:`span_parts`)."""
+    figs: list[go.Figure] = []
+    bd = doc.get("breakdown")
+    if bd and bd.get("steps"):
+        rows = bd["steps"]
+        for r in sorted({int(s["rank"]) for s in rows})[:MAX_RANK_PLOTS]:
+            mine = sorted((s for s in rows if int(s["rank"]) == r), key=lambda s: int(s["step"]))
+            fig = _figure(f"Where the step went, rank {r} (step-time breakdown)", "ms", barmode="stack")
+            fig.update_xaxes(title_text="step")
+            for role in _ROLES:
+                y = np.array([float(s[f"{role}_ns"]) for s in mine]) / 1e6
+                if y.any():
+                    fig.add_trace(go.Bar(x=[int(s["step"]) for s in mine], y=y, name=role.replace("_", " ")))
+            figs.append(fig)
+        note = f"Step-time breakdown ({bd.get('source') or 'torch windows'}): {bd.get('note') or ''}"
+        return figs, note.rstrip(": ")
+    for r in data.ranks[:MAX_RANK_PLOTS]:
+        parts = span_parts(data, r)
+        if parts is None:
+            continue
+        x, series = parts
+        fig = _figure(f"Where the step went, rank {r} (fastprof spans)", "ms", barmode="stack")
+        fig.update_xaxes(title_text="step (ordinal on the rank)")
+        for name, y in series.items():
+            grey = {"color": "#c8ccd0"} if name == "rest of step" else None
+            fig.add_trace(go.Bar(x=x, y=y / 1e6, name=name, marker=grey))
+        figs.append(fig)
+    return figs, (
+        "Step-time breakdown: "
+        + str(doc.get("breakdown_reason") or "not available")
+        + ". The bars show where each step went by fastprof spans: the spans at the top of the step "
+        "(the DataLoader's next() among them) and the rest of the step."
+    )
+
+
+def _step_parts(page: _Page, doc: dict[str, Any], data: RunData) -> None:
+    figs, note = step_part_figures(doc, data)
+    page.note(note)
+    for fig in figs:
+        page.plot(fig)
+
+
+def _per_step(which: I64, dur: I64, n: int) -> F64:
+    return np.asarray(np.bincount(which, weights=dur, minlength=n), dtype=np.float64)
+
+
+def span_parts(data: RunData, rank: int) -> tuple[I64, dict[str, F64]] | None:
+    """Per step of a rank: time in the DataLoader's next(), in each span at the
+    top of the step (on the step's thread), and the rest, in ns."""
+    steps, src = step_spans(data, rank)
+    if not len(steps.ts):
+        return None
+    s = data.cols.spans
+    names = data.cols.names
+    out: dict[str, F64] = {}
+    covered = np.zeros(len(steps.ts), np.float64)
+    step_id = data.name_id("step") if src == "step" else None
+    m = (s["rank"] == rank) & np.isin(s["cat"], [i for i, c in enumerate(data.cols.categories) if c == "user"])
+    if step_id is not None:
+        sm = m & (s["name"] == step_id)
+        tid = np.unique(s["tid"][sm])
+        pid = np.unique(s["pid"][sm])
+        m &= np.isin(s["tid"], tid) & np.isin(s["pid"], pid) & (s["name"] != step_id)
+    ts, dur, nid = s["ts"][m].astype(np.int64), s["dur"][m].astype(np.int64), s["name"][m].astype(np.int64)
+    keep = np.array([not names[int(i)].startswith(_NOT_USER) for i in np.unique(nid)], bool)
+    allowed = np.unique(nid)[keep]
+    sel = np.isin(nid, allowed)
+    ts, dur, nid = ts[sel], dur[sel], nid[sel]
+    order = np.lexsort((-dur, ts))
+    ts, dur, nid = ts[order], dur[order], nid[order]
+    end = ts + dur
+    # Top-level: not inside an earlier span (spans nest strictly on one thread).
+    prev_end = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(end)[:-1]])
+    top = ts >= prev_end
+    ts, dur, nid, end = ts[top], dur[top], nid[top], end[top]
+    which = np.searchsorted(steps.ts, ts, side="right") - 1
+    inside = (which >= 0) & (end <= steps.end[np.clip(which, 0, None)])
+    which, dur, nid = which[inside], dur[inside], nid[inside]
+    if len(nid):
+        totals = np.bincount(nid, weights=dur)
+        ranked = [int(i) for i in np.argsort(-totals) if totals[i] > 0]
+        for i in ranked[:TOP_SPANS_IN_STEP]:
+            per = _per_step(which[nid == i], dur[nid == i], len(steps.ts))
+            out[names[i]] = per
+            covered += per
+        rest = ~np.isin(nid, ranked[:TOP_SPANS_IN_STEP])
+        if rest.any():
+            per = _per_step(which[rest], dur[rest], len(steps.ts))
+            out["other spans"] = per
+            covered += per
+    out["rest of step"] = np.clip(steps.dur - covered, 0, None)
+    return np.arange(len(steps.ts)), out
+
+
+_COUNTER_PLOTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("Host CPU", "%", ("sys.cpu [%]", "proc.cpu [%]", "children.cpu [%]")),
+    ("Memory", "bytes", ("proc.rss [B]", "children.rss [B]")),
+    ("GPU utilisation", "%", ("gpu*.util [%]",)),
+    ("GPU memory used", "bytes", ("gpu*.mem_used [B]",)),
+    ("GPU power", "W", ("gpu*.power [W]",)),
+)
+
+
+def _series(data: RunData, name: str, rank: int) -> tuple[I64, F64]:
+    if name == "proc.cpu [%]":  # user + system, sampled on the same ticks
+        ts, user = data.counter("proc.cpu_user [%]", rank)
+        _, system = data.counter("proc.cpu_system [%]", rank)
+        n = min(len(user), len(system))
+        return ts[:n], user[:n] + system[:n]
+    return data.counter(name, rank)
+
+
+def _counters(page: _Page, doc: dict[str, Any], data: RunData) -> None:
+    page.add('<section id="counters"><h2>Counters over time</h2>')
+    present = set(data.counter_names())
+    gpus = sorted({n.split(".", 1)[0] for n in present if n.startswith("gpu") and n.endswith(".util [%]")})
+    t0 = int(doc["wall"]["start_ns"])
+    drawn = 0
+    for title, unit, wanted in _COUNTER_PLOTS:
+        names: list[str] = []
+        for w in wanted:
+            names.extend([w.replace("gpu*", g) for g in gpus] if w.startswith("gpu*") else [w])
+        names = [n for n in names if n in present or (n == "proc.cpu [%]" and "proc.cpu_user [%]" in present)]
+        if not names:
+            continue
+        fig = _figure(title, unit)
+        fig.update_xaxes(title_text="seconds since the start of the run")
+        if unit == "bytes":
+            fig.update_yaxes(tickformat=".3~s", ticksuffix="B", title_text="")
+        for r in data.ranks:
+            for n in names:
+                ts, v = _series(data, n, r)
+                if not len(ts) or (n.startswith("children.") and not v.any()):
+                    continue  # no DataLoader workers: a flat zero says nothing
+                x, y = downsample((ts - t0).astype(np.float64) / 1e9, v)
+                label = n if len(data.ranks) == 1 else f"rank {r} {n}"
+                fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=label))
+        if fig.data:
+            page.plot(fig)
+            drawn += 1
+    if not drawn:
+        page.note("No sampler counters in this trace.")
+    if not doc["system"]["gpu"]["available"]:
+        page.note(str(doc["system"]["gpu"]["reason"]))
+    page.add("</section>")
+
+
+def _top_spans(page: _Page, doc: dict[str, Any]) -> None:
+    page.add('<section id="spans"><h2>Top span names</h2>')
+    agg: dict[str, list[float]] = {}
+    for r in doc["time"]["rows"]:
+        a = agg.setdefault(r["name"], [0.0, 0.0, 0.0])
+        a[0] += r["count"]
+        a[1] += r["total_s"]
+        a[2] = max(a[2], r["max_s"])
+    top = sorted(agg.items(), key=lambda kv: -kv[1][1])[:TOP_ROWS]
+    page.table(
+        ["name", "count", "total s", "mean s", "max s"],
+        [[n, int(c), f"{t:.4f}", f"{t / c:.5f}" if c else "-", f"{mx:.5f}"] for n, (c, t, mx) in top],
+    )
+    page.note("All ranks together; " + str(doc["time"]["note"]) + ".")
+    page.add("</section>")
+
+
+def _cats(data: RunData, wanted: set[str]) -> list[int]:
+    return [i for i, c in enumerate(data.cols.categories) if any(p in wanted for p in c.split(","))]
+
+
+def top_events(data: RunData, wanted: set[str], limit: int = TOP_ROWS) -> list[list[Any]]:
+    """name, count, total ms, mean µs, max µs of the spans in the categories
+    ``wanted`` (Kineto's cpu_op, kernel ...), all ranks, by total time."""
+    s = data.cols.spans
+    ids = _cats(data, wanted)
+    if not ids:
+        return []
+    m = np.isin(s["cat"], ids)
+    nid = s["name"][m].astype(np.int64)
+    dur = s["dur"][m].astype(np.float64)
+    if not len(nid):
+        return []
+    total = np.bincount(nid, weights=dur)
+    count = np.bincount(nid)
+    mx = np.zeros(len(total))
+    np.maximum.at(mx, nid, dur)
+    rows = []
+    for i in np.argsort(-total)[:limit]:
+        if count[i] == 0:
+            break
+        rows.append(
+            [
+                data.cols.names[int(i)],
+                int(count[i]),
+                f"{total[i] / 1e6:.3f}",
+                f"{total[i] / count[i] / 1e3:.1f}",
+                f"{mx[i] / 1e3:.1f}",
+            ]
+        )
+    return rows
+
+
+def _operators(page: _Page, data: RunData) -> None:
+    page.add('<section id="operators"><h2>Top operators and kernels (torch windows)</h2>')
+    header = ["name", "count", "total ms", "mean µs", "max µs"]
+    ops = top_events(data, {"cpu_op"})
+    if not ops:
+        page.note("no torch windows: the trace holds no torch.profiler operators (cpu_op).")
+    else:
+        page.add("<h3>CPU operators (inclusive time)</h3>")
+        page.table(header, ops)
+        kernels = top_events(data, {"kernel", "gpu_memcpy", "gpu_memset"})
+        page.add("<h3>GPU kernels, memcpy and memset</h3>")
+        if kernels:
+            page.table(header, kernels)
+        else:
+            page.note("no GPU activity in the torch windows.")
+    page.add("</section>")
+
+
+def _tables(page: _Page, doc: dict[str, Any]) -> None:
+    sp, st = doc["speed"], doc["speed"]["step_time"]
+    page.add('<section id="speed"><h2>Speed</h2>')
+    rows: list[list[Any]] = [
+        ["train iterations/s", _num(sp["train"]["iterations_per_s"], "{:.3f}")],
+        ["train samples/s", _num(sp["train"]["samples_per_s"], "{:.2f}")],
+        ["step p50 / p95 / max (s)", f"{_num(st['p50_s'])} / {_num(st['p95_s'])} / {_num(st['max_s'])}"],
+        ["step time trend over the run", _num(st["trend"]["change_pct_over_run"], "{:+.1f}%")],
+    ]
+    for r in sp["train"]["per_rank"]:
+        rows.append([f"rank {r['rank']}: steps (measured)", f"{r['steps']} ({r['steps_measured']})"])
+        rows.append([f"rank {r['rank']}: DataLoader share of step", _num(r["loader_share_pct"], "{:.1f}%")])
+    for r in sp["loaders"]:
+        rows.append([f"rank {r['rank']} loader {r['loader']}: wait per batch (s)", _num(r["wait_per_batch_s"])])
+    for r in sp["validation"]:
+        rows.append([f"rank {r['rank']} {r['loader']}: iterations/s", _num(r["iterations_per_s"], "{:.2f}")])
+    page.table(["measure", "value"], rows, cls="kv")
+    page.add('</section><section id="system"><h2>System</h2>')
+    page.table(
+        ["rank", "CPU mean/max %", "process CPU %", "peak RSS", "workers", "workers CPU %", "workers RSS"],
+        [
+            [
+                h["rank"],
+                f"{_num(h['cpu_mean_pct'], '{:.0f}')}/{_num(h['cpu_max_pct'], '{:.0f}')}",
+                _num(h["process_cpu_mean_pct"], "{:.0f}"),
+                _bytes(h["rss_peak_b"]),
+                _num(h["workers_max"], "{}"),
+                _num(h["workers_cpu_mean_pct"], "{:.0f}"),
+                _bytes(h["workers_rss_peak_b"]),
+            ]
+            for h in doc["system"]["host"]
+        ],
+    )
+    devices = doc["system"]["gpu"]["devices"]
+    if devices:
+        page.table(
+            ["rank", "gpu", "util mean/max %", "mem peak", "power mean/max W", "energy J", "J/sample"],
+            [
+                [
+                    d["rank"],
+                    d["gpu"],
+                    f"{_num(d['util_mean_pct'], '{:.0f}')}/{_num(d['util_max_pct'], '{:.0f}')}",
+                    _bytes(d["mem_used_peak_b"]),
+                    f"{_num(d['power_mean_w'], '{:.0f}')}/{_num(d['power_max_w'], '{:.0f}')}",
+                    f"{_num(d['energy_j'], '{:.1f}')} ({d['energy_source']})",
+                    _num(d["energy_per_sample_j"]),
+                ]
+                for d in devices
+            ],
+        )
+    page.add('</section><section id="time"><h2>Time</h2>')
+    page.table(
+        ["rank", "name", "count", "total s", "mean s", "p50 s", "p95 s", "max s", "% wall"],
+        [
+            [
+                r["rank"],
+                r["name"],
+                r["count"],
+                f"{r['total_s']:.4f}",
+                f"{r['mean_s']:.5f}",
+                f"{r['p50_s']:.5f}",
+                f"{r['p95_s']:.5f}",
+                f"{r['max_s']:.5f}",
+                f"{r['pct_wall']:.1f}",
+            ]
+            for r in doc["time"]["rows"]
+        ],
+    )
+    page.add("</section>")
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1300px;padding:16px 24px;
+color:#1f2328;background:#fff}
+h1{font-size:22px;margin:8px 0 2px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #d0d7de;
+padding-bottom:4px}h3{font-size:15px;margin:16px 0 6px}
+.src{color:#57606a;font-size:13px;word-break:break-all}.note{color:#57606a;font-size:13px;margin:6px 0}
+.cards{display:flex;flex-wrap:wrap;gap:12px;margin:14px 0 6px}
+.card{border:1px solid #d0d7de;border-radius:8px;padding:10px 16px;min-width:130px}
+.card .v{font-size:22px;font-weight:600}.card .k{color:#57606a;font-size:12px}
+ul.recs li{margin:4px 0;padding:6px 10px;background:#fff8c5;border-left:4px solid #d4a72c;list-style:none}
+ul.recs{padding:0}
+table{border-collapse:collapse;font-size:13px;margin:6px 0 10px}
+th,td{border-bottom:1px solid #eaeef2;padding:3px 10px;text-align:right}th{background:#f6f8fa}
+td:first-child,th:first-child{text-align:left}
+#recommendations td:last-child,#recommendations th:last-child,#time td:nth-child(2),#time th:nth-child(2)
+{text-align:left;max-width:640px}
+.plot{border:1px solid #eaeef2;border-radius:6px;margin:10px 0}
+"""
+
+
+def render_html(doc: dict[str, Any], data: RunData) -> str:
+    """The page as one string (see the module's docstring)."""
+    page = _Page()
+    src = doc["source"]
+    page.add(f"<h1>fastprof report</h1><div class='src'>{_esc(src['path'])} · ranks {_esc(src['ranks'])} · ")
+    page.add(f"fastprof {_esc(doc['fastprof_version'])} · schema v{_esc(doc['schema_version'])}</div>")
+    for w in src["warnings"]:
+        page.note("warning: " + w)
+    _headline(page, doc, data)
+    _recommendations(page, doc)
+    _step_times(page, doc, data)
+    _counters(page, doc, data)
+    _top_spans(page, doc)
+    _operators(page, data)
+    _tables(page, doc)
+    # "<", ">" and "&" escaped as JSON \u escapes: the block cannot end early.
+    embedded = json.dumps(doc, allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>fastprof report: {_esc(Path(str(src['path'])).name)}</title><style>{_CSS}</style>"
+        f"<script>{get_plotlyjs()}</script></head><body>\n"
+        + "\n".join(page.parts)
+        + f'\n<script type="application/json" id="fastprof-report">{embedded}</script>\n</body></html>\n'
+    )
+
+
+def write_html(doc: dict[str, Any], data: RunData, out_dir: Path) -> Path:
+    path = out_dir / "report.html"
+    tmp = out_dir / f".report.html.tmp-{os.getpid()}"
+    tmp.write_text(render_html(doc, data), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
