@@ -1,0 +1,315 @@
+"""report.html (issue #11) opened in headless Chromium, driven through the
+DevTools protocol: no console error or exception, no network request but the
+file itself, every plot drawn (traces in the SVG, coloured pixels inside each
+plot area of a screenshot decoded with Pillow), and the embedded JSON parsed
+by the browser's JSON.parse matching the report.
+
+Chromium is Debian's ``chromium`` package (``make dev`` installs it when run
+as root); without it this test fails and says how to install it."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import websocket
+from PIL import Image
+
+import fastprof
+from fastprof.reports import data as report_data
+from fastprof.reports.html import MAX_POINTS, downsample, step_part_figures
+
+PYTHON = Path(fastprof.__file__).resolve().parents[1]
+SCREENSHOT = os.environ.get("FASTPROF_TEST_SCREENSHOT")  # optional: where to keep the PNG
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, time, torch, fastprof
+    from torch.utils.data import DataLoader, Dataset
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 48
+        def __getitem__(self, i):
+            time.sleep(0.002)
+            return torch.randn(32), torch.randn(1)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    prof = fastprof.Profiler(out_dir=sys.argv[1], run_name="run", sample_hz=100, torch=True,
+                             schedule=fastprof.schedule.epoch(skip_first=2, wait=0, warmup=1, active=1))
+    with prof:
+        for x, y in prof.loader(DataLoader(Slow(), batch_size=4, num_workers=0)):
+            with fastprof.span("forward"):
+                loss = ((model(x) - y) ** 2).mean()
+            with fastprof.span("backward"):
+                loss.backward()
+            with fastprof.span("optimizer_step"):
+                opt.step()
+                opt.zero_grad()
+            prof.step()
+    """
+)
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.fail(
+        "headless Chromium is needed to check report.html: install Debian's package "
+        "(`sudo apt-get update && sudo apt-get install -y chromium`, or `make dev` as root)"
+    )
+
+
+class Browser:
+    """Chromium with a DevTools websocket to its one page; events are kept."""
+
+    def __init__(self, tmp: Path) -> None:
+        profile = tmp / "chromium-profile"
+        profile.mkdir()
+        args = [
+            chromium(),
+            "--headless=new",
+            "--remote-debugging-port=0",
+            f"--user-data-dir={profile}",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-extensions",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            "--window-size=1400,1000",
+            "about:blank",
+        ]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 30
+        while not (port_file.is_file() and port_file.read_text().strip()):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                self.close()
+                pytest.fail(f"chromium did not start its DevTools endpoint: {err[-2000:]}")
+            time.sleep(0.05)
+        port = int(port_file.read_text().split()[0])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
+            targets = json.load(r)
+        page = next(t for t in targets if t["type"] == "page")
+        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=20, suppress_origin=True)
+        self.next_id = 0
+        self.events: list[dict[str, Any]] = []
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self.next_id:
+                assert "error" not in msg, (method, msg["error"])
+                return dict(msg["result"])
+            if "method" in msg:
+                self.events.append(msg)
+
+    def wait_event(self, method: str, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(e["method"] == method for e in self.events):
+            assert time.monotonic() < deadline, f"no {method} in {timeout} s"
+            self.ws.settimeout(max(deadline - time.monotonic(), 0.1))
+            msg = json.loads(self.ws.recv())
+            if "method" in msg:
+                self.events.append(msg)
+        self.ws.settimeout(20)
+
+    def js(self, expr: str) -> Any:
+        res = self.call("Runtime.evaluate", expression=expr, returnByValue=True, awaitPromise=True)
+        assert "exceptionDetails" not in res, res["exceptionDetails"]
+        return res["result"].get("value")
+
+    def close(self) -> None:
+        if getattr(self, "ws", None) is not None:
+            self.ws.close()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self.proc.stderr:
+            self.proc.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("html")
+    (tmp / "train.py").write_text(SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(PYTHON))
+    subprocess.run(
+        [sys.executable, str(tmp / "train.py"), str(tmp / "out")], check=True, env=env, capture_output=True, timeout=100
+    )
+    return tmp / "out" / "run"
+
+
+# Per plotly div: its traces, the SVG nodes drawn for them, and the plot area in page coordinates.
+PLOTS_JS = """
+Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
+  const area = gd.querySelector('.nsewdrag') || gd;
+  const r = area.getBoundingClientRect();
+  const drawn = Array.from(gd.querySelectorAll('.cartesianlayer .trace path'))
+    .filter(p => (p.getAttribute('d') || '').length > 4).length;
+  return {id: gd.id, traces: gd.data.length, svgs: gd.querySelectorAll('svg.main-svg').length,
+          traceNodes: gd.querySelectorAll('.cartesianlayer .trace').length, drawn: drawn,
+          rect: [r.left + window.scrollX, r.top + window.scrollY, r.width, r.height]};
+})
+"""
+
+
+def coloured_pixels(img: Image.Image, rect: list[float]) -> int:
+    """Pixels inside rect far from grey (plotly draws data in colour, its
+    background, grid and axes in white and greys)."""
+    x, y, w, h = (round(v) for v in rect)
+    a = np.asarray(img.convert("RGB").crop((x, y, x + w, y + h)), dtype=np.int16)
+    return int(((a.max(axis=2) - a.min(axis=2)) > 60).sum())
+
+
+def test_report_html_in_headless_chromium(run: Path, tmp_path: Path) -> None:
+    rep = fastprof.report(run, out_dir=tmp_path / "reports")
+    page = tmp_path / "reports" / "report.html"
+    assert page in rep.files and (tmp_path / "reports" / "report.json") in rep.files
+    text = page.read_text(encoding="utf-8")
+    assert "cdn.plot.ly" not in text.split("<body>", 1)[1]  # plotly.js inlined, not fetched
+    url = page.resolve().as_uri()
+
+    b = Browser(tmp_path)
+    try:
+        for domain in ("Runtime", "Log", "Network", "Page"):
+            b.call(f"{domain}.enable")
+        b.call("Emulation.setDeviceMetricsOverride", width=1400, height=1000, deviceScaleFactor=1, mobile=False)
+        b.call("Page.navigate", url=url)
+        b.wait_event("Page.loadEventFired")
+        n_divs = text.count('class="plotly-graph-div"')
+        deadline = time.monotonic() + 15
+        while True:
+            plots = b.js(PLOTS_JS)
+            if len(plots) == n_divs and all(p["traceNodes"] == p["traces"] > 0 for p in plots):
+                break
+            assert time.monotonic() < deadline, f"plots not rendered: {plots} (expected {n_divs} plots)"
+            time.sleep(0.2)
+        embedded = b.js("JSON.parse(document.getElementById('fastprof-report').textContent)")
+        cards = b.js(
+            "Object.fromEntries(Array.from(document.querySelectorAll('.card'))"
+            ".map(c => [c.dataset.key, c.querySelector('.v').textContent]))"
+        )
+        height = b.js("document.documentElement.scrollHeight")
+        shot = b.call(
+            "Page.captureScreenshot",
+            format="png",
+            captureBeyondViewport=True,
+            clip={"x": 0, "y": 0, "width": 1400, "height": height, "scale": 1},
+        )
+        b.call("Runtime.evaluate", expression="0")  # drain events sent before the screenshot
+    finally:
+        b.close()
+
+    # No console error, no exception, no log error.
+    errors = [
+        e["params"]
+        for e in b.events
+        if e["method"] == "Runtime.exceptionThrown"
+        or (e["method"] == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
+        or (e["method"] == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
+    ]
+    assert not errors, errors
+    # No request but the page itself.
+    urls = [e["params"]["request"]["url"] for e in b.events if e["method"] == "Network.requestWillBeSent"]
+    assert urls == [url], urls
+
+    # Every plot drawn: step time, where the step went, counters (CPU, memory).
+    assert n_divs >= 4, n_divs
+    for p in plots:
+        assert p["svgs"] >= 1 and p["drawn"] >= p["traces"], p
+
+    # The embedded JSON is the report.
+    doc = json.loads((tmp_path / "reports" / "report.json").read_text())
+    assert embedded["schema_version"] == doc["schema_version"] == 1
+    assert embedded["wall"]["duration_s"] == doc["wall"]["duration_s"]
+    assert embedded["speed"]["train"] == doc["speed"]["train"]
+    assert embedded["speed"]["step_time"] == doc["speed"]["step_time"]
+    assert embedded["system"]["host"] == doc["system"]["host"]
+    assert embedded["recommendations"] == doc["recommendations"]
+    assert cards["wall"] == f"{doc['wall']['duration_s']:.3f} s"
+    assert cards["steps"] == str(sum(r["steps"] for r in doc["speed"]["train"]["per_rank"]))
+    assert cards["iterations_per_s"] == f"{doc['speed']['train']['iterations_per_s']:.2f}"
+    assert cards["samples_per_s"] == f"{doc['speed']['train']['samples_per_s']:.1f}"
+    assert "energy" not in cards  # no GPU on this machine: no energy card
+    # The DataLoader sleeps 8 ms a batch: its rule fires and the page quotes the number.
+    fired = [r for r in doc["recommendations"]["items"] if r["rule"] == "dataloader"]
+    assert fired and f"{fired[0]['measured']:.1f}%" in text
+    assert "aten::addmm" in text and "no GPU activity in the torch windows" in text
+
+    # Screenshot: every plot area holds coloured (data) pixels.
+    png = base64.b64decode(shot["data"])
+    img = Image.open(io.BytesIO(png))
+    assert img.size[0] == 1400 and img.size[1] >= height - 1
+    if SCREENSHOT:
+        Path(SCREENSHOT).write_bytes(png)
+    for p in plots:
+        assert p["rect"][2] > 100 and p["rect"][3] > 50, p
+        assert coloured_pixels(img, p["rect"]) > 200, p
+
+
+def test_step_parts_follow_the_breakdown_when_present(run: Path) -> None:
+    """Without a breakdown the bars come from fastprof spans (loader wait,
+    the user's top-level spans, the rest: summing to the step); with one,
+    its roles, in the schema's order, zero roles left out."""
+    data = report_data.load(run)
+    doc = fastprof.report(run, formats=()).data
+    figs, note = step_part_figures({**doc, "breakdown": None}, data)
+    assert "fastprof spans" in note and len(figs) == 1
+    names = [t.name for t in figs[0].data]
+    assert names[-1] == "rest of step"
+    assert {"loader.train.next", "forward", "backward", "optimizer_step"} <= set(names)
+    steps = data.spans("step", 0)
+    total = np.sum([np.asarray(t.y, dtype=np.float64) for t in figs[0].data], axis=0)
+    assert np.allclose(total, steps.dur / 1e6)
+
+    zero = dict.fromkeys(("kernel_ns", "memcpy_ns", "memset_ns", "communication_ns", "runtime_ns", "other_ns"), 0)
+    rows = [
+        {"step": s, "rank": 0, "duration_ns": 9_000_000, **zero, "dataloader_ns": 6_000_000, "cpu_exec_ns": 3_000_000}
+        for s in (3, 4)
+    ]
+    bd = {"source": "torch windows", "gpu_activity": False, "steps": rows}
+    figs, note = step_part_figures({**doc, "breakdown": bd}, data)
+    assert "breakdown" in note and len(figs) == 1
+    assert [t.name for t in figs[0].data] == ["dataloader", "cpu exec"]
+    assert list(figs[0].data[0].x) == [3, 4] and list(figs[0].data[0].y) == [6.0, 6.0]
+
+
+def test_downsample_keeps_peaks_within_the_point_budget() -> None:
+    x = np.arange(100_003, dtype=np.float64)
+    y = np.sin(x / 500.0)
+    y[77_777], y[12_345] = 9.0, -9.0
+    dx, dy = downsample(x, y)
+    assert len(dx) <= MAX_POINTS and np.all(np.diff(dx) > 0)
+    assert dy.max() == 9.0 and dy.min() == -9.0
+    assert 77_777.0 in dx and 12_345.0 in dx
+    short = np.arange(10, dtype=np.float64)
+    assert downsample(short, short)[0] is short
