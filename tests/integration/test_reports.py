@@ -146,7 +146,9 @@ def test_speed_excludes_warmup(loader_run: Path) -> None:
     assert r0["steps"] == len(steps) and r0["steps_measured"] == len(kept)
     assert r0["iterations_per_s"] == pytest.approx(len(kept) / (sum(kept) / 1e9), rel=1e-9)
     assert speed["step_time"]["max_s"] * 1e9 == pytest.approx(max(kept), abs=1)
-    assert speed["batch_size"]["value"] is None and "unknown" in speed["batch_size"]["source"]
+    # The Profiler records the DataLoader's batch size; samples/s follow from it.
+    assert speed["batch_size"]["value"] == 4 and "loader.train.batch_size" in speed["batch_size"]["source"]
+    assert speed["train"]["samples_per_s"] == pytest.approx(4 * speed["train"]["iterations_per_s"])
     with_bs = fastprof.report(loader_run, formats=(), batch_size=4, warmup_steps=0)
     assert with_bs["speed"]["warmup"]["steps_excluded"] == 0
     assert with_bs["speed"]["train"]["samples_per_s"] == pytest.approx(
