@@ -384,3 +384,28 @@ def test_memory_stays_far_below_the_file_size(tmp_path: Path) -> None:
         f"peak RSS {rss >> 20} MiB ({before >> 20} MiB before reading) for a {size >> 20} MiB trace"
     )
     assert rss - before < size * 0.05, f"reading added {(rss - before) >> 20} MiB for a {size >> 20} MiB trace"
+
+
+def test_string_ids_are_valid_and_only_malformed_ids_are_counted(tmp_path: Path) -> None:
+    # Kineto names its own tracks with string tids ("PyTorch Profiler"); a
+    # number that is not an integer is what the warning is for.
+    events = [
+        {
+            "ph": "X",
+            "cat": "Trace",
+            "name": "PyTorch Profiler (0)",
+            "pid": 7,
+            "tid": "PyTorch Profiler",
+            "ts": 1,
+            "dur": 5,
+        },
+        {"ph": "X", "name": "op", "pid": 7, "tid": 3, "ts": 2, "dur": 1},
+        {"ph": "X", "name": "odd", "pid": 7, "tid": 1.5, "ts": 3, "dur": 1},
+    ]
+    path = tmp_path / "kineto.json"
+    path.write_text(json.dumps({"baseTimeNanoseconds": 0, "traceEvents": events}))
+    cols = fastprof.read_columns(path)
+    assert cols.spans["tid"].tolist() == [-1, 3, -1]
+    assert [w for w in cols.warnings if "not an integer" in w] == [
+        f"{path}: 1 events have a pid or tid that is not an integer (read as -1)"
+    ]

@@ -17,7 +17,8 @@
 //!   `baseTimeNanoseconds` + relative µs, or absolute epoch µs (torch < 2.4),
 //!   plus the rank's clock offset (`otherData.clock.offset_ns`), as `fastprof
 //!   merge` places events. `dur` only for spans (X events, and B/E pairs).
-//! * `pid`, `tid`: integers as written (-1 where not an integer).
+//! * `pid`, `tid`: integers as written (-1 where not an integer; a string id,
+//!   as Kineto writes for its own tracks, is -1 without a warning).
 //! * `rank`: from fastprof metadata, `distributedInfo`, a `rank{R}` path
 //!   component, or in a merged trace the `rank R` / `rank R · ...` process names; -1 unknown.
 //! * `step`: see [`steps`]; -1 outside every step.
@@ -512,6 +513,9 @@ impl<'o> Reading<'o> {
         fs.min_ts = Some(fs.min_ts.map_or(ts, |m| m.min(ts)));
         let mut id = |r: &Option<std::ops::Range<usize>>| match get(r) {
             None => 0,
+            // A string id is valid Chrome-trace JSON (Kineto names its
+            // "PyTorch Profiler" tracks so): -1, not counted as bad.
+            Some(v) if v.first() == Some(&b'"') => -1,
             Some(v) => scan::parse_int(v).unwrap_or_else(|| {
                 fs.bad_ids += 1;
                 -1
