@@ -1,0 +1,1 @@
+"""Reports of a run read from files (see the modules)."""
