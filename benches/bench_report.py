@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _util import machine, verdict  # noqa: E402
-from bench_merge import generate, run_measured  # noqa: E402
+from _util import machine, verdict
+from bench_merge import generate, run_measured
 
 FASTPROF = """
 import sys, time

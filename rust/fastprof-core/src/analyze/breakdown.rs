@@ -168,7 +168,7 @@ fn gpu_metrics(devs: &[&Device], s: i64, e: i64, kernels: &[Iv]) -> (f64, f64, f
     let sm = if edges.is_empty() || dur <= 0.0 {
         f64::NAN
     } else {
-        edges.sort_by(|x, y| x.0.cmp(&y.0));
+        edges.sort_by_key(|x| x.0);
         let (mut level, mut area, mut at) = (0.0f64, 0.0f64, edges[0].0);
         for (t, dv) in edges {
             area += level.clamp(0.0, 1.0) * (t - at) as f64;

@@ -169,10 +169,8 @@ impl Reading {
                     let ph = f.ph.clone().and_then(|r| scan::str_value(&raw[r]));
                     match ph {
                         Some(b"M") => {
-                            if meta.metadata_event(&f, raw) == MetaEvent::MergeMarker
-                                && first
-                                && skip_merged
-                            {
+                            let marker = meta.metadata_event(&f, raw) == MetaEvent::MergeMarker;
+                            if marker && first && skip_merged {
                                 meta.info.skipped = Some("a previous merge output".into());
                                 return Ok(meta.info);
                             }
