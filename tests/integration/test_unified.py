@@ -204,7 +204,6 @@ def test_worker_segments_are_tracks_of_their_rank(tmp_path: Path, pyscript: Any)
 @pytest.mark.filterwarnings("ignore:The inplace keyword:DeprecationWarning", "ignore:The inplace keyword:FutureWarning")
 def test_hta_finds_the_rank_of_each_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import hta.trace_analysis as hta  # installed by `make dev` (Makefile), never skipped
-
     monkeypatch.setenv("WORLD_SIZE", "2")
     flat = tmp_path / "flat"
     flat.mkdir()
