@@ -291,8 +291,9 @@ def _metadata(pid: int, tid: int, ts: float) -> str:
     )
 
 
-def generate(path: str, rank: int, world: int, mb: float) -> tuple[int, int]:
-    """Write one rank's trace (gzip level 1) of ~``mb`` MB of JSON; (JSON bytes, events)."""
+def generate(path: str, rank: int, world: int, mb: float, corr_start: int = 0) -> tuple[int, int]:
+    """Write one rank's trace (gzip level 1) of ~``mb`` MB of JSON; (JSON bytes, events).
+    Correlation ids start after ``corr_start`` (a long-running process's are large)."""
     rng = random.Random(1000 + rank)
     pid, tid = CPU_PID, CPU_PID
     layers = [_layer_template(kind, i, pid, tid) for i, kind in enumerate(LAYER_ORDER * 4)]
@@ -312,7 +313,8 @@ def generate(path: str, rank: int, world: int, mb: float) -> tuple[int, int]:
         '  "with_modules": 1,\n  "trace_id": "0F4B9A1E52C34D7A8E6B1C2D3E4F5A6B",\n  "traceEvents": ['
     )
     t = 2_000_000 + rank * 777  # ns from base
-    ext = corr = seq = evidx = pyid = 0
+    ext = seq = evidx = pyid = 0
+    corr = corr_start
     g = d = 0
     size = len(head)
     events = 0

@@ -4,7 +4,6 @@ self-contained HTML page."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
@@ -64,21 +63,14 @@ class _Progress:
 
 
 def breakdown_section(data: _data.RunData) -> tuple[dict[str, Any] | None, str | None]:
-    """The step-time breakdown section, or None and the reason.
-
-    PLUG POINT (issue #11, step-time breakdown): the breakdown is computed in
-    Rust (``fastprof._core.analyze_steps``) and shaped by
-    ``fastprof.reports.breakdown.step_breakdown(data) -> (section, reason)``,
-    with the section as ``$defs/breakdown`` of the schema describes it (per
+    """The step-time breakdown section (``$defs/breakdown`` of the schema: per
     (rank, step) role times in ns, GPU util, SM efficiency, occupancy, tensor
-    core share, temporal / idle / kernel-type / overlap fields). Until that
-    module exists the report says so instead of guessing numbers."""
-    try:
-        mod = importlib.import_module("fastprof.reports.breakdown")
-    except ImportError:
-        return None, "the step-time breakdown is not implemented in this version of fastprof yet"
-    section, reason = mod.step_breakdown(data)
-    return section, reason
+    core share, temporal / idle / kernel-type / overlap fields), computed in
+    Rust by ``fastprof._core.analyze_steps`` over the run's traces, or None
+    and the reason."""
+    from fastprof.reports.breakdown import report_section
+
+    return report_section(data.inputs)
 
 
 def build(

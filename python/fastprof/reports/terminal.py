@@ -118,7 +118,34 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None) -> None
         )
     if doc["breakdown"] is None:
         con.print(f"Step-time breakdown: {doc['breakdown_reason']}")
+    else:
+        con.print(_breakdown_table(doc["breakdown"]))
     recs = doc["recommendations"]["items"]
     con.print("[bold]Recommendations[/bold]" if recs else "Recommendations: none fired")
     for r in recs:
         con.print(f"  - {r['message']}")
+
+
+_ROLES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other")
+
+
+def _breakdown_table(section: dict[str, Any]) -> Table:
+    """Per rank: the share of step time in each role (the TensorBoard
+    plugin's priorities), summed over the steps the breakdown covers."""
+    t = Table(title=f"Step-time breakdown (% of step time; steps from {section['source']})")
+    for col in ("rank", "steps", "mean step", *_ROLES, "GPU util"):
+        t.add_column(col.replace("_", " "), justify="right")
+    by_rank: dict[int, list[dict[str, Any]]] = {}
+    for s in section["steps"]:
+        by_rank.setdefault(int(s["rank"]), []).append(s)
+    for rank, steps in sorted(by_rank.items()):
+        total = sum(float(s["duration_ns"]) for s in steps) or 1.0
+        util = [float(s["gpu_util"]) for s in steps if s.get("gpu_util") is not None]
+        t.add_row(
+            str(rank),
+            str(len(steps)),
+            f"{total / len(steps) / 1e9:.4f} s",
+            *(f"{100 * sum(float(s[r + '_ns'] or 0) for s in steps) / total:.1f}" for r in _ROLES),
+            f"{100 * sum(util) / len(util):.0f}%" if util else "no GPU",
+        )
+    return t

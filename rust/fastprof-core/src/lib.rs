@@ -12,9 +12,11 @@
 //!   reader and numpy-ready columns ([`reader`] and [`scan`] are re-exported
 //!   at the crate root under their old paths).
 //! * [`sampler`]: the always-on host / process / NVML sampler thread.
+//! * [`analyze`]: streaming step-time breakdowns for reports.
 //! * [`merge`], [`pargz`]: `fastprof merge`, parallel single-member gzip.
 //! * [`clock`]: CLOCK_MONOTONIC / CLOCK_REALTIME and anchor pairs.
 
+pub mod analyze;
 pub mod clock;
 pub mod collect;
 pub mod config;

@@ -3,6 +3,7 @@
 //! releases the GIL around blocking work and maps errors.
 
 mod actions;
+mod analyze;
 mod columns;
 mod convert;
 mod errors;
@@ -198,6 +199,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_noop, m)?)?;
     m.add_function(wrap_pyfunction!(_span_depth, m)?)?;
     m.add_function(wrap_pyfunction!(read_trace, m)?)?;
+    m.add_function(wrap_pyfunction!(analyze::analyze_steps, m)?)?;
     m.add_function(wrap_pyfunction!(merge, m)?)?;
     m.add_function(wrap_pyfunction!(columns::read_columns, m)?)?;
     m.add("__version__", fastprof_core::VERSION)?;

@@ -5,6 +5,8 @@
 //!   raw bytes; [`scan::Fields`] locates the few keys a consumer needs.
 //! * [`reader`]: the whole document as a `serde_json::Value`, salvaging
 //!   truncated files (what `fastprof.read_trace` returns).
+//! * `filemeta`: a file's kind, rank, time base and clock offset, as
+//!   columns and the analysis both read them.
 //! * [`columns`]: spans, instants and counters as numpy-ready columns, with
 //!   filters, epoch-ns timestamps, ranks and steps, in memory proportional
 //!   to the rows kept.
@@ -17,5 +19,6 @@
 //! see the same files.
 
 pub mod columns;
+pub(crate) mod filemeta;
 pub mod reader;
 pub mod scan;

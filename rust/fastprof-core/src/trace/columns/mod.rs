@@ -34,8 +34,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
+use super::filemeta::{FileMeta, MetaEvent};
 use super::scan::{self, Fields, Item, Scanner};
 use crate::error::{CoreError, Result};
 use crate::merge::inputs;
@@ -241,7 +240,7 @@ fn is_fastprof_name(p: &Path) -> bool {
 }
 
 impl FileInfo {
-    fn new(path: PathBuf) -> FileInfo {
+    pub(crate) fn new(path: PathBuf) -> FileInfo {
         FileInfo {
             path,
             kind: "chrome",
@@ -335,18 +334,12 @@ struct Reading<'o> {
 
 /// Per-file state while scanning.
 struct FileScan {
-    info: FileInfo,
-    rank_from_meta: bool,
-    /// A complete fastprof `otherData` was read (it wins over `fastprof_info`).
-    other_data_seen: bool,
-    /// Merged traces: rank of each pid, from `rank R` / `rank R · ...` process names.
-    pid_rank: HashMap<i64, u32>,
+    meta: FileMeta,
     /// First row of this file in each table, and first marker.
     first: [usize; 3],
     first_marker: usize,
     open: HashMap<(i64, i64), Vec<Open>>,
     step_ordinal: HashMap<i64, i64>,
-    min_ts: Option<i64>,
     bad_ts: u64,
     bad_ids: u64,
     unpaired: u64,
@@ -374,13 +367,7 @@ impl<'o> Reading<'o> {
     fn read_file(&mut self, path: &Path, file: u32, skip_merged: bool) -> Result<FileInfo> {
         let mut sc = Scanner::open(path)?;
         let mut fs = FileScan {
-            info: FileInfo {
-                rank: inputs::rank_from_path(path),
-                ..FileInfo::new(path.to_path_buf())
-            },
-            rank_from_meta: false,
-            other_data_seen: false,
-            pid_rank: HashMap::new(),
+            meta: FileMeta::new(path),
             first: [
                 self.out.spans.len(),
                 self.out.instants.len(),
@@ -389,7 +376,6 @@ impl<'o> Reading<'o> {
             first_marker: self.markers.len(),
             open: HashMap::new(),
             step_ordinal: HashMap::new(),
-            min_ts: None,
             bad_ts: 0,
             bad_ids: 0,
             unpaired: 0,
@@ -397,13 +383,13 @@ impl<'o> Reading<'o> {
         let result = (|| -> Result<bool> {
             while let Some(item) = sc.next_item()? {
                 match item {
-                    Item::Meta { key, raw } => meta(&mut fs, key, raw),
+                    Item::Meta { key, raw } => fs.meta.top_level(key, raw),
                     Item::Event(raw) => {
-                        let first = skip_merged && fs.info.events == 0;
+                        let first = skip_merged && fs.meta.info.events == 0;
                         if !self.event(&mut fs, raw, file, first) {
                             return Ok(false);
                         }
-                        fs.info.events += 1;
+                        fs.meta.info.events += 1;
                     }
                 }
             }
@@ -418,14 +404,14 @@ impl<'o> Reading<'o> {
         };
         if !complete {
             self.rollback(&fs);
-            fs.info.kind = "merged";
-            fs.info.skipped = Some("a previous merge output".into());
-            return Ok(fs.info);
+            fs.meta.info.kind = "merged";
+            fs.meta.info.skipped = Some("a previous merge output".into());
+            return Ok(fs.meta.info);
         }
         let name = path.display();
         self.out.warnings.extend(sc.warnings().iter().cloned());
         if let Some(s) = sc.salvage() {
-            fs.info.salvaged = true;
+            fs.meta.info.salvaged = true;
             self.out.warnings.push(format!(
                 "{name}: salvaged: {} at byte {}; {} bytes after it unused",
                 s.reason, s.offset, s.unused_bytes
@@ -450,7 +436,7 @@ impl<'o> Reading<'o> {
             ));
         }
         self.place(&mut fs);
-        Ok(fs.info)
+        Ok(fs.meta.info)
     }
 
     /// Forget the rows and markers a file added.
@@ -471,34 +457,7 @@ impl<'o> Reading<'o> {
         let ph = get(&f.ph).and_then(scan::str_value).unwrap_or(b"");
         let name_raw = get(&f.name).unwrap_or(b"\"\"");
         if ph == b"M" {
-            let name = scan::str_value(name_raw).unwrap_or(b"");
-            if name == b"fastprof_merge" {
-                fs.info.kind = "merged";
-                return !first;
-            }
-            let args = || get(&f.args).and_then(|a| serde_json::from_slice::<Value>(a).ok());
-            // A merged trace carries every input's fastprof_info: not its own.
-            // fastprof's own `distributedInfo` comes before it: its rank is
-            // kept, the rest (kind, clock offset) still comes from here.
-            if name == b"fastprof_info" && !fs.other_data_seen && fs.info.kind != "merged" {
-                if let Some(a) = args() {
-                    let rank = fs.info.rank.filter(|_| fs.rank_from_meta);
-                    apply_fastprof_meta(fs, &a);
-                    fs.info.rank = rank.or(fs.info.rank);
-                }
-            } else if name == b"process_name" && fs.info.kind == "merged" {
-                let pid = get(&f.pid).and_then(scan::parse_int);
-                let rank = args().and_then(|a| {
-                    // "rank R", "rank R · <role>" (and older merges' "rank R: <name>").
-                    let n = a.get("name")?.as_str()?.strip_prefix("rank ")?;
-                    let end = n.find(|c: char| !c.is_ascii_digit()).unwrap_or(n.len());
-                    n[..end].parse::<u32>().ok()
-                });
-                if let (Some(p), Some(r)) = (pid, rank) {
-                    fs.pid_rank.insert(p, r);
-                }
-            }
-            return true;
+            return !(fs.meta.metadata_event(&f, raw) == MetaEvent::MergeMarker && first);
         }
         let kind = match ph {
             b"X" | b"B" | b"E" => 0,
@@ -510,7 +469,7 @@ impl<'o> Reading<'o> {
             fs.bad_ts += 1;
             return true;
         };
-        fs.min_ts = Some(fs.min_ts.map_or(ts, |m| m.min(ts)));
+        fs.meta.note_ts(ts);
         let mut id = |r: &Option<std::ops::Range<usize>>| match get(r) {
             None => 0,
             // A string id is valid Chrome-trace JSON (Kineto names its
@@ -615,7 +574,7 @@ impl<'o> Reading<'o> {
             found
         };
         let (number, end) = match ph {
-            b"X" if name == "step" && matches!(fs.info.kind, "fastprof" | "merged") => {
+            b"X" if name == "step" && matches!(fs.meta.info.kind, "fastprof" | "merged") => {
                 let ordinal = fs.step_ordinal.entry(pid).or_insert(0);
                 let n = arg_int(&[b"step", b"batch"]).unwrap_or(*ordinal);
                 *ordinal += 1;
@@ -642,37 +601,13 @@ impl<'o> Reading<'o> {
 
     /// At the end of a file: epoch ns, rank, clock offset, the time window.
     fn place(&mut self, fs: &mut FileScan) {
-        let info = &mut fs.info;
-        if info.kind != "fastprof" && info.kind != "merged" {
-            if let Some(&o) = info.rank.and_then(|r| self.rank_offsets.get(&r)) {
-                info.offset_ns = o;
-            }
-        } else if let Some(r) = info.rank {
-            self.rank_offsets.entry(r).or_insert(info.offset_ns);
+        fs.meta.settle_offset(&mut self.rank_offsets);
+        if let Some(w) = fs.meta.time_base_warning() {
+            self.out.warnings.push(w);
         }
-        if info.base_ns.is_none() && info.kind != "fastprof" {
-            // Kineto before torch 2.4 and most Chrome traces: absolute epoch µs.
-            if fs.min_ts.is_some_and(|t| t < 1_000_000_000_000_000_000 / 2) {
-                self.out.warnings.push(format!(
-                    "{}: no baseTimeNanoseconds and timestamps are not epoch times; read as if they were",
-                    info.path.display()
-                ));
-            }
-        }
-        let shift = info.base_ns.unwrap_or(0).saturating_add(info.offset_ns);
-        let file_rank = info.rank.map_or(-1, |r| r as i32);
-        let pid_rank = &fs.pid_rank;
-        let rank_of = |pid: i64| -> i32 {
-            if pid_rank.is_empty() {
-                return file_rank;
-            }
-            match pid_rank.get(&pid) {
-                Some(&r) => r as i32,
-                // The merge numbers pids (rank + 1) * 100000 + n.
-                None if pid >= 100_000 => (pid / 100_000 - 1) as i32,
-                None => file_rank,
-            }
-        };
+        let shift = fs.meta.shift();
+        let meta = &fs.meta;
+        let rank_of = |pid: i64| meta.rank_of(pid);
         let (start, end) = (
             self.opts.start_ns.unwrap_or(i64::MIN),
             self.opts.end_ns.unwrap_or(i64::MAX),
@@ -761,57 +696,4 @@ fn push_row(t: &mut Table, name: u32, cat: u32, ts: i64, pid: i64, tid: i64, fil
 fn number(raw: &[u8]) -> Option<f64> {
     let t = scan::str_value(raw).unwrap_or(raw);
     std::str::from_utf8(t).ok()?.parse().ok()
-}
-
-/// Top-level values other than the events.
-fn meta(fs: &mut FileScan, key: &str, raw: &[u8]) {
-    match key {
-        "baseTimeNanoseconds" => fs.info.base_ns = scan::parse_int(raw),
-        "distributedInfo" => {
-            if fs.info.kind == "chrome" {
-                fs.info.kind = "kineto";
-            }
-            let v = serde_json::from_slice::<Value>(raw).ok();
-            if let Some(r) = v.as_ref().and_then(|v| v.get("rank")).and_then(json_u32) {
-                fs.info.rank = Some(r);
-                fs.rank_from_meta = true;
-            }
-        }
-        "schemaVersion" | "deviceProperties" | "traceName" if fs.info.kind == "chrome" => {
-            fs.info.kind = "kineto";
-        }
-        "otherData" => {
-            let Ok(v) = serde_json::from_slice::<Value>(raw) else {
-                return;
-            };
-            if v.get("merged") == Some(&Value::Bool(true)) {
-                fs.info.kind = "merged";
-            } else if v.get("producer").and_then(Value::as_str) == Some("fastprof") {
-                apply_fastprof_meta(fs, &v);
-                fs.rank_from_meta = true;
-                fs.other_data_seen = true;
-            }
-        }
-        _ => {}
-    }
-}
-
-fn json_u32(v: &Value) -> Option<u32> {
-    v.as_u64().and_then(|x| u32::try_from(x).ok())
-}
-
-/// fastprof metadata (`otherData`, or the `fastprof_info` event of a segment
-/// cut before its end): the rank and the clock offset, as the merge reads them.
-fn apply_fastprof_meta(fs: &mut FileScan, meta: &Value) {
-    fs.info.kind = "fastprof";
-    if let Some(r) = meta.get("rank").and_then(json_u32) {
-        fs.info.rank = Some(r);
-    }
-    if let Some(off) = meta
-        .get("clock")
-        .and_then(|c| c.get("offset_ns"))
-        .and_then(Value::as_i64)
-    {
-        fs.info.offset_ns = off;
-    }
 }

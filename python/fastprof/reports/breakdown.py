@@ -1,0 +1,207 @@
+"""Step-time breakdown per (rank, step), computed in Rust in one streaming pass.
+
+:func:`step_breakdown` wraps ``fastprof._core.analyze_steps``: the files are
+read by the core's scanner with the GIL released and come back as numpy
+columns, one row per (rank, step), sorted by rank then step start.
+
+Steps are ``ProfilerStep#N`` where a rank has any, else fastprof ``step``
+spans. The columns (times in integer ns):
+
+- the TensorBoard PyTorch-profiler plugin's breakdown, each instant of the
+  step given to the first role covering it: ``kernel_ns`` > ``memcpy_ns`` >
+  ``memset_ns`` > ``communication_ns`` > ``runtime_ns`` > ``dataloader_ns`` >
+  ``cpu_exec_ns``, the rest ``other_ns``; the parts sum to ``duration_ns``;
+- ``gpu_utilization``, ``sm_efficiency`` (0..1), ``achieved_occupancy`` (%),
+  ``tensor_core_share`` (0..1): NaN where not measurable;
+- HolisticTraceAnalysis's temporal breakdown (``compute_ns``,
+  ``non_compute_ns``, ``idle_ns``, summing to the step), idle-time breakdown
+  (``idle_host_wait_ns``, ``idle_kernel_wait_ns``, ``idle_other_ns``: gaps
+  between consecutive GPU activities on each stream), kernel types
+  (``kernel_communication_ns``, ``kernel_computation_ns``,
+  ``kernel_memory_ns``, ``kernel_other_ns``) and communication kernel time
+  overlapped by computation (``comm_kernel_ns``, ``comm_overlap_ns``,
+  ``comm_overlap_pct``).
+
+``has_gpu`` is False on a rank without GPU activity: its GPU columns are 0 or
+NaN and :meth:`Breakdown.row` gives None for them ("no GPU activity"), while
+the host breakdown (DataLoader / CPU Exec / Other) is complete.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from fastprof import _core
+
+NO_GPU = "no GPU activity"
+
+#: The plugin's roles, in priority order, as column names.
+ROLES = (
+    "kernel_ns",
+    "memcpy_ns",
+    "memset_ns",
+    "communication_ns",
+    "runtime_ns",
+    "dataloader_ns",
+    "cpu_exec_ns",
+    "other_ns",
+)
+
+#: Columns that mean nothing without GPU activity.
+GPU_COLUMNS = (
+    "gpu_utilization",
+    "sm_efficiency",
+    "achieved_occupancy",
+    "tensor_core_share",
+    "gpu_busy_ns",
+    "compute_ns",
+    "non_compute_ns",
+    "idle_ns",
+    "idle_host_wait_ns",
+    "idle_kernel_wait_ns",
+    "idle_other_ns",
+    "kernel_communication_ns",
+    "kernel_computation_ns",
+    "kernel_memory_ns",
+    "kernel_other_ns",
+    "comm_kernel_ns",
+    "comm_overlap_ns",
+    "comm_overlap_pct",
+)
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """What :func:`step_breakdown` returns."""
+
+    #: Column name -> 1-D array, one row per (rank, step); ``duration_ns``
+    #: is added here (``end_ns - start_ns``); ``source`` is a list of str.
+    steps: dict[str, Any]
+    #: Per (rank, device) over the rank's steps: ``rank``, ``device``,
+    #: ``gpu_utilization``, ``sm_efficiency``, ``achieved_occupancy``.
+    devices: dict[str, npt.NDArray[Any]]
+    files: list[dict[str, Any]]
+    warnings: list[str]
+    #: HTA's gap under which idle time counts as kernel wait.
+    kernel_wait_ns: int
+
+    def __len__(self) -> int:
+        return len(self.steps["step"])
+
+    @property
+    def gpu_activity(self) -> bool:
+        """Whether any rank had GPU activity."""
+        return bool(np.any(self.steps["has_gpu"]))
+
+    @property
+    def note(self) -> str | None:
+        """``"no GPU activity"`` when no rank had any, else None."""
+        return None if self.gpu_activity or len(self) == 0 else NO_GPU
+
+    def share(self, column: str) -> npt.NDArray[np.float64]:
+        """A part's share of each step (0..1; NaN for an empty step)."""
+        dur = self.steps["duration_ns"].astype(np.float64)
+        part = self.steps[column].astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out: npt.NDArray[np.float64] = np.where(dur > 0, part / dur, np.nan)
+        return out
+
+    def total_share(self, column: str) -> float:
+        """A part's share of all steps' time together (NaN without steps)."""
+        total = int(self.steps["duration_ns"].sum())
+        return float(self.steps[column].sum()) / total if total > 0 else math.nan
+
+    def row(self, i: int) -> dict[str, Any]:
+        """Row ``i`` as plain Python values; GPU fields None without GPU
+        activity, NaN ratios None."""
+        out: dict[str, Any] = {}
+        gpu = bool(self.steps["has_gpu"][i])
+        for k, col in self.steps.items():
+            v = col[i]
+            if isinstance(v, np.generic):
+                v = v.item()
+            if k in GPU_COLUMNS and not gpu:
+                v = None
+            elif isinstance(v, float) and math.isnan(v):
+                v = None
+            out[k] = v
+        return out
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [self.row(i) for i in range(len(self))]
+
+    def to_section(self) -> dict[str, Any]:
+        """The report's ``breakdown`` section (``$defs/breakdown`` of
+        ``reports/schema/report.v1.json``)."""
+        steps = []
+        for r in self.rows():
+            gpu = r["has_gpu"]
+            steps.append(
+                {
+                    "step": r["step"],
+                    "rank": r["rank"],
+                    "duration_ns": r["duration_ns"],
+                    **{k: r[k] for k in ROLES},
+                    "gpu_util": r["gpu_utilization"],
+                    "sm_efficiency": r["sm_efficiency"],
+                    "occupancy": r["achieved_occupancy"],
+                    "tensor_core_share": r["tensor_core_share"],
+                    "temporal": {k: r[k] for k in ("compute_ns", "non_compute_ns", "idle_ns")} if gpu else None,
+                    "idle": {
+                        "host_wait_ns": r["idle_host_wait_ns"],
+                        "kernel_wait_ns": r["idle_kernel_wait_ns"],
+                        "other_ns": r["idle_other_ns"],
+                    }
+                    if gpu
+                    else None,
+                    "kernel_types": {
+                        "communication_ns": r["kernel_communication_ns"],
+                        "computation_ns": r["kernel_computation_ns"],
+                        "memory_ns": r["kernel_memory_ns"],
+                    }
+                    if gpu
+                    else None,
+                    "overlap_pct": r["comm_overlap_pct"],
+                }
+            )
+        sources = sorted(set(self.steps["source"]))
+        section: dict[str, Any] = {
+            "source": ", ".join(sources) if sources else "none",
+            "gpu_activity": self.gpu_activity,
+            "steps": steps,
+        }
+        if self.note:
+            section["note"] = self.note
+        return section
+
+
+def step_breakdown(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> Breakdown:
+    """The step-time breakdown of traces, run directories or a merged trace
+    (as ``fastprof merge`` takes them)."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    raw = _core.analyze_steps([os.fspath(p) for p in paths])
+    steps: dict[str, Any] = dict(raw["steps"])
+    steps["duration_ns"] = steps["end_ns"] - steps["start_ns"]
+    return Breakdown(
+        steps=steps,
+        devices=dict(raw["devices"]),
+        files=list(raw["files"]),
+        warnings=list(raw["warnings"]),
+        kernel_wait_ns=int(raw["kernel_wait_ns"]),
+    )
+
+
+def report_section(paths: Sequence[str | os.PathLike[str]]) -> tuple[dict[str, Any] | None, str | None]:
+    """The report's breakdown section and, when there is none, why."""
+    b = step_breakdown(paths)
+    if len(b) == 0:
+        return None, "no steps: neither ProfilerStep#N nor fastprof step spans were found"
+    return b.to_section(), None
