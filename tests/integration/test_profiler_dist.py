@@ -163,3 +163,30 @@ def test_per_rank_directories_and_metadata(job: dict[str, Any]) -> None:
 def test_runs_without_files_left_behind(job: dict[str, Any]) -> None:
     leftovers = [p for p in Path(job["run"]).rglob("*") if ".tmp-" in p.name]
     assert leftovers == []
+
+
+def test_the_report_reads_every_rank_of_the_run(job: dict[str, Any], tmp_path: Path) -> None:
+    import fastprof
+
+    rep = fastprof.report(job["run"], out_dir=tmp_path, formats=("json",))
+    assert rep["source"]["ranks"] == [0, 1]
+    per_rank = {r["rank"]: r for r in rep["ranks"]["per_rank"]}
+    assert sorted(per_rank) == [0, 1] and all(r["steps"] == 10 for r in per_rank.values())
+    # The slowest rank of each step, by the step spans of the unified trace
+    # (read here with json; steps matched by position on each rank).
+    doc = _unified(job)
+    by_pid: dict[int, list[tuple[float, float]]] = {}
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "X" and e.get("name") == "step":
+            by_pid.setdefault(e["pid"], []).append((e["ts"], e["dur"]))
+    pid0, pid1 = sorted(by_pid)  # merged pids sort by rank
+    d0 = [d for _, d in sorted(by_pid[pid0])]
+    d1 = [d for _, d in sorted(by_pid[pid1])]
+    slowest = [0 if a >= b else 1 for a, b in zip(d0, d1, strict=True)]
+    got = [s["slowest_rank"] for s in rep["ranks"]["slowest"]]
+    # Ties within the trace's µs rounding may go either way; everything else agrees.
+    assert sum(g != w for g, w, a, b in zip(got, slowest, d0, d1, strict=True) if abs(a - b) > 0.002) == 0
+    # The spread of a step is slowest minus fastest; warm-up steps are left out.
+    warm = rep["speed"]["warmup"]["steps_excluded"]
+    spreads = [abs(a - b) for a, b in zip(d0, d1, strict=True)][warm:]
+    assert rep["ranks"]["spread"]["max_s"] * 1e6 == pytest.approx(max(spreads), abs=2)
