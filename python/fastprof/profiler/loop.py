@@ -421,11 +421,6 @@ class Profiler:
             if gate != self._paused_by_gate and self.recorder.active:
                 (self.recorder.pause if gate else self.recorder.resume)()
                 self._paused_by_gate = gate
-        if self._driver is not None:
-            if driver:
-                self._driver.begin(action, self.batch, self.epoch)
-            else:
-                self._driver_due = True
         if self.recorder.active:
             self.recorder.mark_step(self.batch)
         level = _ACTION_LEVEL[action]
@@ -435,10 +430,21 @@ class Profiler:
         self._step_args = (self.epoch, self.batch, self.batch_in_epoch, action.value)
         self._open = True
         self._depth = _core._span_depth()
+        if self._driver is not None:
+            if driver:
+                # torch's ProfilerStep#N begins last, right before fastprof's step N.
+                self._driver.begin(action, self.batch, self.epoch)
+            else:
+                self._driver_due = True
         self._t0 = _core._ticks()
 
     def _end_step(self) -> None:
         epoch, batch, batch_in_epoch, action = self._step_args
+        if self._driver is not None:
+            # torch's ProfilerStep#N ends first, then fastprof's step N, with
+            # nothing between them that allocates (a garbage collection there
+            # would part the two ends).
+            self._driver.end_annotation()
         # Recorded whole at its end (begin and end at once): a step may end
         # while spans the user opened inside it are still open.
         _core._complete(

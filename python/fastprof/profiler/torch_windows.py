@@ -394,6 +394,22 @@ class WindowDriver:
     def _schedule(self, _step: int) -> Any:
         return self._next
 
+    def end_annotation(self) -> None:
+        """End torch's ``ProfilerStep#N`` annotation now (torch's own ``step()``
+        and ``stop()`` skip an annotation already ended), so that the profiler
+        can end its own step right after it."""
+        tp = self._tp
+        rec = None if tp is None else getattr(tp, "step_rec_fn", None)
+        if rec is None:
+            return
+        try:
+            rec.__exit__(None, None, None)
+        except Exception as e:  # noqa: BLE001
+            self._fail("step", e)
+        finally:
+            if tp is not None:
+                tp.step_rec_fn = None
+
     def end(self, action: Action, variables: Mapping[str, Any]) -> None:
         """A step ended (``action`` its action): a window's last step stops it."""
         if self._window is not None:

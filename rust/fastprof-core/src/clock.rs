@@ -167,12 +167,19 @@ pub fn ticks() -> u64 {
 /// Smallest time between two calibration knots.
 pub const MIN_KNOT_GAP_NS: u64 = 100_000;
 
+/// Calibration knots kept: a tick read before the previous knot but published
+/// after that drain's snapshot (its thread was preempted between reading the
+/// clock and pushing the record) is converted on the segment it lies in, as
+/// long as it is younger than the oldest knot kept (16 drains back).
+const KNOTS: usize = 16;
+
 /// Converts ticks to CLOCK_MONOTONIC ns between calibration pairs.
 #[derive(Debug, Clone, Copy)]
 pub struct Calibration {
     identity: bool,
-    prev: (u64, u64),
-    cur: (u64, u64),
+    /// `knots[..n]`, oldest first; increasing in both coordinates.
+    knots: [(u64, u64); KNOTS],
+    n: usize,
 }
 
 impl Calibration {
@@ -185,29 +192,40 @@ impl Calibration {
         };
         Calibration {
             identity: !USE_TSC.load(Ordering::Relaxed),
-            prev: p,
-            cur: p,
+            knots: [p; KNOTS],
+            n: 1,
         }
     }
 
     /// Take a new knot. The caller converts only ticks read before this call
-    /// (the writer snapshots every ring's head first), so conversion always
-    /// interpolates between two knots and never extrapolates: the mapping is
-    /// one continuous, increasing piecewise-linear function however often the
-    /// writer drains, and a record converted in one drain can never land after
-    /// a later record converted in the next. Knots are kept at least
-    /// [`MIN_KNOT_GAP_NS`] apart (waiting out the rest when drains come faster)
-    /// so pair jitter (tens of ns) cannot tilt a segment much.
+    /// (the writer snapshots every ring's head first), so conversion
+    /// interpolates between two knots: the mapping is one continuous,
+    /// increasing piecewise-linear function however often the writer drains,
+    /// and a record converted in one drain can never land after a later
+    /// record converted in the next. A record can still carry a tick older
+    /// than the previous knot (read before it, published after the previous
+    /// snapshot); it is converted on the older segment it lies in, which the
+    /// last [`KNOTS`] knots keep. Knots are kept at least [`MIN_KNOT_GAP_NS`]
+    /// apart (waiting out the rest when drains come faster) so pair jitter
+    /// (tens of ns) cannot tilt a segment much.
     pub fn advance(&mut self) {
         if self.identity {
             return;
         }
-        let since = monotonic_ns().saturating_sub(self.cur.1);
+        let since = monotonic_ns().saturating_sub(self.knots[self.n - 1].1);
         if since < MIN_KNOT_GAP_NS {
             std::thread::sleep(std::time::Duration::from_nanos(MIN_KNOT_GAP_NS - since));
         }
-        self.prev = self.cur;
-        self.cur = pair();
+        self.push(pair());
+    }
+
+    fn push(&mut self, knot: (u64, u64)) {
+        if self.n == KNOTS {
+            self.knots.copy_within(1.., 0);
+            self.n -= 1;
+        }
+        self.knots[self.n] = knot;
+        self.n += 1;
     }
 
     /// CLOCK_MONOTONIC ns of a tick value.
@@ -216,10 +234,19 @@ impl Calibration {
         if self.identity {
             return t;
         }
-        let (t0, n0) = self.prev;
-        let (t1, n1) = self.cur;
-        if t1 <= t0 {
+        if self.n < 2 {
+            let (t1, n1) = self.knots[0];
             return n1.wrapping_add(t.wrapping_sub(t1)); // not calibrated yet: ~1 tick/ns
+        }
+        // The segment holding `t`: nearly always the newest.
+        let mut i = self.n - 2;
+        while i > 0 && self.knots[i].0 > t {
+            i -= 1;
+        }
+        let (t0, n0) = self.knots[i];
+        let (t1, n1) = self.knots[i + 1];
+        if t1 <= t0 {
+            return n1.wrapping_add(t.wrapping_sub(t1));
         }
         let slope = (n1 - n0) as f64 / (t1 - t0) as f64;
         let dt = t as i128 - t0 as i128;
@@ -292,6 +319,33 @@ impl Anchor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tick_older_than_the_previous_knot_is_converted_on_its_own_segment() {
+        let mut c = Calibration {
+            identity: false,
+            knots: [(1000, 5000); KNOTS],
+            n: 1,
+        };
+        // Two segments with different slopes: 1 ns/tick, then 3 ns/tick.
+        c.push((2000, 6000));
+        c.push((3000, 9000));
+        // A tick from the first segment, converted after the second knot:
+        // on its own segment, not extrapolated back along the newer one.
+        assert_eq!(c.to_ns(1500), 5500);
+        assert_eq!(c.to_ns(2500), 7500);
+        // Increasing across the knot, whichever drain converts which.
+        let xs: Vec<u64> = (1000..3000).step_by(7).map(|t| c.to_ns(t)).collect();
+        assert!(xs.windows(2).all(|w| w[0] <= w[1]));
+        // Older than every knot kept: the oldest segment, extrapolated.
+        assert_eq!(c.to_ns(900), 4900);
+        // The window of knots slides: the oldest go first.
+        for k in 0..(KNOTS as u64 + 4) {
+            c.push((4000 + k * 1000, 12_000 + k * 1000));
+        }
+        assert_eq!(c.n, KNOTS);
+        assert!(c.knots[..c.n].windows(2).all(|w| w[0].0 < w[1].0));
+    }
 
     #[test]
     fn monotonic_never_goes_back() {
