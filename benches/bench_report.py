@@ -1,27 +1,36 @@
-"""Step-time breakdown on a large torch trace: fastprof vs HolisticTraceAnalysis.
+"""The whole report on a large torch trace, next to ``fastprof merge`` and
+HolisticTraceAnalysis (issue #11, "Scale").
 
-One synthetic Kineto trace of ``--mb`` MB of JSON (default 300; the
+One synthetic Kineto trace of ``--mb`` MB of JSON (default 1000; the
 generator of ``bench_merge.py``: ProfilerStep#N, python_function and cpu_op
 trees, cudaLaunchKernel with its kernel, flows), written into a directory
-per rank as HTA expects. Each round, in rotating order, runs in a fresh
-subprocess (wall time and the process's own peak RSS from ``wait4``):
+per rank as HTA expects. Each round, in rotating order, runs every case in a
+fresh subprocess (wall time and the process's own peak RSS from ``wait4``):
 
-1. ``fastprof._core.analyze_steps`` on the file (the whole breakdown);
-2. ``fastprof.merge`` of the same file (the issue's yardstick: a report
-   takes at most 2x the merge, with peak RSS <= 300 MB);
-3. HTA: ``TraceAnalysis(trace_dir=...)`` (the load) and
+1. ``fastprof.report(trace)`` writing JSON, CSV and HTML (everything the
+   report does: read the columns, time / speed / system / ranks reports,
+   the breakdown, recommendations, plotly page);
+2. ``fastprof.report(trace, formats=("json",))``;
+3. ``fastprof._core.analyze_steps`` alone (the breakdown's Rust pass);
+4. ``fastprof.merge`` of the same file: the yardstick. Targets: a report
+   takes at most 2x the merge, with peak RSS <= 300 MB;
+5. HTA: ``TraceAnalysis(trace_dir=...)`` (the load) and
    ``get_temporal_breakdown(visualize=False)``.
 
-Ratios are printed. HTA is slow and large on big traces (100+ s and ~2 GB
-on 355 MB here): ``--no-hta`` leaves it out, ``--rounds`` sets the rounds.
+HTA takes minutes and GBs on large traces (100+ s and ~2 GB on 355 MB here),
+so it runs only up to ``--hta-max-mb`` (default 400 MB; ``--hta`` runs it at
+any size, ``--no-hta`` never); the output says when it was left out. The
+reports' own stage timings (``progress=True``) are printed for the first
+round.
 
-    python benches/bench_report.py [--mb 300] [--rounds 2] [--no-hta]
+    python benches/bench_report.py [--mb 1000] [--rounds 2] [--hta | --no-hta] [--hta-max-mb 400]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import shutil
 import statistics
 import sys
 import tempfile
@@ -33,12 +42,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _util import machine, verdict
 from bench_merge import generate, run_measured
 
-FASTPROF = """
+REPORT = """
+import sys, time, warnings
+warnings.simplefilter("ignore")
+import fastprof
+t0 = time.perf_counter()
+fmts = tuple(sys.argv[3].split(","))
+rep = fastprof.report(sys.argv[1], out_dir=sys.argv[2], formats=fmts, progress=True)
+sizes = ", ".join(f"{p.name} {p.stat().st_size / 1e6:.1f} MB" for p in rep.files if p.suffix != ".csv")
+print(f"report ({sys.argv[3]}): {time.perf_counter() - t0:.2f} s; {sizes}", file=sys.stderr)
+"""
+
+ANALYZE = """
 import sys, time
 from fastprof import _core
 t0 = time.perf_counter()
 a = _core.analyze_steps([sys.argv[1]])
-print(f"fastprof: {len(a['steps']['step'])} steps in {time.perf_counter() - t0:.2f} s")
+print(f"analyze_steps: {len(a['steps']['step'])} steps in {time.perf_counter() - t0:.2f} s")
 """
 
 MERGE = """
@@ -59,15 +79,32 @@ print(f"HTA: load {t1 - t0:.1f} s, temporal breakdown {time.perf_counter() - t1:
 print(df.to_string())
 """
 
+FULL = "fastprof report json+csv+html"
+JSON = "fastprof report json"
+ANALYZE_STEPS = "fastprof analyze_steps"
+MERGED = "fastprof merge"
+HTA_CASE = "HTA load + temporal breakdown"
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mb", type=float, default=300.0, help="JSON size of the trace (MB)")
+    ap.add_argument("--mb", type=float, default=1000.0, help="JSON size of the trace (MB)")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--no-hta", action="store_true", help="leave HolisticTraceAnalysis out")
+    hta_opt = ap.add_mutually_exclusive_group()
+    hta_opt.add_argument("--no-hta", action="store_true", help="leave HolisticTraceAnalysis out")
+    hta_opt.add_argument("--hta", action="store_true", help="run HTA whatever the size (minutes, GBs)")
+    ap.add_argument("--hta-max-mb", type=float, default=400.0, help="skip HTA above this size (default 400)")
     args = ap.parse_args()
-    hta = not args.no_hta and importlib.util.find_spec("hta") is not None
     print(f"machine: {machine()}")
+    hta = False
+    if args.no_hta:
+        print("HTA: left out (--no-hta)")
+    elif importlib.util.find_spec("hta") is None:
+        print("HTA: not installed, left out")
+    elif args.mb > args.hta_max_mb and not args.hta:
+        print(f"HTA: left out above {args.hta_max_mb:.0f} MB (it takes minutes and GBs there; --hta runs it)")
+    else:
+        hta = True
     with tempfile.TemporaryDirectory(prefix="bench_report_") as tmp_s:
         tmp = Path(tmp_s)
         trace_dir = tmp / "rank0"
@@ -83,32 +120,42 @@ def main() -> None:
             f"(generated in {time.perf_counter() - t0:.0f} s)"
         )
         py = sys.executable
+        out = tmp / "reports"
         cases = {
-            "fastprof analyze_steps": [py, "-c", FASTPROF, str(path)],
-            "fastprof merge": [py, "-c", MERGE, str(path), str(tmp / "merged.json.gz")],
+            FULL: [py, "-c", REPORT, str(path), str(out), "json,csv,html"],
+            JSON: [py, "-c", REPORT, str(path), str(out), "json"],
+            ANALYZE_STEPS: [py, "-c", ANALYZE, str(path)],
+            MERGED: [py, "-c", MERGE, str(path), str(tmp / "merged.json.gz")],
         }
         if hta:
-            cases["HTA load + temporal breakdown"] = [py, "-c", HTA, str(trace_dir)]
+            cases[HTA_CASE] = [py, "-c", HTA, str(trace_dir)]
         results: dict[str, list[tuple[float, int]]] = {k: [] for k in cases}
         names = list(cases)
         for r in range(args.rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                log = tmp / f"{len(results[name])}_{name.split()[0]}.log"
+                shutil.rmtree(out, ignore_errors=True)
+                log = tmp / f"{len(results[name])}_{name.replace(' ', '_')}.log"
                 results[name].append(run_measured(cases[name], log))
                 print(f"  round {r + 1}: {name}: {results[name][-1][0]:.2f} s, {results[name][-1][1] / 1e6:.0f} MB")
-                for line in log.read_text(errors="replace").strip().splitlines()[:1]:
+                lines = log.read_text(errors="replace").strip().splitlines()
+                for line in lines if r == 0 and name in (FULL, JSON) else lines[:1]:
                     print("    " + line)
         print("\nmedian wall s, peak RSS MB (each in a fresh process):")
         med = {k: (statistics.median(t for t, _ in v), max(m for _, m in v)) for k, v in results.items()}
         for k, (t, m) in med.items():
             print(f"  {k:32s} {t:8.2f} s  {m / 1e6:8.0f} MB")
-        fp_t, fp_m = med["fastprof analyze_steps"]
-        mg_t, _ = med["fastprof merge"]
-        print(f"\nanalyze / merge time: {fp_t / mg_t:.2f}x   target <= 2x: {verdict(fp_t <= 2 * mg_t)}")
-        print(f"analyze peak RSS: {fp_m / 1e6:.0f} MB   target <= 300 MB: {verdict(fp_m <= 300e6)}")
+        mg_t, mg_m = med[MERGED]
+        print(f"\nyardstick: fastprof merge {mg_t:.2f} s ({mg_m / 1e6:.0f} MB)")
+        for k in (FULL, JSON, ANALYZE_STEPS):
+            t, m = med[k]
+            print(
+                f"  {k:32s} / merge time {t / mg_t:5.2f}x  target <= 2x: {verdict(t <= 2 * mg_t)};  "
+                f"peak RSS {m / 1e6:4.0f} MB  target <= 300 MB: {verdict(m <= 300e6)}"
+            )
         if hta:
-            h_t, h_m = med["HTA load + temporal breakdown"]
-            print(f"HTA / fastprof: time {h_t / fp_t:.1f}x, peak RSS {h_m / fp_m:.1f}x")
+            h_t, h_m = med[HTA_CASE]
+            f_t, f_m = med[FULL]
+            print(f"HTA / full fastprof report: time {h_t / f_t:.1f}x, peak RSS {h_m / f_m:.1f}x")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import csv
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -200,6 +201,18 @@ def test_default_out_dir_and_single_trace(base_run: Path) -> None:
     alone = fastprof.report(seg, formats=())
     assert alone["speed"]["train"]["per_rank"][0]["steps"] == rep["speed"]["train"]["per_rank"][0]["steps"]
     assert alone["system"]["overhead"][0]["drops"] == 0
+
+
+def test_run_dir_without_unified_trace(loader_run: Path, tmp_path: Path) -> None:
+    """A run whose merge never ran (segments, torch windows and profiler.json
+    per rank): profiler.json is skipped with a warning, not fed to the breakdown."""
+    run = tmp_path / "run"
+    shutil.copytree(loader_run / "rank0", run / "rank0")
+    rep = fastprof.report(run, formats=())
+    unified = fastprof.report(loader_run, formats=())
+    assert any("profiler.json" in w for w in rep["source"]["warnings"])
+    assert rep["speed"]["train"]["per_rank"][0]["steps"] == unified["speed"]["train"]["per_rank"][0]["steps"]
+    assert rep["breakdown"] is not None and len(rep["breakdown"]["steps"]) == len(unified["breakdown"]["steps"])
 
 
 def test_summary_prints_in_a_subprocess(base_run: Path) -> None:

@@ -1,7 +1,12 @@
 """What a report reads: one run directory or one trace, as numpy columns.
 
 Everything per event comes from :func:`fastprof.read_columns` (the Rust
-scanner); this module only groups those columns with numpy. The few small
+scanner), read once per report; this module only groups those columns with
+numpy. The columns are the report's largest memory (about 44 bytes per span
+row), so what is derived from all of them (ranks, wall, each rank's steps) is
+computed once and kept, name and category tests go through boolean lookup
+tables indexed by the id columns, and scans that need a per-row temporary run
+in chunks of :data:`_CHUNK` rows. The few small
 JSON documents next to the traces (``rank*/profiler.json``, the fastprof
 segments' ``otherData``) are read whole, the segments' tail by a streaming
 decompression that keeps only the last megabyte.
@@ -27,6 +32,11 @@ I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
 _TAIL_BYTES = 1 << 20
+#: Rows per chunk where a scan over every span would otherwise build a
+#: full-length int64 temporary (8 MB per chunk instead of 8 bytes x rows).
+_CHUNK = 1 << 20
+#: Columns no report reads, dropped once read (12 of 56 bytes per span row).
+_UNUSED = ("step", "file")
 _RANK_DIR = re.compile(r"^rank(\d+)$")
 
 
@@ -59,17 +69,34 @@ class RunData:
     other: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: rank -> otherData of DataLoader workers' recordings (last segment each)
     worker_other: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-    _names: npt.NDArray[np.object_] | None = None
+    _ranks: list[int] | None = None
+    _walls: dict[int | None, tuple[int, int]] = field(default_factory=dict)
+    _steps: dict[int, tuple[Spans, str]] = field(default_factory=dict)
 
     @property
     def inputs(self) -> list[str]:
-        return [str(f["path"]) for f in self.cols.files]
+        """The trace files read (not those skipped, e.g. a rank's profiler.json)."""
+        return [str(f["path"]) for f in self.cols.files if not f.get("skipped")]
 
     @property
     def ranks(self) -> list[int]:
-        r = np.concatenate([self.cols.spans["rank"], self.cols.counters["rank"]])
-        out = sorted(int(x) for x in np.unique(r))
-        return out or [0]
+        if self._ranks is None:
+            found = {int(x) for col in (self.cols.spans["rank"], self.cols.counters["rank"]) for x in np.unique(col)}
+            self._ranks = sorted(found) or [0]
+        return list(self._ranks)
+
+    def name_mask(self, ids: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """A lookup table over name ids, True at ``ids`` (index it with a name
+        column: one byte per row, where ``np.isin`` sorts the column)."""
+        lut = np.zeros(len(self.cols.names), bool)
+        lut[np.asarray(ids, dtype=np.intp)] = True
+        return lut
+
+    def category_mask(self, ids: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """As :meth:`name_mask`, over category ids."""
+        lut = np.zeros(len(self.cols.categories), bool)
+        lut[np.asarray(ids, dtype=np.intp)] = True
+        return lut
 
     def name_id(self, name: str) -> int | None:
         try:
@@ -110,14 +137,24 @@ class RunData:
 
     def wall(self, rank: int | None = None) -> tuple[int, int]:
         """First and last instant (epoch ns) of the rank's spans and counters."""
-        s, c = self.cols.spans, self.cols.counters
-        ms = np.ones(len(s["ts"]), bool) if rank is None else s["rank"] == rank
-        mc = np.ones(len(c["ts"]), bool) if rank is None else c["rank"] == rank
-        starts = np.concatenate([s["ts"][ms], c["ts"][mc]])
-        ends = np.concatenate([s["ts"][ms] + s["dur"][ms], c["ts"][mc]])
-        if not len(starts):
-            return 0, 0
-        return int(starts.min()), int(ends.max())
+        if rank not in self._walls:
+            s, c = self.cols.spans, self.cols.counters
+            lo: list[int] = []
+            hi: list[int] = []
+            for a in range(0, len(s["ts"]), _CHUNK):
+                ts, dur = s["ts"][a : a + _CHUNK], s["dur"][a : a + _CHUNK]
+                if rank is not None:
+                    m = s["rank"][a : a + _CHUNK] == rank
+                    ts, dur = ts[m], dur[m]
+                if len(ts):
+                    lo.append(int(ts.min()))
+                    hi.append(int((ts + dur).max()))
+            cts = c["ts"] if rank is None else c["ts"][c["rank"] == rank]
+            if len(cts):
+                lo.append(int(cts.min()))
+                hi.append(int(cts.max()))
+            self._walls[rank] = (min(lo), max(hi)) if lo else (0, 0)
+        return self._walls[rank]
 
 
 def load(path: str | os.PathLike[str]) -> RunData:
@@ -139,7 +176,11 @@ def load(path: str | os.PathLike[str]) -> RunData:
         target = p
         if p.name == "trace.json.gz" and any(p.parent.glob("rank*/profiler.json")):
             run_dir = p.parent
-    cols = read_columns(target)
+    # Instants are in no report; each unused column is dropped as soon as read.
+    cols = read_columns(target, kinds=("spans", "counters"))
+    for table in (cols.spans, cols.counters):
+        for key in _UNUSED:
+            table.pop(key, None)
     if not cols.files or (not len(cols.spans["ts"]) and not len(cols.counters["ts"])):
         raise ReportInputError(f"{p}: no trace events found (expected a fastprof run directory or a trace file)")
     data = RunData(path=p, run_dir=run_dir, cols=cols)
@@ -239,7 +280,14 @@ def grouped_quantiles(values: F64, starts: I64, counts: I64, q: float) -> F64:
 
 def step_spans(data: RunData, rank: int) -> tuple[Spans, str]:
     """The rank's training steps: fastprof ``step`` spans, else torch's
-    ``ProfilerStep#N`` spans. Returns the spans and the source's name."""
+    ``ProfilerStep#N`` spans. Returns the spans and the source's name
+    (computed once per rank; the arrays are shared, never write to them)."""
+    if rank not in data._steps:
+        data._steps[rank] = _step_spans(data, rank)
+    return data._steps[rank]
+
+
+def _step_spans(data: RunData, rank: int) -> tuple[Spans, str]:
     s = data.spans("step", rank)
     if len(s.ts):
         return s, "step"
@@ -248,7 +296,7 @@ def step_spans(data: RunData, rank: int) -> tuple[Spans, str]:
     if not ids:
         return s, "none"
     sp = data.cols.spans
-    m = np.isin(sp["name"], ids) & (sp["rank"] == rank)
+    m = data.name_mask(ids)[sp["name"]] & (sp["rank"] == rank)
     ts, dur = sp["ts"][m], sp["dur"][m]
     order = np.argsort(ts, kind="stable")
     return Spans(ts[order].astype(np.int64), dur[order].astype(np.int64)), "ProfilerStep#N"

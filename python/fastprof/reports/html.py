@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from fastprof.reports.data import F64, I64, RunData, step_spans
+from fastprof.reports.data import _CHUNK, F64, I64, RunData, step_spans
 
 MAX_POINTS = 2000
 #: Per-step parts beyond this many span names are summed into "other spans".
@@ -255,7 +255,8 @@ def span_parts(data: RunData, rank: int) -> tuple[I64, dict[str, F64]] | None:
     out: dict[str, F64] = {}
     covered = np.zeros(len(steps.ts), np.float64)
     step_id = data.name_id("step") if src == "step" else None
-    m = (s["rank"] == rank) & np.isin(s["cat"], [i for i, c in enumerate(data.cols.categories) if c == "user"])
+    user = data.category_mask([i for i, c in enumerate(data.cols.categories) if c == "user"])
+    m = (s["rank"] == rank) & user[s["cat"]]
     if step_id is not None:
         sm = m & (s["name"] == step_id)
         tid = np.unique(s["tid"][sm])
@@ -373,15 +374,26 @@ def top_events(data: RunData, wanted: set[str], limit: int = TOP_ROWS) -> list[l
     ids = _cats(data, wanted)
     if not ids:
         return []
-    m = np.isin(s["cat"], ids)
-    nid = s["name"][m].astype(np.int64)
-    dur = s["dur"][m].astype(np.float64)
-    if not len(nid):
+    wanted_cat = data.category_mask(ids)
+    n_names = len(data.cols.names)
+    total = np.zeros(n_names)
+    count = np.zeros(n_names, np.int64)
+    mx = np.zeros(n_names)
+    # In chunks: the selected rows' copies stay a few MB however many rows
+    # there are. Durations are whole ns, so the float sums are exact in any order.
+    for a in range(0, len(s["ts"]), _CHUNK):
+        m = wanted_cat[s["cat"][a : a + _CHUNK]]
+        nid = s["name"][a : a + _CHUNK][m].astype(np.intp)
+        dur = s["dur"][a : a + _CHUNK][m].astype(np.float64)
+        total += np.bincount(nid, weights=dur, minlength=n_names)
+        count += np.bincount(nid, minlength=n_names)
+        np.maximum.at(mx, nid, dur)
+    if not count.any():
         return []
-    total = np.bincount(nid, weights=dur)
-    count = np.bincount(nid)
-    mx = np.zeros(len(total))
-    np.maximum.at(mx, nid, dur)
+    # As long as the largest id seen + 1, as one bincount over the rows gives
+    # (the order of equal totals in the sort below depends on the length).
+    k = int(np.flatnonzero(count)[-1]) + 1
+    total, count, mx = total[:k], count[:k], mx[:k]
     rows = []
     for i in np.argsort(-total)[:limit]:
         if count[i] == 0:
@@ -509,6 +521,13 @@ td:first-child,th:first-child{text-align:left}
 
 def render_html(doc: dict[str, Any], data: RunData) -> str:
     """The page as one string (see the module's docstring)."""
+    return "".join(_render(doc, data))
+
+
+def _render(doc: dict[str, Any], data: RunData) -> list[str]:
+    """The page in pieces, in order: written one by one, the page never
+    exists as one string (a large trace's page is ~10 MB of text, held as
+    two bytes a character in a str that holds a "·")."""
     page = _Page()
     src = doc["source"]
     page.add(f"<h1>fastprof report</h1><div class='src'>{_esc(src['path'])} · ranks {_esc(src['ranks'])} · ")
@@ -524,18 +543,25 @@ def render_html(doc: dict[str, Any], data: RunData) -> str:
     _tables(page, doc)
     # "<", ">" and "&" escaped as JSON \u escapes: the block cannot end early.
     embedded = json.dumps(doc, allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return (
+    body = [part for i, p in enumerate(page.parts) for part in ((p,) if i == 0 else ("\n", p))]
+    return [
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<title>fastprof report: {_esc(Path(str(src['path'])).name)}</title><style>{_CSS}</style>"
-        f"<script>{get_plotlyjs()}</script></head><body>\n"
-        + "\n".join(page.parts)
-        + f'\n<script type="application/json" id="fastprof-report">{embedded}</script>\n</body></html>\n'
-    )
+        "<script>",
+        get_plotlyjs(),
+        "</script></head><body>\n",
+        *body,
+        '\n<script type="application/json" id="fastprof-report">',
+        embedded,
+        "</script>\n</body></html>\n",
+    ]
 
 
 def write_html(doc: dict[str, Any], data: RunData, out_dir: Path) -> Path:
     path = out_dir / "report.html"
     tmp = out_dir / f".report.html.tmp-{os.getpid()}"
-    tmp.write_text(render_html(doc, data), encoding="utf-8")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for part in _render(doc, data):
+            f.write(part)
     os.replace(tmp, path)
     return path

@@ -65,37 +65,34 @@ def time_report(data: RunData, verbose: bool = False) -> dict[str, Any]:
     n = len(s["ts"])
     rows: list[dict[str, Any]] = []
     if n:
-        # ProfilerStep#N -> one row "ProfilerStep#*".
-        name_ids = s["name"].astype(np.int64)
-        uniq = np.unique(name_ids)
-        remap = {int(i): int(i) for i in uniq}
-        star: int | None = None
-        for i in uniq:
-            if _PROFILER_STEP.match(names[int(i)]):
-                if star is None:
-                    star = int(i)
-                remap[int(i)] = star
-        if star is not None:
-            lut = np.arange(int(uniq.max()) + 1, dtype=np.int64)
-            for k, v in remap.items():
-                lut[k] = v
-            name_ids = lut[name_ids]
-        kineto_ids = np.array([i for i, c in enumerate(cats) if any(p in _KINETO_CATS for p in c.split(","))])
-        from_kineto = np.isin(s["cat"], kineto_ids) if len(kineto_ids) else np.zeros(n, bool)
-        keep = np.ones(n, bool)
-        if not verbose:
-            concise = {int(i) for i in np.unique(name_ids) if classify(names[int(i)]) != "other"}
-            keep = np.isin(name_ids, list(concise)) & ~from_kineto
+        # Per name id (lookup tables indexed by the name and cat columns: no
+        # full-length copy of a column before the rows are filtered).
+        present = np.flatnonzero(np.bincount(s["name"], minlength=len(names)))
+        # ProfilerStep#N -> one row "ProfilerStep#*" (under the smallest such id).
+        lut = np.arange(len(names), dtype=np.int64)
+        psteps = [int(i) for i in present if _PROFILER_STEP.match(names[int(i)])]
+        star: int | None = psteps[0] if psteps else None
+        lut[psteps] = star if star is not None else 0
+        kineto_ids = [i for i, c in enumerate(cats) if any(p in _KINETO_CATS for p in c.split(","))]
+        from_kineto = data.category_mask(kineto_ids)[s["cat"]]
+        if verbose:
+            keep = np.ones(n, bool)
+        else:
+            concise = [int(i) for i in present if classify(names[int(lut[i])]) != "other"]
+            keep = data.name_mask(concise)[s["name"]] & ~from_kineto
             if star is not None:
-                keep |= name_ids == star
-        rank = s["rank"].astype(np.int64)[keep]
-        nid = name_ids[keep]
-        dur = s["dur"].astype(np.float64)[keep]
+                keep |= data.name_mask(psteps)[s["name"]]
+        # One int64 key per row orders by (rank, name) as the two columns would.
+        width = max(len(names), 1)
+        key = (s["rank"][keep].astype(np.int64) + 1) * width + lut[s["name"][keep]]
+        dur = s["dur"][keep].astype(np.float64)
         kin = from_kineto[keep]
-        order = np.lexsort((dur, nid, rank))
-        rank, nid, dur, kin = rank[order], nid[order], dur[order], kin[order]
+        del keep, from_kineto
+        order = np.lexsort((dur, key))
+        key, dur, kin = key[order], dur[order], kin[order]
+        del order
         if len(dur):
-            brk = np.flatnonzero((np.diff(rank) != 0) | (np.diff(nid) != 0)) + 1
+            brk = np.flatnonzero(np.diff(key) != 0) + 1
             starts = np.concatenate([[0], brk]).astype(np.int64)
             counts = np.diff(np.concatenate([starts, [len(dur)]])).astype(np.int64)
             totals = np.add.reduceat(dur, starts)
@@ -103,10 +100,12 @@ def time_report(data: RunData, verbose: bool = False) -> dict[str, Any]:
             p50 = grouped_quantiles(dur, starts, counts, 0.5)
             p95 = grouped_quantiles(dur, starts, counts, 0.95)
             kin_any = np.maximum.reduceat(kin.astype(np.int8), starts)
+            rank = key[starts] // width - 1
+            nid = key[starts] % width
             walls = {r: data.wall(r) for r in data.ranks}
             for g in range(len(starts)):
-                r = int(rank[starts[g]])
-                name = "ProfilerStep#*" if star is not None and nid[starts[g]] == star else names[int(nid[starts[g]])]
+                r = int(rank[g])
+                name = "ProfilerStep#*" if star is not None and nid[g] == star else names[int(nid[g])]
                 w0, w1 = walls.get(r, (0, 0))
                 wall = max(w1 - w0, 1)
                 rows.append(
