@@ -319,3 +319,15 @@ def sum_inside(inner_ts: I64, inner_dur: I64, outer_ts: I64, outer_end: I64) -> 
     a = np.searchsorted(inner_ts, outer_ts, side="left")
     b = np.searchsorted(inner_ts, outer_end, side="left")
     return np.asarray(csum[b] - csum[a], dtype=np.int64)
+
+
+def human_bytes(v: Any) -> str:
+    """A byte count with a binary unit ("969.4 MiB"); "-" for None."""
+    if v is None:
+        return "-"
+    x = float(v)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(x) < 1024:
+            return f"{x:.1f} {unit}"
+        x /= 1024
+    return f"{x:.1f} TiB"

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from fastprof.reports.data import _CHUNK, F64, I64, RunData, step_spans
+from fastprof.reports.data import _CHUNK, F64, I64, RunData, human_bytes, step_spans
 
 MAX_POINTS = 2000
 #: Per-step parts beyond this many span names are summed into "other spans".
@@ -45,17 +45,6 @@ def _esc(v: Any) -> str:
 
 def _num(v: Any, fmt: str = "{:.4g}") -> str:
     return "-" if v is None else fmt.format(v)
-
-
-def _bytes(v: Any) -> str:
-    if v is None:
-        return "-"
-    x = float(v)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(x) < 1024 or unit == "TiB":
-            return f"{x:.1f} {unit}"
-        x /= 1024
-    return f"{x:.1f} TiB"
 
 
 def downsample(x: F64, y: F64, max_points: int = MAX_POINTS) -> tuple[F64, F64]:
@@ -129,7 +118,7 @@ def _headline(page: _Page, doc: dict[str, Any], data: RunData) -> None:
         ("iterations_per_s", "train iterations/s", _num(speed["train"]["iterations_per_s"], "{:.2f}")),
         ("samples_per_s", "train samples/s", _num(speed["train"]["samples_per_s"], "{:.1f}")),
         ("step_p50", "step time p50", _num(speed["step_time"]["p50_s"], "{:.4f} s")),
-        ("rss_peak", "peak RSS", _bytes(max(rss)) if rss else "-"),
+        ("rss_peak", "peak RSS", human_bytes(max(rss)) if rss else "-"),
     ]
     energy = [d["energy_j"] for d in system["gpu"]["devices"] if d.get("energy_j") is not None]
     if energy:
@@ -453,10 +442,10 @@ def _tables(page: _Page, doc: dict[str, Any]) -> None:
                 h["rank"],
                 f"{_num(h['cpu_mean_pct'], '{:.0f}')}/{_num(h['cpu_max_pct'], '{:.0f}')}",
                 _num(h["process_cpu_mean_pct"], "{:.0f}"),
-                _bytes(h["rss_peak_b"]),
+                human_bytes(h["rss_peak_b"]),
                 _num(h["workers_max"], "{}"),
                 _num(h["workers_cpu_mean_pct"], "{:.0f}"),
-                _bytes(h["workers_rss_peak_b"]),
+                human_bytes(h["workers_rss_peak_b"]),
             ]
             for h in doc["system"]["host"]
         ],
@@ -470,7 +459,7 @@ def _tables(page: _Page, doc: dict[str, Any]) -> None:
                     d["rank"],
                     d["gpu"],
                     f"{_num(d['util_mean_pct'], '{:.0f}')}/{_num(d['util_max_pct'], '{:.0f}')}",
-                    _bytes(d["mem_used_peak_b"]),
+                    human_bytes(d["mem_used_peak_b"]),
                     f"{_num(d['power_mean_w'], '{:.0f}')}/{_num(d['power_max_w'], '{:.0f}')}",
                     f"{_num(d['energy_j'], '{:.1f}')} ({d['energy_source']})",
                     _num(d["energy_per_sample_j"]),

@@ -7,20 +7,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from fastprof.reports.data import human_bytes
+
 
 def _s(v: Any, fmt: str = "{:.4f}") -> str:
     return "-" if v is None else fmt.format(v)
-
-
-def _bytes(v: Any) -> str:
-    if v is None:
-        return "-"
-    v = float(v)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(v) < 1024 or unit == "TiB":
-            return f"{v:.1f} {unit}"
-        v /= 1024
-    return f"{v:.1f} TiB"
 
 
 def render(doc: dict[str, Any], verbose: bool = False, file: Any = None) -> None:
@@ -82,7 +73,7 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None) -> None
                 str(d["rank"]),
                 d["gpu"],
                 f"{_s(d['util_mean_pct'], '{:.0f}')}/{_s(d['util_max_pct'], '{:.0f}')}",
-                f"{_bytes(d['mem_used_mean_b'])}/{_bytes(d['mem_used_peak_b'])}",
+                f"{human_bytes(d['mem_used_mean_b'])}/{human_bytes(d['mem_used_peak_b'])}",
                 f"{_s(d['power_mean_w'], '{:.0f}')}/{_s(d['power_max_w'], '{:.0f}')}",
                 f"{_s(d['energy_j'], '{:.1f}')} ({d['energy_source']})",
                 _s(d["energy_per_sample_j"], "{:.4f}"),
@@ -98,10 +89,10 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None) -> None
             str(h["rank"]),
             f"{_s(h['cpu_mean_pct'], '{:.0f}')}/{_s(h['cpu_max_pct'], '{:.0f}')}",
             _s(h["process_cpu_mean_pct"], "{:.0f}"),
-            _bytes(h["rss_peak_b"]),
+            human_bytes(h["rss_peak_b"]),
             _s(h["workers_max"], "{}"),
             _s(h["workers_cpu_mean_pct"], "{:.0f}"),
-            _bytes(h["workers_rss_peak_b"]),
+            human_bytes(h["workers_rss_peak_b"]),
         )
     con.print(t)
     for o in sysr["overhead"]:

@@ -19,36 +19,25 @@ pub fn analyze_steps(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<Bound<'_, 
     let d = PyDict::new(py);
     d.set_item("steps", steps(py, &a.steps)?)?;
     d.set_item("devices", devices(py, &a.devices)?)?;
-    let files = a
-        .files
-        .into_iter()
-        .map(|f| {
-            let fd = PyDict::new(py);
-            fd.set_item("path", f.path)?;
-            fd.set_item("kind", f.kind)?;
-            fd.set_item("rank", f.rank)?;
-            fd.set_item("base_ns", f.base_ns)?;
-            fd.set_item("offset_ns", f.offset_ns)?;
-            fd.set_item("events", f.events)?;
-            fd.set_item("salvaged", f.salvaged)?;
-            fd.set_item("skipped", f.skipped)?;
-            Ok(fd)
-        })
-        .collect::<PyResult<Vec<_>>>()?;
-    d.set_item("files", files)?;
+    d.set_item("files", crate::columns::file_dicts(py, a.files)?)?;
     d.set_item("warnings", a.warnings)?;
     d.set_item("kernel_wait_ns", analyze::KERNEL_WAIT_NS)?;
     Ok(d)
 }
 
+/// One numpy column per named field of `rows`, into dict `d`.
+macro_rules! cols {
+    ($py:expr, $d:expr, $rows:expr, $($f:ident),* $(,)?) => {$(
+        $d.set_item(stringify!($f), PyArray1::from_vec($py, $rows.iter().map(|r| r.$f).collect()))?;
+    )*};
+}
+
 fn steps<'py>(py: Python<'py>, rows: &[StepRow]) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    macro_rules! col {
-        ($($f:ident),*) => {$(
-            d.set_item(stringify!($f), PyArray1::from_vec(py, rows.iter().map(|r| r.$f).collect()))?;
-        )*};
-    }
-    col!(
+    cols!(
+        py,
+        d,
+        rows,
         rank,
         step,
         start_ns,
@@ -87,12 +76,10 @@ fn steps<'py>(py: Python<'py>, rows: &[StepRow]) -> PyResult<Bound<'py, PyDict>>
 
 fn devices<'py>(py: Python<'py>, rows: &[DeviceRow]) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    macro_rules! col {
-        ($($f:ident),*) => {$(
-            d.set_item(stringify!($f), PyArray1::from_vec(py, rows.iter().map(|r| r.$f).collect()))?;
-        )*};
-    }
-    col!(
+    cols!(
+        py,
+        d,
+        rows,
         rank,
         device,
         gpu_utilization,

@@ -3,7 +3,7 @@
 //! the files are read; each column's `Vec` becomes its array without a copy.
 
 use crate::errors::Error;
-use fastprof_core::trace::columns::{self, ColumnsOptions, Table};
+use fastprof_core::trace::columns::{self, ColumnsOptions, FileInfo, Table};
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -47,8 +47,14 @@ pub fn read_columns(
     d.set_item("counters", table(py, c.counters, &["series", "value"])?)?;
     d.set_item("names", c.names)?;
     d.set_item("categories", c.categories)?;
-    let files = c
-        .files
+    d.set_item("files", file_dicts(py, c.files)?)?;
+    d.set_item("warnings", c.warnings)?;
+    Ok(d)
+}
+
+/// What was read from each file, as Python dicts (read_columns and analyze_steps).
+pub(crate) fn file_dicts(py: Python<'_>, files: Vec<FileInfo>) -> PyResult<Vec<Bound<'_, PyDict>>> {
+    files
         .into_iter()
         .map(|f| {
             let fd = PyDict::new(py);
@@ -62,10 +68,7 @@ pub fn read_columns(
             fd.set_item("skipped", f.skipped)?;
             Ok(fd)
         })
-        .collect::<PyResult<Vec<_>>>()?;
-    d.set_item("files", files)?;
-    d.set_item("warnings", c.warnings)?;
-    Ok(d)
+        .collect()
 }
 
 /// One table as `{column: ndarray}`; `extra` names the kind's own columns.
