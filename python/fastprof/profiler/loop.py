@@ -234,7 +234,6 @@ class Profiler:
             self._owns_recorder = True
         self.dist: _dist.DistInfo = _dist.dist_info()
         self._state = "new"
-        self._lock = threading.Lock()
         self._thread_id: int | None = None
         # Loop position.
         self.epoch = 0
@@ -262,7 +261,6 @@ class Profiler:
         self._loader_names: dict[str, _LoaderNames] = {}
         self._persistent: weakref.WeakSet[Any] = weakref.WeakSet()
         self._driver: WindowDriver | None = None
-        self._last_vars: dict[str, Any] = {}
         self._syncs: dict[str, Any] = {}
         self._sync_start: _dist.ClockSync | None = None
         self.trace_path: Path | None = None
@@ -452,8 +450,7 @@ class Profiler:
         )
         self._open = False
         if self._driver is not None:
-            self._last_vars = self._variables()
-            self._driver.end(self._action, self._last_vars)
+            self._driver.end(self._action, epoch, batch, batch_in_epoch)
         self.batch += 1
         self.batch_in_epoch += 1
 

@@ -410,11 +410,12 @@ class WindowDriver:
             if tp is not None:
                 tp.step_rec_fn = None
 
-    def end(self, action: Action, variables: Mapping[str, Any]) -> None:
-        """A step ended (``action`` its action): a window's last step stops it."""
+    def end(self, action: Action, epoch: int, batch: int, batch_in_epoch: int) -> None:
+        """A step ended (``action`` its action, at that position): a window's
+        last step stops it. Outside a window this does nothing."""
         if self._window is not None:
-            self._window.last_step = int(variables["batch"])
-            self._save_vars = dict(variables)
+            self._window.last_step = batch
+            self._save_vars = {"epoch": epoch, "batch": batch, "batch_in_epoch": batch_in_epoch}
         if self._tp is not None and action is Action.ACTIVE_AND_SAVE:
             self._stop()
 

@@ -331,3 +331,27 @@ def human_bytes(v: Any) -> str:
             return f"{x:.1f} {unit}"
         x /= 1024
     return f"{x:.1f} TiB"
+
+
+#: The host table's columns (terminal and HTML).
+HOST_COLUMNS = ("rank", "CPU mean/max %", "process CPU %", "peak RSS", "workers", "workers CPU %", "workers RSS")
+
+
+def host_rows(host: list[dict[str, Any]]) -> list[list[str]]:
+    """The host table's rows (``system.host`` of a report), as text."""
+
+    def n(v: Any, fmt: str = "{:.0f}") -> str:
+        return "-" if v is None else fmt.format(v)
+
+    return [
+        [
+            str(h["rank"]),
+            f"{n(h['cpu_mean_pct'])}/{n(h['cpu_max_pct'])}",
+            n(h["process_cpu_mean_pct"]),
+            human_bytes(h["rss_peak_b"]),
+            n(h["workers_max"], "{}"),
+            n(h["workers_cpu_mean_pct"]),
+            human_bytes(h["workers_rss_peak_b"]),
+        ]
+        for h in host
+    ]

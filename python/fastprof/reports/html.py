@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from fastprof.reports.data import _CHUNK, F64, I64, RunData, human_bytes, step_spans
+from fastprof.reports.data import _CHUNK, F64, HOST_COLUMNS, I64, RunData, host_rows, human_bytes, step_spans
 
 MAX_POINTS = 2000
 #: Per-step parts beyond this many span names are summed into "other spans".
@@ -435,21 +435,7 @@ def _tables(page: _Page, doc: dict[str, Any]) -> None:
         rows.append([f"rank {r['rank']} {r['loader']}: iterations/s", _num(r["iterations_per_s"], "{:.2f}")])
     page.table(["measure", "value"], rows, cls="kv")
     page.add('</section><section id="system"><h2>System</h2>')
-    page.table(
-        ["rank", "CPU mean/max %", "process CPU %", "peak RSS", "workers", "workers CPU %", "workers RSS"],
-        [
-            [
-                h["rank"],
-                f"{_num(h['cpu_mean_pct'], '{:.0f}')}/{_num(h['cpu_max_pct'], '{:.0f}')}",
-                _num(h["process_cpu_mean_pct"], "{:.0f}"),
-                human_bytes(h["rss_peak_b"]),
-                _num(h["workers_max"], "{}"),
-                _num(h["workers_cpu_mean_pct"], "{:.0f}"),
-                human_bytes(h["workers_rss_peak_b"]),
-            ]
-            for h in doc["system"]["host"]
-        ],
-    )
+    page.table(list(HOST_COLUMNS), host_rows(doc["system"]["host"]))
     devices = doc["system"]["gpu"]["devices"]
     if devices:
         page.table(

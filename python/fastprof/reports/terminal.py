@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fastprof.reports.data import human_bytes
+from fastprof.reports.data import HOST_COLUMNS, host_rows, human_bytes
 
 
 def _s(v: Any, fmt: str = "{:.4f}") -> str:
@@ -82,18 +82,10 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None) -> None
     else:
         con.print(f"GPU: {sysr['gpu']['reason']}")
     t = Table(title="Host")
-    for col in ("rank", "CPU mean/max %", "process CPU %", "peak RSS", "workers", "workers CPU %", "workers RSS"):
+    for col in HOST_COLUMNS:
         t.add_column(col, justify="right")
-    for h in sysr["host"]:
-        t.add_row(
-            str(h["rank"]),
-            f"{_s(h['cpu_mean_pct'], '{:.0f}')}/{_s(h['cpu_max_pct'], '{:.0f}')}",
-            _s(h["process_cpu_mean_pct"], "{:.0f}"),
-            human_bytes(h["rss_peak_b"]),
-            _s(h["workers_max"], "{}"),
-            _s(h["workers_cpu_mean_pct"], "{:.0f}"),
-            human_bytes(h["workers_rss_peak_b"]),
-        )
+    for row in host_rows(sysr["host"]):
+        t.add_row(*row)
     con.print(t)
     for o in sysr["overhead"]:
         con.print(
