@@ -39,7 +39,8 @@ test: dev ## Run every test: cargo (core) then pytest (Python, real torch on CPU
 	cargo test --workspace --exclude fastprof-py
 	$(PY) -m pytest -q
 
-lint: dev ## cargo fmt/clippy, ruff check/format, mypy, stub check
+lint: dev ## No tracked artifacts; cargo fmt/clippy, ruff check/format, mypy, stub check
+	.ci/check-tracked
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
 	$(VENV)/bin/ruff check python tests benches
