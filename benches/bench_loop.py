@@ -9,7 +9,9 @@ What is measured, in µs per training step, in interleaved rounds in one run:
      (it records a "step" span with args, a "loader.train.next" span and a
      "loader.train.wait_ms" counter per step; skipped in a build without it);
    * fastprof spans by hand: the same three records through ``fastprof.span``/``counter``
-     (the floor the Profiler builds on);
+     (what the Profiler cost before its step loop moved into the core);
+   * Lightning SimpleProfiler: ``profile()`` around the fetch and around the batch, the two
+     actions Lightning's fit loop times per step;
    * Composer markers: what Composer's Engine runs for BEFORE/AFTER_DATALOADER and
      BATCH_START/BATCH_END when a profiler is set: the marker name from the Event,
      ``Profiler.marker(name, actions=[ACTIVE, WARMUP])`` and ``Marker.start()/finish()``,
@@ -30,7 +32,9 @@ What is measured, in µs per training step, in interleaved rounds in one run:
    profiler=None, SimpleProfiler and fastprof's, median interval between batches.
 
 Goals (issue #10): fastprof <= 10 µs/step and >= 20x less than Composer; per Lightning
-action >= 3x less than SimpleProfiler.
+action >= 3x less than SimpleProfiler. Issue #15: the Profiler's whole step (loader span and wait
+counter, step span, schedule action) >= 3x cheaper than Lightning's SimpleProfiler timing the two
+actions its fit loop times per step (the fetch and the batch), in part 1.
 
 Peers (measured with): mosaicml (Composer) 0.32.1, lightning 2.6.6, run on the dev venv's
 torch through .bench-venv (``make bench-env`` / benches/setup_peers.sh). Cases whose peer
@@ -105,6 +109,31 @@ def fastprof_profiler_loop(prof: Any) -> Loop:
         for batch in prof.loader(data):
             body(batch)
             prof.step()
+
+    return loop
+
+
+def simple_profiler_loop(tmp: Path) -> Loop:
+    """What Lightning's fit loop times per step with SimpleProfiler: the batch
+    fetch (``[_TrainingEpochLoop].train_dataloader_next``) and the batch
+    (``run_training_batch``), two actions through ``profile()``."""
+    from lightning.pytorch.profilers import SimpleProfiler
+
+    simple = SimpleProfiler(dirpath=tmp, filename="simple-loop")
+    fetch, batch_action = "[_TrainingEpochLoop].train_dataloader_next", "run_training_batch"
+
+    def loop(data: list[Any], body: Body) -> None:
+        p = simple.profile
+        it = iter(data)
+        while True:
+            with p(fetch):
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+            with p(batch_action):
+                body(batch)
+        simple.recorded_durations.clear()
 
     return loop
 
@@ -429,6 +458,8 @@ def run_loops(
     if prof is not None:
         loops["fastprof.Profiler"] = fastprof_profiler_loop(prof)
     loops["fastprof spans by hand"] = fastprof_spans_loop()
+    if have("lightning"):
+        loops["Lightning SimpleProfiler, 2 actions"] = simple_profiler_loop(tmp)
     drains: list[Callable[[], None]] = []
     if have_composer:
         rig = ComposerRig(tmp, handler=True, engine=False)
@@ -510,6 +541,10 @@ def main() -> None:
     print(f"\n  {fp_key} <= 10 µs/step: {fp:.2f} µs  {verdict(fp <= 10)}")
     if "fastprof.Profiler" not in per:
         print("  (fastprof.Profiler is not in this build: the hand-written spans stand in for it)")
+    sp_key = "Lightning SimpleProfiler, 2 actions"
+    if sp_key in per:
+        r = per[sp_key] / fp
+        print(f"  {sp_key} / {fp_key}: {ratio(per[sp_key], fp)}  target >= 3x  {verdict(r >= 3)}")
     if have_composer:
         for k in (
             "Composer markers + JSONTraceHandler",

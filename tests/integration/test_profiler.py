@@ -401,3 +401,98 @@ def test_the_loaders_batch_size_is_recorded_for_the_reports(tmp_path: Path) -> N
     doc = _load(prof.trace_path)  # type: ignore[arg-type]
     sizes = [e["args"]["value"] for e in doc["traceEvents"] if e.get("name") == "loader.train.batch_size"]
     assert sizes == [5]
+
+
+def _prev(doc: dict[str, Any], i: int) -> float:
+    return _counter_values(doc, "fastprof.step")[i - 1]
+
+
+def _counter_values(doc: dict[str, Any], name: str) -> list[float]:
+    ev = sorted((e for e in doc["traceEvents"] if e.get("ph") == "C" and e.get("name") == name), key=lambda e: e["ts"])
+    return [next(iter(e["args"].values())) for e in ev]
+
+
+@pytest.mark.parametrize("loop", ["empty loader", "empty range", "empty loader, twice"])
+def test_a_run_of_no_iterations_has_no_step(tmp_path: Path, loop: str) -> None:
+    """A pass that fetched nothing records no phantom step (the report would
+    read it as a step of a few µs: tens of thousands of it/s)."""
+    with fastprof.Profiler(out_dir=tmp_path, run_name="run", torch=None) as prof:
+        if loop == "empty range":
+            for _ in range(0):
+                prof.step()
+        else:
+            for _ in range(2 if loop.endswith("twice") else 1):
+                for _batch in prof.loader(_loader(0)):
+                    prof.step()
+    assert prof.batch == 0
+    doc = _load(prof.trace_path)  # type: ignore[arg-type]
+    assert _spans(doc, "step") == []
+    summary = json.loads((prof.rank_dir / "profiler.json").read_text())
+    assert summary["steps"] == 0
+    fastprof.report(prof.run_dir, formats=("json",))
+    doc = json.loads((prof.run_dir / "reports" / "report.json").read_text())
+
+    def rates(node: Any) -> list[Any]:
+        if isinstance(node, dict):
+            return [v for k, v in node.items() if k == "iterations_per_s" and v is not None] + [
+                r for v in node.values() for r in rates(v)
+            ]
+        return [r for v in node for r in rates(v)] if isinstance(node, list) else []
+
+    assert rates(doc["speed"]) == []
+    fired = doc["recommendations"]["items"]
+    assert fired == [], fired
+
+
+def test_an_empty_pass_between_real_ones_adds_no_step(tmp_path: Path) -> None:
+    with fastprof.Profiler(out_dir=tmp_path, run_name="run", torch=None) as prof:
+        for n in (3, 0, 2):
+            for _batch in prof.loader(_loader(n)):
+                prof.step()
+    doc = _load(prof.trace_path)  # type: ignore[arg-type]
+    steps = sorted(_spans(doc, "step"), key=lambda e: e["args"]["batch"])
+    assert [(e["args"]["epoch"], e["args"]["batch_in_epoch"]) for e in steps] == [(0, 0), (0, 1), (0, 2), (2, 0), (2, 1)]
+
+
+@pytest.mark.parametrize(
+    "sched",
+    [
+        fastprof.schedule.epoch(skip_first=2, wait=3, warmup=1, active=2, repeat=1),
+        fastprof.schedule.cyclic(wait=4, warmup=1, active=1, repeat=3, skip_first=1),
+        fastprof.schedule.steps([(6, 8), (30, 31)], warmup=2),
+        fastprof.schedule.from_callable(lambda s: Action.ACTIVE if s % 7 == 3 else Action.WAIT),
+    ],
+    ids=["epoch", "cyclic", "steps", "callable"],
+)
+def test_every_step_carries_its_schedule_action(tmp_path: Path, sched: Any) -> None:
+    """Steps of a quiet stretch of the schedule are begun in the core without
+    asking the schedule: each step's action and the profiler.action track must
+    still be exactly what the schedule says, across epochs (with a torch window
+    driver, and without)."""
+    epochs, batches = 3, 13
+    for torch_on in (False, True):
+        out = tmp_path / str(torch_on)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FastprofWarning)
+            with fastprof.Profiler(
+                out_dir=out, run_name="run", schedule=sched, torch=TorchWindows() if torch_on else None
+            ) as prof:
+                for _ in range(epochs):
+                    for _batch in prof.loader(_loader(batches)):
+                        prof.step()
+        doc = _load(prof.trace_path)  # type: ignore[arg-type]
+        steps = sorted(_spans(doc, "step"), key=lambda e: e["args"]["batch"])
+        want = [
+            sched.at(ep * batches + b, ep, b, batches).value for ep in range(epochs) for b in range(batches)
+        ]
+        assert [e["args"]["action"] for e in steps] == want
+        assert [e["args"]["batch"] for e in steps] == list(range(epochs * batches))
+        levels = {"skip_first": 0, "wait": 1, "disabled": 1, "warmup": 2, "active": 3, "active_and_save": 4}
+        changes = [levels[a] for i, a in enumerate(want) if i == 0 or levels[a] != levels[want[i - 1]]]
+        # The fetch that finds the last epoch exhausted has begun a step
+        # (and marked it) before it knew: one trailing value at most.
+        got = _counter_values(doc, "profiler.action")
+        assert got[: len(changes)] == changes and len(got) - len(changes) in (0, 1), (got, changes)
+        # Likewise the step marker: marked again when the step really begins.
+        marks = [m for i, m in enumerate(_counter_values(doc, "fastprof.step")) if i == 0 or m != _prev(doc, i)]
+        assert marks == list(range(epochs * batches + 1))[: len(marks)] and len(marks) - epochs * batches in (0, 1)

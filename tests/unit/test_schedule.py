@@ -253,3 +253,45 @@ def test_parse_reads_the_text_form_of_every_kind():
     ):
         with pytest.raises(ConfigError, match=match):
             schedule.parse(bad)
+
+
+QUIET = {Action.SKIP_FIRST, Action.WAIT, Action.DISABLED}
+
+
+@pytest.mark.parametrize(
+    "sched",
+    [
+        schedule.epoch(),
+        schedule.epoch(skip_first=3, wait=2, warmup=1, active=2, repeat=2),
+        schedule.epoch(wait=5, warmup=0, active=1, repeat=0),
+        schedule.cyclic(wait=3, warmup=1, active=2, repeat=2, skip_first=4),
+        schedule.cyclic(wait=2, warmup=2, active=1, skip_first=1, skip_first_wait=True),
+        schedule.steps([(5, 8), (20, 22), range(40, 41)], warmup=2),
+        schedule.steps([(0, 2), (3, 5)], warmup=3),
+        schedule.from_callable(lambda s: Action.WAIT),
+    ],
+    ids=repr,
+)
+@pytest.mark.parametrize("epoch_len", [None, 7, 30])
+def test_quiet_steps_never_overstates_a_quiet_run(sched, epoch_len):
+    """The profiler begins quiet_steps(...) steps without asking the schedule:
+    each of them must have this step's (non-recording) action; and the answer
+    is exact for the built-in schedules (it reaches the next change)."""
+    steps_per_epoch = epoch_len or 60
+    for epoch in range(2):
+        for b in range(steps_per_epoch):
+            step = epoch * steps_per_epoch + b
+            act = sched.at(step, epoch, b, epoch_len)
+            n = sched.quiet_steps(step, epoch, b, epoch_len)
+            assert n >= 0
+            if act not in QUIET:
+                assert n == 0, (step, act, n)
+                continue
+            last = min(b + n, steps_per_epoch - 1)
+            for k in range(b + 1, last + 1):
+                assert sched.at(epoch * steps_per_epoch + k, epoch, k, epoch_len) is act, (step, n, k)
+            if isinstance(sched, schedule.CallableSchedule):
+                assert n == 0
+            elif last < steps_per_epoch - 1:
+                nxt = last + 1
+                assert sched.at(epoch * steps_per_epoch + nxt, epoch, nxt, epoch_len) is not act, (step, n)

@@ -88,6 +88,8 @@ _ACTION_LEVEL = {
     Action.ACTIVE: 3,
     Action.ACTIVE_AND_SAVE: 4,
 }
+#: Actions of steps that need nothing from Python while they last.
+_QUIET = frozenset((Action.SKIP_FIRST, Action.WAIT, Action.DISABLED))
 
 
 def _schedule_value(v: object) -> Schedule:
@@ -167,8 +169,8 @@ class _LoaderNames:
     __slots__ = ("next", "wait")
 
     def __init__(self, name: str) -> None:
-        self.next = _core.name_id(f"loader.{name}.next")
-        self.wait = _core.name_id(f"loader.{name}.wait_ms")
+        self.next = f"loader.{name}.next"
+        self.wait = f"loader.{name}.wait_ms"
 
 
 class Profiler:
@@ -235,27 +237,12 @@ class Profiler:
         self.dist: _dist.DistInfo = _dist.dist_info()
         self._state = "new"
         self._thread_id: int | None = None
-        # Loop position.
-        self.epoch = 0
-        self.batch = 0
-        self.batch_in_epoch = 0
-        self._epoch_len: int | None = None
-        self._train_passes = 0
-        self._in_train_pass = 0
-        self._framework_pass = False
+        # The step lifecycle and loop position live in the core (one C call
+        # per loader fetch or step; see rust/fastprof-py/src/steps.rs); it
+        # calls back the _on_* methods below when a step needs the schedule,
+        # a torch window or the recorder's gate.
+        self._steps: Any = None
         self._action = Action.WAIT
-        self._last_level = -1
-        self._open = False
-        self._fresh = False
-        self._t0 = 0
-        self._step_args: tuple[int, int, int, str] = (0, 0, 0, "")
-        self._pending = False
-        self._end_due = False
-        self._driver_due = False
-        self._opt_pending = False
-        self._depth = 0
-        self._explicit = False
-        self._opt_ended = False
         self._opt_handle: Any = None
         self._paused_by_gate = False
         self._loader_names: dict[str, _LoaderNames] = {}
@@ -266,7 +253,6 @@ class Profiler:
         self.trace_path: Path | None = None
         self.merge_summary: dict[str, Any] | None = None
         self.steps_by_optimizer = 0
-        self._step_name = _core.name_id("step")
 
     # ----------------------------------------------------------- properties
 
@@ -281,6 +267,21 @@ class Profiler:
     @property
     def rank(self) -> int:
         return int(self.recorder.options.rank)
+
+    @property
+    def batch(self) -> int:
+        """The global step of the current step (steps ended so far)."""
+        return 0 if self._steps is None else int(self._steps.batch)
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch (0-based)."""
+        return 0 if self._steps is None else int(self._steps.epoch)
+
+    @property
+    def batch_in_epoch(self) -> int:
+        """The current step's batch within its epoch."""
+        return 0 if self._steps is None else int(self._steps.batch_in_epoch)
 
     @property
     def action(self) -> Action:
@@ -336,10 +337,8 @@ class Profiler:
         if self.sync_clocks_enabled:
             self._sync("start")
         self._install_optimizer_hook()
-        if defer_step:
-            self._pending = True
-        else:
-            self._begin_step()
+        self._steps = _core._StepLoop(self, self.recorder._session, "step", "profiler.action")
+        self._steps.start(defer_step)
         return self
 
     def _config(self) -> dict[str, Any]:
@@ -362,15 +361,10 @@ class Profiler:
             if self._opt_handle is not None:
                 self._opt_handle.remove()
                 self._opt_handle = None
-            if self._opt_pending:
-                self._opt_pending = False
-                self._boundary()
-            self._take_due_end()
-            if self._open and (not self._fresh or self.batch == 0):
-                # The last step, if it did anything: one that a boundary
-                # opened and nothing fetched into is the time after the loop.
-                self._end_step()
-            self._open = self._pending = False
+            # The last step, if anything was fetched into it: one that a
+            # boundary opened and nothing fetched into is the time after the
+            # loop, and a run of no iterations has no step.
+            self._steps.stop()
             if self._driver is not None:
                 self._driver.close()
             if self._paused_by_gate and self.recorder.active:
@@ -408,143 +402,68 @@ class Profiler:
         return f"<fastprof.Profiler {self._state} run_dir={str(self.run_dir)!r} step={self.batch}>"
 
     # ---------------------------------------------------------------- steps
+    # The core's step loop calls these when a step needs Python: never on a
+    # quiet stretch of the schedule (see Schedule.quiet_steps).
 
-    def _begin_step(self, driver: bool = True) -> None:
-        self._pending = False
-        self._fresh = True
-        action = self.schedule.at(self.batch, self.epoch, self.batch_in_epoch, self._epoch_len)
+    def _on_begin(
+        self, batch: int, epoch: int, batch_in_epoch: int, epoch_len: int | None, driver: bool
+    ) -> tuple[int, str, int, bool]:
+        """Step ``batch`` begins: its action, the gate, torch's step (now, or
+        once its batch came when ``driver`` is False). Returns (action level,
+        action, quiet steps after this one, torch step due at the fetch)."""
+        action = self.schedule.at(batch, epoch, batch_in_epoch, epoch_len)
         self._action = action
         if self.gate_spans:
             gate = action not in (Action.WARMUP, Action.ACTIVE, Action.ACTIVE_AND_SAVE)
             if gate != self._paused_by_gate and self.recorder.active:
                 (self.recorder.pause if gate else self.recorder.resume)()
                 self._paused_by_gate = gate
-        if self.recorder.active:
-            self.recorder.mark_step(self.batch)
-        level = _ACTION_LEVEL[action]
-        if level != self._last_level:
-            _core.counter("profiler.action", level)
-            self._last_level = level
-        self._step_args = (self.epoch, self.batch, self.batch_in_epoch, action.value)
-        self._open = True
-        self._depth = _core._span_depth()
-        if self._driver is not None:
+        due = False
+        d = self._driver
+        if d is not None:
             if driver:
                 # torch's ProfilerStep#N begins last, right before fastprof's step N.
-                self._driver.begin(action, self.batch, self.epoch)
+                d.begin(action, batch, epoch)
             else:
-                self._driver_due = True
-        self._t0 = _core._ticks()
+                due = True
+        quiet = 0
+        if action in _QUIET and (d is None or not d.live):
+            quiet = self.schedule.quiet_steps(batch, epoch, batch_in_epoch, epoch_len)
+        return _ACTION_LEVEL[action], action.value, quiet, due
 
-    def _end_step(self) -> None:
-        epoch, batch, batch_in_epoch, action = self._step_args
+    def _on_end_annotation(self) -> None:
+        # fastprof's step N was just recorded: torch's ProfilerStep#N, which
+        # began before it, ends right after it (so the step nests inside).
         if self._driver is not None:
-            # torch's ProfilerStep#N ends first, then fastprof's step N, with
-            # nothing between them that allocates (a garbage collection there
-            # would part the two ends).
             self._driver.end_annotation()
-        # Recorded whole at its end (begin and end at once): a step may end
-        # while spans the user opened inside it are still open.
-        _core._complete(
-            self._step_name, self._t0, epoch=epoch, batch=batch, batch_in_epoch=batch_in_epoch, action=action
-        )
-        self._open = False
+
+    def _on_end(self, epoch: int, batch: int, batch_in_epoch: int) -> None:
         if self._driver is not None:
             self._driver.end(self._action, epoch, batch, batch_in_epoch)
-        self.batch += 1
-        self.batch_in_epoch += 1
 
-    def _on_fetch(self) -> bool:
-        """A train loader's next() is about to block: the step begins here.
-        True when this call began it (see :meth:`_unbegin`)."""
-        if self._opt_pending:
-            self._opt_pending = False
-            self._boundary()
-        self._take_due_end()
-        began = self._pending
-        if began:
-            # Past the loader's known length the fetch may find it exhausted
-            # (an unsized loader, always): torch is stepped only once a batch
-            # came (see _fetched), so a step that is no step never moves a window.
-            n = self._epoch_len
-            self._begin_step(driver=n is not None and self.batch_in_epoch < n)
-        elif self._fresh and self._open:
-            # Opened at start (or by a boundary outside a train pass) and
-            # nothing fetched yet: the step starts with its first fetch.
-            self._t0 = _core._ticks()
-        self._fresh = False
-        self._opt_ended = False
-        return began
-
-    def _fetched(self) -> None:
+    def _on_fetched(self) -> bool:
         """A batch came for a step whose torch step was held back: step torch
-        now; inside a window the step then begins here, after torch's
-        ProfilerStep boundary (so the two still nest)."""
-        self._driver_due = False
-        if self._driver is not None:
-            self._driver.begin(self._action, self.batch, self.epoch)
-            if self._driver.live:
-                self._t0 = _core._ticks()
+        now. True when a window is live (the step then begins here, after
+        torch's ProfilerStep boundary, so the two still nest)."""
+        d = self._driver
+        if d is None:
+            return False
+        d.begin(self._action, self.batch, self.epoch)
+        return bool(d.live)
 
-    def _unbegin(self) -> None:
-        """The fetch that began a step found the loader exhausted: that step
-        is not one (nothing of it is recorded until its end). It begins again
-        at the next train fetch; a torch window stays open across the gap
-        (as torch's own loop would trace validation between epochs)."""
-        self._open = False
-        self._pending = True
-        self._driver_due = False
+    def _on_explicit(self) -> None:
+        """The loop says where steps end (the first step() or begin_step()):
+        optimizer steps no longer do."""
+        if self._opt_handle is not None:
+            self._opt_handle.remove()
+            self._opt_handle = None
 
     def step(self) -> None:
         """End the current training step (the next begins at the train loader's
         next ``next()``, or now when no train loader is iterating). Never raises."""
-        if self._state != "running":
-            return
-        try:
-            if self._go_explicit():
-                if self._opt_pending:
-                    # The optimizer's step asked for this boundary; it is taken here, once.
-                    self._opt_pending = False
-                elif self._opt_ended:
-                    # The optimizer's step already ended this step.
-                    self._opt_ended = False
-                    return
-            self._boundary()
-        except Exception as e:  # noqa: BLE001
-            self._internal_error("step", e)
-
-    def _go_explicit(self) -> bool:
-        """The loop says where steps end: optimizer steps no longer do. True
-        on the first call."""
-        if self._explicit:
-            return False
-        self._explicit = True
-        if self._opt_handle is not None:
-            self._opt_handle.remove()
-            self._opt_handle = None
-        return True
-
-    def _boundary(self) -> None:
-        self._take_due_end()
-        if self._pending:
-            # A step whose begin never came (no train loader next() since the
-            # last boundary): it still counts, as an empty span.
-            self._begin_step()
-        if self._in_train_pass:
-            # Inside a train pass the step ends where the next begins, at the
-            # next fetch (or where the pass ends): steps tile the epoch, and
-            # torch's ProfilerStep boundary is taken at the same place.
-            self._end_due = self._open
-            self._pending = True
-            return
-        if self._open:
-            self._end_step()
-        self._begin_step()
-
-    def _take_due_end(self) -> None:
-        if self._end_due:
-            self._end_due = False
-            self._end_step()
+        steps = self._steps
+        if steps is not None and self._state == "running":
+            steps.step()
 
     def _install_optimizer_hook(self) -> None:
         if "torch" not in sys.modules:
@@ -556,22 +475,10 @@ class Profiler:
         self._opt_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
 
     def _on_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        if self._explicit or self._state != "running" or threading.get_ident() != self._thread_id:
+        if self._state != "running" or threading.get_ident() != self._thread_id or self._steps.explicit:
             return
-        try:
-            self.steps_by_optimizer += 1
-            if self._opt_pending or _core._span_depth() <= self._depth:
-                self._opt_pending = False
-                self._boundary()
-                self._opt_ended = True
-            else:
-                # Inside a span the user opened within the step (e.g. around
-                # optimizer.step()): ending the step here would cut across
-                # it. The boundary waits for the next train fetch, step()
-                # call or optimizer step.
-                self._opt_pending = True
-        except Exception as e:  # noqa: BLE001
-            self._internal_error("optimizer step hook", e)
+        self.steps_by_optimizer += 1
+        self._steps.optimizer_step()
 
     # ------------------------------------------------------ framework loops
 
@@ -582,43 +489,23 @@ class Profiler:
         :meth:`end_epoch`, each step begins at :meth:`begin_step`. Never raises."""
         if self._state != "running":
             return
-        try:
-            if self._framework_pass:
-                self._in_train_pass -= 1
-            n = epoch_len if isinstance(epoch_len, int) and epoch_len > 0 else None
-            self._start_epoch(n)
-            self._in_train_pass += 1
-            self._framework_pass = True
-        except Exception as e:  # noqa: BLE001
-            self._internal_error("begin_epoch", e)
+        n = epoch_len if isinstance(epoch_len, int) and not isinstance(epoch_len, bool) and epoch_len > 0 else None
+        self._steps.start_epoch(n, True)
 
     def end_epoch(self) -> None:
         """The pass :meth:`begin_epoch` started is over: its last step ends
         here, and a step a fetch began without a :meth:`step` after it (the
         fetch that found the data exhausted) is no step."""
-        if self._framework_pass:
-            self._in_train_pass -= 1
-            self._framework_pass = False
-            if self._state == "running":
-                try:
-                    self._take_due_end()
-                    if self._open and not self._in_train_pass:
-                        self._unbegin()
-                except Exception as e:  # noqa: BLE001
-                    self._internal_error("end_epoch", e)
+        if self._steps is not None:
+            self._steps.end_epoch()
 
     def begin_step(self) -> None:
         """The next step begins now, if none is open (where a framework's loop
         fetches its batch, or starts the batch). A loop that says where its
         steps begin ends them with :meth:`step`: the first call switches the
         optimizer-step boundaries off. Never raises."""
-        if self._state != "running":
-            return
-        try:
-            self._go_explicit()
-            self._on_fetch()
-        except Exception as e:  # noqa: BLE001
-            self._internal_error("begin_step", e)
+        if self._state == "running":
+            self._steps.begin_step()
 
     def mark(self, name: str, **args: Any) -> None:
         """An instant event ``name`` with ``args`` at this moment."""
@@ -646,43 +533,23 @@ class Profiler:
         names = self._loader_names.get(name)
         if names is None:
             names = self._loader_names[name] = _LoaderNames(name)
-        self._instrument_workers(iterable, name)
-        bs = getattr(iterable, "batch_size", None)
-        if isinstance(bs, int) and not isinstance(bs, bool) and bs > 0 and self._state == "running":
-            # Samples per batch, for the reports' samples/s.
-            _core.counter(f"loader.{name}.batch_size", bs)
-        if train and self._state == "running":
-            self._new_epoch(iterable)
-        with _core.span(f"loader.{name}.iter"):
-            it = iter(iterable)
-        if train:
-            self._in_train_pass += 1
-        wait, begin, end, counter, clock = names.wait, names.next.begin, _core.end, _core.counter, time.perf_counter_ns
-        try:
-            while True:
-                began = train and self._state == "running" and self._on_fetch()
-                t0 = clock()
-                begin()
-                try:
-                    item = next(it)
-                except StopIteration:
-                    end()
-                    if began:
-                        self._unbegin()
-                    return
-                except BaseException:
-                    end()
-                    raise
-                end()
-                counter(wait, (clock() - t0) * 1e-6)
-                if began and self._driver_due:
-                    self._fetched()
-                yield item
-        finally:
-            if train:
-                self._in_train_pass -= 1
-                if not self._in_train_pass and self._state == "running":
-                    self._take_due_end()  # the loop left the pass early (break)
+
+        def setup(it: Iterable[T]) -> Iterator[T]:
+            # At the first next(), as a generator would: a loader made but
+            # never iterated starts no epoch.
+            self._instrument_workers(it, name)
+            bs = getattr(it, "batch_size", None)
+            if isinstance(bs, int) and not isinstance(bs, bool) and bs > 0 and self._state == "running":
+                # Samples per batch, for the reports' samples/s.
+                _core.counter(f"loader.{name}.batch_size", bs)
+            if train and self._state == "running":
+                self._new_epoch(it)
+            with _core.span(f"loader.{name}.iter"):
+                iterator = iter(it)
+            return iterator
+
+        steps = self._steps if train and self._state == "running" else None
+        return _core._LoaderIter(iterable, setup, steps, names.next, names.wait)
 
     def _new_epoch(self, iterable: Iterable[Any]) -> None:
         try:
@@ -690,24 +557,7 @@ class Profiler:
             epoch_len = n if isinstance(n, int) and n > 0 else None
         except Exception:  # noqa: BLE001 - not every iterable has a length
             epoch_len = None
-        self._start_epoch(epoch_len)
-
-    def _start_epoch(self, epoch_len: int | None) -> None:
-        self._epoch_len = epoch_len
-        self._train_passes += 1
-        self._take_due_end()
-        if self._train_passes == 1:
-            return  # epoch 0: step 0 (open since start) begins at the first fetch
-        if self._open and self._fresh:
-            # Begun outside a train pass and nothing fetched: it is this
-            # epoch's first step; begin it again at the new position.
-            self._open = False
-            self._pending = True
-        elif self._open:
-            self._end_step()
-        self.epoch += 1
-        self.batch_in_epoch = 0
-        self._pending = True
+        self._steps.start_epoch(epoch_len, False)
 
     def _stop_persistent_workers(self) -> None:
         """Persistent DataLoader workers outlive the loop, and their recordings
@@ -774,7 +624,7 @@ class Profiler:
             "world_size": int(self.recorder.options.world_size),
             "dist": dict(self.dist.__dict__),
             "steps": self.batch,
-            "epochs": self.epoch + (1 if self._train_passes else 0),
+            "epochs": self.epoch + (1 if self._steps is not None and self._steps.train_passes else 0),
             "steps_by_optimizer": self.steps_by_optimizer,
             "schedule": repr(self.schedule),
             "gate_spans": self.gate_spans,

@@ -187,6 +187,14 @@ class Schedule(ABC):
         only where a schedule needs one)."""
         return self.action(Position(step, epoch, batch_in_epoch, epoch_len))
 
+    def quiet_steps(self, step: int, epoch: int, batch_in_epoch: int, epoch_len: int | None) -> int:
+        """How many steps after this one, in the same epoch, surely have the
+        same action as this one when that action records nothing (SKIP_FIRST,
+        WAIT, DISABLED); 0 otherwise or when the schedule cannot tell. The
+        profiler begins that many steps without asking the schedule again
+        (an answer too small costs time, never correctness)."""
+        return 0
+
     def ends_window(self, at: Position | int) -> bool:
         """True when the step at ``at`` is a save point: the last of a window."""
         return self.action(at).saves
@@ -195,6 +203,10 @@ class Schedule(ABC):
         """A ``(step) -> torch.profiler.ProfilerAction`` function for
         ``torch.profiler.profile(schedule=...)``, steps taken as global steps."""
         return lambda step: to_torch(self.action(step))
+
+
+#: quiet_steps' answer for "the same action until the epoch or run ends".
+_QUIET_FOREVER = 1 << 62
 
 
 def _cycle(pos_in_cycle: int, wait: int, warmup: int, active: int) -> Action:
@@ -243,6 +255,18 @@ class EpochSchedule(Schedule):
             return Action.ACTIVE_AND_SAVE
         return act
 
+    def quiet_steps(self, step: int, epoch: int, batch_in_epoch: int, epoch_len: int | None) -> int:
+        b = batch_in_epoch
+        left = _QUIET_FOREVER if epoch_len is None else max(epoch_len - 1 - b, 0)
+        if b < self.skip_first:
+            return min(self.skip_first - 1 - b, left)
+        b -= self.skip_first
+        cycle = self.wait + self.warmup + self.active
+        if self.repeat and b >= cycle * (self.repeat + 1):
+            return left
+        p = b % cycle
+        return min(self.wait - 1 - p, left) if p < self.wait else 0
+
 
 @dataclass(frozen=True)
 class CyclicSchedule(Schedule):
@@ -274,6 +298,18 @@ class CyclicSchedule(Schedule):
         if self.repeat and step >= cycle * self.repeat:
             return Action.DISABLED
         return _cycle(step % cycle, self.wait, self.warmup, self.active)
+
+    def quiet_steps(self, step: int, epoch: int, batch_in_epoch: int, epoch_len: int | None) -> int:
+        if step < self.skip_first:
+            return self.skip_first - 1 - step
+        step -= self.skip_first
+        if self.skip_first_wait:
+            step += self.wait
+        cycle = self.wait + self.warmup + self.active
+        if self.repeat and step >= cycle * self.repeat:
+            return _QUIET_FOREVER
+        p = step % cycle
+        return self.wait - 1 - p if p < self.wait else 0
 
 
 @dataclass(frozen=True)
@@ -321,6 +357,16 @@ class StepsSchedule(Schedule):
             # Warmup never reaches back into the previous window.
             return Action.WARMUP if step >= max(nxt - self.warmup, prev_stop) else Action.WAIT
         return Action.DISABLED
+
+    def quiet_steps(self, step: int, epoch: int, batch_in_epoch: int, epoch_len: int | None) -> int:
+        i = bisect.bisect_right(self._starts, step) - 1
+        if i >= 0 and step < self.windows[i][1]:
+            return 0  # inside a window
+        if i + 1 >= len(self.windows):
+            return _QUIET_FOREVER  # DISABLED: past the last window
+        prev_stop = self.windows[i][1] if i >= 0 else 0
+        warm_from = max(self.windows[i + 1][0] - self.warmup, prev_stop)
+        return warm_from - 1 - step if step < warm_from else 0
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ mod convert;
 mod errors;
 mod recording;
 mod session;
+mod steps;
 
 use errors::Error;
 use fastprof_core::{reader, registry};
@@ -195,6 +196,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<actions::_ActionClock>()?;
     m.add_class::<actions::_ActionScope>()?;
     m.add_class::<session::Session>()?;
+    m.add_class::<steps::_StepLoop>()?;
+    m.add_class::<steps::_LoaderIter>()?;
     m.add_function(wrap_pyfunction!(is_active, m)?)?;
     m.add_function(wrap_pyfunction!(_noop, m)?)?;
     m.add_function(wrap_pyfunction!(_span_depth, m)?)?;

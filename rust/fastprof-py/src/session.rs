@@ -93,6 +93,23 @@ impl Session {
     }
 }
 
+impl Session {
+    /// Mark step `n` for the step loop: as `mark_step`, but a stopped or
+    /// inherited session marks nothing and says nothing (a training step
+    /// never fails for it).
+    pub(crate) fn mark_step_quiet(&self, py: Python<'_>, n: u64) {
+        if self.forked() {
+            return;
+        }
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = g.as_ref() {
+            if s.is_active() {
+                s.mark_step(n, &mut PyHooks(py));
+            }
+        }
+    }
+}
+
 impl Drop for Session {
     fn drop(&mut self) {
         if std::process::id() != self.owner_pid {

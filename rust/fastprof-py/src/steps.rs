@@ -1,0 +1,667 @@
+//! `_StepLoop` and `_LoaderIter`: the training-loop profiler's per-step
+//! bookkeeping (python/fastprof/profiler/loop.py) in one C call per event.
+//!
+//! The Profiler asks a step lifecycle question at every batch: does a step
+//! begin at this fetch, does one end here, is an optimizer step a boundary.
+//! Answered in Python that was ten flags and a handful of method calls per
+//! step (3.6 µs); here it is one explicit state ([`Step`]) and a few flags,
+//! and a step of a quiet stretch of the schedule (no torch window, the same
+//! action as the step before) is begun, counted and recorded without
+//! entering Python at all. The schedule, torch windows and gating stay in
+//! Python: a step that needs them calls the Profiler back (`_on_begin`,
+//! `_on_end_annotation`, `_on_end`, `_on_fetched`, `_on_explicit`), and the
+//! Profiler says for how many following steps it needs no call.
+//!
+//! Every entry point is called from a training loop and never raises: a
+//! failure in a callback is reported as unraisable (`sys.unraisablehook`)
+//! and the loop goes on, as the Python version warned and went on.
+
+use crate::convert::text;
+use crate::recording::lookup;
+use crate::session::{surface_notices, PyHooks, Session};
+use fastprof_core::record::Extra;
+use fastprof_core::{clock, json, registry};
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+
+/// What a train fetch is to the current step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fetch {
+    /// It began the step.
+    Began,
+    /// The step was open with nothing fetched into it: its time starts here.
+    Starts,
+    /// A fetch inside a step that already fetched.
+    Within,
+}
+
+/// Where the current training step is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// No step open and none waiting (before the first, after the last).
+    Closed,
+    /// The next step begins at the next train fetch (or the next boundary).
+    Pending,
+    /// A step is open. `fresh`: opened by a boundary or at start, and no
+    /// batch fetched into it yet (its time starts at the first fetch).
+    Open { fresh: bool },
+    /// A step is open and its end is due: it ends where the next begins (the
+    /// next train fetch, or where the pass ends), so that steps tile an epoch.
+    EndDue,
+}
+
+/// The step lifecycle (see the module docs). Not shared across threads by
+/// the Profiler (the optimizer hook checks the thread before calling).
+#[pyclass(module = "fastprof._core")]
+pub struct _StepLoop {
+    step: Step,
+    running: bool,
+    /// Global step, epoch, and batch within the epoch of the next step to end.
+    #[pyo3(get)]
+    batch: u64,
+    #[pyo3(get)]
+    epoch: u64,
+    #[pyo3(get)]
+    batch_in_epoch: u64,
+    epoch_len: Option<u64>,
+    /// Train passes started; nested train passes now iterating.
+    #[pyo3(get)]
+    train_passes: u64,
+    in_train_pass: u64,
+    /// The current pass was begun by `begin_epoch` (a framework's loop).
+    framework_pass: bool,
+    /// The loop ends its steps itself (`step()` was called): optimizer steps don't.
+    explicit: bool,
+    /// An optimizer step asked for a boundary inside a user span: taken at
+    /// the next fetch, `step()` or optimizer step.
+    opt_pending: bool,
+    /// The last optimizer step ended the step (a `step()` right after is the same boundary).
+    opt_ended: bool,
+    /// The torch step of the open step waits for its batch (`_on_fetched`).
+    #[pyo3(get)]
+    driver_due: bool,
+    /// The span depth at the step's begin (an optimizer step deeper is inside a user span).
+    depth: u32,
+    /// Begin ticks of the open step.
+    t0: u64,
+    /// The open step's position and action, as its args say.
+    args: (u64, u64, u64),
+    action: Box<str>,
+    /// The open step began without calling Python: it ends without too.
+    quiet: bool,
+    /// Steps after the open one that need no `_on_begin` (same action, no window).
+    quiet_left: u64,
+    last_level: i64,
+    step_name: u32,
+    action_name: u32,
+    session: Option<Py<Session>>,
+    hooks: Py<PyAny>,
+}
+
+fn report(py: Python<'_>, e: PyErr, what: &str) {
+    let msg = PyString::new(py, &format!("fastprof: Profiler {what}"));
+    e.write_unraisable(py, Some(msg.as_any()));
+}
+
+fn interned(name: &Bound<'_, PyString>) -> PyResult<u32> {
+    match lookup(name)? {
+        Some(n) => Ok(n.get().id),
+        None => Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+            "fastprof's name table is full: cannot intern {}",
+            text(name)
+        ))),
+    }
+}
+
+impl _StepLoop {
+    fn call<'py, A>(&self, py: Python<'py>, method: &str, args: A)
+    where
+        A: pyo3::call::PyCallArgs<'py>,
+    {
+        if let Err(e) = self.hooks.bind(py).call_method1(method, args).map(|_| ()) {
+            report(py, e, method);
+        }
+    }
+
+    /// A step begins now. `driver`: torch may be stepped now (else it waits
+    /// for the batch: `_on_fetched`).
+    fn open_step(&mut self, py: Python<'_>, driver: bool) {
+        self.step = Step::Open { fresh: true };
+        if self.quiet_left > 0 {
+            self.quiet_left -= 1;
+            self.quiet = true;
+            self.driver_due = false;
+        } else {
+            self.quiet = false;
+            let pos = (
+                self.batch,
+                self.epoch,
+                self.batch_in_epoch,
+                self.epoch_len,
+                driver,
+            );
+            // (level, action, quiet steps after this one, driver due)
+            let answer = self
+                .hooks
+                .bind(py)
+                .call_method1("_on_begin", pos)
+                .and_then(|r| r.extract::<(i64, String, u64, bool)>());
+            match answer {
+                Ok((level, action, quiet, due)) => {
+                    if level != self.last_level {
+                        if registry::is_active() {
+                            registry::counter(self.action_name, level as f64, &mut PyHooks(py));
+                        }
+                        self.last_level = level;
+                    }
+                    if *self.action != *action {
+                        self.action = action.into_boxed_str();
+                    }
+                    self.quiet_left = quiet;
+                    self.driver_due = due;
+                }
+                Err(e) => {
+                    report(py, e, "step begin");
+                    self.driver_due = false;
+                }
+            }
+        }
+        if let Some(s) = &self.session {
+            s.get().mark_step_quiet(py, self.batch);
+        }
+        self.args = (self.epoch, self.batch, self.batch_in_epoch);
+        self.depth = registry::thread_depth();
+        self.t0 = clock::ticks();
+    }
+
+    /// The open step ends now (the caller sets the state that follows).
+    /// fastprof's step N is recorded first, then torch's `ProfilerStep#N`
+    /// ends (in `_on_end_annotation`): the step began after torch's began
+    /// (its begin is read once `_on_begin`/`_on_fetched` stepped torch), so
+    /// it nests inside it, also once the merge moves torch's ends past the
+    /// Python calls they fall in (merge/nest.rs).
+    fn end_step(&mut self, py: Python<'_>) {
+        let (epoch, batch, bie) = self.args;
+        if registry::is_active() {
+            surface_notices(py);
+            let mut a = Vec::with_capacity(80);
+            a.extend_from_slice(b"{\"epoch\":");
+            json::write_int(&mut a, epoch);
+            a.extend_from_slice(b",\"batch\":");
+            json::write_int(&mut a, batch);
+            a.extend_from_slice(b",\"batch_in_epoch\":");
+            json::write_int(&mut a, bie);
+            a.extend_from_slice(b",\"action\":");
+            json::write_str(&mut a, &self.action);
+            a.push(b'}');
+            let extra = Box::new(Extra {
+                args_json: Some(String::from_utf8(a).unwrap_or_default().into_boxed_str()),
+                ..Default::default()
+            });
+            registry::complete(self.step_name, self.t0, Some(extra), &mut PyHooks(py));
+        }
+        if !self.quiet {
+            self.call(py, "_on_end_annotation", ());
+            self.call(py, "_on_end", (epoch, batch, bie));
+        }
+        self.batch += 1;
+        self.batch_in_epoch += 1;
+    }
+
+    fn take_due_end(&mut self, py: Python<'_>) {
+        if self.step == Step::EndDue {
+            self.end_step(py);
+            self.step = Step::Pending;
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        matches!(self.step, Step::Open { .. } | Step::EndDue)
+    }
+
+    /// The boundary between two steps (a `step()` call or an optimizer step).
+    fn boundary(&mut self, py: Python<'_>) {
+        self.take_due_end(py);
+        if self.step == Step::Pending {
+            // A step whose begin never came (no train fetch since the last
+            // boundary): it still counts, as an empty span.
+            self.open_step(py, true);
+        }
+        if self.in_train_pass > 0 {
+            // Inside a train pass the step ends where the next begins.
+            self.step = if self.is_open() {
+                Step::EndDue
+            } else {
+                Step::Pending
+            };
+            return;
+        }
+        if self.is_open() {
+            self.end_step(py);
+        }
+        self.open_step(py, true);
+    }
+
+    /// A train loader's next() is about to block. What this fetch is to the
+    /// step: [`Fetch::Began`] it, [`Fetch::Starts`] a step opened before
+    /// with nothing fetched into it, or [`Fetch::Within`] it.
+    fn on_fetch(&mut self, py: Python<'_>) -> Fetch {
+        if self.opt_pending {
+            self.opt_pending = false;
+            self.boundary(py);
+        }
+        self.take_due_end(py);
+        let fetch = match self.step {
+            Step::Pending => {
+                // Past the loader's known length the fetch may find it
+                // exhausted: torch is stepped only once a batch came
+                // (`_on_fetched`).
+                let driver = self.epoch_len.is_some_and(|n| self.batch_in_epoch < n);
+                self.open_step(py, driver);
+                Fetch::Began
+            }
+            Step::Open { fresh: true } => {
+                // Opened at start (or by a boundary outside a train pass) and
+                // nothing fetched yet: the step starts with its first fetch.
+                self.t0 = clock::ticks();
+                Fetch::Starts
+            }
+            _ => Fetch::Within,
+        };
+        if let Step::Open { fresh } = &mut self.step {
+            *fresh = false;
+        }
+        self.opt_ended = false;
+        fetch
+    }
+
+    /// The fetch that began a step found the loader exhausted: that step is
+    /// no step; it begins again at the next train fetch.
+    fn unbegin(&mut self) {
+        self.step = Step::Pending;
+        self.driver_due = false;
+    }
+
+    /// The loop says where its steps end: true on the first call.
+    fn go_explicit(&mut self, py: Python<'_>) -> bool {
+        if self.explicit {
+            return false;
+        }
+        self.explicit = true;
+        self.call(py, "_on_explicit", ());
+        true
+    }
+
+    fn leave_pass(&mut self, py: Python<'_>) {
+        self.in_train_pass = self.in_train_pass.saturating_sub(1);
+        if self.in_train_pass == 0 && self.running {
+            self.take_due_end(py); // the loop left the pass early (break)
+        }
+    }
+}
+
+#[pymethods]
+impl _StepLoop {
+    /// `hooks`: the Profiler (its `_on_*` methods); `session`: the recorder's
+    /// session, for the step marker (None when none records).
+    #[new]
+    fn new(
+        hooks: Py<PyAny>,
+        session: Option<Py<Session>>,
+        step_name: &Bound<'_, PyString>,
+        action_name: &Bound<'_, PyString>,
+    ) -> PyResult<Self> {
+        Ok(_StepLoop {
+            step: Step::Closed,
+            running: false,
+            batch: 0,
+            epoch: 0,
+            batch_in_epoch: 0,
+            epoch_len: None,
+            train_passes: 0,
+            in_train_pass: 0,
+            framework_pass: false,
+            explicit: false,
+            opt_pending: false,
+            opt_ended: false,
+            driver_due: false,
+            depth: 0,
+            t0: 0,
+            args: (0, 0, 0),
+            action: "".into(),
+            quiet: false,
+            quiet_left: 0,
+            last_level: -1,
+            step_name: interned(step_name)?,
+            action_name: interned(action_name)?,
+            session,
+            hooks,
+        })
+    }
+
+    /// Start: step 0 begins now, or at the first fetch/`begin_step` (`defer`).
+    fn start(&mut self, py: Python<'_>, defer: bool) {
+        self.running = true;
+        if defer {
+            self.step = Step::Pending;
+        } else {
+            self.open_step(py, true);
+        }
+    }
+
+    /// Stop: a deferred optimizer boundary is taken, a due end ends, and the
+    /// last step is recorded if anything was fetched into it. A step nothing
+    /// fetched into and no boundary ended (the time after the loop, or a
+    /// run of no iterations) is no step.
+    fn stop(&mut self, py: Python<'_>) {
+        if !self.running {
+            return;
+        }
+        if self.opt_pending {
+            self.opt_pending = false;
+            self.boundary(py);
+        }
+        self.take_due_end(py);
+        if self.step == (Step::Open { fresh: false }) {
+            self.end_step(py);
+        }
+        self.step = Step::Closed;
+        self.running = false;
+    }
+
+    #[getter]
+    fn state(&self) -> &'static str {
+        match self.step {
+            Step::Closed => "closed",
+            Step::Pending => "pending",
+            Step::Open { fresh: true } => "open (fresh)",
+            Step::Open { fresh: false } => "open",
+            Step::EndDue => "end due",
+        }
+    }
+
+    #[getter]
+    fn explicit(&self) -> bool {
+        self.explicit
+    }
+
+    /// End the current step (`Profiler.step()`). Never raises.
+    fn step(&mut self, py: Python<'_>) {
+        if !self.running {
+            return;
+        }
+        if self.go_explicit(py) {
+            if self.opt_pending {
+                // The optimizer's step asked for this boundary; taken here, once.
+                self.opt_pending = false;
+            } else if self.opt_ended {
+                // The optimizer's step already ended this step.
+                self.opt_ended = false;
+                return;
+            }
+        }
+        self.boundary(py);
+    }
+
+    /// An optimizer step on the training thread (torch's global post hook).
+    fn optimizer_step(&mut self, py: Python<'_>) {
+        if self.explicit || !self.running {
+            return;
+        }
+        if self.opt_pending || registry::thread_depth() <= self.depth {
+            self.opt_pending = false;
+            self.boundary(py);
+            self.opt_ended = true;
+        } else {
+            // Inside a span the user opened within the step (e.g. around
+            // optimizer.step()): the boundary waits for the next train fetch,
+            // step() call or optimizer step.
+            self.opt_pending = true;
+        }
+    }
+
+    /// A train pass starts (a loader's pass, or `begin_epoch`); `epoch_len`
+    /// its number of batches when known.
+    #[pyo3(signature = (epoch_len, framework=false))]
+    fn start_epoch(&mut self, py: Python<'_>, epoch_len: Option<u64>, framework: bool) {
+        if !self.running {
+            return;
+        }
+        if framework && self.framework_pass {
+            self.in_train_pass = self.in_train_pass.saturating_sub(1);
+        }
+        self.epoch_len = epoch_len.filter(|&n| n > 0);
+        self.train_passes += 1;
+        self.take_due_end(py);
+        // A new epoch's schedule position: the next step asks Python again.
+        self.quiet_left = 0;
+        if self.train_passes > 1 {
+            match self.step {
+                // Begun outside a train pass and nothing fetched: it is this
+                // epoch's first step; begin it again at the new position.
+                Step::Open { fresh: true } => self.step = Step::Pending,
+                Step::Open { fresh: false } => {
+                    self.end_step(py);
+                    self.step = Step::Closed;
+                }
+                _ => {}
+            }
+            self.epoch += 1;
+            self.batch_in_epoch = 0;
+            self.step = Step::Pending;
+        }
+        // Epoch 0: step 0 (open since start) begins at the first fetch.
+        if framework {
+            self.in_train_pass += 1;
+            self.framework_pass = true;
+        }
+    }
+
+    /// The pass `start_epoch(framework=True)` started is over.
+    fn end_epoch(&mut self, py: Python<'_>) {
+        if !self.framework_pass {
+            return;
+        }
+        self.in_train_pass = self.in_train_pass.saturating_sub(1);
+        self.framework_pass = false;
+        if self.running {
+            self.take_due_end(py);
+            if self.is_open() && self.in_train_pass == 0 {
+                self.unbegin();
+            }
+        }
+    }
+
+    /// The next step begins now if none is open (a framework's fetch).
+    fn begin_step(&mut self, py: Python<'_>) {
+        if !self.running {
+            return;
+        }
+        self.go_explicit(py);
+        let _ = self.on_fetch(py);
+    }
+
+    /// A train loader's pass begins iterating / stops iterating.
+    fn enter_pass(&mut self) {
+        self.in_train_pass += 1;
+    }
+
+    fn exit_pass(&mut self, py: Python<'_>) {
+        self.leave_pass(py);
+    }
+}
+
+/// One pass over a loader (what `Profiler.loader()` returns): times each
+/// `next()` as `loader.<name>.next` plus a `loader.<name>.wait_ms` counter
+/// and, for a train pass, tells the step loop where steps begin. Set up
+/// lazily at the first `next()` (`setup(iterable)` returns the iterator), as
+/// a generator would be.
+#[pyclass(module = "fastprof._core")]
+pub struct _LoaderIter {
+    iterable: Option<Py<PyAny>>,
+    setup: Option<Py<PyAny>>,
+    it: Option<Py<PyAny>>,
+    steps: Option<Py<_StepLoop>>,
+    next_name: u32,
+    wait_name: u32,
+    entered: bool,
+    done: bool,
+}
+
+impl _LoaderIter {
+    fn finish(&mut self, py: Python<'_>) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        self.it = None;
+        if self.entered {
+            if let Some(s) = &self.steps {
+                if let Ok(mut s) = s.bind(py).try_borrow_mut() {
+                    s.leave_pass(py);
+                }
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl _LoaderIter {
+    /// `steps`: the step loop for a train pass, None for any other loader.
+    #[new]
+    fn new(
+        iterable: Py<PyAny>,
+        setup: Py<PyAny>,
+        steps: Option<Py<_StepLoop>>,
+        next_name: &Bound<'_, PyString>,
+        wait_name: &Bound<'_, PyString>,
+    ) -> PyResult<Self> {
+        Ok(_LoaderIter {
+            iterable: Some(iterable),
+            setup: Some(setup),
+            it: None,
+            steps,
+            next_name: interned(next_name)?,
+            wait_name: interned(wait_name)?,
+            entered: false,
+            done: false,
+        })
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(slf: &Bound<'_, Self>) -> PyResult<Option<Py<PyAny>>> {
+        let py = slf.py();
+        let (it, steps) = {
+            let mut me = slf.try_borrow_mut()?;
+            if me.done {
+                return Ok(None);
+            }
+            if me.it.is_none() {
+                let (Some(iterable), Some(setup)) = (me.iterable.take(), me.setup.take()) else {
+                    return Ok(None);
+                };
+                let it = match setup.bind(py).call1((iterable,)) {
+                    Ok(it) => it.unbind(),
+                    Err(e) => {
+                        me.done = true;
+                        return Err(e);
+                    }
+                };
+                me.it = Some(it);
+                if let Some(s) = &me.steps {
+                    if let Ok(mut s) = s.bind(py).try_borrow_mut() {
+                        s.enter_pass();
+                    }
+                    me.entered = true;
+                }
+            }
+            (
+                me.it.as_ref().map(|i| i.clone_ref(py)),
+                me.steps.as_ref().map(|s| s.clone_ref(py)),
+            )
+        };
+        let Some(it) = it else { return Ok(None) };
+        let fetch = match &steps {
+            Some(s) => match s.bind(py).try_borrow_mut() {
+                Ok(mut s) if s.running => s.on_fetch(py),
+                _ => Fetch::Within,
+            },
+            None => Fetch::Within,
+        };
+        let (next_name, wait_name) = {
+            let me = slf.borrow();
+            (me.next_name, me.wait_name)
+        };
+        let t0 = std::time::Instant::now();
+        registry::begin(next_name, &mut PyHooks(py));
+        let item = match it.bind(py).call_method0(pyo3::intern!(py, "__next__")) {
+            Ok(item) => item,
+            Err(e) => {
+                registry::end(false);
+                if e.is_instance_of::<pyo3::exceptions::PyStopIteration>(py) {
+                    if fetch != Fetch::Within {
+                        // The fetch that would have started a step found the
+                        // loader exhausted: that step is none (no phantom
+                        // step for a pass of no batches).
+                        if let Some(s) = &steps {
+                            if let Ok(mut s) = s.bind(py).try_borrow_mut() {
+                                s.unbegin();
+                            }
+                        }
+                    }
+                    slf.borrow_mut().finish(py);
+                    return Ok(None);
+                }
+                slf.borrow_mut().finish(py);
+                return Err(e);
+            }
+        };
+        registry::end(false);
+        if registry::is_active() {
+            let ms = t0.elapsed().as_nanos() as f64 * 1e-6;
+            registry::counter(wait_name, ms, &mut PyHooks(py));
+        }
+        if fetch == Fetch::Began {
+            if let Some(s) = &steps {
+                let hooks = match s.bind(py).try_borrow_mut() {
+                    Ok(mut st) if st.driver_due => {
+                        st.driver_due = false;
+                        Some(st.hooks.clone_ref(py))
+                    }
+                    _ => None,
+                };
+                // The torch step held back for this batch: `_on_fetched`
+                // steps torch and says whether its window is live; the step
+                // then begins after torch's ProfilerStep boundary.
+                if let Some(h) = hooks {
+                    match h.bind(py).call_method0("_on_fetched") {
+                        Ok(live) if live.is_truthy().unwrap_or(false) => {
+                            if let Ok(mut st) = s.bind(py).try_borrow_mut() {
+                                st.t0 = clock::ticks();
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => report(py, e, "loader fetch"),
+                    }
+                }
+            }
+        }
+        Ok(Some(item.unbind()))
+    }
+
+    /// Leave the pass now (the loop broke out of it); also on garbage collection.
+    fn close(&mut self, py: Python<'_>) {
+        self.finish(py);
+    }
+}
+
+impl Drop for _LoaderIter {
+    fn drop(&mut self) {
+        if !self.done && self.entered {
+            Python::attach(|py| self.finish(py));
+        }
+    }
+}
