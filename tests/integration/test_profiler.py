@@ -451,7 +451,13 @@ def test_an_empty_pass_between_real_ones_adds_no_step(tmp_path: Path) -> None:
                 prof.step()
     doc = _load(prof.trace_path)  # type: ignore[arg-type]
     steps = sorted(_spans(doc, "step"), key=lambda e: e["args"]["batch"])
-    assert [(e["args"]["epoch"], e["args"]["batch_in_epoch"]) for e in steps] == [(0, 0), (0, 1), (0, 2), (2, 0), (2, 1)]
+    assert [(e["args"]["epoch"], e["args"]["batch_in_epoch"]) for e in steps] == [
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (2, 0),
+        (2, 1),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -482,9 +488,7 @@ def test_every_step_carries_its_schedule_action(tmp_path: Path, sched: Any) -> N
                         prof.step()
         doc = _load(prof.trace_path)  # type: ignore[arg-type]
         steps = sorted(_spans(doc, "step"), key=lambda e: e["args"]["batch"])
-        want = [
-            sched.at(ep * batches + b, ep, b, batches).value for ep in range(epochs) for b in range(batches)
-        ]
+        want = [sched.at(ep * batches + b, ep, b, batches).value for ep in range(epochs) for b in range(batches)]
         assert [e["args"]["action"] for e in steps] == want
         assert [e["args"]["batch"] for e in steps] == list(range(epochs * batches))
         levels = {"skip_first": 0, "wait": 1, "disabled": 1, "warmup": 2, "active": 3, "active_and_save": 4}
