@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fastprof._core import FastprofError
+from fastprof.cli.errors import CommandError, describe
 
 
 def add_parser(verbs: Any) -> None:
@@ -55,7 +56,6 @@ def parse_pct(text: str, flag: str) -> float:
 
 
 def load_doc(path: str, warmup: int | None) -> dict[str, Any]:
-    from fastprof.cli.main import CommandError, describe
     from fastprof.reports import report
 
     p = Path(path)
@@ -144,7 +144,6 @@ def fmt(v: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastprof.cli.main import CommandError
 
     try:
         max_slowdown = parse_pct(args.max_slowdown, "--max-slowdown")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fastprof._core import FastprofError
+from fastprof.cli.errors import CommandError, describe
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -44,8 +45,8 @@ def add_parser(verbs: Any) -> None:
 
 def build(args: argparse.Namespace, out_dir: str | None, formats: tuple[str, ...], progress: bool) -> Any:
     """Run :func:`fastprof.report` for a verb, bad input as one line, exit 2."""
-    from fastprof.cli.main import CommandError, describe
-    from fastprof.reports import report
+    # The public wrapper: it logs to MLflow when FASTPROF_MLFLOW or an active run says so.
+    from fastprof._report import report
 
     if not Path(args.path).exists():
         raise CommandError(f"{args.path}: no such file or directory (expected a run directory or a trace)", exit_code=2)

@@ -150,7 +150,6 @@ def report(
     *,
     warmup_steps: int | None = None,
     batch_size: int | None = None,
-    mlflow: bool | None = None,
 ) -> Report:
     """Build the reports of a run directory or a single trace and write them.
 
@@ -162,13 +161,9 @@ def report(
     ``warmup_steps``: steps left out of the rates (default: the schedule's
     skip_first, else 1). ``batch_size``: samples per step, for samples/s
     (default: a ``batch_size`` counter in the trace, else unknown).
-    ``progress``: print each stage's time on stderr. ``mlflow``: log the
-    written files as artifacts and the headline numbers as metrics into the
-    active MLflow run (:func:`fastprof.integrations.mlflow.log_report`):
-    None (default) when mlflow is imported and a run is active, True always
-    (a :class:`fastprof.ConfigError` when mlflow is not installed), False
-    never; with None, ``FASTPROF_MLFLOW`` (auto, 1/0) decides. A failure to
-    log is one :class:`fastprof.FastprofWarning`; the files are written.
+    ``progress``: print each stage's time on stderr. Logging to MLflow is
+    the caller's (:func:`fastprof.report` does it); reports never import an
+    integration.
 
     Raises :class:`fastprof.FastprofFileNotFoundError` for a missing path,
     :class:`fastprof.TraceError` for a file that is not a trace, and
@@ -183,9 +178,6 @@ def report(
             raise ConfigError(
                 f"invalid option {opt}: expected an integer >= {0 if opt == 'warmup_steps' else 1}, got {v!r}"
             )
-    from fastprof.integrations import mlflow as _mlflow
-
-    log_to_mlflow = _mlflow.check_option(mlflow)
     tick = _Progress(progress)
     tick(f"reading {path}")
     data = _data.load(path)
@@ -208,6 +200,4 @@ def report(
 
             rep.files.append(write_html(doc, data, out))
             tick("report.html")
-    if _mlflow.auto_log(rep, log_to_mlflow) is not None:
-        tick("logged to MLflow")
     return rep
