@@ -158,6 +158,14 @@ pub struct FileInfo {
     /// Events the scanner yielded.
     pub events: u64,
     pub salvaged: bool,
+    /// Where a salvaged file was cut: the byte of the decompressed text just
+    /// after the last value used, and why reading stopped there.
+    pub cut: Option<(u64, String)>,
+    /// Spans left out for a hostile `dur` (negative, not a number in range,
+    /// or longer than [`MAX_DUR_NS`]; an E before its B): (name, count), by
+    /// name. Left out rather than read as 0 s, which would pass for a real
+    /// (and very fast) span in every statistic.
+    pub bad_dur: Vec<(String, u64)>,
     /// Why the file was not used (a previous merge output next to its
     /// inputs, or a file in a directory that is not a trace).
     pub skipped: Option<String>,
@@ -249,6 +257,8 @@ impl FileInfo {
             offset_ns: 0,
             events: 0,
             salvaged: false,
+            cut: None,
+            bad_dur: Vec::new(),
             skipped: None,
         }
     }
@@ -340,6 +350,8 @@ struct FileScan {
     first_marker: usize,
     open: HashMap<(i64, i64), Vec<Open>>,
     step_ordinal: HashMap<i64, i64>,
+    /// Name id -> spans left out for a hostile `dur`.
+    bad_dur: HashMap<u32, u64>,
     bad_ts: u64,
     bad_ids: u64,
     unpaired: u64,
@@ -376,6 +388,7 @@ impl<'o> Reading<'o> {
             first_marker: self.markers.len(),
             open: HashMap::new(),
             step_ordinal: HashMap::new(),
+            bad_dur: HashMap::new(),
             bad_ts: 0,
             bad_ids: 0,
             unpaired: 0,
@@ -412,10 +425,26 @@ impl<'o> Reading<'o> {
         self.out.warnings.extend(sc.warnings().iter().cloned());
         if let Some(s) = sc.salvage() {
             fs.meta.info.salvaged = true;
+            fs.meta.info.cut = Some((s.offset, s.reason.clone()));
             self.out.warnings.push(format!(
-                "{name}: salvaged: {} at byte {}; {} bytes after it unused",
-                s.reason, s.offset, s.unused_bytes
+                "{name}: salvaged a cut file: kept the {} events before byte {} of its text, {} bytes after it unused ({})",
+                fs.meta.info.events, s.offset, s.unused_bytes, s.reason
             ));
+        }
+        if !fs.bad_dur.is_empty() {
+            let mut bad: Vec<(String, u64)> = fs
+                .bad_dur
+                .iter()
+                .map(|(&id, &n)| (self.names.strings[id as usize].clone(), n))
+                .collect();
+            bad.sort();
+            let total: u64 = bad.iter().map(|(_, n)| n).sum();
+            let listed: Vec<String> = bad.iter().map(|(n, c)| format!("{n:?} x{c}")).collect();
+            self.out.warnings.push(format!(
+                "{name}: {total} spans with a negative, out-of-range or unreadable dur were left out ({})",
+                listed.join(", ")
+            ));
+            fs.meta.info.bad_dur = bad;
         }
         for (n, what) in [
             (fs.bad_ts, "events without a readable ts were left out"),
@@ -493,10 +522,11 @@ impl<'o> Reading<'o> {
         if ph == b"E" {
             // Closes the innermost B of its thread, whatever its own name says.
             match fs.open.get_mut(&(pid, tid)).and_then(Vec::pop) {
+                Some(o) if o.keep && ts < o.ts => *fs.bad_dur.entry(o.name).or_default() += 1,
                 Some(o) if o.keep => {
                     let t = &mut self.out.spans;
                     push_row(t, o.name, o.cat, o.ts, pid, tid, file);
-                    t.dur.push((ts - o.ts).max(0));
+                    t.dur.push(ts - o.ts);
                 }
                 Some(_) => {}
                 None => fs.unpaired += 1,
@@ -525,6 +555,7 @@ impl<'o> Reading<'o> {
         }
         let (name_id, cat_id) = (self.names.id(&name), self.cats.id(&cat));
         match kind {
+            0 if hostile_dur(&f, raw) => *fs.bad_dur.entry(name_id).or_default() += 1,
             0 => {
                 push_row(&mut self.out.spans, name_id, cat_id, ts, pid, tid, file);
                 self.out.spans.dur.push(dur);
@@ -680,6 +711,20 @@ impl<'o> Reading<'o> {
         out.categories = cats;
         out
     }
+}
+
+/// Longest span duration taken as real: about 31.7 years. Anything longer
+/// is a writer's bug (or a hostile file), and `ts + dur` stays far from
+/// overflowing i64 for any epoch timestamp.
+pub const MAX_DUR_NS: i64 = 1_000_000_000_000_000_000;
+
+/// An X event whose `dur` is present but negative, unreadable or not a
+/// number in i64 ns, or longer than [`MAX_DUR_NS`]. An absent `dur` is an
+/// instant-long span (0), as viewers read it.
+fn hostile_dur(f: &Fields, raw: &[u8]) -> bool {
+    f.dur.clone().is_some_and(|r| {
+        scan::parse_us_to_ns(&raw[r]).is_none_or(|d| !(0..=MAX_DUR_NS).contains(&d))
+    })
 }
 
 fn push_row(t: &mut Table, name: u32, cat: u32, ts: i64, pid: i64, tid: i64, file: u32) {
