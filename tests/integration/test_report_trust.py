@@ -107,6 +107,39 @@ def test_hostile_durations_are_left_out_and_named(tmp_path: Path, capsys: pytest
     assert {r["name"]: r["count"] for r in doc["time"]["rows"]}.get("step") == 4
 
 
+def test_hostile_durations_are_no_steps_of_the_breakdown(tmp_path: Path) -> None:
+    """torch's ProfilerStep#N with a dur of 1e300 or a negative one: the
+    step-time breakdown (computed apart from the columns) had 0 s steps."""
+    events = [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": f"ProfilerStep#{i}",
+            "pid": 1,
+            "tid": 1,
+            "ts": 1000 * i,
+            "dur": 500,
+        }
+        for i in range(3)
+    ]
+    events += [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": 3000, "dur": 1e300},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "pid": 1, "tid": 1, "ts": 4000, "dur": -5},
+    ]
+    events += [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1000 * i + 100, "dur": 200}
+        for i in range(5)
+    ]
+    trace = tmp_path / "w.pt.trace.json"
+    trace.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_000_000_000}))
+    raw = fastprof._core.analyze_steps([str(trace)])
+    assert any("2 X events" in w and str(trace) in w for w in raw["warnings"]), raw["warnings"]
+    doc = fastprof.report(trace, formats=()).data
+    steps = doc["breakdown"]["steps"]
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert all(s["duration_ns"] == 500_000 for s in steps)
+
+
 def _report_with_file_limit(run: Path, limit: int) -> subprocess.CompletedProcess[str]:
     """``fastprof report`` in a process that may not write a file over
     ``limit`` bytes (report.html, plotly inlined, is megabytes): the write

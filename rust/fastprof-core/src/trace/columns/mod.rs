@@ -162,7 +162,7 @@ pub struct FileInfo {
     /// after the last value used, and why reading stopped there.
     pub cut: Option<(u64, String)>,
     /// Spans left out for a hostile `dur` (negative, not a number in range,
-    /// or longer than [`MAX_DUR_NS`]; an E before its B): (name, count), by
+    /// or longer than [`scan::MAX_DUR_NS`]; an E before its B): (name, count), by
     /// name. Left out rather than read as 0 s, which would pass for a real
     /// (and very fast) span in every statistic.
     pub bad_dur: Vec<(String, u64)>,
@@ -555,7 +555,7 @@ impl<'o> Reading<'o> {
         }
         let (name_id, cat_id) = (self.names.id(&name), self.cats.id(&cat));
         match kind {
-            0 if hostile_dur(&f, raw) => *fs.bad_dur.entry(name_id).or_default() += 1,
+            0 if f.dur_checked(raw).is_none() => *fs.bad_dur.entry(name_id).or_default() += 1,
             0 => {
                 push_row(&mut self.out.spans, name_id, cat_id, ts, pid, tid, file);
                 self.out.spans.dur.push(dur);
@@ -711,20 +711,6 @@ impl<'o> Reading<'o> {
         out.categories = cats;
         out
     }
-}
-
-/// Longest span duration taken as real: about 31.7 years. Anything longer
-/// is a writer's bug (or a hostile file), and `ts + dur` stays far from
-/// overflowing i64 for any epoch timestamp.
-pub const MAX_DUR_NS: i64 = 1_000_000_000_000_000_000;
-
-/// An X event whose `dur` is present but negative, unreadable or not a
-/// number in i64 ns, or longer than [`MAX_DUR_NS`]. An absent `dur` is an
-/// instant-long span (0), as viewers read it.
-fn hostile_dur(f: &Fields, raw: &[u8]) -> bool {
-    f.dur.clone().is_some_and(|r| {
-        scan::parse_us_to_ns(&raw[r]).is_none_or(|d| !(0..=MAX_DUR_NS).contains(&d))
-    })
 }
 
 fn push_row(t: &mut Table, name: u32, cat: u32, ts: i64, pid: i64, tid: i64, file: u32) {
