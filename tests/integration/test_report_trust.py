@@ -217,6 +217,18 @@ def test_diff_checks_the_schema(report_json: Path, tmp_path: Path, capsys: pytes
     assert str(wrong) in line and "$.speed.train.iterations_per_s" in line
 
 
+def test_diff_picks_the_schema_by_its_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every checked-in report.v{N}.json is the schema of schema_version N."""
+    files = sorted(SCHEMA_PATH.parent.glob("report.v*.json"))
+    assert SCHEMA_PATH in files
+    for f in files:
+        n = int(f.name[len("report.v") : -len(".json")])
+        p = tmp_path / f"v{n}.json"
+        p.write_text(json.dumps({"schema": "fastprof.report", "schema_version": n}))
+        assert main(["diff", str(p), str(p)]) == 2
+        assert f"not a valid fastprof report v{n}: at $: " in _one_line(capsys)
+
+
 def test_diff_reads_non_finite_figures(report_json: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A report.json spells an infinite figure "Infinity": diff compares it."""
     doc = json.loads(report_json.read_text())

@@ -30,7 +30,8 @@ SCHEMA_VERSION = 1
 FORMATS = ("json", "csv", "html")
 #: One JSON Schema per schema_version: ``report.v{N}.json``.
 SCHEMA_DIR = Path(__file__).with_name("schema")
-SCHEMA_PATH = SCHEMA_DIR / "report.v1.json"
+#: The schema of the documents this fastprof writes.
+SCHEMA_PATH = SCHEMA_DIR / f"report.v{SCHEMA_VERSION}.json"
 
 
 @dataclass
