@@ -37,7 +37,8 @@ def report(
 
     Raises :class:`fastprof.FastprofFileNotFoundError` for a missing path,
     :class:`fastprof.TraceError` for a file that is not a trace, and
-    :class:`fastprof.ConfigError` for a bad option.
+    :class:`fastprof.ConfigError` for a bad option, and :class:`OSError`
+    naming ``out_dir`` when the files cannot be written (then none is).
     """
     from fastprof.integrations import mlflow as _mlflow
 

@@ -191,7 +191,9 @@ def report(
 
     Raises :class:`fastprof.FastprofFileNotFoundError` for a missing path,
     :class:`fastprof.TraceError` for a file that is not a trace, and
-    :class:`fastprof.ConfigError` for a bad option.
+    :class:`fastprof.ConfigError` for a bad option, and :class:`OSError`
+    naming ``out_dir`` when the files cannot be written (then none is: the
+    folder is as it was before).
     """
     fmts = [formats] if isinstance(formats, str) else list(formats)
     bad = [f for f in fmts if f not in FORMATS]
@@ -248,5 +250,10 @@ def _write(doc: dict[str, Any], data: _data.RunData, out: Path, fmts: list[str],
                 if f"{t}.csv" not in names:
                     (out / f"{t}.csv").unlink(missing_ok=True)
         return [out / n for n in names]
+    except OSError as e:
+        # Named by the folder asked for (a write error has no file name, and
+        # the temporary one is gone): "<out>: File too large (nothing written)".
+        left = "the earlier report there is left as it was" if out.exists() else "nothing written"
+        raise OSError(e.errno, f"{e.strerror or e} ({left})", str(out)) from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
