@@ -38,10 +38,11 @@ from fastprof._core import (
 from fastprof._merge import merge
 from fastprof._reader import read_trace
 from fastprof._recorder import Recorder, RunStats, current, start, stop
+from fastprof._report import report
 from fastprof.profiler import schedule
 from fastprof.profiler.loop import Profiler
 from fastprof.profiler.torch_windows import TorchWindows
-from fastprof.reports import Report, report
+from fastprof.reports import Report
 
 __all__ = [
     "AlreadyRunningError",

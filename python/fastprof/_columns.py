@@ -47,7 +47,9 @@ class Columns:
     names: list[str]
     categories: list[str]
     #: One dict per input file: path, kind ("fastprof", "kineto", "chrome",
-    #: "merged"), rank, base_ns, offset_ns, events, salvaged, skipped.
+    #: "merged"), rank, base_ns, offset_ns, events, salvaged, cut (a salvaged
+    #: file's (byte, reason)), bad_dur ((span name, count) of spans left out
+    #: for a negative, unreadable or out-of-range dur), skipped.
     files: list[dict[str, Any]]
     #: Salvages, dropped events, skipped files: one line each, naming the
     #: file and, where there is one, the byte offset.

@@ -273,7 +273,12 @@ class Recorder:
     def energy_j(self, t0_ns: int, t1_ns: int, gpu: str | int = 0) -> tuple[float, str] | None:
         """Joules GPU ``gpu`` used between two ``time.monotonic_ns()`` instants,
         and the source: ``"energy_counter"`` (the driver's cumulative counter)
-        or ``"integrated_power"`` where that is unsupported. None without data."""
+        or ``"integrated_power"`` where that is unsupported.
+
+        None when there is no reading of that GPU to measure with (no GPU or
+        no NVML, ``sample_hz=0``, a GPU not sampled, or never started):
+        ``sampler_info()["nvml"]`` says why. Not ``(0.0, ...)``, which
+        would read as a measured zero."""
         label = gpu if isinstance(gpu, str) else f"gpu{gpu}"
         return None if self._session is None else self._session.energy_between(label, t0_ns, t1_ns)
 

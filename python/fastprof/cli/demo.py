@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import fastprof
+from fastprof.cli.errors import CommandError
 from fastprof.workloads import make_workload, require_torch
 
 #: The span names the demo records inside each step, in order.
@@ -42,7 +43,6 @@ def resolve_device(name: str | None) -> Any:
     name torch does not know, a device type other than cpu/cuda, or cuda
     where there is no usable GPU is a one-line error, not a traceback from
     inside the loop after the run directory was made."""
-    from fastprof.cli.main import CommandError
 
     torch = require_torch()
     if name is None:
@@ -138,7 +138,6 @@ def train(prof: fastprof.Profiler, steps: int, batch_size: int, workers: int, de
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastprof.cli.main import CommandError
 
     if args.steps < 1:
         raise CommandError("--steps must be at least 1", exit_code=2)

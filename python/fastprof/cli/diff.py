@@ -8,13 +8,18 @@ crossed, 2 on bad input.
 
 Examples:
   fastprof diff runs/baseline runs/candidate --max-slowdown 10%
-  fastprof diff base/reports/report.json new/reports/report.json --max-memory-growth 1%
+  fastprof diff base/reports/report.json new/reports/report.json --max-memory-growth 25%
+
+A report.json is checked against the schema of its schema_version
+(reports/schema/report.v{N}.json) first: an unknown version or a report
+missing a section is bad input (exit 2), never compared.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,9 @@ from rich.console import Console
 from rich.table import Table
 
 from fastprof._core import FastprofError
+from fastprof.cli.errors import CommandError, describe
+from fastprof.reports.finite import number
+from fastprof.reports.report import SCHEMA_DIR
 
 
 def add_parser(verbs: Any) -> None:
@@ -37,7 +45,9 @@ def add_parser(verbs: Any) -> None:
         "--max-slowdown", default="10%", help="fail when throughput drops or step time grows more (default 10%%)"
     )
     p.add_argument(
-        "--max-memory-growth", default=None, help="fail when peak memory grows more, e.g. 1%% (default: off)"
+        "--max-memory-growth",
+        default=None,
+        help="fail when peak memory grows more, e.g. 25%% (default: off; peak RSS of identical CPU runs varies ~10%%)",
     )
     p.add_argument("--warmup-steps", type=int, help="steps left out of the rates (both runs)")
     p.set_defaults(run=run)
@@ -54,8 +64,50 @@ def parse_pct(text: str, flag: str) -> float:
     return v
 
 
+def schema_for(version: Any) -> dict[str, Any] | None:
+    """The checked-in JSON Schema of report ``schema_version`` ``version``
+    (``reports/schema/report.v{N}.json``), None when this fastprof has none."""
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        return None
+    f = SCHEMA_DIR / f"report.v{version}.json"
+    if not f.is_file():
+        return None
+    schema: dict[str, Any] = json.loads(f.read_text())
+    return schema
+
+
+def known_versions() -> list[int]:
+    found = (f.name[len("report.v") : -len(".json")] for f in SCHEMA_DIR.glob("report.v*.json"))
+    return sorted(int(v) for v in found if v.isdigit())
+
+
+def validate(doc: Any, path: str) -> dict[str, Any]:
+    """``doc`` checked against the schema of its own ``schema_version``: one
+    line naming the file and the JSON path of the first violation, exit 2."""
+    import jsonschema
+
+    version = doc.get("schema_version") if isinstance(doc, dict) else None
+    schema = schema_for(version)
+    if schema is None:
+        known = ", ".join(map(str, known_versions()))
+        raise CommandError(
+            f"{path}: unknown report schema_version {version!r} (this fastprof reads {known}): "
+            "rewrite it with this fastprof's `fastprof report`",
+            2,
+        )
+    validator = jsonschema.Draft202012Validator(schema)
+    # The shallowest violation first (a missing section before a bad leaf), then the first in document order.
+    errors = sorted(validator.iter_errors(doc), key=lambda e: (len(e.absolute_path), [str(x) for x in e.path]))
+    if errors:
+        e = errors[0]
+        what = " ".join(e.message.split())
+        if len(what) > 160:
+            what = what[:157] + "..."
+        raise CommandError(f"{path}: not a valid fastprof report v{version}: at {e.json_path}: {what}", 2)
+    return dict(doc)
+
+
 def load_doc(path: str, warmup: int | None) -> dict[str, Any]:
-    from fastprof.cli.main import CommandError, describe
     from fastprof.reports import report
 
     p = Path(path)
@@ -67,7 +119,7 @@ def load_doc(path: str, warmup: int | None) -> dict[str, Any]:
         except (OSError, ValueError) as e:
             raise CommandError(f"{path}: not a fastprof report ({describe(e)})", 2) from None
         if isinstance(doc, dict) and doc.get("schema") == "fastprof.report":
-            return doc
+            return validate(doc, path)
     try:
         return dict(report(p, formats=(), warmup_steps=warmup).data)
     except (FastprofError, ValueError, OSError) as e:
@@ -76,16 +128,18 @@ def load_doc(path: str, warmup: int | None) -> dict[str, Any]:
 
 def _peak_memory(doc: dict[str, Any]) -> tuple[float | None, str]:
     gpus = doc["system"]["gpu"]["devices"]
-    peaks = [d["mem_used_peak_b"] for d in gpus if d.get("mem_used_peak_b") is not None]
+    peaks = [number(d["mem_used_peak_b"]) for d in gpus if d.get("mem_used_peak_b") is not None]
     if peaks:
         return float(max(peaks)), "GPU memory used, peak"
-    rss = [h["rss_peak_b"] for h in doc["system"]["host"] if h.get("rss_peak_b") is not None]
+    rss = [number(h["rss_peak_b"]) for h in doc["system"]["host"] if h.get("rss_peak_b") is not None]
     return (float(max(rss)), "process RSS, peak") if rss else (None, "peak memory")
 
 
 def _energy_per_sample(doc: dict[str, Any]) -> float | None:
     vals = [
-        d["energy_per_sample_j"] for d in doc["system"]["gpu"]["devices"] if d.get("energy_per_sample_j") is not None
+        number(d["energy_per_sample_j"])
+        for d in doc["system"]["gpu"]["devices"]
+        if d.get("energy_per_sample_j") is not None
     ]
     return float(sum(vals)) if vals else None
 
@@ -96,7 +150,9 @@ def _breakdown_means(doc: dict[str, Any]) -> dict[str, float]:
         return {}
     steps = bd["steps"]
     parts = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other")
-    return {f"breakdown {p} (s/step)": sum(float(s[f"{p}_ns"]) for s in steps) / len(steps) / 1e9 for p in parts}
+    return {
+        f"breakdown {p} (s/step)": sum(float(number(s[f"{p}_ns"])) for s in steps) / len(steps) / 1e9 for p in parts
+    }
 
 
 def compare(
@@ -105,8 +161,12 @@ def compare(
     """Rows (measure, base, new, change %, limit, verdict) and the exit code."""
     rows: list[dict[str, Any]] = []
 
-    def add(name: str, b: float | None, n: float | None, worse_if_higher: bool, limit: float | None) -> None:
+    def add(name: str, b: Any, n: Any, worse_if_higher: bool, limit: float | None) -> None:
+        # A report.json spells a non-finite figure as the trace does ("Infinity").
+        b, n = number(b), number(n)
         change = None if b is None or n is None or b == 0 else 100.0 * (n - b) / abs(b)
+        if change is not None and math.isnan(change):
+            change = None
         worse = None if change is None else (change if worse_if_higher else -change)
         failed = limit is not None and worse is not None and worse > limit
         rows.append({"measure": name, "base": b, "new": n, "change_pct": change, "limit_pct": limit, "failed": failed})
@@ -144,7 +204,6 @@ def fmt(v: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastprof.cli.main import CommandError
 
     try:
         max_slowdown = parse_pct(args.max_slowdown, "--max-slowdown")

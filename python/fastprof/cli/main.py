@@ -10,14 +10,9 @@ from collections.abc import Sequence
 from fastprof import __version__
 from fastprof._core import FastprofError
 from fastprof.cli import demo, diff, merge, report, summary
+from fastprof.cli.errors import CommandError, describe
 
-
-class CommandError(Exception):
-    """A failure the CLI reports as one line with an exit code."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+__all__ = ["CommandError", "build_parser", "describe", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,14 +28,6 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_parser(verbs)
     diff.add_parser(verbs)
     return parser
-
-
-def describe(e: BaseException) -> str:
-    """One line for an error: an OSError as "path: cause" (its str() reads
-    "[Errno 2] ...: 'path'"), anything else as its message."""
-    if isinstance(e, OSError) and e.filename is not None:
-        return f"{e.filename}: {e.strerror or e}"
-    return " ".join(str(e).split())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 
 from fastprof._merge import MAX_THREADS, merge
 from fastprof._options import parse_size
+from fastprof.cli.errors import CommandError
 
 THREADS_ENV = "FASTPROF_MERGE_THREADS"
 
@@ -119,7 +120,6 @@ def default_output(inputs: list[str]) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastprof.cli.main import CommandError
 
     try:
         ranks = parse_ranks(args.ranks) if args.ranks else None

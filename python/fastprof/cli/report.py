@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from fastprof._core import FastprofError
+from fastprof.cli.errors import CommandError, describe
+from fastprof.reports.csvout import tables
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -44,13 +46,13 @@ def add_parser(verbs: Any) -> None:
 
 def build(args: argparse.Namespace, out_dir: str | None, formats: tuple[str, ...], progress: bool) -> Any:
     """Run :func:`fastprof.report` for a verb, bad input as one line, exit 2."""
-    from fastprof.cli.main import CommandError, describe
-    from fastprof.reports import report
+    # The public wrapper: it logs to MLflow when FASTPROF_MLFLOW or an active run says so.
+    from fastprof._report import report
 
     if not Path(args.path).exists():
         raise CommandError(f"{args.path}: no such file or directory (expected a run directory or a trace)", exit_code=2)
     try:
-        return report(
+        rep = report(
             args.path,
             out_dir=out_dir,
             formats=formats,
@@ -61,6 +63,11 @@ def build(args: argparse.Namespace, out_dir: str | None, formats: tuple[str, ...
         )
     except (FastprofError, ValueError, OSError) as e:
         raise CommandError(describe(e), exit_code=2) from None
+    # What the report could not take at face value (a salvaged file, spans or
+    # counter samples with hostile numbers): one line each, even with -q.
+    for w in rep.data["source"]["warnings"]:
+        print(f"fastprof {args.verb}: warning: {w}", file=sys.stderr)
+    return rep
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,5 +79,9 @@ def run(args: argparse.Namespace) -> int:
     rep.print(verbose=args.verbose)
     if rep.files:
         print(f"\nwrote {len(rep.files)} files to {rep.files[0].parent} (report.json, report.html, one CSV per table)")
+        empty = [f"{name}.csv" for name, rows in tables(rep.data).items() if not rows]
+        if empty:
+            gpu = rep.data["system"]["gpu"]["reason"]
+            print(f"no rows, so not written: {', '.join(empty)}" + (f" ({gpu})" if "gpus.csv" in empty else ""))
         print(f"compare two runs: fastprof diff {args.path} OTHER_RUN")
     return 0

@@ -1,5 +1,8 @@
 """CSV output: one file per table of the report (``time.csv``, ``steps.csv``,
-``loaders.csv`` ...), a header row and one row per item."""
+``loaders.csv`` ...), a header row and one row per item. A table with no row
+is not written (a file with a header only says less than its absence, and
+the report says why the table is empty: ``system.gpu.reason``,
+``ranks.note``). Non-finite numbers are spelt as the trace spells them."""
 
 from __future__ import annotations
 
@@ -7,6 +10,24 @@ import csv
 import os
 from pathlib import Path
 from typing import Any
+
+from fastprof.reports.finite import encode
+
+#: Every table a report can have, in order (``breakdown`` only with a breakdown).
+TABLES = (
+    "time",
+    "speed",
+    "train_ranks",
+    "loaders",
+    "validation",
+    "gpus",
+    "host",
+    "overhead",
+    "ranks",
+    "slowest_rank_per_step",
+    "recommendations",
+    "breakdown",
+)
 
 
 def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -42,8 +63,11 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 
 def write_csv(doc: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Write one CSV per table that has rows; returns the files written."""
     written = []
-    for name, rows in tables(doc).items():
+    for name, rows in tables(encode(doc)).items():
+        if not rows:
+            continue
         path = out_dir / f"{name}.csv"
         tmp = out_dir / f".{name}.csv.tmp-{os.getpid()}"
         fields: list[str] = []

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from fastprof._columns import Columns, read_columns
 from fastprof._core import FastprofError, FastprofFileNotFoundError
+from fastprof.reports.finite import counter_warnings
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -178,6 +179,7 @@ def load(path: str | os.PathLike[str]) -> RunData:
             run_dir = p.parent
     # Instants are in no report; each unused column is dropped as soon as read.
     cols = read_columns(target, kinds=("spans", "counters"))
+    cols.warnings.extend(counter_warnings(cols))
     for table in (cols.spans, cols.counters):
         for key in _UNUSED:
             table.pop(key, None)

@@ -26,6 +26,7 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from fastprof.reports.data import _CHUNK, F64, HOST_COLUMNS, I64, RunData, host_rows, human_bytes, step_spans
+from fastprof.reports.finite import encode
 
 MAX_POINTS = 2000
 #: Per-step parts beyond this many span names are summed into "other spans".
@@ -517,7 +518,9 @@ def _render(doc: dict[str, Any], data: RunData) -> list[str]:
     _operators(page, data)
     _tables(page, doc)
     # "<", ">" and "&" escaped as JSON \u escapes: the block cannot end early.
-    embedded = json.dumps(doc, allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    embedded = (
+        json.dumps(encode(doc), allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    )
     body = [part for i, p in enumerate(page.parts) for part in ((p,) if i == 0 else ("\n", p))]
     return [
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fastprof._core import ConfigError, __version__
 from fastprof.reports import data as _data
+from fastprof.reports.finite import encode, report_warning
 from fastprof.reports.ranks import ranks_report
 from fastprof.reports.recommendations import recommend
 from fastprof.reports.speed import speed_report
@@ -23,7 +28,10 @@ from fastprof.reports.time import time_report
 SCHEMA_ID = "fastprof.report"
 SCHEMA_VERSION = 1
 FORMATS = ("json", "csv", "html")
-SCHEMA_PATH = Path(__file__).with_name("schema") / "report.v1.json"
+#: One JSON Schema per schema_version: ``report.v{N}.json``.
+SCHEMA_DIR = Path(__file__).with_name("schema")
+#: The schema of the documents this fastprof writes.
+SCHEMA_PATH = SCHEMA_DIR / f"report.v{SCHEMA_VERSION}.json"
 
 
 @dataclass
@@ -43,7 +51,9 @@ class Report:
         return list(self.data["recommendations"]["items"])
 
     def to_json(self) -> str:
-        return json.dumps(self.data, indent=1, allow_nan=False)
+        """The document as report.json holds it (non-finite numbers spelt as
+        the trace spells them, see :mod:`fastprof.reports.finite`)."""
+        return json.dumps(encode(self.data), indent=1, allow_nan=False)
 
     def print(self, verbose: bool = False, file: Any = None) -> None:
         """Print the key tables (rich) to ``file`` (stdout by default)."""
@@ -94,8 +104,22 @@ def build_from(
     batch_size: int | None = None,
     tick: _Progress | None = None,
 ) -> dict[str, Any]:
-    """The report document of a run already read (:func:`fastprof.reports.data.load`)."""
-    tick = tick or _Progress(False)
+    """The report document of a run already read (:func:`fastprof.reports.data.load`).
+
+    Every value the recorder accepts goes through: a non-finite counter
+    sample or an overflow leaves a non-finite float in the document (numpy
+    says nothing of it here), and ``source.warnings`` names each one."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        doc = _build_from(data, verbose, warmup_steps, batch_size, tick or _Progress(False))
+    said = report_warning(doc)
+    if said is not None:
+        doc["source"]["warnings"].append(said)
+    return doc
+
+
+def _build_from(
+    data: _data.RunData, verbose: bool, warmup_steps: int | None, batch_size: int | None, tick: _Progress
+) -> dict[str, Any]:
     t = time_report(data, verbose=verbose)
     tick("time report")
     speed = speed_report(data, warmup_steps, batch_size)
@@ -150,7 +174,6 @@ def report(
     *,
     warmup_steps: int | None = None,
     batch_size: int | None = None,
-    mlflow: bool | None = None,
 ) -> Report:
     """Build the reports of a run directory or a single trace and write them.
 
@@ -162,17 +185,15 @@ def report(
     ``warmup_steps``: steps left out of the rates (default: the schedule's
     skip_first, else 1). ``batch_size``: samples per step, for samples/s
     (default: a ``batch_size`` counter in the trace, else unknown).
-    ``progress``: print each stage's time on stderr. ``mlflow``: log the
-    written files as artifacts and the headline numbers as metrics into the
-    active MLflow run (:func:`fastprof.integrations.mlflow.log_report`):
-    None (default) when mlflow is imported and a run is active, True always
-    (a :class:`fastprof.ConfigError` when mlflow is not installed), False
-    never; with None, ``FASTPROF_MLFLOW`` (auto, 1/0) decides. A failure to
-    log is one :class:`fastprof.FastprofWarning`; the files are written.
+    ``progress``: print each stage's time on stderr. Logging to MLflow is
+    the caller's (:func:`fastprof.report` does it); reports never import an
+    integration.
 
     Raises :class:`fastprof.FastprofFileNotFoundError` for a missing path,
     :class:`fastprof.TraceError` for a file that is not a trace, and
-    :class:`fastprof.ConfigError` for a bad option.
+    :class:`fastprof.ConfigError` for a bad option, and :class:`OSError`
+    naming ``out_dir`` when the files cannot be written (then none is: the
+    folder is as it was before).
     """
     fmts = [formats] if isinstance(formats, str) else list(formats)
     bad = [f for f in fmts if f not in FORMATS]
@@ -183,9 +204,6 @@ def report(
             raise ConfigError(
                 f"invalid option {opt}: expected an integer >= {0 if opt == 'warmup_steps' else 1}, got {v!r}"
             )
-    from fastprof.integrations import mlflow as _mlflow
-
-    log_to_mlflow = _mlflow.check_option(mlflow)
     tick = _Progress(progress)
     tick(f"reading {path}")
     data = _data.load(path)
@@ -194,20 +212,48 @@ def report(
     rep = Report(doc)
     if fmts:
         out = Path(out_dir) if out_dir is not None else default_out_dir(path)
-        out.mkdir(parents=True, exist_ok=True)
-        if "json" in fmts:
-            from fastprof.reports.jsonout import write_json
-
-            rep.files.append(write_json(doc, out))
-        if "csv" in fmts:
-            from fastprof.reports.csvout import write_csv
-
-            rep.files.extend(write_csv(doc, out))
-        if "html" in fmts:
-            from fastprof.reports.html import write_html
-
-            rep.files.append(write_html(doc, data, out))
-            tick("report.html")
-    if _mlflow.auto_log(rep, log_to_mlflow) is not None:
-        tick("logged to MLflow")
+        rep.files = _write(doc, data, out, fmts, tick)
     return rep
+
+
+def _write(doc: dict[str, Any], data: _data.RunData, out: Path, fmts: list[str], tick: _Progress) -> list[Path]:
+    """Write the files into a hidden directory beside ``out``, then move them
+    in: a failure leaves ``out`` as it was (not created, or holding the last
+    complete report), never an empty or half-written reports folder."""
+    from fastprof.reports.csvout import TABLES, write_csv
+    from fastprof.reports.html import write_html
+    from fastprof.reports.jsonout import write_json
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # A temporary name as every fastprof output has one (``.tmp-PID`` last).
+    tmp = out.parent / f".{out.name}.{secrets.token_hex(4)}.tmp-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        names: list[str] = []
+        if "json" in fmts:
+            names.append(write_json(doc, tmp).name)
+        if "csv" in fmts:
+            names.extend(p.name for p in write_csv(doc, tmp))
+        if "html" in fmts:
+            names.append(write_html(doc, data, tmp).name)
+            tick("report.html")
+        if not out.exists():
+            os.rename(tmp, out)
+            return [out / n for n in names]
+        # ``out`` may hold other files (``-o .``): replace ours one by one, and
+        # in an earlier report's folder drop a table this one has no rows for.
+        earlier = (out / "report.json").is_file()
+        for n in names:
+            os.replace(tmp / n, out / n)
+        if "csv" in fmts and earlier:
+            for t in TABLES:
+                if f"{t}.csv" not in names:
+                    (out / f"{t}.csv").unlink(missing_ok=True)
+        return [out / n for n in names]
+    except OSError as e:
+        # Named by the folder asked for (a write error has no file name, and
+        # the temporary one is gone): "<out>: File too large (nothing written)".
+        left = "the earlier report there is left as it was" if out.exists() else "nothing written"
+        raise OSError(e.errno, f"{e.strerror or e} ({left})", str(out)) from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

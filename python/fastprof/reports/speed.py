@@ -25,15 +25,28 @@ def warmup_steps(data: RunData, given: int | None) -> tuple[int, str]:
     return 1, "default: the first step (one-time setup costs)"
 
 
+#: The largest batch size a counter may give: past 2**53 a float64 no longer
+#: holds every whole number, so the value cannot be a count of samples.
+MAX_BATCH = 2**53
+
+
 def batch_size(data: RunData, given: int | None) -> tuple[int | None, str]:
     if given is not None:
         return int(given), "given (batch_size)"
+    unknown = "unknown: pass batch_size= (or --batch-size), or record a 'batch_size' counter"
     for name in ("batch_size", "loader.train.batch_size"):
         for r in data.ranks:
             _ts, v = data.counter(name, r)
-            if len(v) and v[-1] > 0:
-                return int(v[-1]), f"counter {name!r}"
-    return None, "unknown: pass batch_size= (or --batch-size), or record a 'batch_size' counter"
+            if not len(v) or not v[-1] > 0:
+                continue
+            last = float(v[-1])
+            if last > MAX_BATCH or not last.is_integer():
+                # NaN and inf fail both tests too (inf > MAX_BATCH; NaN is not > 0 above).
+                why = f"counter {name!r} on rank {r} ends at {last:g}, not a whole number from 1 to 2**53"
+                data.cols.warnings.append(f"{why}: not used as the batch size")
+                return None, f"{unknown} ({why})"
+            return int(last), f"counter {name!r}"
+    return None, unknown
 
 
 def _dist(x: np.ndarray[Any, np.dtype[np.float64]]) -> dict[str, Any]:

@@ -153,7 +153,7 @@ def _host(data: RunData, r: int) -> dict[str, Any]:
         "process_cpu_mean_pct": float(proc.mean()) if n else None,
         "process_cpu_max_pct": float(proc.max()) if n else None,
         "rss_peak_b": float(rss.max()) if len(rss) else None,
-        "workers_max": int(wcount.max()) if len(wcount) else None,
+        "workers_max": int(wcount.max()) if len(wcount) and np.isfinite(wcount.max()) else None,
         "workers_cpu_mean_pct": w_mean,
         "workers_cpu_max_pct": w_max,
         "workers_rss_peak_b": float(wrss.max()) if len(wrss) else None,

@@ -65,6 +65,8 @@ pub(crate) fn file_dicts(py: Python<'_>, files: Vec<FileInfo>) -> PyResult<Vec<B
             fd.set_item("offset_ns", f.offset_ns)?;
             fd.set_item("events", f.events)?;
             fd.set_item("salvaged", f.salvaged)?;
+            fd.set_item("cut", f.cut)?;
+            fd.set_item("bad_dur", f.bad_dur)?;
             fd.set_item("skipped", f.skipped)?;
             Ok(fd)
         })

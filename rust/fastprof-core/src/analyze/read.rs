@@ -76,6 +76,8 @@ struct FileRecords {
     step_ordinal: HashMap<i64, i64>,
     /// `deviceProperties`: device id -> SM count.
     sms: HashMap<i64, f32>,
+    /// X events left out for a negative, unreadable or out-of-range `dur`.
+    bad_dur: u64,
 }
 
 pub(crate) struct Reading {
@@ -192,6 +194,13 @@ impl Reading {
                 s.unused_bytes
             ));
         }
+        if recs.bad_dur > 0 {
+            self.warnings.push(format!(
+                "{}: {} X events with a negative, out-of-range or unreadable dur were left out",
+                path.display(),
+                recs.bad_dur
+            ));
+        }
         meta.settle_offset(&mut self.rank_offsets);
         if let Some(w) = meta.time_base_warning() {
             self.warnings.push(w);
@@ -251,7 +260,11 @@ fn event(meta: &mut FileMeta, recs: &mut FileRecords, f: &Fields, raw: &[u8]) {
         return;
     };
     meta.note_ts(ts);
-    let dur = f.dur_ns(raw);
+    // Left out, as the columns leave it out: a bad dur is no 0 s step.
+    let Some(dur) = f.dur_checked(raw) else {
+        recs.bad_dur += 1;
+        return;
+    };
     let name = get(&f.name).map(text).unwrap_or_default();
     let cat = get(&f.cat).map(text).unwrap_or_default();
     let fastprof = matches!(meta.info.kind, "fastprof" | "merged");

@@ -158,6 +158,14 @@ pub struct FileInfo {
     /// Events the scanner yielded.
     pub events: u64,
     pub salvaged: bool,
+    /// Where a salvaged file was cut: the byte of the decompressed text just
+    /// after the last value used, and why reading stopped there.
+    pub cut: Option<(u64, String)>,
+    /// Spans left out for a hostile `dur` (negative, not a number in range,
+    /// or longer than [`scan::MAX_DUR_NS`]; an E before its B): (name, count), by
+    /// name. Left out rather than read as 0 s, which would pass for a real
+    /// (and very fast) span in every statistic.
+    pub bad_dur: Vec<(String, u64)>,
     /// Why the file was not used (a previous merge output next to its
     /// inputs, or a file in a directory that is not a trace).
     pub skipped: Option<String>,
@@ -249,6 +257,8 @@ impl FileInfo {
             offset_ns: 0,
             events: 0,
             salvaged: false,
+            cut: None,
+            bad_dur: Vec::new(),
             skipped: None,
         }
     }
@@ -340,6 +350,8 @@ struct FileScan {
     first_marker: usize,
     open: HashMap<(i64, i64), Vec<Open>>,
     step_ordinal: HashMap<i64, i64>,
+    /// Name id -> spans left out for a hostile `dur`.
+    bad_dur: HashMap<u32, u64>,
     bad_ts: u64,
     bad_ids: u64,
     unpaired: u64,
@@ -376,6 +388,7 @@ impl<'o> Reading<'o> {
             first_marker: self.markers.len(),
             open: HashMap::new(),
             step_ordinal: HashMap::new(),
+            bad_dur: HashMap::new(),
             bad_ts: 0,
             bad_ids: 0,
             unpaired: 0,
@@ -412,10 +425,26 @@ impl<'o> Reading<'o> {
         self.out.warnings.extend(sc.warnings().iter().cloned());
         if let Some(s) = sc.salvage() {
             fs.meta.info.salvaged = true;
+            fs.meta.info.cut = Some((s.offset, s.reason.clone()));
             self.out.warnings.push(format!(
-                "{name}: salvaged: {} at byte {}; {} bytes after it unused",
-                s.reason, s.offset, s.unused_bytes
+                "{name}: salvaged a cut file: kept the {} events before byte {} of its text, {} bytes after it unused ({})",
+                fs.meta.info.events, s.offset, s.unused_bytes, s.reason
             ));
+        }
+        if !fs.bad_dur.is_empty() {
+            let mut bad: Vec<(String, u64)> = fs
+                .bad_dur
+                .iter()
+                .map(|(&id, &n)| (self.names.strings[id as usize].clone(), n))
+                .collect();
+            bad.sort();
+            let total: u64 = bad.iter().map(|(_, n)| n).sum();
+            let listed: Vec<String> = bad.iter().map(|(n, c)| format!("{n:?} x{c}")).collect();
+            self.out.warnings.push(format!(
+                "{name}: {total} spans with a negative, out-of-range or unreadable dur were left out ({})",
+                listed.join(", ")
+            ));
+            fs.meta.info.bad_dur = bad;
         }
         for (n, what) in [
             (fs.bad_ts, "events without a readable ts were left out"),
@@ -493,10 +522,11 @@ impl<'o> Reading<'o> {
         if ph == b"E" {
             // Closes the innermost B of its thread, whatever its own name says.
             match fs.open.get_mut(&(pid, tid)).and_then(Vec::pop) {
+                Some(o) if o.keep && ts < o.ts => *fs.bad_dur.entry(o.name).or_default() += 1,
                 Some(o) if o.keep => {
                     let t = &mut self.out.spans;
                     push_row(t, o.name, o.cat, o.ts, pid, tid, file);
-                    t.dur.push((ts - o.ts).max(0));
+                    t.dur.push(ts - o.ts);
                 }
                 Some(_) => {}
                 None => fs.unpaired += 1,
@@ -525,6 +555,7 @@ impl<'o> Reading<'o> {
         }
         let (name_id, cat_id) = (self.names.id(&name), self.cats.id(&cat));
         match kind {
+            0 if f.dur_checked(raw).is_none() => *fs.bad_dur.entry(name_id).or_default() += 1,
             0 => {
                 push_row(&mut self.out.spans, name_id, cat_id, ts, pid, tid, file);
                 self.out.spans.dur.push(dur);

@@ -391,3 +391,60 @@ fn a_truncated_segment_is_salvaged() {
         c.warnings
     );
 }
+
+#[test]
+fn hostile_durations_are_left_out_and_named() {
+    let d = dir("hostile-dur");
+    let p = write(
+        &d.join("t.json"),
+        r#"{"traceEvents":[
+{"ph":"X","name":"step","pid":1,"tid":1,"ts":10,"dur":5},
+{"ph":"X","name":"step","pid":1,"tid":1,"ts":20,"dur":1e300},
+{"ph":"X","name":"step","pid":1,"tid":1,"ts":30,"dur":-3},
+{"ph":"X","name":"fwd","pid":1,"tid":1,"ts":40,"dur":"soon"},
+{"ph":"X","name":"fwd","pid":1,"tid":1,"ts":50,"dur":2e15},
+{"ph":"X","name":"fwd","pid":1,"tid":1,"ts":60},
+{"ph":"B","name":"bwd","pid":1,"tid":1,"ts":80},
+{"ph":"E","pid":1,"tid":1,"ts":70}
+]}"#,
+    );
+    let c = read(std::slice::from_ref(&p), &ColumnsOptions::default());
+    // Kept: the 5 µs step and the fwd without a dur (0 s, as viewers read it).
+    assert_eq!(names_of(&c, &c.spans.name), ["step", "fwd"]);
+    assert_eq!(c.spans.dur, [5_000, 0]);
+    assert_eq!(
+        c.files[0].bad_dur,
+        [
+            ("bwd".to_string(), 1),
+            ("fwd".to_string(), 2),
+            ("step".to_string(), 2)
+        ]
+    );
+    let said: Vec<&String> = c.warnings.iter().filter(|w| w.contains(" dur ")).collect();
+    assert_eq!(said.len(), 1, "{:?}", c.warnings);
+    assert!(
+        said[0].contains("5 spans with a negative") && said[0].contains(r#""step" x2"#),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn a_cut_file_says_where() {
+    let d = dir("cut");
+    let full = fastprof_segment(0, 0);
+    let at = full.find(r#"{"ph":"i""#).unwrap();
+    let p = write(&d.join("rank0/fastprof.0.json.gz.part"), &full[..at + 10]);
+    let c = read(std::slice::from_ref(&p), &ColumnsOptions::default());
+    let (byte, why) = c.files[0].cut.clone().expect("a cut");
+    assert!(c.files[0].salvaged);
+    assert!(byte > 0 && byte <= at as u64, "{byte} {at}");
+    assert!(!why.is_empty());
+    assert_eq!(names_of(&c, &c.spans.name), ["step", "forward"]);
+    let kept = format!("kept the {} events before byte {byte} ", c.files[0].events);
+    assert!(
+        c.warnings.iter().any(|w| w.contains(&kept)),
+        "{:?}",
+        c.warnings
+    );
+}

@@ -24,7 +24,23 @@ pub struct Fields {
     pub args: Option<Range<usize>>,
 }
 
+/// Longest span duration taken as real: about 31.7 years. Anything longer
+/// is a writer's bug (or a hostile file), and `ts + dur` stays far from
+/// overflowing i64 for any epoch timestamp.
+pub const MAX_DUR_NS: i64 = 1_000_000_000_000_000_000;
+
 impl Fields {
+    /// The event's `dur` in integer ns for a reader that must not take a
+    /// bad one as 0 s: 0 when absent (an instant-long span, as viewers read
+    /// it), None when present but negative, unreadable, not a number in
+    /// range or longer than [`MAX_DUR_NS`] (a span to leave out and count).
+    pub fn dur_checked(&self, raw: &[u8]) -> Option<i64> {
+        match self.dur.clone() {
+            None => Some(0),
+            Some(r) => parse_us_to_ns(&raw[r]).filter(|d| (0..=MAX_DUR_NS).contains(d)),
+        }
+    }
+
     /// The event's `ts` in integer ns (see [`parse_us_to_ns`]); None when it
     /// has none or it is not a number in range. `raw` is the event these
     /// fields were parsed from.

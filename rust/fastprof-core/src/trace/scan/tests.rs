@@ -606,3 +606,27 @@ fn entries_of_an_object_with_nested_values() {
         assert!(!for_each_entry(bad, |_, _| {}), "{bad:?}");
     }
 }
+
+#[test]
+fn a_bad_dur_is_none_never_zero() {
+    let dur = |e: &str| {
+        Fields::parse(e.as_bytes())
+            .unwrap()
+            .dur_checked(e.as_bytes())
+    };
+    assert_eq!(dur(r#"{"ph":"X","ts":1,"dur":2.5}"#), Some(2_500));
+    assert_eq!(dur(r#"{"ph":"X","ts":1}"#), Some(0));
+    assert_eq!(dur(r#"{"ph":"X","ts":1,"dur":0}"#), Some(0));
+    for bad in ["-3", "1e300", "\"soon\"", "null", "2e15"] {
+        assert_eq!(
+            dur(&format!(r#"{{"ph":"X","ts":1,"dur":{bad}}}"#)),
+            None,
+            "{bad}"
+        );
+    }
+    // The longest kept: MAX_DUR_NS exactly (1e15 µs).
+    assert_eq!(
+        dur(r#"{"ph":"X","ts":1,"dur":1000000000000000}"#),
+        Some(MAX_DUR_NS)
+    );
+}
