@@ -57,6 +57,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import sys
 import threading
 import time
@@ -70,6 +72,7 @@ from fastprof import _core, _dist
 from fastprof._core import ConfigError, FastprofWarning
 from fastprof._options import Option, _bool, _float, _value
 from fastprof._recorder import Recorder, current
+from fastprof.profiler import exits as _exits
 from fastprof.profiler import schedule as _schedule
 from fastprof.profiler.schedule import Action, Schedule
 from fastprof.profiler.torch_windows import TorchWindows, WindowDriver
@@ -79,6 +82,9 @@ __all__ = ["OPTIONS", "Profiler"]
 T = TypeVar("T")
 _UNSET: Any = object()
 _DONE_MARKER = ".fastprof-done"
+#: Seconds the closing clock sync may wait for the other ranks (the start sync
+#: alone is enough to merge; a rank that never arrives costs this, not 60 s).
+END_SYNC_TIMEOUT_S = 5.0
 #: Numeric levels of the profiler.action counter track.
 _ACTION_LEVEL = {
     Action.SKIP_FIRST: 0,
@@ -250,6 +256,7 @@ class Profiler:
         self._driver: WindowDriver | None = None
         self._syncs: dict[str, Any] = {}
         self._sync_start: _dist.ClockSync | None = None
+        self._exit_reason: str | None = None
         self.trace_path: Path | None = None
         self.merge_summary: dict[str, Any] | None = None
         self.steps_by_optimizer = 0
@@ -334,6 +341,7 @@ class Profiler:
             self.recorder.start()
         self._state = "running"
         self._thread_id = threading.get_ident()
+        _exits.register(self)
         if self.sync_clocks_enabled:
             self._sync("start")
         self._install_optimizer_hook()
@@ -354,9 +362,21 @@ class Profiler:
         exports, stop the recorder (if the profiler started it), write
         ``profiler.json`` and the unified trace. Returns the unified trace's
         path (None when not written). Never raises for a profiling failure."""
+        return self._close(None)
+
+    def _close(self, reason: str | None) -> Path | None:
+        """:meth:`stop`, for a normal end (``reason`` None) or a way out that
+        is not one: ``"exception: <type>"`` (an exception leaves the ``with``
+        block or Lightning's fit), ``"exit"`` (interpreter exit with the
+        Profiler still running), ``"SIGTERM"``. Leaving by any of those runs
+        no collective (the closing clock sync is skipped: the start sync is
+        enough to merge) and waits for no other rank; at exit and on SIGTERM
+        the exports get a bounded wait, and on SIGTERM nothing is merged."""
         if self._state != "running":
             return self.trace_path
         self._state = "stopping"
+        self._exit_reason = reason
+        abrupt = reason in ("exit", "SIGTERM")
         try:
             if self._opt_handle is not None:
                 self._opt_handle.remove()
@@ -369,34 +389,37 @@ class Profiler:
                 self._driver.close()
             if self._paused_by_gate and self.recorder.active:
                 self.recorder.resume()
-            if self.sync_clocks_enabled:
-                self._sync("end")
-            exports_done = self._driver is None or self._driver.wait(self.merge_timeout)
+            if self.sync_clocks_enabled and reason is None:
+                self._sync("end", timeout=END_SYNC_TIMEOUT_S)
+            elif self.sync_clocks_enabled and _dist._initialized() is not None:
+                self._syncs["end"] = {"skipped": reason}
+            wait_s = min(self.merge_timeout, _exits.SIGNAL_EXPORT_WAIT_S) if abrupt else self.merge_timeout
+            exports_done = self._driver is None or self._driver.wait(wait_s)
             for message in [] if self._driver is None else self._driver.errors:
-                warnings.warn(f"fastprof: {message}", FastprofWarning, stacklevel=2)
+                warnings.warn(f"fastprof: {message}", FastprofWarning, stacklevel=3)
             if not exports_done:
                 warnings.warn(
-                    f"fastprof: torch window exports still running after {self.merge_timeout:g} s; "
-                    "the unified trace may miss them",
+                    f"fastprof: torch window exports still running after {wait_s:g} s; the unified trace may miss them",
                     FastprofWarning,
-                    stacklevel=2,
+                    stacklevel=3,
                 )
             self._stop_persistent_workers()
             if self._owns_recorder and self.recorder.active:
                 self.recorder.stop()
             self._write_summary()
-            self._finish()
+            self._finish(wait=reason is None, merged=reason != "SIGTERM")
         except Exception as e:  # noqa: BLE001 - profiling never takes the job down
-            warnings.warn(f"fastprof: Profiler.stop failed: {type(e).__name__}: {e}", FastprofWarning, stacklevel=2)
+            warnings.warn(f"fastprof: Profiler.stop failed: {type(e).__name__}: {e}", FastprofWarning, stacklevel=3)
         finally:
             self._state = "stopped"
+            _exits.unregister(self)
         return self.trace_path
 
     def __enter__(self) -> Profiler:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        self._close(_exception_reason(exc))
 
     def __repr__(self) -> str:
         return f"<fastprof.Profiler {self._state} run_dir={str(self.run_dir)!r} step={self.batch}>"
@@ -595,12 +618,12 @@ class Profiler:
 
     # ---------------------------------------------------------------- clocks
 
-    def _sync(self, phase: str) -> None:
+    def _sync(self, phase: str, timeout: float = 60.0) -> None:
         dist = _dist._initialized()
         if dist is None or dist.get_world_size() < 2:
             return
         try:
-            sync = _dist.sync_clocks()
+            sync = _dist.sync_clocks(timeout=timeout)
         except Exception as e:  # noqa: BLE001
             self._internal_error(f"clock sync ({phase})", e)
             return
@@ -632,14 +655,19 @@ class Profiler:
             if self._driver is None
             else {"config": repr(self.torch_windows), "failed": self._driver.failed, "windows": self.windows},
             "clock_sync": self._syncs,
+            # How the run ended: "stop", "exception: <type>", "exit" or "SIGTERM".
+            "exit": self._exit_reason or "stop",
         }
         self.rank_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.rank_dir / f".profiler.json.tmp-{os.getpid()}"
         tmp.write_text(json.dumps(summary, indent=1, default=str))
         os.replace(tmp, self.rank_dir / "profiler.json")
 
-    def _finish(self) -> None:
-        """Say this rank is done; rank 0 waits for the others and merges."""
+    def _finish(self, wait: bool = True, merged: bool = True) -> None:
+        """Say this rank is done; rank 0 waits for the others and merges.
+        ``wait=False`` (a way out that is not a normal end): rank 0 merges only
+        when every rank is already done, else says how to merge later;
+        ``merged=False``: nothing is merged."""
         (self.rank_dir / _DONE_MARKER).write_text(str(os.getpid()))
         world = int(self.recorder.options.world_size)
         store = _store()
@@ -649,16 +677,23 @@ class Profiler:
                 store.set(key + str(self.rank), "1")
             except Exception:  # noqa: BLE001 - the store may already be gone; marker files remain
                 store = None
-        if not self.merge_enabled or not self._owns_recorder or self.rank != 0:
+        if not self.merge_enabled or not self._owns_recorder or self.rank != 0 or not merged:
             return
-        missing = self._wait_for_ranks(world, store, key)
+        missing = self._wait_for_ranks(world, store, key, self.merge_timeout if wait else 0.0)
+        if missing and not wait:
+            print(
+                f"fastprof: rank(s) {', '.join(map(str, missing))} not done at {self._exit_reason}; "
+                f"build the unified trace when they are with: {merge_command(self.run_dir)}",
+                file=sys.stderr,
+            )
+            return
         if missing:
             warnings.warn(
                 f"fastprof: rank(s) {', '.join(map(str, missing))} did not finish within "
                 f"{self.merge_timeout:g} s (merge_timeout); the unified trace holds the others. "
                 f"Redo it later with: fastprof merge {self.run_dir} -o {self.run_dir / 'trace.json.gz'} --force",
                 FastprofWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
         inputs = _merge_inputs(self.run_dir)
         if not inputs:
@@ -669,8 +704,8 @@ class Profiler:
         self.merge_summary = merge(inputs, out, force=True)
         self.trace_path = out
 
-    def _wait_for_ranks(self, world: int, store: Any, key: str) -> list[int]:
-        deadline = time.monotonic() + self.merge_timeout
+    def _wait_for_ranks(self, world: int, store: Any, key: str, timeout: float) -> list[int]:
+        deadline = time.monotonic() + timeout
         pending = set(range(world)) - {self.rank}
         while pending:
             for r in sorted(pending):
@@ -686,6 +721,14 @@ class Profiler:
                 break
             time.sleep(0.05)
         return sorted(pending)
+
+
+def _exception_reason(exc: BaseException | None) -> str | None:
+    """None for a normal end (no exception, or ``sys.exit(0)``), else the
+    reason :meth:`Profiler._close` records."""
+    if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
+        return None
+    return f"exception: {type(exc).__name__}"
 
 
 def _store() -> Any:
@@ -713,6 +756,26 @@ def _merge_inputs(run_dir: Path) -> list[str]:
                 if f.endswith((".json", ".json.gz")) or (f.startswith("fastprof.") and f.endswith(".json.gz.part")):
                     out.append(os.path.join(root, f))
     return out
+
+
+def merge_command(run_dir: Path) -> str:
+    """A ``fastprof merge`` command line that builds ``run_dir``'s unified
+    trace from what is there now and from what other ranks add later: one
+    quoted glob (expanded by the CLI, any shell) per kind of trace file found,
+    ``rank{R}`` widened to every rank and numbers to any, fastprof segments
+    also when left open (``.part``)."""
+    patterns: dict[str, None] = {}
+    for f in _merge_inputs(run_dir):
+        rel = Path(f).relative_to(run_dir)
+        head = re.sub(r"^rank\d+$", "rank*", rel.parts[0])
+        name = re.sub(r"\d+", "*", re.sub(r"\.part$", "", rel.name))
+        if name.endswith(".json.gz"):
+            name += "*"
+        patterns[str(Path(run_dir, head, *rel.parts[1:-1], name))] = None
+    out = run_dir / "trace.json.gz"
+    if not patterns:
+        return f"fastprof merge {shlex.quote(str(run_dir))}"
+    return " ".join(["fastprof merge", *map(shlex.quote, patterns), "-o", shlex.quote(str(out)), "--force"])
 
 
 def _torch_importable() -> bool:
