@@ -1,7 +1,8 @@
 """Ways out of a profiled training job keep the job's exit code and the data
 (:mod:`fastprof.profiler.exits`): real subprocesses with a real torch window
 open, real ``sys.exit``/exceptions, real SIGTERM (with and without the job's
-own handler), Lightning's exception path, torchrun.
+own handler), Lightning's exception path, torchrun, a run directory that
+cannot be written, and a file size limit hit while a window is exported.
 """
 
 from __future__ import annotations
@@ -328,3 +329,55 @@ def test_torchrun_sigterm_to_the_launcher_saves_every_rank(tmp_path):
     doc = _merge_as_hinted(stderr, run)
     steps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
     assert len({e["pid"] for e in steps}) == 2  # both ranks' windows, one process track each
+
+
+# ------------------------------------------------------- unwritable run dirs
+
+
+def test_unwritable_out_dir_warns_and_trains_on(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("a file where the run directory's parent should be")
+    out = blocker / "runs"
+    prof = fastprof.Profiler(out, "r", sample_hz=0)
+    with pytest.warns(fastprof.FastprofWarning, match=str(out)) as caught:
+        with prof:
+            seen = [x for x in prof.loader(range(5))]
+            for _ in range(3):
+                prof.step()
+    assert seen == list(range(5))
+    assert len([w for w in caught if issubclass(w.category, fastprof.FastprofWarning)]) == 1
+    assert prof.batch == 0 and prof.trace_path is None
+    assert fastprof.current() is None
+
+
+FULL_DISK = """
+import resource, signal, sys, warnings
+import torch
+import fastprof
+
+warnings.simplefilter("always")
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+windows = [(i, i + 1) for i in range(0, 40, 2)]
+prof = fastprof.Profiler(sys.argv[1], "r", schedule=fastprof.schedule.steps(windows, warmup=0), sample_hz=0,
+                         flush_interval=60)
+model = torch.nn.Linear(8, 8)
+with prof:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), int(sys.argv[2])))
+    for i in range(40):
+        model(torch.randn(4, 8)).sum().backward()
+        prof.step()
+print("trained", flush=True)
+"""
+
+
+def test_full_disk_in_window_exports_warns_once_and_leaves_nothing(tmp_path, pyscript):
+    proc = pyscript.run(FULL_DISK, str(tmp_path / "out"), "8192", timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "trained"
+    window_warnings = [line for line in proc.stderr.splitlines() if "writing torch window" in line]
+    assert len(window_warnings) == 1, proc.stderr[-3000:]
+    assert "FileNotFoundError" not in proc.stderr
+    assert "disk full" in window_warnings[0] or "size limit" in window_warnings[0]
+    leftovers = [p for p in (tmp_path / "out").rglob("*") if ".tmp" in p.name]
+    assert leftovers == []
+    assert not list((tmp_path / "out").rglob("*.pt.trace.json*"))

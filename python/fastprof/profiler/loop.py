@@ -327,18 +327,32 @@ class Profiler:
         if self._state != "new":
             raise ConfigError("a Profiler runs once; make a new one for another run")
         variables = self._variables()
-        if self.torch_windows is not None:
-            level = int(self.recorder.options.compression_level)
-            self._driver = WindowDriver(self.torch_windows, self.run_dir, variables, compression_level=level)
-            self._driver.check_folder()
-        d = self.dist
-        info: dict[str, Any] = {"rank": self.rank, "world_size": int(self.recorder.options.world_size)}
-        if d.backend:
-            info["backend"] = d.backend
-        if self._owns_recorder:
-            self.recorder.metadata.setdefault("distributedInfo", info)
-            self.recorder.metadata["profiler"] = self._config()
-            self.recorder.start()
+        try:
+            if self.torch_windows is not None:
+                level = int(self.recorder.options.compression_level)
+                self._driver = WindowDriver(self.torch_windows, self.run_dir, variables, compression_level=level)
+                self._driver.check_folder()
+            d = self.dist
+            info: dict[str, Any] = {"rank": self.rank, "world_size": int(self.recorder.options.world_size)}
+            if d.backend:
+                info["backend"] = d.backend
+            if self._owns_recorder:
+                self.recorder.metadata.setdefault("distributedInfo", info)
+                self.recorder.metadata["profiler"] = self._config()
+                self.recorder.start()
+        except OSError as e:
+            # The run directory cannot be written (read-only, a file in the
+            # way, no space): profiling never takes the job down. Training
+            # goes on unrecorded; every method of this Profiler passes through.
+            self._driver = None
+            self._state = "disabled"
+            warnings.warn(
+                f"fastprof: cannot write the run directory {self.run_dir} ({type(e).__name__}: {e}); "
+                "training goes on without profiling",
+                FastprofWarning,
+                stacklevel=2,
+            )
+            return self
         self._state = "running"
         self._thread_id = threading.get_ident()
         _exits.register(self)
@@ -395,8 +409,10 @@ class Profiler:
                 self._syncs["end"] = {"skipped": reason}
             wait_s = min(self.merge_timeout, _exits.SIGNAL_EXPORT_WAIT_S) if abrupt else self.merge_timeout
             exports_done = self._driver is None or self._driver.wait(wait_s)
-            for message in [] if self._driver is None else self._driver.errors:
-                warnings.warn(f"fastprof: {message}", FastprofWarning, stacklevel=3)
+            if self._driver is not None and self._driver.errors:
+                errors = self._driver.errors
+                more = f" (and {len(errors) - 1} more: see profiler.json)" if len(errors) > 1 else ""
+                warnings.warn(f"fastprof: {errors[0]}{more}", FastprofWarning, stacklevel=3)
             if not exports_done:
                 warnings.warn(
                     f"fastprof: torch window exports still running after {wait_s:g} s; the unified trace may miss them",
@@ -660,8 +676,11 @@ class Profiler:
         }
         self.rank_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.rank_dir / f".profiler.json.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps(summary, indent=1, default=str))
-        os.replace(tmp, self.rank_dir / "profiler.json")
+        try:
+            tmp.write_text(json.dumps(summary, indent=1, default=str))
+            os.replace(tmp, self.rank_dir / "profiler.json")
+        finally:
+            tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file
 
     def _finish(self, wait: bool = True, merged: bool = True) -> None:
         """Say this rank is done; rank 0 waits for the others and merges.
