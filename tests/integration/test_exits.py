@@ -181,6 +181,55 @@ def test_sigterm_runs_the_jobs_own_handler(mode, tmp_path):
     _assert_saved(tmp_path / "out" / "r", "SIGTERM" if mode == "handler_before" else "exit")
 
 
+# The job's own schedule function runs inside the core's step loop (its
+# callback into the Profiler): a SIGTERM that lands there, as a preemption
+# can, must save the run and leave the job's handler in charge.
+IN_SCHEDULE = """
+import os, signal, sys
+import torch
+import fastprof
+from fastprof.profiler.schedule import Action
+
+out, mode = sys.argv[1], sys.argv[2]
+
+
+def handler(signum, frame):
+    sys.exit(7)
+
+
+if mode == "handler":
+    signal.signal(signal.SIGTERM, handler)
+
+
+def sched(step):
+    if step == 5:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return Action.ACTIVE if step >= 2 else Action.WAIT
+
+
+model = torch.nn.Linear(8, 8)
+with fastprof.Profiler(out, "r", schedule=sched, sample_hz=0) as prof:
+    for i in range(50):
+        model(torch.randn(4, 8)).sum().backward()
+        prof.step()
+print("trained on", flush=True)
+"""
+
+
+@pytest.mark.parametrize(("mode", "code"), [("plain", -signal.SIGTERM), ("handler", 7)])
+def test_sigterm_inside_the_step_loop(mode, code, tmp_path, pyscript):
+    proc = pyscript.run(IN_SCHEDULE, str(tmp_path / "out"), mode, timeout=120)
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert "trained on" not in proc.stdout  # the handler's exit was not swallowed
+    assert "Profiler.stop failed" not in proc.stderr
+    run = tmp_path / "out" / "r"
+    summary = _summary(run)
+    assert summary["exit"] == "SIGTERM"
+    assert summary["steps"] == 5  # steps 0-4 ended; the signal came as step 5 began
+    assert [(w["first_step"], w["last_step"], w["saved"]) for w in summary["torch"]["windows"]] == [(2, 4, True)]
+    assert not list(run.rglob("*.part"))
+
+
 # ------------------------------------------------------------------ Lightning
 
 LIGHTNING = """

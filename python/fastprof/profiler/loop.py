@@ -257,6 +257,8 @@ class Profiler:
         self._syncs: dict[str, Any] = {}
         self._sync_start: _dist.ClockSync | None = None
         self._exit_reason: str | None = None
+        self._begun: dict[str, int] = {}
+        self._passes = 0  # train passes begun (the loop's own count stands in for it)
         self.trace_path: Path | None = None
         self.merge_summary: dict[str, Any] | None = None
         self.steps_by_optimizer = 0
@@ -278,17 +280,28 @@ class Profiler:
     @property
     def batch(self) -> int:
         """The global step of the current step (steps ended so far)."""
-        return 0 if self._steps is None else int(self._steps.batch)
+        return int(self._loop("batch"))
 
     @property
     def epoch(self) -> int:
         """The current epoch (0-based)."""
-        return 0 if self._steps is None else int(self._steps.epoch)
+        return int(self._loop("epoch"))
 
     @property
     def batch_in_epoch(self) -> int:
         """The current step's batch within its epoch."""
-        return 0 if self._steps is None else int(self._steps.batch_in_epoch)
+        return int(self._loop("batch_in_epoch"))
+
+    def _loop(self, name: str) -> int:
+        """A position of the core's step loop; while the loop is inside one of
+        its callbacks (a signal handler closing the Profiler there) it cannot
+        be read, and the position of the step that began last stands in."""
+        if self._steps is None:
+            return 0
+        try:
+            return int(getattr(self._steps, name))
+        except RuntimeError:  # already mutably borrowed
+            return self._begun.get(name, 0)
 
     @property
     def action(self) -> Action:
@@ -398,7 +411,14 @@ class Profiler:
             # The last step, if anything was fetched into it: one that a
             # boundary opened and nothing fetched into is the time after the
             # loop, and a run of no iterations has no step.
-            self._steps.stop()
+            try:
+                self._steps.stop()
+            except RuntimeError:
+                # Already borrowed: a signal landed in a callback of the step
+                # loop (in the job's schedule function, or torch's step). The
+                # step in progress goes unrecorded; the rest is saved, and the
+                # callbacks pass through from now on (state "stopped").
+                pass
             if self._driver is not None:
                 self._driver.close()
             if self._paused_by_gate and self.recorder.active:
@@ -450,6 +470,9 @@ class Profiler:
         """Step ``batch`` begins: its action, the gate, torch's step (now, or
         once its batch came when ``driver`` is False). Returns (action level,
         action, quiet steps after this one, torch step due at the fetch)."""
+        if self._state == "stopped":  # closed from inside the step loop (see _close)
+            return _ACTION_LEVEL[self._action], self._action.value, 0, False
+        self._begun = {"batch": batch, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "train_passes": self._passes}
         action = self.schedule.at(batch, epoch, batch_in_epoch, epoch_len)
         self._action = action
         if self.gate_spans:
@@ -473,11 +496,11 @@ class Profiler:
     def _on_end_annotation(self) -> None:
         # fastprof's step N was just recorded: torch's ProfilerStep#N, which
         # began before it, ends right after it (so the step nests inside).
-        if self._driver is not None:
+        if self._driver is not None and self._state != "stopped":
             self._driver.end_annotation()
 
     def _on_end(self, epoch: int, batch: int, batch_in_epoch: int) -> None:
-        if self._driver is not None:
+        if self._driver is not None and self._state != "stopped":
             self._driver.end(self._action, epoch, batch, batch_in_epoch)
 
     def _on_fetched(self) -> bool:
@@ -485,7 +508,7 @@ class Profiler:
         now. True when a window is live (the step then begins here, after
         torch's ProfilerStep boundary, so the two still nest)."""
         d = self._driver
-        if d is None:
+        if d is None or self._state == "stopped":
             return False
         d.begin(self._action, self.batch, self.epoch)
         return bool(d.live)
@@ -529,6 +552,7 @@ class Profiler:
         if self._state != "running":
             return
         n = epoch_len if isinstance(epoch_len, int) and not isinstance(epoch_len, bool) and epoch_len > 0 else None
+        self._passes += 1
         self._steps.start_epoch(n, True)
 
     def end_epoch(self) -> None:
@@ -596,6 +620,7 @@ class Profiler:
             epoch_len = n if isinstance(n, int) and n > 0 else None
         except Exception:  # noqa: BLE001 - not every iterable has a length
             epoch_len = None
+        self._passes += 1
         self._steps.start_epoch(epoch_len, False)
 
     def _stop_persistent_workers(self) -> None:
@@ -663,7 +688,7 @@ class Profiler:
             "world_size": int(self.recorder.options.world_size),
             "dist": dict(self.dist.__dict__),
             "steps": self.batch,
-            "epochs": self.epoch + (1 if self._steps is not None and self._steps.train_passes else 0),
+            "epochs": self.epoch + (1 if self._loop("train_passes") else 0),
             "steps_by_optimizer": self.steps_by_optimizer,
             "schedule": repr(self.schedule),
             "gate_spans": self.gate_spans,
