@@ -130,7 +130,7 @@ def _at_exit() -> None:
 def _on_sigterm(signum: int, frame: Any) -> None:
     previous = _previous
     try:
-        from fastprof.profiler.loop import merge_command
+        from fastprof.profiler.outputs import merge_command
 
         for prof in _close_all("SIGTERM"):
             print(

@@ -55,13 +55,9 @@ process group's store, else marker files, with a bounded wait).
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import shlex
 import sys
 import threading
-import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -70,10 +66,11 @@ from typing import Any, TypeVar
 
 from fastprof import _core, _dist
 from fastprof._core import ConfigError, FastprofWarning
-from fastprof._options import Option, _bool, _float, _value
+from fastprof._options import _value
 from fastprof._recorder import Recorder, current
 from fastprof.profiler import exits as _exits
-from fastprof.profiler import schedule as _schedule
+from fastprof.profiler import outputs as _outputs
+from fastprof.profiler.options import _BY_NAME, OPTIONS
 from fastprof.profiler.schedule import Action, Schedule
 from fastprof.profiler.torch_windows import TorchWindows, WindowDriver
 
@@ -81,7 +78,6 @@ __all__ = ["OPTIONS", "Profiler"]
 
 T = TypeVar("T")
 _UNSET: Any = object()
-_DONE_MARKER = ".fastprof-done"
 #: Seconds the closing clock sync may wait for the other ranks (the start sync
 #: alone is enough to merge; a rank that never arrives costs this, not 60 s).
 END_SYNC_TIMEOUT_S = 5.0
@@ -96,79 +92,6 @@ _ACTION_LEVEL = {
 }
 #: Actions of steps that need nothing from Python while they last.
 _QUIET = frozenset((Action.SKIP_FIRST, Action.WAIT, Action.DISABLED))
-
-
-def _schedule_value(v: object) -> Schedule:
-    if isinstance(v, str):
-        return _schedule.parse(v)
-    return _schedule.as_schedule(v)  # type: ignore[arg-type]
-
-
-#: The Profiler's own options (the recorder's are in fastprof._options).
-OPTIONS: tuple[Option, ...] = (
-    Option(
-        "schedule",
-        "schedule",
-        _schedule.epoch(),
-        ("FASTPROF_SCHEDULE",),
-        "a fastprof schedule, a callable, or text such as epoch:wait=1,warmup=1,active=2",
-        "Which steps get torch.profiler windows.",
-        "`epoch(warmup=1, active=4, repeat=1)`",
-        _schedule_value,
-    ),
-    Option(
-        "gate_spans",
-        "bool",
-        False,
-        ("FASTPROF_GATE_SPANS",),
-        "a boolean",
-        "Record fastprof spans only in warmup and active steps (Composer's behaviour).",
-        "False",
-        _bool,
-    ),
-    Option(
-        "merge",
-        "bool",
-        True,
-        ("FASTPROF_MERGE",),
-        "a boolean",
-        "Write the unified trace <run>/trace.json.gz at exit.",
-        "True",
-        _bool,
-    ),
-    Option(
-        "merge_timeout",
-        "float",
-        300.0,
-        ("FASTPROF_MERGE_TIMEOUT",),
-        "seconds > 0",
-        "How long rank 0 waits for the other ranks (and each rank for its exports) at exit.",
-        "300",
-        _float,
-        lambda v: 0 < v < 1e9,
-    ),
-    Option(
-        "sync_clocks",
-        "bool",
-        True,
-        ("FASTPROF_SYNC_CLOCKS",),
-        "a boolean",
-        "Measure every rank's clock offset at start and end (a collective).",
-        "True",
-        _bool,
-    ),
-    Option(
-        "torch",
-        "bool",
-        True,
-        ("FASTPROF_TORCH",),
-        "a boolean, or a TorchWindows",
-        "torch.profiler windows (a TorchWindows), or False for none.",
-        "`TorchWindows()` when torch is installed",
-        _bool,
-    ),
-)
-_BY_NAME = {o.name: o for o in OPTIONS}
 
 
 class _LoaderNames:
@@ -442,8 +365,8 @@ class Profiler:
             self._stop_persistent_workers()
             if self._owns_recorder and self.recorder.active:
                 self.recorder.stop()
-            self._write_summary()
-            self._finish(wait=reason is None, merged=reason != "SIGTERM")
+            _outputs.write_summary(self)
+            _outputs.finish(self, wait=reason is None, merged=reason != "SIGTERM")
         except Exception as e:  # noqa: BLE001 - profiling never takes the job down
             warnings.warn(f"fastprof: Profiler.stop failed: {type(e).__name__}: {e}", FastprofWarning, stacklevel=3)
         finally:
@@ -678,94 +601,6 @@ class Profiler:
             _dist.apply_to_recorder(self.recorder, sync)
             _core.instant("fastprof.clock_sync", phase=phase, **entry)
 
-    # ------------------------------------------------------------------ exit
-
-    def _write_summary(self) -> None:
-        summary = {
-            "version": _core.__version__,
-            "run_name": self.recorder.options.run_name,
-            "rank": self.rank,
-            "world_size": int(self.recorder.options.world_size),
-            "dist": dict(self.dist.__dict__),
-            "steps": self.batch,
-            "epochs": self.epoch + (1 if self._loop("train_passes") else 0),
-            "steps_by_optimizer": self.steps_by_optimizer,
-            "schedule": repr(self.schedule),
-            "gate_spans": self.gate_spans,
-            "torch": None
-            if self._driver is None
-            else {"config": repr(self.torch_windows), "failed": self._driver.failed, "windows": self.windows},
-            "clock_sync": self._syncs,
-            # How the run ended: "stop", "exception: <type>", "exit" or "SIGTERM".
-            "exit": self._exit_reason or "stop",
-        }
-        self.rank_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.rank_dir / f".profiler.json.tmp-{os.getpid()}"
-        try:
-            tmp.write_text(json.dumps(summary, indent=1, default=str))
-            os.replace(tmp, self.rank_dir / "profiler.json")
-        finally:
-            tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file
-
-    def _finish(self, wait: bool = True, merged: bool = True) -> None:
-        """Say this rank is done; rank 0 waits for the others and merges.
-        ``wait=False`` (a way out that is not a normal end): rank 0 merges only
-        when every rank is already done, else says how to merge later;
-        ``merged=False``: nothing is merged."""
-        (self.rank_dir / _DONE_MARKER).write_text(str(os.getpid()))
-        world = int(self.recorder.options.world_size)
-        store = _store()
-        key = f"fastprof/{self.recorder.options.run_name}/done/"
-        if store is not None:
-            try:
-                store.set(key + str(self.rank), "1")
-            except Exception:  # noqa: BLE001 - the store may already be gone; marker files remain
-                store = None
-        if not self.merge_enabled or not self._owns_recorder or self.rank != 0 or not merged:
-            return
-        missing = self._wait_for_ranks(world, store, key, self.merge_timeout if wait else 0.0)
-        if missing and not wait:
-            print(
-                f"fastprof: rank(s) {', '.join(map(str, missing))} not done at {self._exit_reason}; "
-                f"build the unified trace when they are with: {merge_command(self.run_dir)}",
-                file=sys.stderr,
-            )
-            return
-        if missing:
-            warnings.warn(
-                f"fastprof: rank(s) {', '.join(map(str, missing))} did not finish within "
-                f"{self.merge_timeout:g} s (merge_timeout); the unified trace holds the others. "
-                f"Redo it later with: fastprof merge {self.run_dir} -o {self.run_dir / 'trace.json.gz'} --force",
-                FastprofWarning,
-                stacklevel=4,
-            )
-        inputs = _merge_inputs(self.run_dir)
-        if not inputs:
-            return
-        out = self.run_dir / "trace.json.gz"
-        from fastprof._merge import merge
-
-        self.merge_summary = merge(inputs, out, force=True)
-        self.trace_path = out
-
-    def _wait_for_ranks(self, world: int, store: Any, key: str, timeout: float) -> list[int]:
-        deadline = time.monotonic() + timeout
-        pending = set(range(world)) - {self.rank}
-        while pending:
-            for r in sorted(pending):
-                done = (self.run_dir / f"rank{r}" / _DONE_MARKER).exists()
-                if not done and store is not None:
-                    try:
-                        done = bool(store.check([key + str(r)]))
-                    except Exception:  # noqa: BLE001
-                        store = None
-                if done:
-                    pending.discard(r)
-            if not pending or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        return sorted(pending)
-
 
 def _exception_reason(exc: BaseException | None) -> str | None:
     """None for a normal end (no exception, or ``sys.exit(0)``), else the
@@ -773,53 +608,6 @@ def _exception_reason(exc: BaseException | None) -> str | None:
     if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
         return None
     return f"exception: {type(exc).__name__}"
-
-
-def _store() -> Any:
-    dist = _dist._initialized()
-    if dist is None:
-        return None
-    try:
-        from torch.distributed import distributed_c10d
-
-        return distributed_c10d._get_default_store()
-    except Exception:  # noqa: BLE001 - no store: marker files do
-        return None
-
-
-def _merge_inputs(run_dir: Path) -> list[str]:
-    """Every trace under the run's rank directories: fastprof segments (also a
-    crashed rank's open ``.part``), torch windows, DataLoader workers; not the
-    profiler summaries or memory timelines."""
-    out: list[str] = []
-    for rank_dir in sorted(run_dir.glob("rank*")):
-        for root, _dirs, files in os.walk(rank_dir):
-            for f in sorted(files):
-                if f.startswith(".") or f == "profiler.json" or ".memory." in f:
-                    continue
-                if f.endswith((".json", ".json.gz")) or (f.startswith("fastprof.") and f.endswith(".json.gz.part")):
-                    out.append(os.path.join(root, f))
-    return out
-
-
-def merge_command(run_dir: Path) -> str:
-    """A ``fastprof merge`` command line that builds ``run_dir``'s unified
-    trace from what is there now and from what other ranks add later: one
-    quoted glob (expanded by the CLI, any shell) per kind of trace file found,
-    ``rank{R}`` widened to every rank and numbers to any, fastprof segments
-    also when left open (``.part``)."""
-    patterns: dict[str, None] = {}
-    for f in _merge_inputs(run_dir):
-        rel = Path(f).relative_to(run_dir)
-        head = re.sub(r"^rank\d+$", "rank*", rel.parts[0])
-        name = re.sub(r"\d+", "*", re.sub(r"\.part$", "", rel.name))
-        if name.endswith(".json.gz"):
-            name += "*"
-        patterns[str(Path(run_dir, head, *rel.parts[1:-1], name))] = None
-    out = run_dir / "trace.json.gz"
-    if not patterns:
-        return f"fastprof merge {shlex.quote(str(run_dir))}"
-    return " ".join(["fastprof merge", *map(shlex.quote, patterns), "-o", shlex.quote(str(out)), "--force"])
 
 
 def _torch_importable() -> bool:
