@@ -230,6 +230,41 @@ def test_sigterm_inside_the_step_loop(mode, code, tmp_path, pyscript):
     assert not list(run.rglob("*.part"))
 
 
+CLOSING = """
+import os, signal, sys, threading, time
+import torch
+import fastprof
+
+prof = fastprof.Profiler(sys.argv[1], "r", schedule=fastprof.schedule.steps([(2, 3)], warmup=0), sample_hz=0)
+
+
+def terminate_while_closing():
+    # A preemption that comes while stop() waits for the window's export.
+    while prof._state != "stopping":
+        time.sleep(0.005)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+model = torch.nn.Linear(8, 8)
+with prof:
+    for i in range(6):
+        model(torch.randn(4, 8)).sum().backward()
+        prof.step()
+    threading.Thread(target=terminate_while_closing, daemon=True).start()
+print("closing", flush=True)
+"""
+
+
+def test_sigterm_while_stop_waits_for_exports_says_the_data_may_be_incomplete(tmp_path, pyscript):
+    env = {**os.environ, "FASTPROF_TEST_EXPORT_DELAY_S": "30"}
+    proc = pyscript.run(CLOSING, str(tmp_path / "out"), timeout=120, env=env)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr[-3000:]
+    run = tmp_path / "out" / "r"
+    assert f"rank 0's run was being closed; what is in {run / 'rank0'} may be incomplete" in proc.stderr
+    assert "data is saved" not in proc.stderr
+    assert "fastprof merge " in proc.stderr
+
+
 # ------------------------------------------------------------------ Lightning
 
 LIGHTNING = """

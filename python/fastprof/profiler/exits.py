@@ -106,18 +106,23 @@ def _uninstall() -> None:
     _previous, _installed = None, False
 
 
-def _close_all(reason: str) -> list[Profiler]:
+def _close_all(reason: str) -> list[tuple[Profiler, bool]]:
+    """Close every live Profiler; each with whether this call saved it (not
+    when it was already being closed, e.g. a signal landing in ``stop()``'s
+    wait for exports, or when the close failed)."""
     with _lock:
         live = list(reversed(_live))
     closed = []
     for prof in live:
         try:
+            was = prof._state
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 prof._close(reason)
             for w in caught:
                 print(f"fastprof: {w.message}".replace("fastprof: fastprof: ", "fastprof: "), file=sys.stderr)
-            closed.append(prof)
+            failed = any("Profiler.stop failed" in str(w.message) for w in caught)
+            closed.append((prof, was == "running" and not failed))
         except Exception as e:  # noqa: BLE001 - exits and signals must go on
             print(f"fastprof: could not save the run at {reason}: {type(e).__name__}: {e}", file=sys.stderr)
     return closed
@@ -132,10 +137,14 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     try:
         from fastprof.profiler.outputs import merge_command
 
-        for prof in _close_all("SIGTERM"):
+        for prof, saved in _close_all("SIGTERM"):
+            where = (
+                f"rank {prof.rank}'s data is saved in {prof.rank_dir}"
+                if saved
+                else f"rank {prof.rank}'s run was being closed; what is in {prof.rank_dir} may be incomplete"
+            )
             print(
-                f"fastprof: SIGTERM: rank {prof.rank}'s data is saved in {prof.rank_dir}; "
-                f"build the unified trace with: {merge_command(prof.run_dir)}",
+                f"fastprof: SIGTERM: {where}; build the unified trace with: {merge_command(prof.run_dir)}",
                 file=sys.stderr,
                 flush=True,
             )
