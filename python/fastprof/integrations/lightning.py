@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 try:
+    from lightning.pytorch.callbacks import Callback as _Callback
     from lightning.pytorch.profilers import Profiler as _LightningProfiler
 except ImportError as _e:  # pragma: no cover - exercised without lightning installed
     raise ImportError(
@@ -65,7 +66,7 @@ import numpy as np
 from fastprof import _core
 from fastprof._columns import read_columns
 from fastprof._core import FastprofError, FastprofWarning
-from fastprof.profiler.loop import Profiler
+from fastprof.profiler.loop import Profiler, _exception_reason
 from fastprof.profiler.schedule import Schedule
 from fastprof.profiler.torch_windows import TorchWindows
 
@@ -188,6 +189,20 @@ class FastprofProfiler(_LightningProfiler):
         self.profiler = prof
         self._stage_name = _core.name_id(f"lightning.{stage}")
         self._stage_t0 = _core._ticks()
+        self._watch_exceptions()
+
+    def _watch_exceptions(self) -> None:
+        """An exception out of a stage reaches no profiler method (Lightning
+        calls ``on_exception`` on callbacks and the strategy, then tears the
+        strategy down, and re-raises): a callback of ours closes the run there,
+        with the open torch window, before the exception leaves ``fit``."""
+        try:
+            trainer = self._lightning_module.trainer  # type: ignore[attr-defined]
+            callbacks = trainer.callbacks
+            if not any(isinstance(c, _CloseOnException) and c.owner is self for c in callbacks):
+                callbacks.append(_CloseOnException(self))
+        except Exception:  # noqa: BLE001 - no trainer attached: the exit hook closes the run at exit instead
+            pass
 
     def describe(self) -> None:
         # Lightning calls this at the end of a stage; it logs summary() and
@@ -220,7 +235,7 @@ class FastprofProfiler(_LightningProfiler):
             pass
         prof.begin_epoch(n if isinstance(n, int) else None)
 
-    def _finish(self) -> None:
+    def _finish(self, exception: BaseException | None = None) -> None:
         prof = getattr(self, "profiler", None)  # also from __del__ of a half-made one
         if prof is None:
             return
@@ -229,7 +244,7 @@ class FastprofProfiler(_LightningProfiler):
         try:
             if self._stage_name is not None and prof.recorder.active:
                 _core._complete(self._stage_name, self._stage_t0)
-            prof.stop()
+            prof._close(_exception_reason(exception))
             self._clock.clear()
             self.last = prof
             self._summary = self._table(prof)
@@ -297,3 +312,14 @@ class FastprofProfiler(_LightningProfiler):
         self.profiler = self.last = None
         self._stage_name = None
         self._bind_clock()
+
+
+class _CloseOnException(_Callback):
+    """Closes a :class:`FastprofProfiler`'s run when a stage raises (the only
+    public hook Lightning calls on that path)."""
+
+    def __init__(self, owner: FastprofProfiler) -> None:
+        self.owner = owner
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.owner._finish(exception)

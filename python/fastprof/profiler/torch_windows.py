@@ -205,6 +205,19 @@ def _gzip(src: Path, dst: Path, level: int) -> None:
             out.write(chunk)
 
 
+def _unwritten(folder: Path, partial: Path) -> str:
+    """Why torch wrote no trace file (it logs the failure, and returns)."""
+    why = "torch could not write the trace"
+    try:
+        size = partial.stat().st_size if partial.exists() else None
+        free = os.statvfs(folder)
+        why += f" into {folder} ({free.f_bavail * free.f_frsize} bytes free"
+        why += f"; it stopped after {size} bytes)" if size is not None else ")"
+    except OSError:
+        pass
+    return why + ": is the disk full, or a file size limit (ulimit -f) reached?"
+
+
 def _memory_timeline(tp: Any, path: Path) -> None:
     """torch's memory timeline of a finished window (JSON points or an HTML
     plot), built from the window's own results on the exporter thread.
@@ -337,8 +350,8 @@ class WindowDriver:
     def begin(self, action: Action, step: int, epoch: int) -> None:
         """A step begins: start a window at its first step, step torch through
         it, or stop it when the schedule left it (a window cut short)."""
-        if self.failed is not None:
-            return
+        if self.failed is not None and self._tp is None:
+            return  # no new window after a failure (a window still open runs to its end)
         if self._tp is not None:
             if action not in _RECORDS:
                 self._stop()
@@ -470,6 +483,10 @@ class WindowDriver:
             except Exception as e:  # noqa: BLE001 - reported at stop() on the caller's thread, never raised here
                 window.error = f"{type(e).__name__}: {e}"
                 self.errors.append(f"writing torch window {path} failed: {window.error}")
+                if isinstance(e, OSError) and self.failed is None:
+                    # The disk refuses (full, a size limit, read-only): the
+                    # next windows would fail alike, each a stall for nothing.
+                    self.failed = f"export: {window.error}"
             finally:
                 self._jobs.task_done()
 
@@ -495,16 +512,21 @@ class WindowDriver:
             # publishes the complete file.
             tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.json")
             tmp_gz = tmp.with_name(tmp.name + ".gz")
+            # Kineto writes to "<name>.tmp" and renames it; when the write
+            # fails (a full disk) it logs, leaves that file and returns.
+            kineto_tmp = tmp.with_name(tmp.name + ".tmp")
             try:
                 tp.export_chrome_trace(str(tmp))
+                if not tmp.exists():
+                    raise OSError(_unwritten(path.parent, kineto_tmp))
                 if path.name.endswith(".gz"):
                     _gzip(tmp, tmp_gz, self.compression_level)
                     os.replace(tmp_gz, path)
                 else:
                     os.replace(tmp, path)
             finally:
-                tmp.unlink(missing_ok=True)
-                tmp_gz.unlink(missing_ok=True)
+                for leftover in (tmp, tmp_gz, kineto_tmp):
+                    leftover.unlink(missing_ok=True)
             window.bytes = path.stat().st_size
             window.saved = True
             if self.cfg.memory_timeline:

@@ -96,6 +96,12 @@ pub struct _StepLoop {
     action_name: u32,
     session: Option<Py<Session>>,
     hooks: Py<PyAny>,
+    /// A `BaseException` that is not an `Exception` (`SystemExit`,
+    /// `KeyboardInterrupt`) out of a callback: the job's own signal handler
+    /// (or Ctrl-C) landed in Python code the loop called. It is the job's to
+    /// decide, so it is raised from the call that ran the callback, never
+    /// reported and swallowed as a profiling failure is.
+    pending: Option<PyErr>,
 }
 
 fn report(py: Python<'_>, e: PyErr, what: &str) {
@@ -114,12 +120,30 @@ fn interned(name: &Bound<'_, PyString>) -> PyResult<u32> {
 }
 
 impl _StepLoop {
-    fn call<'py, A>(&self, py: Python<'py>, method: &str, args: A)
+    fn call<'py, A>(&mut self, py: Python<'py>, method: &str, args: A)
     where
         A: pyo3::call::PyCallArgs<'py>,
     {
         if let Err(e) = self.hooks.bind(py).call_method1(method, args).map(|_| ()) {
-            report(py, e, method);
+            self.failed(py, e, method);
+        }
+    }
+
+    /// A callback raised: a profiling failure is reported (the job goes
+    /// on); anything else is kept for [`Self::raise_pending`].
+    fn failed(&mut self, py: Python<'_>, e: PyErr, what: &str) {
+        if e.is_instance_of::<pyo3::exceptions::PyException>(py) {
+            report(py, e, what);
+        } else if self.pending.is_none() {
+            self.pending = Some(e);
+        }
+    }
+
+    /// End of a Python-facing call: raise what a callback left pending.
+    fn raise_pending(&mut self) -> PyResult<()> {
+        match self.pending.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 
@@ -161,7 +185,7 @@ impl _StepLoop {
                     self.driver_due = due;
                 }
                 Err(e) => {
-                    report(py, e, "step begin");
+                    self.failed(py, e, "step begin");
                     self.driver_due = false;
                 }
             }
@@ -336,26 +360,28 @@ impl _StepLoop {
             action_name: interned(action_name)?,
             session,
             hooks,
+            pending: None,
         })
     }
 
     /// Start: step 0 begins now, or at the first fetch/`begin_step` (`defer`).
-    fn start(&mut self, py: Python<'_>, defer: bool) {
+    fn start(&mut self, py: Python<'_>, defer: bool) -> PyResult<()> {
         self.running = true;
         if defer {
             self.step = Step::Pending;
         } else {
             self.open_step(py, true);
         }
+        self.raise_pending()
     }
 
     /// Stop: a deferred optimizer boundary is taken, a due end ends, and the
     /// last step is recorded if anything was fetched into it. A step nothing
     /// fetched into and no boundary ended (the time after the loop, or a
     /// run of no iterations) is no step.
-    fn stop(&mut self, py: Python<'_>) {
+    fn stop(&mut self, py: Python<'_>) -> PyResult<()> {
         if !self.running {
-            return;
+            return self.raise_pending();
         }
         if self.opt_pending {
             self.opt_pending = false;
@@ -367,6 +393,7 @@ impl _StepLoop {
         }
         self.step = Step::Closed;
         self.running = false;
+        self.raise_pending()
     }
 
     #[getter]
@@ -385,10 +412,11 @@ impl _StepLoop {
         self.explicit
     }
 
-    /// End the current step (`Profiler.step()`). Never raises.
-    fn step(&mut self, py: Python<'_>) {
+    /// End the current step (`Profiler.step()`). Raises only what the job's
+    /// own code raised in a callback (`SystemExit`, `KeyboardInterrupt`).
+    fn step(&mut self, py: Python<'_>) -> PyResult<()> {
         if !self.running {
-            return;
+            return self.raise_pending();
         }
         if self.go_explicit(py) {
             if self.opt_pending {
@@ -397,16 +425,17 @@ impl _StepLoop {
             } else if self.opt_ended {
                 // The optimizer's step already ended this step.
                 self.opt_ended = false;
-                return;
+                return self.raise_pending();
             }
         }
         self.boundary(py);
+        self.raise_pending()
     }
 
     /// An optimizer step on the training thread (torch's global post hook).
-    fn optimizer_step(&mut self, py: Python<'_>) {
+    fn optimizer_step(&mut self, py: Python<'_>) -> PyResult<()> {
         if self.explicit || !self.running {
-            return;
+            return self.raise_pending();
         }
         if self.opt_pending || registry::thread_depth() <= self.depth {
             self.opt_pending = false;
@@ -418,14 +447,20 @@ impl _StepLoop {
             // step() call or optimizer step.
             self.opt_pending = true;
         }
+        self.raise_pending()
     }
 
     /// A train pass starts (a loader's pass, or `begin_epoch`); `epoch_len`
     /// its number of batches when known.
     #[pyo3(signature = (epoch_len, framework=false))]
-    fn start_epoch(&mut self, py: Python<'_>, epoch_len: Option<u64>, framework: bool) {
+    fn start_epoch(
+        &mut self,
+        py: Python<'_>,
+        epoch_len: Option<u64>,
+        framework: bool,
+    ) -> PyResult<()> {
         if !self.running {
-            return;
+            return self.raise_pending();
         }
         if framework && self.framework_pass {
             self.in_train_pass = self.in_train_pass.saturating_sub(1);
@@ -455,12 +490,13 @@ impl _StepLoop {
             self.in_train_pass += 1;
             self.framework_pass = true;
         }
+        self.raise_pending()
     }
 
     /// The pass `start_epoch(framework=True)` started is over.
-    fn end_epoch(&mut self, py: Python<'_>) {
+    fn end_epoch(&mut self, py: Python<'_>) -> PyResult<()> {
         if !self.framework_pass {
-            return;
+            return self.raise_pending();
         }
         self.in_train_pass = self.in_train_pass.saturating_sub(1);
         self.framework_pass = false;
@@ -470,15 +506,17 @@ impl _StepLoop {
                 self.unbegin();
             }
         }
+        self.raise_pending()
     }
 
     /// The next step begins now if none is open (a framework's fetch).
-    fn begin_step(&mut self, py: Python<'_>) {
+    fn begin_step(&mut self, py: Python<'_>) -> PyResult<()> {
         if !self.running {
-            return;
+            return self.raise_pending();
         }
         self.go_explicit(py);
         let _ = self.on_fetch(py);
+        self.raise_pending()
     }
 
     /// A train loader's pass begins iterating / stops iterating.
@@ -486,9 +524,17 @@ impl _StepLoop {
         self.in_train_pass += 1;
     }
 
-    fn exit_pass(&mut self, py: Python<'_>) {
+    fn exit_pass(&mut self, py: Python<'_>) -> PyResult<()> {
         self.leave_pass(py);
+        self.raise_pending()
     }
+}
+
+/// What a callback left pending in `steps` (when not borrowed).
+fn pending(py: Python<'_>, steps: &Option<Py<_StepLoop>>) -> Option<PyErr> {
+    let s = steps.as_ref()?;
+    let mut s = s.bind(py).try_borrow_mut().ok()?;
+    s.pending.take()
 }
 
 /// One pass over a loader (what `Profiler.loader()` returns): times each
@@ -586,7 +632,11 @@ impl _LoaderIter {
         let Some(it) = it else { return Ok(None) };
         let fetch = match &steps {
             Some(s) => match s.bind(py).try_borrow_mut() {
-                Ok(mut s) if s.running => s.on_fetch(py),
+                Ok(mut s) if s.running => {
+                    let fetch = s.on_fetch(py);
+                    s.raise_pending()?;
+                    fetch
+                }
                 _ => Fetch::Within,
             },
             None => Fetch::Within,
@@ -613,7 +663,7 @@ impl _LoaderIter {
                         }
                     }
                     slf.borrow_mut().finish(py);
-                    return Ok(None);
+                    return pending(py, &steps).map_or(Ok(None), Err);
                 }
                 slf.borrow_mut().finish(py);
                 return Err(e);
@@ -644,7 +694,10 @@ impl _LoaderIter {
                             }
                         }
                         Ok(_) => {}
-                        Err(e) => report(py, e, "loader fetch"),
+                        Err(e) if e.is_instance_of::<pyo3::exceptions::PyException>(py) => {
+                            report(py, e, "loader fetch")
+                        }
+                        Err(e) => return Err(e), // the job's own (see _StepLoop::pending)
                     }
                 }
             }

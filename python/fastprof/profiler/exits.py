@@ -1,0 +1,159 @@
+"""Exits and signals: a :class:`fastprof.Profiler` still running when the
+process leaves is closed before torch and the interpreter tear down.
+
+Two ways out are covered here (an exception through ``with Profiler()`` or
+Lightning's ``on_exception`` is the Profiler's own ``__exit__`` / the
+integration's business):
+
+* **Interpreter exit** with a Profiler never stopped (``sys.exit`` or an
+  uncaught exception outside ``with``, a forgotten ``stop()``): an ``atexit``
+  hook closes it. A ``torch.profiler`` left running at exit crashes the
+  process in the C++ static destructors that run after the interpreter is
+  gone (``ProfilerStateBase``'s destructor, SIGSEGV); every Python ``atexit``
+  hook runs before those, so stopping the window there keeps the job's own
+  exit code. The hook is registered after the recorder's (whose own hook
+  would otherwise stop the recording under the Profiler's feet): ``atexit``
+  runs last-registered first.
+* **SIGTERM** (preemption; torchrun tearing a job down): a Python handler
+  saves what it can (the open window stopped, its export given a bounded
+  wait, the recorder flushed and closed, ``profiler.json`` written; no
+  collective, no wait for other ranks, no merge), prints how to merge what is
+  there, then does what would have happened without fastprof: the handler
+  that was installed before (called as Python would have called it), else
+  the default action (SIG_DFL restored and the signal raised again: the
+  process dies by SIGTERM). A handler installed after fastprof's replaces
+  it, as Python's semantics say; when that handler exits the interpreter,
+  the ``atexit`` hook still saves the data.
+
+The handler runs on the main thread between two bytecodes of whatever it
+interrupted; everything it does is caught (it never raises its own error),
+and a Profiler already stopping when the signal lands is left alone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import warnings
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fastprof.profiler.loop import Profiler
+
+__all__ = ["SIGNAL_EXPORT_WAIT_S", "register", "unregister"]
+
+#: How long a signal or interpreter exit waits for torch window exports.
+SIGNAL_EXPORT_WAIT_S = 10.0
+
+_live: list[Profiler] = []
+_lock = threading.Lock()
+_atexit_registered = False
+#: The SIGTERM disposition fastprof replaced (None while its handler is not installed).
+_previous: Any = None
+_installed = False
+
+
+def register(prof: Profiler) -> None:
+    """``prof`` started: close it at exit or SIGTERM if it is still running."""
+    global _atexit_registered
+    with _lock:
+        _live.append(prof)
+        if not _atexit_registered:
+            atexit.register(_at_exit)
+            _atexit_registered = True
+    _install()
+
+
+def unregister(prof: Profiler) -> None:
+    """``prof`` stopped: forget it; with none left, give SIGTERM back."""
+    with _lock:
+        if prof in _live:
+            _live.remove(prof)
+        empty = not _live
+    if empty:
+        _uninstall()
+
+
+def _install() -> None:
+    global _previous, _installed
+    if _installed or threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread
+    try:
+        current = signal.getsignal(signal.SIGTERM)
+        # SIG_IGN: the job ignores SIGTERM and goes on; None: a handler set
+        # from C that Python cannot call on. Both are left alone.
+        if current is signal.SIG_IGN or current is None:
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):
+        return
+    _previous, _installed = current, True
+
+
+def _uninstall() -> None:
+    global _previous, _installed
+    if not _installed or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        # A handler the job installed after fastprof's stays where it is.
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, _previous)
+    except (ValueError, OSError, TypeError):
+        return
+    _previous, _installed = None, False
+
+
+def _close_all(reason: str) -> list[tuple[Profiler, bool]]:
+    """Close every live Profiler; each with whether this call saved it (not
+    when it was already being closed, e.g. a signal landing in ``stop()``'s
+    wait for exports, or when the close failed)."""
+    with _lock:
+        live = list(reversed(_live))
+    closed = []
+    for prof in live:
+        try:
+            was = prof._state
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                prof._close(reason)
+            for w in caught:
+                print(f"fastprof: {w.message}".replace("fastprof: fastprof: ", "fastprof: "), file=sys.stderr)
+            failed = any("Profiler.stop failed" in str(w.message) for w in caught)
+            closed.append((prof, was == "running" and not failed))
+        except Exception as e:  # noqa: BLE001 - exits and signals must go on
+            print(f"fastprof: could not save the run at {reason}: {type(e).__name__}: {e}", file=sys.stderr)
+    return closed
+
+
+def _at_exit() -> None:
+    _close_all("exit")
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    previous = _previous
+    try:
+        from fastprof.profiler.outputs import merge_command
+
+        for prof, saved in _close_all("SIGTERM"):
+            where = (
+                f"rank {prof.rank}'s data is saved in {prof.rank_dir}"
+                if saved
+                else f"rank {prof.rank}'s run was being closed; what is in {prof.rank_dir} may be incomplete"
+            )
+            print(
+                f"fastprof: SIGTERM: {where}; build the unified trace with: {merge_command(prof.run_dir)}",
+                file=sys.stderr,
+                flush=True,
+            )
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001 - a signal handler must not raise its own error
+        pass
+    if callable(previous) and previous is not _on_sigterm:
+        previous(signum, frame)  # the job's own handler decides (its exit, its exception)
+        return
+    # The default action: die by the signal, as without fastprof.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)

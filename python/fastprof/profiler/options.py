@@ -1,0 +1,83 @@
+"""The Profiler's own options (the recorder's are in :mod:`fastprof._options`):
+one row each (name, type, default, ``FASTPROF_*`` variable, check, doc)."""
+
+from __future__ import annotations
+
+from fastprof._options import Option, _bool, _float
+from fastprof.profiler import schedule as _schedule
+from fastprof.profiler.schedule import Schedule
+
+__all__ = ["OPTIONS"]
+
+
+def _schedule_value(v: object) -> Schedule:
+    if isinstance(v, str):
+        return _schedule.parse(v)
+    return _schedule.as_schedule(v)  # type: ignore[arg-type]
+
+
+#: The Profiler's own options (the recorder's are in fastprof._options).
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "schedule",
+        "schedule",
+        _schedule.epoch(),
+        ("FASTPROF_SCHEDULE",),
+        "a fastprof schedule, a callable, or text such as epoch:wait=1,warmup=1,active=2",
+        "Which steps get torch.profiler windows.",
+        "`epoch(warmup=1, active=4, repeat=1)`",
+        _schedule_value,
+    ),
+    Option(
+        "gate_spans",
+        "bool",
+        False,
+        ("FASTPROF_GATE_SPANS",),
+        "a boolean",
+        "Record fastprof spans only in warmup and active steps (Composer's behaviour).",
+        "False",
+        _bool,
+    ),
+    Option(
+        "merge",
+        "bool",
+        True,
+        ("FASTPROF_MERGE",),
+        "a boolean",
+        "Write the unified trace <run>/trace.json.gz at exit.",
+        "True",
+        _bool,
+    ),
+    Option(
+        "merge_timeout",
+        "float",
+        300.0,
+        ("FASTPROF_MERGE_TIMEOUT",),
+        "seconds > 0",
+        "How long rank 0 waits for the other ranks (and each rank for its exports) at exit.",
+        "300",
+        _float,
+        lambda v: 0 < v < 1e9,
+    ),
+    Option(
+        "sync_clocks",
+        "bool",
+        True,
+        ("FASTPROF_SYNC_CLOCKS",),
+        "a boolean",
+        "Measure every rank's clock offset at start and end (a collective).",
+        "True",
+        _bool,
+    ),
+    Option(
+        "torch",
+        "bool",
+        True,
+        ("FASTPROF_TORCH",),
+        "a boolean, or a TorchWindows",
+        "torch.profiler windows (a TorchWindows), or False for none.",
+        "`TorchWindows()` when torch is installed",
+        _bool,
+    ),
+)
+_BY_NAME = {o.name: o for o in OPTIONS}

@@ -1,0 +1,165 @@
+"""The end of a Profiler's run, on each rank: ``rank{R}/profiler.json``, the
+done marker (a file and a key in the process group's store), and rank 0's
+wait for the other ranks and merge into ``<run>/trace.json.gz``; the
+``fastprof merge`` command that redoes that merge from what is on disk.
+Called by :meth:`fastprof.Profiler.stop` (``Profiler._close``) once the
+recorder has stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastprof import _core, _dist
+from fastprof._core import FastprofWarning
+
+if TYPE_CHECKING:
+    from fastprof.profiler.loop import Profiler
+
+__all__ = ["finish", "merge_command", "write_summary"]
+
+_DONE_MARKER = ".fastprof-done"
+
+
+def write_summary(prof: Profiler) -> None:
+    """Write ``rank{R}/profiler.json``: the Profiler's account of the run."""
+    summary = {
+        "version": _core.__version__,
+        "run_name": prof.recorder.options.run_name,
+        "rank": prof.rank,
+        "world_size": int(prof.recorder.options.world_size),
+        "dist": dict(prof.dist.__dict__),
+        "steps": prof.batch,
+        "epochs": prof.epoch + (1 if prof._loop("train_passes") else 0),
+        "steps_by_optimizer": prof.steps_by_optimizer,
+        "schedule": repr(prof.schedule),
+        "gate_spans": prof.gate_spans,
+        "torch": None
+        if prof._driver is None
+        else {"config": repr(prof.torch_windows), "failed": prof._driver.failed, "windows": prof.windows},
+        "clock_sync": prof._syncs,
+        # How the run ended: "stop", "exception: <type>", "exit" or "SIGTERM".
+        "exit": prof._exit_reason or "stop",
+    }
+    prof.rank_dir.mkdir(parents=True, exist_ok=True)
+    tmp = prof.rank_dir / f".profiler.json.tmp-{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps(summary, indent=1, default=str))
+        os.replace(tmp, prof.rank_dir / "profiler.json")
+    finally:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file
+
+
+def finish(prof: Profiler, wait: bool = True, merged: bool = True) -> None:
+    """Say this rank is done; rank 0 waits for the others and merges.
+    ``wait=False`` (a way out that is not a normal end): rank 0 merges only
+    when every rank is already done, else says how to merge later;
+    ``merged=False``: nothing is merged."""
+    (prof.rank_dir / _DONE_MARKER).write_text(str(os.getpid()))
+    world = int(prof.recorder.options.world_size)
+    store = _store()
+    key = f"fastprof/{prof.recorder.options.run_name}/done/"
+    if store is not None:
+        try:
+            store.set(key + str(prof.rank), "1")
+        except Exception:  # noqa: BLE001 - the store may already be gone; marker files remain
+            store = None
+    if not prof.merge_enabled or not prof._owns_recorder or prof.rank != 0 or not merged:
+        return
+    missing = _wait_for_ranks(prof, world, store, key, prof.merge_timeout if wait else 0.0)
+    if missing and not wait:
+        print(
+            f"fastprof: rank(s) {', '.join(map(str, missing))} not done at {prof._exit_reason}; "
+            f"build the unified trace when they are with: {merge_command(prof.run_dir)}",
+            file=sys.stderr,
+        )
+        return
+    if missing:
+        warnings.warn(
+            f"fastprof: rank(s) {', '.join(map(str, missing))} did not finish within "
+            f"{prof.merge_timeout:g} s (merge_timeout); the unified trace holds the others. "
+            f"Redo it later with: fastprof merge {prof.run_dir} -o {prof.run_dir / 'trace.json.gz'} --force",
+            FastprofWarning,
+            stacklevel=4,
+        )
+    inputs = _merge_inputs(prof.run_dir)
+    if not inputs:
+        return
+    out = prof.run_dir / "trace.json.gz"
+    from fastprof._merge import merge
+
+    prof.merge_summary = merge(inputs, out, force=True)
+    prof.trace_path = out
+
+
+def _wait_for_ranks(prof: Profiler, world: int, store: Any, key: str, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    pending = set(range(world)) - {prof.rank}
+    while pending:
+        for r in sorted(pending):
+            done = (prof.run_dir / f"rank{r}" / _DONE_MARKER).exists()
+            if not done and store is not None:
+                try:
+                    done = bool(store.check([key + str(r)]))
+                except Exception:  # noqa: BLE001
+                    store = None
+            if done:
+                pending.discard(r)
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return sorted(pending)
+
+
+def _store() -> Any:
+    dist = _dist._initialized()
+    if dist is None:
+        return None
+    try:
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - no store: marker files do
+        return None
+
+
+def _merge_inputs(run_dir: Path) -> list[str]:
+    """Every trace under the run's rank directories: fastprof segments (also a
+    crashed rank's open ``.part``), torch windows, DataLoader workers; not the
+    profiler summaries or memory timelines."""
+    out: list[str] = []
+    for rank_dir in sorted(run_dir.glob("rank*")):
+        for root, _dirs, files in os.walk(rank_dir):
+            for f in sorted(files):
+                if f.startswith(".") or f == "profiler.json" or ".memory." in f:
+                    continue
+                if f.endswith((".json", ".json.gz")) or (f.startswith("fastprof.") and f.endswith(".json.gz.part")):
+                    out.append(os.path.join(root, f))
+    return out
+
+
+def merge_command(run_dir: Path) -> str:
+    """A ``fastprof merge`` command line that builds ``run_dir``'s unified
+    trace from what is there now and from what other ranks add later: one
+    quoted glob (expanded by the CLI, any shell) per kind of trace file found,
+    ``rank{R}`` widened to every rank and numbers to any, fastprof segments
+    also when left open (``.part``)."""
+    patterns: dict[str, None] = {}
+    for f in _merge_inputs(run_dir):
+        rel = Path(f).relative_to(run_dir)
+        head = re.sub(r"^rank\d+$", "rank*", rel.parts[0])
+        name = re.sub(r"\d+", "*", re.sub(r"\.part$", "", rel.name))
+        if name.endswith(".json.gz"):
+            name += "*"
+        patterns[str(Path(run_dir, head, *rel.parts[1:-1], name))] = None
+    out = run_dir / "trace.json.gz"
+    if not patterns:
+        return f"fastprof merge {shlex.quote(str(run_dir))}"
+    return " ".join(["fastprof merge", *map(shlex.quote, patterns), "-o", shlex.quote(str(out)), "--force"])
