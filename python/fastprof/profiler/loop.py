@@ -701,18 +701,16 @@ def _store() -> Any:
 
 
 def _merge_inputs(run_dir: Path) -> list[str]:
-    """Every trace under the run's rank directories: fastprof segments (also a
-    crashed rank's open ``.part``), torch windows, DataLoader workers; not the
-    profiler summaries or memory timelines."""
-    out: list[str] = []
-    for rank_dir in sorted(run_dir.glob("rank*")):
-        for root, _dirs, files in os.walk(rank_dir):
-            for f in sorted(files):
-                if f.startswith(".") or f == "profiler.json" or ".memory." in f:
-                    continue
-                if f.endswith((".json", ".json.gz")) or (f.startswith("fastprof.") and f.endswith(".json.gz.part")):
-                    out.append(os.path.join(root, f))
-    return out
+    """Every trace under the run's rank directories, as the core's input
+    walker finds them (the CLI merge, the columns and the reports use the
+    same): fastprof segments (also a crashed rank's open ``.part``), torch
+    windows, DataLoader workers; never ``profiler.json``, memory timelines,
+    hidden or temporary files."""
+    ranks = [str(d) for d in sorted(run_dir.glob("rank*")) if d.is_dir()]
+    if not ranks:
+        return []
+    files, _own, _removed, _warnings = _core.trace_inputs(ranks)
+    return list(files)
 
 
 def _torch_importable() -> bool:
