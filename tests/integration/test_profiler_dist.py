@@ -207,3 +207,21 @@ def test_the_report_reads_every_rank_of_the_run(job: dict[str, Any], tmp_path: P
     warm = rep["speed"]["warmup"]["steps_excluded"]
     spreads = [abs(a - b) for a, b in zip(d0, d1, strict=True)][warm:]
     assert rep["ranks"]["spread"]["max_s"] * 1e6 == pytest.approx(max(spreads), abs=2)
+
+
+def test_the_cli_merge_of_the_run_directory_takes_every_rank(job: dict[str, Any], tmp_path: Path) -> None:
+    # The README's `fastprof merge <run dir>`: the ranks' profiler.json are
+    # fastprof's own files, skipped (named with -v), never "not a trace".
+    out = tmp_path / "cli.json.gz"
+    r = subprocess.run(
+        [sys.executable, "-m", "fastprof", "merge", str(job["run"]), "-o", str(out), "-v"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "rank0/profiler.json" in r.stdout and "rank1/profiler.json" in r.stdout
+    with gzip.open(out, "rt") as f:
+        doc = json.load(f)
+    steps = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("name") == "step"]
+    assert len({e["pid"] for e in steps}) == 2 and len(steps) == 20

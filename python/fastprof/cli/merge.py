@@ -52,6 +52,12 @@ def add_parser(verbs: Any) -> None:
         help=f"worker threads, 1..{MAX_THREADS} or 0 = one per core (default: 0; env {THREADS_ENV})",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also list fastprof's own non-trace files skipped in the inputs (profiler.json, reports)",
+    )
     p.set_defaults(run=run)
 
 
@@ -188,6 +194,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  dropped categories to fit --max-bytes: {', '.join(s['dropped_categories'])}")
     if s["skipped_files"]:
         print(f"  skipped: {', '.join(s['skipped_files'])}")
+    if s["own_files"] and args.verbose:
+        print(f"  not traces, fastprof's own files: {', '.join(s['own_files'])}")
+    if s["removed_temps"]:
+        print(f"  removed temporary files of processes that are gone: {', '.join(s['removed_temps'])}")
     print(f"  salvaged bytes: {s['salvaged_bytes']}; time span {span_s:.3f} s")
     print(f"  alignment: baseTimeNanoseconds + per-rank offsets, uncertainty {s['uncertainty_ns']} ns")
     print(f"  {mb:.1f} MB of JSON -> {s['bytes_written'] / 1e6:.1f} MB in {dt:.2f} s ({mb / max(dt, 1e-9):.0f} MB/s)")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import sys
 import time
@@ -85,7 +84,7 @@ def finish(prof: Profiler, wait: bool = True, merged: bool = True) -> None:
         warnings.warn(
             f"fastprof: rank(s) {', '.join(map(str, missing))} did not finish within "
             f"{prof.merge_timeout:g} s (merge_timeout); the unified trace holds the others. "
-            f"Redo it later with: fastprof merge {prof.run_dir} -o {prof.run_dir / 'trace.json.gz'} --force",
+            f"Redo it later with: {merge_command(prof.run_dir)}",
             FastprofWarning,
             stacklevel=4,
         )
@@ -131,35 +130,21 @@ def _store() -> Any:
 
 
 def _merge_inputs(run_dir: Path) -> list[str]:
-    """Every trace under the run's rank directories: fastprof segments (also a
-    crashed rank's open ``.part``), torch windows, DataLoader workers; not the
-    profiler summaries or memory timelines."""
-    out: list[str] = []
-    for rank_dir in sorted(run_dir.glob("rank*")):
-        for root, _dirs, files in os.walk(rank_dir):
-            for f in sorted(files):
-                if f.startswith(".") or f == "profiler.json" or ".memory." in f:
-                    continue
-                if f.endswith((".json", ".json.gz")) or (f.startswith("fastprof.") and f.endswith(".json.gz.part")):
-                    out.append(os.path.join(root, f))
-    return out
+    """Every trace under the run's rank directories, as the core's input
+    walker finds them (the CLI merge, the columns and the reports use the
+    same): fastprof segments (also a crashed rank's open ``.part``), torch
+    windows, DataLoader workers; never ``profiler.json``, memory timelines,
+    hidden or temporary files."""
+    ranks = [str(d) for d in sorted(run_dir.glob("rank*")) if d.is_dir()]
+    if not ranks:
+        return []
+    files, _own, _removed, _warnings = _core.trace_inputs(ranks)
+    return list(files)
 
 
 def merge_command(run_dir: Path) -> str:
-    """A ``fastprof merge`` command line that builds ``run_dir``'s unified
-    trace from what is there now and from what other ranks add later: one
-    quoted glob (expanded by the CLI, any shell) per kind of trace file found,
-    ``rank{R}`` widened to every rank and numbers to any, fastprof segments
-    also when left open (``.part``)."""
-    patterns: dict[str, None] = {}
-    for f in _merge_inputs(run_dir):
-        rel = Path(f).relative_to(run_dir)
-        head = re.sub(r"^rank\d+$", "rank*", rel.parts[0])
-        name = re.sub(r"\d+", "*", re.sub(r"\.part$", "", rel.name))
-        if name.endswith(".json.gz"):
-            name += "*"
-        patterns[str(Path(run_dir, head, *rel.parts[1:-1], name))] = None
-    out = run_dir / "trace.json.gz"
-    if not patterns:
-        return f"fastprof merge {shlex.quote(str(run_dir))}"
-    return " ".join(["fastprof merge", *map(shlex.quote, patterns), "-o", shlex.quote(str(out)), "--force"])
+    """The ``fastprof merge`` command line that builds ``run_dir``'s unified
+    trace from what is there now, or later once other ranks add theirs (the
+    core's input walker skips ``profiler.json``, reports and temporary files)."""
+    q = shlex.quote
+    return f"fastprof merge {q(str(run_dir))} -o {q(str(run_dir / 'trace.json.gz'))} --force"

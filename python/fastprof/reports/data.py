@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fastprof._columns import Columns, read_columns
-from fastprof._core import FastprofError, FastprofFileNotFoundError
+from fastprof._core import FastprofError, FastprofFileNotFoundError, trace_inputs
 from fastprof.reports.finite import counter_warnings
 
 I64 = npt.NDArray[np.int64]
@@ -171,6 +171,9 @@ def load(path: str | os.PathLike[str]) -> RunData:
     run_dir: Path | None = None
     if p.is_dir():
         run_dir = p
+        # The core's walker removes temporary files a killed export left
+        # (their writer is gone), as `fastprof merge` does; never an input.
+        trace_inputs([str(p)])
         unified = p / "trace.json.gz"
         target: Path = unified if unified.is_file() else p
     else:

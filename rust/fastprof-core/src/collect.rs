@@ -68,7 +68,7 @@ pub struct SessionShared {
     /// Events of threads that got no ring (allocation failed). Relaxed counter.
     pub(crate) ringless_drops: AtomicU64,
     /// Heap bytes of payloads in the rings, and events dropped for want of
-    /// budget (see `config::MAX_PAYLOAD_IN_FLIGHT`). Relaxed counters.
+    /// budget (see `record::MAX_PAYLOAD_IN_FLIGHT`). Relaxed counters.
     pub(crate) payload_in_flight: AtomicU64,
     pub(crate) payload_drops: AtomicU64,
     /// Threads that got no ring: (tid, name, reason).

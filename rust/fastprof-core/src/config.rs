@@ -50,12 +50,6 @@ pub struct Config {
 pub const MIN_SEGMENT_SIZE: u64 = 64 * 1024;
 /// Upper bound for a ring: 2^26 slots is 1.5 GiB per thread, surely a typo beyond.
 pub const MAX_BUFFER_SIZE: usize = 1 << 26;
-/// Most heap bytes of args and names (the slow path's payloads) a session
-/// holds in its rings at once. Slots bound the records in flight, not their
-/// payloads: without this, instants with 10 KB of args filled the default
-/// rings with 0.7-0.9 GB. Past it, such events are dropped and counted
-/// (`drops.payload_events`) until the writer catches up.
-pub const MAX_PAYLOAD_IN_FLIGHT: u64 = 64 << 20;
 /// Window bounds: below 1 MiB a window holds a few blocks at most.
 pub const MIN_WINDOW_BYTES: u64 = 1 << 20;
 pub const MAX_WINDOW_BYTES: u64 = 16 << 30;

@@ -9,6 +9,13 @@
 //! extra when it goes out of scope, and a ring dropped with records still in it
 //! frees theirs. Double frees and leaks are not representable by safe code.
 
+/// Most heap bytes of args and names (the slow path's payloads) a session
+/// holds in its rings at once. Slots bound the records in flight, not their
+/// payloads: without this, instants with 10 KB of args filled the default
+/// rings with 0.7-0.9 GB. Past it, such events are dropped and counted
+/// (`drops.payload_events`) until the writer catches up.
+pub const MAX_PAYLOAD_IN_FLIGHT: u64 = 64 << 20;
+
 /// What a record means.
 #[repr(u8)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

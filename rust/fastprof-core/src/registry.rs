@@ -430,12 +430,12 @@ fn push(r: &Registered, rec: Record, reserve: u64) -> bool {
 }
 
 /// A record carrying args or a name: pushed only while the session's payload
-/// budget ([`crate::config::MAX_PAYLOAD_IN_FLIGHT`]) has room.
+/// budget ([`crate::record::MAX_PAYLOAD_IN_FLIGHT`]) has room.
 #[inline(never)]
 fn push_extra(r: &Registered, rec: Record, reserve: u64) -> bool {
     let bytes = rec.extra_bytes();
     let budget = r.session.payload_in_flight();
-    if budget.fetch_add(bytes, Ordering::Relaxed) + bytes > crate::config::MAX_PAYLOAD_IN_FLIGHT {
+    if budget.fetch_add(bytes, Ordering::Relaxed) + bytes > crate::record::MAX_PAYLOAD_IN_FLIGHT {
         budget.fetch_sub(bytes, Ordering::Relaxed);
         r.session.payload_drops().fetch_add(1, Ordering::Relaxed);
         return false; // `rec` is dropped here, freeing its extra

@@ -117,6 +117,8 @@ fn merge(
     d.set_item("output", s.output)?;
     d.set_item("files", s.files)?;
     d.set_item("skipped_files", s.skipped_files)?;
+    d.set_item("own_files", s.own_files)?;
+    d.set_item("removed_temps", s.removed_temps)?;
     d.set_item("ranks", s.ranks)?;
     d.set_item("events_in", s.events_in)?;
     d.set_item("events_out", s.events_out)?;
@@ -168,6 +170,22 @@ fn read_trace(
     Ok((value, doc.warnings, doc.salvaged, doc.unused_bytes))
 }
 
+/// The core's input walker (`trace::inputs::find`) over `paths`: returns
+/// `(trace files, fastprof's own non-trace files skipped, temporary files
+/// of dead processes removed, warnings)`. The Profiler merges what it finds,
+/// the reports call it to clean a run directory.
+#[pyfunction]
+fn trace_inputs(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+) -> PyResult<[Vec<String>; 4]> {
+    let f = py
+        .detach(|| fastprof_core::trace::inputs::find(&paths))
+        .map_err(Error)?;
+    let s = |v: Vec<PathBuf>| v.iter().map(|p| p.display().to_string()).collect();
+    Ok([s(f.files), s(f.own), s(f.removed), f.warnings])
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     registry::install_fork_handlers();
@@ -202,6 +220,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_noop, m)?)?;
     m.add_function(wrap_pyfunction!(_span_depth, m)?)?;
     m.add_function(wrap_pyfunction!(read_trace, m)?)?;
+    m.add_function(wrap_pyfunction!(trace_inputs, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::analyze_steps, m)?)?;
     m.add_function(wrap_pyfunction!(merge, m)?)?;
     m.add_function(wrap_pyfunction!(columns::read_columns, m)?)?;

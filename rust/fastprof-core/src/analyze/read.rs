@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 
 use super::classify::{self, Class, DeviceKind, HostRole, KernelType};
 use crate::error::{CoreError, Result};
-use crate::merge::inputs;
 use crate::trace::columns::FileInfo;
 use crate::trace::filemeta::{FileMeta, MetaEvent};
+use crate::trace::inputs;
 use crate::trace::scan::{self, Fields, Item, Scanner};
 
 /// A GPU activity.

@@ -17,7 +17,7 @@
 //! float, brought to epoch ns (base + ts + the rank's clock offset), and
 //! written against one output `baseTimeNanoseconds`.
 
-pub mod inputs;
+use crate::trace::inputs;
 mod names;
 pub mod nest;
 pub mod plan;
@@ -122,6 +122,11 @@ pub struct MergeSummary {
     pub output: PathBuf,
     pub files: usize,
     pub skipped_files: Vec<String>,
+    /// fastprof's own non-trace JSON met in the input directories (its
+    /// `profiler.json`, reports, memory timelines), not read.
+    pub own_files: Vec<String>,
+    /// Temporary files of dead processes removed from the input directories.
+    pub removed_temps: Vec<String>,
     pub ranks: Vec<u32>,
     pub events_in: u64,
     pub events_out: u64,
@@ -289,8 +294,16 @@ pub fn merge(opts: &MergeOptions) -> Result<MergeSummary> {
         return Err(output_error(&opts.output, e));
     }
     let out_abs = opts.output.canonicalize().ok();
-    let mut input_warnings = Vec::new();
-    let files: Vec<PathBuf> = inputs::expand_warn(&opts.inputs, &mut input_warnings)?
+    let found = inputs::find(&opts.inputs)?;
+    let input_warnings = found.warnings;
+    let own_files: Vec<String> = found.own.iter().map(|p| p.display().to_string()).collect();
+    let removed_temps: Vec<String> = found
+        .removed
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    let files: Vec<PathBuf> = found
+        .files
         .into_iter()
         .filter(|p| {
             out_abs
@@ -327,6 +340,8 @@ pub fn merge(opts: &MergeOptions) -> Result<MergeSummary> {
     let cancel = opts.cancel.clone().unwrap_or_default();
     let result = plan_all(opts, files, threads, &done, &cancel).and_then(|mut p| {
         p.summary.warnings.splice(0..0, input_warnings);
+        p.summary.own_files = own_files;
+        p.summary.removed_temps = removed_temps;
         write_all(opts, p, threads, &done, &cancel)
     });
     stop.store(true, Ordering::Relaxed);

@@ -18,13 +18,37 @@
 //! and [`FileMeta::rank_of`] once the file has been read.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::columns::FileInfo;
 use super::scan::{self, Fields};
-use crate::merge::inputs;
+use crate::trace::inputs;
+
+/// One input file and what was learnt about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileInfo {
+    pub path: PathBuf,
+    /// "fastprof", "kineto", "chrome" or "merged".
+    pub kind: &'static str,
+    pub rank: Option<u32>,
+    pub base_ns: Option<i64>,
+    pub offset_ns: i64,
+    /// Events the scanner yielded.
+    pub events: u64,
+    pub salvaged: bool,
+    /// Where a salvaged file was cut: the byte of the decompressed text just
+    /// after the last value used, and why reading stopped there.
+    pub cut: Option<(u64, String)>,
+    /// Spans left out for a hostile `dur` (negative, not a number in range,
+    /// or longer than [`scan::MAX_DUR_NS`]; an E before its B): (name, count), by
+    /// name. Left out rather than read as 0 s, which would pass for a real
+    /// (and very fast) span in every statistic.
+    pub bad_dur: Vec<(String, u64)>,
+    /// Why the file was not used (a previous merge output next to its
+    /// inputs, or a file in a directory that is not a trace).
+    pub skipped: Option<String>,
+}
 
 pub(crate) struct FileMeta {
     pub info: FileInfo,

@@ -7,6 +7,10 @@
 //!   truncated files (what `fastprof.read_trace` returns).
 //! * `filemeta`: a file's kind, rank, time base and clock offset, as
 //!   columns and the analysis both read them.
+//! * [`inputs`]: the one walker that decides what in a run directory is a
+//!   trace (merge, columns and the analysis all take their files from it):
+//!   hidden and temporary files never are, fastprof's own non-trace JSON
+//!   (`profiler.json`, `report.json`, memory timelines) is skipped and named.
 //! * [`columns`]: spans, instants and counters as numpy-ready columns, with
 //!   filters, epoch-ns timestamps, ranks and steps, in memory proportional
 //!   to the rows kept.
@@ -14,11 +18,12 @@
 //! Everything that reads a trace goes through [`scan::Scanner`], so a
 //! malformed event is dropped and the walk resynchronises on the next one in
 //! the same way everywhere (the merger included). Nothing here imports the
-//! recorder, the writer or the sampler. `merge` builds on the scanner;
-//! `columns` finds a run directory's files with `merge::inputs`, so that both
+//! recorder, the writer or the sampler. `merge` builds on the scanner and
+//! takes its files from [`inputs`], as `columns` and `analyze` do, so that all
 //! see the same files.
 
 pub mod columns;
 pub(crate) mod filemeta;
+pub mod inputs;
 pub mod reader;
 pub mod scan;

@@ -34,10 +34,11 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+pub use super::filemeta::FileInfo;
 use super::filemeta::{FileMeta, MetaEvent};
 use super::scan::{self, Fields, Item, Scanner};
 use crate::error::{CoreError, Result};
-use crate::merge::inputs;
+use crate::trace::inputs;
 
 /// What to read. Name and category filters apply while reading, so rows they
 /// leave out never take memory.
@@ -144,31 +145,6 @@ impl Table {
         self.value.truncate(w.min(self.value.len()));
         self.rank.truncate(w.min(self.rank.len()));
     }
-}
-
-/// One input file and what was learnt about it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FileInfo {
-    pub path: PathBuf,
-    /// "fastprof", "kineto", "chrome" or "merged".
-    pub kind: &'static str,
-    pub rank: Option<u32>,
-    pub base_ns: Option<i64>,
-    pub offset_ns: i64,
-    /// Events the scanner yielded.
-    pub events: u64,
-    pub salvaged: bool,
-    /// Where a salvaged file was cut: the byte of the decompressed text just
-    /// after the last value used, and why reading stopped there.
-    pub cut: Option<(u64, String)>,
-    /// Spans left out for a hostile `dur` (negative, not a number in range,
-    /// or longer than [`scan::MAX_DUR_NS`]; an E before its B): (name, count), by
-    /// name. Left out rather than read as 0 s, which would pass for a real
-    /// (and very fast) span in every statistic.
-    pub bad_dur: Vec<(String, u64)>,
-    /// Why the file was not used (a previous merge output next to its
-    /// inputs, or a file in a directory that is not a trace).
-    pub skipped: Option<String>,
 }
 
 /// Everything read: three tables and the tables their ids index.

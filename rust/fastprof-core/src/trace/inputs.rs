@@ -1,5 +1,19 @@
-//! Finding merge inputs: files, directories (searched for fastprof segments,
-//! `*.pt.trace.json[.gz]` and other Chrome traces) and glob patterns.
+//! The one input walker: what in the paths a user names (files, directories
+//! searched recursively, glob patterns) is a trace. `merge`, `columns` and
+//! `analyze` (so the CLI merge, the Profiler's own merge, `read_columns`,
+//! `analyze_steps` and every report) all take their files from here, so they
+//! all see the same files.
+//!
+//! Inside a directory a file is an input when its name is a trace's
+//! (`*.json`, `*.json.gz`, an open segment `fastprof.*.json.gz.part`), except:
+//! * hidden and temporary files (`.name`, `*.tmp-PID*`, `*.tmp`): locks, done
+//!   markers and the half-written files of an export in progress or killed;
+//! * fastprof's own non-trace JSON (`profiler.json`, `report.json`, torch's
+//!   memory timelines `*.memory.*`): skipped and listed in [`Inputs::own`].
+//!
+//! A file named explicitly is always taken (a foreign non-trace file is then
+//! an error of the reader that names it). Temporary files left by a process
+//! that no longer exists are removed while walking ([`Inputs::removed`]).
 
 use crate::error::{CoreError, Result};
 use std::path::{Path, PathBuf};
@@ -9,6 +23,64 @@ pub fn is_trace_name(name: &str) -> bool {
     name.ends_with(".json")
         || name.ends_with(".json.gz")
         || (name.starts_with("fastprof.") && name.ends_with(".json.gz.part"))
+}
+
+/// Hidden and temporary files are never inputs inside a directory: fastprof
+/// (and anything writing atomically) writes `.name.tmp-PID` and renames it.
+pub fn is_hidden_or_temp(name: &str) -> bool {
+    name.starts_with('.') || name.contains(".tmp-") || name.ends_with(".tmp")
+}
+
+/// fastprof's own JSON that is not a trace: the Profiler's summary, a
+/// report, torch's memory timeline exported beside a window.
+pub fn is_own_non_trace(name: &str) -> bool {
+    name == "profiler.json" || name == "report.json" || name.contains(".memory.")
+}
+
+/// The pid in a temporary file's name `.anything.tmp-PID[.suffix]`.
+fn temp_pid(name: &str) -> Option<i32> {
+    let rest = &name[name.rfind(".tmp-")? + 5..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok().filter(|&p| p > 0)
+}
+
+/// Whether `pid` is a live process on this host (EPERM: alive, not ours).
+fn pid_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() != libc::ESRCH }
+}
+
+/// How old a dead pid's temporary file must be before it is removed. The
+/// pid is checked on this host only; on a shared file system a writer on
+/// another node has the same file open, and keeps touching it, so a file
+/// untouched this long is a leftover whoever wrote it.
+pub const STALE_TEMP_SECS: u64 = 120;
+
+/// Whether a file named `name` is a temporary file left by a process that
+/// is gone and untouched for [`STALE_TEMP_SECS`].
+fn stale_temp(name: &str, m: &std::fs::Metadata) -> bool {
+    let Some(pid) = temp_pid(name) else {
+        return false;
+    };
+    let old = m
+        .modified()
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age.as_secs() >= STALE_TEMP_SECS);
+    m.is_file() && old && !pid_alive(pid)
+}
+
+/// What a walk found.
+#[derive(Debug, Default)]
+pub struct Inputs {
+    /// The trace files, in a stable order, without duplicates.
+    pub files: Vec<PathBuf>,
+    /// What was skipped that looked like a trace (a FIFO, a broken symlink...).
+    pub warnings: Vec<String>,
+    /// fastprof's own non-trace JSON found inside the directories, skipped.
+    pub own: Vec<PathBuf>,
+    /// Temporary files of dead processes removed on the way.
+    pub removed: Vec<PathBuf>,
 }
 
 /// What a path is, following symlinks, for messages: "a directory", "a
@@ -40,12 +112,7 @@ fn file_kind(p: &Path) -> std::io::Result<(std::fs::Metadata, &'static str)> {
 /// tree (or two symlinks to the same directory) is walked once, not 2^depth times.
 type Seen = std::collections::HashSet<(u64, u64)>;
 
-fn walk(
-    dir: &Path,
-    out: &mut Vec<PathBuf>,
-    seen: &mut Seen,
-    warnings: &mut Vec<String>,
-) -> Result<()> {
+fn walk(dir: &Path, found: &mut Inputs, seen: &mut Seen) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(dir).map_err(|e| CoreError::io(dir, e))?;
     if !seen.insert((m.dev(), m.ino())) {
@@ -58,20 +125,34 @@ fn walk(
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
         let p = e.path();
-        let traceish = is_trace_name(&e.file_name().to_string_lossy());
+        let name = e.file_name().to_string_lossy().into_owned();
+        if is_hidden_or_temp(&name) {
+            // Never an input; a dead writer's leftover is removed (a
+            // symlink is not followed: lstat, and only a regular file).
+            if let Ok(m) = p.symlink_metadata() {
+                if stale_temp(&name, &m) && std::fs::remove_file(&p).is_ok() {
+                    found.removed.push(p);
+                }
+            }
+            continue;
+        }
+        let traceish = is_trace_name(&name);
         match file_kind(&p) {
-            Ok((m, _)) if m.is_dir() => walk(&p, out, seen, warnings)?,
-            Ok((m, _)) if m.is_file() && traceish => out.push(p),
+            Ok((m, _)) if m.is_dir() => walk(&p, found, seen)?,
+            Ok((m, _)) if m.is_file() && traceish && is_own_non_trace(&name) => found.own.push(p),
+            Ok((m, _)) if m.is_file() && traceish => found.files.push(p),
             Ok((m, _)) if m.is_file() => {}
             // Opening a FIFO blocks until a writer comes; a device never ends.
             Ok((_, kind)) if traceish => {
-                warnings.push(format!(
+                found.warnings.push(format!(
                     "{}: skipped, {kind} and not a regular file",
                     p.display()
                 ));
             }
             Err(err) if traceish => {
-                warnings.push(format!("{}: skipped, {err}", p.display()));
+                found
+                    .warnings
+                    .push(format!("{}: skipped, {err}", p.display()));
             }
             _ => {}
         }
@@ -154,16 +235,11 @@ fn not_found(path: &Path, why: impl Into<String>) -> CoreError {
 
 /// One path named by the user (or matched by their glob): a directory is
 /// walked, a regular file taken; anything else is an error naming what it is.
-fn add(
-    a: &Path,
-    out: &mut Vec<PathBuf>,
-    seen: &mut Seen,
-    warnings: &mut Vec<String>,
-) -> Result<()> {
+fn add(a: &Path, found: &mut Inputs, seen: &mut Seen) -> Result<()> {
     match file_kind(a) {
-        Ok((m, _)) if m.is_dir() => walk(a, out, seen, warnings),
+        Ok((m, _)) if m.is_dir() => walk(a, found, seen),
         Ok((m, _)) if m.is_file() => {
-            out.push(a.to_path_buf());
+            found.files.push(a.to_path_buf());
             Ok(())
         }
         Ok((_, kind)) => Err(CoreError::io(
@@ -194,25 +270,35 @@ pub fn expand(args: &[PathBuf]) -> Result<Vec<PathBuf>> {
 /// could block forever), a broken symlink, a symlink loop. Every real
 /// directory is walked once, however many symlinks lead to it.
 pub fn expand_warn(args: &[PathBuf], warnings: &mut Vec<String>) -> Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
+    let found = find(args)?;
+    warnings.extend(found.warnings);
+    Ok(found.files)
+}
+
+/// Walk the inputs: trace files, what was skipped and why, fastprof's own
+/// non-trace files met inside directories, dead writers' temp files removed.
+pub fn find(args: &[PathBuf]) -> Result<Inputs> {
+    let mut found = Inputs::default();
     let mut seen = Seen::new();
     for a in args {
         let s = a.to_string_lossy();
         if a.symlink_metadata().is_err() && s.contains(['*', '?']) {
-            let found = glob(&s)?;
-            if found.is_empty() {
+            let matched = glob(&s)?;
+            if matched.is_empty() {
                 return Err(not_found(a, "no file matches this pattern"));
             }
-            for p in found {
-                add(&p, &mut out, &mut seen, warnings)?;
+            for p in matched {
+                add(&p, &mut found, &mut seen)?;
             }
         } else {
-            add(a, &mut out, &mut seen, warnings)?;
+            add(a, &mut found, &mut seen)?;
         }
     }
     let mut seen = std::collections::HashSet::new();
-    out.retain(|p| seen.insert(p.canonicalize().unwrap_or_else(|_| p.clone())));
-    Ok(out)
+    found
+        .files
+        .retain(|p| seen.insert(p.canonicalize().unwrap_or_else(|_| p.clone())));
+    Ok(found)
 }
 
 /// Rank from a path: a `rank{R}` / `rank_{R}` / `rank-{R}` component or file-name part.
@@ -287,6 +373,52 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("character device"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn hidden_temp_and_own_files_are_never_inputs() {
+        for name in [
+            ".fastprof.lock",
+            ".ep0-ba1.pt.trace.json.tmp-123.json",
+            ".report.json.tmp-9",
+            "x.json.tmp",
+        ] {
+            assert!(is_hidden_or_temp(name), "{name}");
+        }
+        assert!(!is_hidden_or_temp("ep0-ba1.pt.trace.json.gz"));
+        assert!(!is_hidden_or_temp("fastprof.0.json.gz.part"));
+        for name in ["profiler.json", "report.json", "ep0-ba1.memory.json"] {
+            assert!(is_own_non_trace(name), "{name}");
+        }
+        assert!(!is_own_non_trace("fastprof.0.json.gz"));
+        assert_eq!(temp_pid(".a.pt.trace.json.tmp-4242.json"), Some(4242));
+        assert_eq!(temp_pid(".a.json.gz.tmp-17"), Some(17));
+        assert_eq!(temp_pid(".a.tmp-x"), None);
+        assert!(pid_alive(std::process::id() as i32));
+
+        let dir = std::env::temp_dir().join(format!("fastprof-walker-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("rank0/torch")).unwrap();
+        std::fs::write(dir.join("rank0/fastprof.0.json.gz"), b"").unwrap();
+        std::fs::write(dir.join("rank0/profiler.json"), b"{}").unwrap();
+        // A pid far above any pid_max is never alive; an hour-old file.
+        let stale = dir.join("rank0/torch/.w.pt.trace.json.tmp-2147483000.json");
+        std::fs::write(&stale, b"{").unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(&stale)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let fresh = dir.join("rank0/torch/.v.pt.trace.json.tmp-2147483000.json");
+        std::fs::write(&fresh, b"{").unwrap();
+        let found = find(std::slice::from_ref(&dir)).unwrap();
+        assert_eq!(found.files, vec![dir.join("rank0/fastprof.0.json.gz")]);
+        assert_eq!(found.own, vec![dir.join("rank0/profiler.json")]);
+        assert_eq!(found.removed, vec![stale.clone()]);
+        assert!(!stale.exists() && fresh.exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
