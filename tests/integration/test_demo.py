@@ -78,6 +78,7 @@ def _check_demo_trace(trace_dir: Path, stdout: str, traces) -> None:
     )
 
 
+@pytest.mark.slow
 def test_demo_console_script(tmp_path, traces):
     out = tmp_path / "D"
     proc = _run([_console_script(), "demo", "--out-dir", str(out), "--steps", str(STEPS)], tmp_path)
@@ -89,6 +90,20 @@ def test_demo_console_script(tmp_path, traces):
     _check_demo_trace(trace_dir, proc.stdout, traces)
 
 
+@pytest.mark.slow
+def test_demo_quiet_prints_the_trace_and_nothing_else(tmp_path):
+    # Kineto's per-window log lines and, without a GPU, its "gpuGetDeviceCount
+    # failed" ERROR were ~9 lines on stderr even with -q.
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    cmd = [sys.executable, "-m", "fastprof", "demo", "-q", "--out-dir", str(tmp_path / "Q"), "--steps", str(STEPS)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    (line,) = proc.stdout.splitlines()
+    assert line.endswith("trace.json.gz") and Path(tmp_path, line).is_file()
+
+
+@pytest.mark.slow
 def test_demo_python_dash_m(tmp_path, traces):
     out = tmp_path / "D"
     proc = _run(
@@ -109,6 +124,7 @@ def test_demo_rejects_bad_steps_in_one_line(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_demo_in_process(tmp_path, capsys, traces):
     from fastprof.cli.main import main
 
@@ -138,6 +154,7 @@ def test_demo_rejects_unusable_devices_in_one_line_and_leaves_nothing(tmp_path, 
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_demo_progress_raises_no_warning(tmp_path, capsys, traces):
     """Under filterwarnings=error a warning from the demo's own code (e.g. float() of
     a tensor that requires grad, in the progress line) fails the run."""

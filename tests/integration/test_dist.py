@@ -113,6 +113,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"out": out, "results": results, "stderr": r.stderr}
 
 
+@pytest.mark.slow
 def test_dist_info_on_both_ranks_from_env_and_from_torch_distributed(job):
     for rank, res in enumerate(job["results"]):
         common = {"rank": rank, "local_rank": rank, "world_size": 2, "local_world_size": 2, "node_rank": 0}
@@ -130,6 +131,7 @@ def test_dist_info_on_both_ranks_from_env_and_from_torch_distributed(job):
         }
 
 
+@pytest.mark.slow
 def test_ranks_on_one_host_share_rank0s_clock_by_construction(job):
     for rank, res in enumerate(job["results"]):
         for key in ("plain", "end"):
@@ -140,6 +142,7 @@ def test_ranks_on_one_host_share_rank0s_clock_by_construction(job):
         assert res["drift_ppm"] == 0.0
 
 
+@pytest.mark.slow
 def test_forced_measurement_on_one_host_finds_offset_within_its_uncertainty(job):
     r0, r1 = (res["forced"] for res in job["results"])
     assert r0["offset_ns"] == 0 and r0["samples"] == 0 and r0["measured"] is False
@@ -150,6 +153,7 @@ def test_forced_measurement_on_one_host_finds_offset_within_its_uncertainty(job)
     assert r0["offsets"] == r1["offsets"] == [[0, 0], [r1["offset_ns"], r1["uncertainty_ns"]]]
 
 
+@pytest.mark.slow
 def test_a_5ms_skew_on_rank1_is_measured_and_removed(job):
     r0, r1 = (res["skewed"] for res in job["results"])
     assert r0["offset_ns"] == 0 and r0["measured"] is False
@@ -167,6 +171,7 @@ def _load(path: Path) -> dict[str, Any]:
     return json.loads(gzip.decompress(path.read_bytes()))
 
 
+@pytest.mark.slow
 def test_merge_applies_each_ranks_offset(job, traces, tmp_path):
     skewed = [res["skewed"]["offset_ns"] for res in job["results"]]
     uncertainty = [res["skewed"]["uncertainty_ns"] for res in job["results"]]

@@ -276,36 +276,61 @@ def test_dataloader_workers_say_once_that_they_record_nothing(pyscript):
 
 
 def test_async_spans_of_interleaved_tasks_keep_their_own_durations(tmp_path, traces):
+    """Two tasks whose spans cross (A opens first, B closes first), driven
+    step by step with events, never by sleeps: each begin and end carries its
+    own task's id, so a viewer pairing them gets each task's own span (the
+    bug closed the other task's span: 40 ms and 101 ms for 60 and 80)."""
     import asyncio
 
+    gate: dict[str, asyncio.Event] = {}
+    reached: dict[str, asyncio.Event] = {}
+
+    def ev(table, key):
+        return table.setdefault(key, asyncio.Event())
+
     @fastprof.span("outer_task")
-    async def work(delay):
-        await inner(delay / 2)
-        await asyncio.sleep(delay / 2)
-        return delay
+    async def work(tag):
+        await inner(tag)
+        ev(reached, f"{tag}.inner_done").set()
+        await ev(gate, f"{tag}.outer").wait()
+        return tag
 
     @fastprof.span("inner")
-    async def inner(delay):
-        await asyncio.sleep(delay)
+    async def inner(tag):
+        ev(reached, f"{tag}.inner_open").set()
+        await ev(gate, f"{tag}.inner").wait()
 
     @fastprof.span("fails", kind="test")
     async def fails():
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
         raise KeyError("boom")
 
+    async def step(open_gate, wait_for):
+        ev(gate, open_gate).set()
+        await ev(reached, wait_for).wait()
+
     async def main():
-        got = await asyncio.gather(work(0.060), work(0.080))
+        a = asyncio.ensure_future(work("A"))
+        await ev(reached, "A.inner_open").wait()
+        b = asyncio.ensure_future(work("B"))
+        await ev(reached, "B.inner_open").wait()
+        await step("A.inner", "A.inner_done")
+        await step("B.inner", "B.inner_done")
+        ev(gate, "B.outer").set()
+        got = [await b]
+        ev(gate, "A.outer").set()
+        got.append(await a)
         with pytest.raises(KeyError):
             await fails()
-        forever = asyncio.ensure_future(work(10.0))  # still open when recording stops
-        await asyncio.sleep(0.02)
+        forever = asyncio.ensure_future(work("C"))  # still open when recording stops
+        await ev(reached, "C.inner_open").wait()
         return got, forever
 
-    rec = fastprof.start(tmp_path, "async")
+    rec = fastprof.start(tmp_path, "async", sample_hz=0)
     loop = asyncio.new_event_loop()
     try:
         got, forever = loop.run_until_complete(main())
-        assert got == [0.060, 0.080]
+        assert got == ["B", "A"]
         rec.stop()
         forever.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -314,30 +339,41 @@ def test_async_spans_of_interleaved_tasks_keep_their_own_durations(tmp_path, tra
         loop.close()
     run = traces.read(rec.trace_dir)
     base = run.segments[0].base_ns
-    # Pair b/e per (id, name) with a stack, as a viewer does.
+    evs = [e for e in run.events if e.get("cat") == "async" and e["ph"] in "be"]
+    # One thread recorded them all: the file keeps their order, and so do the clocks.
+    ts = [e["ts"] for e in evs]
+    assert ts == sorted(ts), "async events out of time order"
+    # Name each id by the task whose outer span opened it (A, B, then C).
+    task = {}
+    for e in evs:
+        if e["ph"] == "b" and e["name"] == "outer_task":
+            task[e["id"]] = "ABC"[len(task)]
+    closed = [(e["ph"], e["name"], task.get(e["id"])) for e in evs if not e.get("args", {}).get("unclosed")]
+    assert closed[:8] == [
+        ("b", "outer_task", "A"),
+        ("b", "inner", "A"),
+        ("b", "outer_task", "B"),
+        ("b", "inner", "B"),
+        ("e", "inner", "A"),
+        ("e", "inner", "B"),
+        ("e", "outer_task", "B"),
+        ("e", "outer_task", "A"),
+    ], closed
+    # Pair b/e per (id, name) with a stack, as a viewer does: every begin has its end.
     open_, spans = {}, []
-    for e in run.events:
-        if e.get("cat") != "async":
-            continue
+    for e in evs:
         key = (e["id"], e["name"])
         if e["ph"] == "b":
             open_.setdefault(key, []).append(e)
-        elif e["ph"] == "e":
-            b = open_[key].pop()
-            spans.append((e["name"], e["id"], traces.us_to_ns(e["ts"] - b["ts"]) / 1e6, b, e))
+        else:
+            spans.append((e["name"], e["id"], open_[key].pop(), e))
     assert all(not v for v in open_.values()), "every async begin has its end"
-    outer = sorted(d for n, _, d, _, e in spans if n == "outer_task" and "unclosed" not in e.get("args", {}))
-    inner_ = sorted(d for n, _, d, _, e in spans if n == "inner" and "unclosed" not in e.get("args", {}))
-    # Each task's own duration (the bug gave 40 ms and 101 ms).
-    assert 58 <= outer[0] < 75 and 78 <= outer[1] < 95, outer
-    assert 28 <= inner_[0] < 45 and 38 <= inner_[1] < 55, inner_
-    # Two tasks, two ids; the inner span shares its task's id.
-    ids = {i for n, i, *_ in spans if n == "outer_task"}
-    assert len(ids) == 3  # two finished tasks and the one left open
-    (f,) = [(b, e) for n, _, _, b, e in spans if n == "fails"]
+    # Three tasks, three ids (two finished, one left open); the inner span shares its task's id.
+    assert len(task) == 3 and {i for n, i, *_ in spans if n == "inner"} == set(task)
+    (f,) = [(b, e) for n, _, b, e in spans if n == "fails"]
     assert f[0]["args"] == {"kind": "test"} and f[1]["args"] == {"exception": True}
-    left = [e for n, _, _, _, e in spans if e.get("args", {}).get("unclosed")]
-    assert {e["name"] for e in left} == {"outer_task", "inner"}
+    left = [e for *_, e in spans if e.get("args", {}).get("unclosed")]
+    assert sorted((e["name"], task[e["id"]]) for e in left) == [("inner", "C"), ("outer_task", "C")]
     assert all(base + traces.us_to_ns(e["ts"]) > base for e in left)
 
 

@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 
+# Every test here reads one real torchrun job (two ranks, gloo).
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch")
 
 SKEW_NS = 5_000_000

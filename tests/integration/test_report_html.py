@@ -190,6 +190,7 @@ def coloured_pixels(img: Image.Image, rect: list[float]) -> int:
     return int(((a.max(axis=2) - a.min(axis=2)) > 60).sum())
 
 
+@pytest.mark.slow
 def test_report_html_in_headless_chromium(run: Path, tmp_path: Path) -> None:
     rep = fastprof.report(run, out_dir=tmp_path / "reports")
     page = tmp_path / "reports" / "report.html"
