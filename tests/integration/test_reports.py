@@ -205,12 +205,14 @@ def test_default_out_dir_and_single_trace(base_run: Path) -> None:
 
 def test_run_dir_without_unified_trace(loader_run: Path, tmp_path: Path) -> None:
     """A run whose merge never ran (segments, torch windows and profiler.json
-    per rank): profiler.json is skipped with a warning, not fed to the breakdown."""
+    per rank): profiler.json is fastprof's own file, skipped by the core's
+    input walker without a warning (nothing is wrong), not fed to the breakdown."""
     run = tmp_path / "run"
     shutil.copytree(loader_run / "rank0", run / "rank0")
     rep = fastprof.report(run, formats=())
     unified = fastprof.report(loader_run, formats=())
-    assert any("profiler.json" in w for w in rep["source"]["warnings"])
+    assert not any("profiler.json" in w for w in rep["source"]["warnings"]), rep["source"]["warnings"]
+    assert all(Path(f["path"]).name != "profiler.json" for f in rep["source"]["inputs"]), rep["source"]["inputs"]
     assert rep["speed"]["train"]["per_rank"][0]["steps"] == unified["speed"]["train"]["per_rank"][0]["steps"]
     assert rep["breakdown"] is not None and len(rep["breakdown"]["steps"]) == len(unified["breakdown"]["steps"])
 
