@@ -175,10 +175,7 @@ fn read_trace(
 /// of dead processes removed, warnings)`. The Profiler merges what it finds,
 /// the reports call it to clean a run directory.
 #[pyfunction]
-fn trace_inputs(
-    py: Python<'_>,
-    paths: Vec<PathBuf>,
-) -> PyResult<[Vec<String>; 4]> {
+fn trace_inputs(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<[Vec<String>; 4]> {
     let f = py
         .detach(|| fastprof_core::trace::inputs::find(&paths))
         .map_err(Error)?;
