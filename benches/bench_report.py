@@ -24,6 +24,15 @@ reports' own stage timings (``progress=True``) are printed for the first
 round.
 
     python benches/bench_report.py [--mb 1000] [--rounds 2] [--hta | --no-hta] [--hta-max-mb 400]
+
+Long runs (issue #15, item 11): ``--steps 100000,1000000`` instead writes, per
+size, a lean trace of that many steps (each a ProfilerStep#N holding a
+DataLoader ``__next__``, an ``aten::mm`` and the ``cudaLaunchKernel`` of a
+kernel on the GPU stream: what the breakdown reads), reports it beside the
+merge of the same file, and prints how time per step grows from the smallest
+size to the largest (1.0 is linear).
+
+    python benches/bench_report.py --steps 100000,1000000 --rounds 1 --no-hta
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _util import machine, verdict
-from bench_merge import generate, run_measured
+from bench_merge import BASE_NS, CPU_PID, DEVICE_PROPERTIES, generate, run_measured
 
 REPORT = """
 import sys, time, warnings
@@ -79,6 +88,114 @@ print(f"HTA: load {t1 - t0:.1f} s, temporal breakdown {time.perf_counter() - t1:
 print(df.to_string())
 """
 
+
+def generate_steps(path: Path, steps: int) -> tuple[int, int]:
+    """A Kineto trace of ``steps`` training steps, ~1 KB of JSON each; (JSON bytes, events)."""
+    import gzip
+
+    head = (
+        f'{{"schemaVersion": 1, "deviceProperties": {DEVICE_PROPERTIES}, '
+        f'"distributedInfo": {{"backend": "nccl", "rank": 0, "world_size": 1}}, '
+        f'"baseTimeNanoseconds": {BASE_NS}, "traceEvents": [\n'
+    )
+    pid, tid = CPU_PID, CPU_PID
+    step_t = (
+        '{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#%d", "pid": %d, "tid": %d, '
+        '"ts": %.3f, "dur": %.3f, "args": {"External id": %d}},\n'
+        '{"ph": "X", "cat": "user_annotation", "name": '
+        '"enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "pid": %d, "tid": %d, '
+        '"ts": %.3f, "dur": %.3f, "args": {"External id": %d}},\n'
+        '{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": %d, "tid": %d, "ts": %.3f, "dur": %.3f, '
+        '"args": {"External id": %d, "Sequence number": %d}},\n'
+        '{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": %d, "tid": %d, '
+        '"ts": %.3f, "dur": 4.231, "args": {"External id": %d, "correlation": %d}},\n'
+        '{"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_tn", "pid": 0, "tid": 7, '
+        '"ts": %.3f, "dur": %.3f, "args": {"External id": %d, "device": 0, "stream": 7, "correlation": %d, '
+        '"grid": [128, 32, 1], "block": [384, 1, 1], "blocks per SM": 2.5, "est. achieved occupancy %%": 25}}'
+    )
+    size = len(head)
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(head.encode())
+        buf: list[str] = []
+        t = 1000.0  # µs from the base
+        for n in range(steps):
+            dur = 900.0 + (n * 7919) % 400
+            ext = 4 * n
+            corr = (1 << 20) + n
+            text = step_t % (
+                n, pid, tid, t, dur, ext,
+                pid, tid, t + 5, 120.0 + n % 50, ext + 1,
+                pid, tid, t + 200, 300.0, ext + 2, n,
+                pid, tid, t + 250, ext + 3, corr,
+                t + 260, 500.0 + n % 300, ext + 3, corr,
+            )  # fmt: skip
+            buf.append(text if n == steps - 1 else text + ",\n")
+            t += dur + 20
+            if len(buf) >= 4096:
+                chunk = "".join(buf).encode()
+                size += len(chunk)
+                f.write(chunk)
+                buf.clear()
+        chunk = ("".join(buf) + "\n]}\n").encode()
+        size += len(chunk)
+        f.write(chunk)
+    return size, 5 * steps
+
+
+def main_steps(sizes: list[int], rounds: int) -> None:
+    """Report vs merge at each step count; time per step between sizes."""
+    print(f"machine: {machine()}")
+    py = sys.executable
+    per_size: dict[int, dict[str, tuple[float, int]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench_report_steps_") as tmp_s:
+        tmp = Path(tmp_s)
+        for n in sizes:
+            path = tmp / f"rank0_{n}" / "node00_4242.1727000000000.pt.trace.json.gz"
+            path.parent.mkdir()
+            t0 = time.perf_counter()
+            size, events = generate_steps(path, n)
+            print(
+                f"{n} steps: {size / 1e6:.0f} MB of JSON, {events} events, {path.stat().st_size / 1e6:.0f} MB gzip "
+                f"(generated in {time.perf_counter() - t0:.0f} s)"
+            )
+            out = tmp / "reports"
+            cases = {
+                JSON: [py, "-c", REPORT, str(path), str(out), "json"],
+                FULL: [py, "-c", REPORT, str(path), str(out), "json,csv,html"],
+                ANALYZE_STEPS: [py, "-c", ANALYZE, str(path)],
+                MERGED: [py, "-c", MERGE, str(path), str(tmp / "merged.json.gz")],
+            }
+            results: dict[str, list[tuple[float, int]]] = {k: [] for k in cases}
+            names = list(cases)
+            for r in range(rounds):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    shutil.rmtree(out, ignore_errors=True)
+                    log = tmp / f"{n}_{len(results[name])}_{name.replace(' ', '_')}.log"
+                    results[name].append(run_measured(cases[name], log))
+                    t, m = results[name][-1]
+                    first = log.read_text(errors="replace").strip().splitlines()[-1:]
+                    print(f"  round {r + 1}: {name}: {t:.2f} s, {m / 1e6:.0f} MB  {first[0] if first else ''}")
+            (tmp / "merged.json.gz").unlink(missing_ok=True)
+            path.unlink()
+            per_size[n] = {k: (statistics.median(t for t, _ in v), max(m for _, m in v)) for k, v in results.items()}
+    print("\nmedian wall s, peak RSS MB (each in a fresh process):")
+    for n, med in per_size.items():
+        mg_t = med[MERGED][0]
+        for k, (t, m) in med.items():
+            ratio = f"{t / mg_t:5.2f}x merge" if k != MERGED else ""
+            print(f"  {n:>9} steps  {k:32s} {t:8.2f} s  {m / 1e6:6.0f} MB  {ratio}")
+        t, m = med[FULL]
+        print(
+            f"  {n:>9} steps  full report / merge {t / mg_t:.2f}x, target <= 2x: {verdict(t <= 2 * mg_t)}; "
+            f"peak RSS {m / 1e6:.0f} MB, target <= 300 MB: {verdict(m <= 300e6)}"
+        )
+    if len(per_size) > 1:
+        lo, hi = min(per_size), max(per_size)
+        for k in (FULL, JSON, ANALYZE_STEPS, MERGED):
+            growth = (per_size[hi][k][0] / hi) / (per_size[lo][k][0] / lo)
+            print(f"  {k:32s} time per step at {hi} / at {lo}: {growth:.2f} (1.0 is linear)")
+
+
 FULL = "fastprof report json+csv+html"
 JSON = "fastprof report json"
 ANALYZE_STEPS = "fastprof analyze_steps"
@@ -94,7 +211,11 @@ def main() -> None:
     hta_opt.add_argument("--no-hta", action="store_true", help="leave HolisticTraceAnalysis out")
     hta_opt.add_argument("--hta", action="store_true", help="run HTA whatever the size (minutes, GBs)")
     ap.add_argument("--hta-max-mb", type=float, default=400.0, help="skip HTA above this size (default 400)")
+    ap.add_argument("--steps", help="comma list of step counts: lean traces of that many steps (item 11)")
     args = ap.parse_args()
+    if args.steps:
+        main_steps([int(float(x)) for x in args.steps.split(",")], args.rounds)
+        return
     print(f"machine: {machine()}")
     hta = False
     if args.no_hta:

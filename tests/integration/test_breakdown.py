@@ -6,6 +6,8 @@ trace made by ``fastprof.merge``."""
 from __future__ import annotations
 
 import gzip
+import csv
+import io
 import json
 import math
 import time
@@ -146,6 +148,12 @@ def _check_gpu_rows(rows: list[dict[str, Any]], rank: int, sm_counts: bool = Tru
         assert r["compute_ns"] + r["non_compute_ns"] + r["idle_ns"] == r["duration_ns"]
 
 
+def _csv_rows(b: Any) -> list[dict[str, str]]:
+    buf = io.StringIO()
+    csv.writer(buf).writerows(b.csv_rows())
+    return list(csv.DictReader(io.StringIO(buf.getvalue())))
+
+
 def test_hand_placed_kineto_trace(tmp_path: Path) -> None:
     b = step_breakdown(_write(tmp_path / "host_1.pt.trace.json.gz", _gpu_trace(rank=0)))
     assert len(b) == 2 and b.gpu_activity and b.note is None
@@ -156,7 +164,19 @@ def test_hand_placed_kineto_trace(tmp_path: Path) -> None:
     assert b.total_share("kernel_ns") == pytest.approx(84 / 210)
     section = b.to_section()
     json.dumps(section, allow_nan=False)
-    assert section["steps"][0]["temporal"] == {"compute_ns": 24 * US, "non_compute_ns": 28 * US, "idle_ns": 48 * US}
+    # report.json's section: per-rank totals of the rows, and GPU means.
+    (pr,) = section["per_rank"]
+    rows = b.rows()
+    assert pr["steps"] == 2 and section["step_count"] == 2
+    assert pr["duration_ns"] == sum(r["duration_ns"] for r in rows)
+    assert all(pr[k] == sum(r[k] for r in rows) for k in ROLES)
+    assert pr["gpu_util"] == pytest.approx(sum(r["gpu_utilization"] for r in rows) / 2)
+    assert pr["step_max_ns"] == max(r["duration_ns"] for r in rows)
+    # The per-step rows go to breakdown.csv, read back with Python's csv.
+    got = _csv_rows(b)
+    assert [int(g["step"]) for g in got] == [1, 2]
+    assert [int(got[0][k]) for k in ("compute_ns", "non_compute_ns", "idle_ns")] == [24 * US, 28 * US, 48 * US]
+    assert all(int(g[k]) == r[k] for g, r in zip(got, rows, strict=True) for k in ROLES)
 
 
 def test_older_absolute_microseconds_give_the_same_breakdown(tmp_path: Path) -> None:
@@ -200,7 +220,8 @@ def test_cpu_only_trace_says_no_gpu_activity(tmp_path: Path) -> None:
     assert [s2[k] for k in ROLES] == [x * US for x in (0, 0, 0, 10, 3, 0, 28, 59)]
     for r in (s1, s2):
         assert r["gpu_utilization"] is None and r["idle_ns"] is None and r["compute_ns"] is None
-    assert b.to_section()["steps"][0]["temporal"] is None
+    assert b.to_section()["per_rank"][0]["gpu_util"] is None
+    assert all(g["compute_ns"] == "" and g["gpu_util"] == "" for g in _csv_rows(b))
 
 
 torch = pytest.importorskip("torch")

@@ -250,7 +250,7 @@ def test_report_html_in_headless_chromium(run: Path, tmp_path: Path) -> None:
 
     # The embedded JSON is the report.
     doc = json.loads((tmp_path / "reports" / "report.json").read_text())
-    assert embedded["schema_version"] == doc["schema_version"] == 1
+    assert embedded["schema_version"] == doc["schema_version"] == fastprof.reports.SCHEMA_VERSION
     assert embedded["wall"]["duration_s"] == doc["wall"]["duration_s"]
     assert embedded["speed"]["train"] == doc["speed"]["train"]
     assert embedded["speed"]["step_time"] == doc["speed"]["step_time"]
@@ -292,16 +292,48 @@ def test_step_parts_follow_the_breakdown_when_present(run: Path) -> None:
     total = np.sum([np.asarray(t.y, dtype=np.float64) for t in figs[0].data], axis=0)
     assert np.allclose(total, steps.dur / 1e6)
 
-    zero = dict.fromkeys(("kernel_ns", "memcpy_ns", "memset_ns", "communication_ns", "runtime_ns", "other_ns"), 0)
-    rows = [
-        {"step": s, "rank": 0, "duration_ns": 9_000_000, **zero, "dataloader_ns": 6_000_000, "cpu_exec_ns": 3_000_000}
-        for s in (3, 4)
-    ]
-    bd = {"source": "torch windows", "gpu_activity": False, "steps": rows}
+    data.breakdown = _breakdown([4, 3], dataloader=[6_000_000, 5_000_000], cpu=[3_000_000, 3_000_000])
+    bd = {"source": "torch windows", "gpu_activity": False}
     figs, note = step_part_figures({**doc, "breakdown": bd}, data)
-    assert "breakdown" in note and len(figs) == 1
+    assert "breakdown" in note and len(figs) == 1 and "drawn as" not in note
     assert [t.name for t in figs[0].data] == ["dataloader", "cpu exec"]
-    assert list(figs[0].data[0].x) == [3, 4] and list(figs[0].data[0].y) == [6.0, 6.0]
+    assert list(figs[0].data[0].x) == [3, 4] and list(figs[0].data[0].y) == [5.0, 6.0]
+
+
+def _breakdown(steps: list[int], dataloader: list[int], cpu: list[int]) -> Any:
+    from fastprof.reports.breakdown import ROLES, Breakdown
+
+    n = len(steps)
+    cols: dict[str, Any] = {k: np.zeros(n, dtype=np.int64) for k in ROLES}
+    cols["dataloader_ns"] = np.asarray(dataloader, dtype=np.int64)
+    cols["cpu_exec_ns"] = np.asarray(cpu, dtype=np.int64)
+    cols.update(
+        step=np.asarray(steps, dtype=np.int64),
+        rank=np.zeros(n, dtype=np.int64),
+        has_gpu=np.zeros(n, dtype=bool),
+        duration_ns=cols["dataloader_ns"] + cols["cpu_exec_ns"],
+        source=["ProfilerStep"] * n,
+    )
+    return Breakdown(steps=cols, devices={}, files=[], warnings=[], kernel_wait_ns=0)
+
+
+def test_a_long_run_s_step_parts_are_merged_into_bars_and_the_page_says_so(run: Path) -> None:
+    from fastprof.reports.html import MAX_BARS
+
+    data = report_data.load(run)
+    doc = fastprof.report(run, formats=()).data
+    n = 2 * MAX_BARS + 500
+    loader = np.arange(n, dtype=np.int64) * 1000
+    data.breakdown = _breakdown(list(range(n)), dataloader=loader.tolist(), cpu=[7] * n)
+    figs, note = step_part_figures({**doc, "breakdown": {"source": "torch windows", "gpu_activity": False}}, data)
+    (fig,) = figs
+    bars = fig.data[0]
+    assert len(bars.x) <= MAX_BARS and len(bars.x) == -(-n // 3)
+    assert f"{n} steps are drawn as {len(bars.x)} bars, each the mean of 3 consecutive steps" in note
+    # Each bar is its steps' mean: the bars, weighted by their steps, hold all the time.
+    weights = np.diff(np.append(np.arange(0, n, 3), n))
+    assert np.sum(np.asarray(bars.y) * weights) * 1e6 == pytest.approx(loader.sum())
+    assert list(bars.x[:2]) == [0, 3]
 
 
 def test_downsample_keeps_peaks_within_the_point_budget() -> None:

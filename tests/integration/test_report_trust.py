@@ -134,10 +134,12 @@ def test_hostile_durations_are_no_steps_of_the_breakdown(tmp_path: Path) -> None
     trace.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_000_000_000}))
     raw = fastprof._core.analyze_steps([str(trace)])
     assert any("2 X events" in w and str(trace) in w for w in raw["warnings"]), raw["warnings"]
-    doc = fastprof.report(trace, formats=()).data
-    steps = doc["breakdown"]["steps"]
-    assert [s["step"] for s in steps] == [0, 1, 2]
-    assert all(s["duration_ns"] == 500_000 for s in steps)
+    rep = fastprof.report(trace, out_dir=tmp_path / "rep", formats=("csv",))
+    assert rep["breakdown"]["step_count"] == 3
+    with open(tmp_path / "rep" / "breakdown.csv", newline="") as f:
+        steps = list(csv.DictReader(f))
+    assert [int(s["step"]) for s in steps] == [0, 1, 2]
+    assert all(int(s["duration_ns"]) == 500_000 for s in steps)
 
 
 def _report_with_file_limit(run: Path, limit: int) -> subprocess.CompletedProcess[str]:
@@ -345,3 +347,21 @@ def test_the_readme_diff_example_holds_between_two_identical_demo_runs(
         assert "memory" not in crossed and "RSS" not in crossed, out
         assert code == 0 or all(any(t in m for t in timing) for m in crossed.split(": ", 1)[1].split(", ")), out
     shutil.rmtree(tmp_path / "base")
+
+
+def test_diff_reads_a_version_1_report_beside_version_2(
+    report_json: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Report v2 moved the per-step breakdown rows to breakdown.csv; a v1
+    report.json (written by fastprof before, checked in under tests/data)
+    still validates against report.v1.json and compares with a v2 one."""
+    v1 = Path(__file__).resolve().parents[1] / "data" / "report.v1.sample.json"
+    old = json.loads(v1.read_text())
+    assert old["schema_version"] == 1 and len(old["breakdown"]["steps"]) == 6
+    new = json.loads(report_json.read_text())
+    assert new["schema_version"] == 2 and "steps" not in (new["breakdown"] or {})
+    for a, b in ((v1, report_json), (report_json, v1), (v1, v1)):
+        code = main(["diff", str(a), str(b), "--max-slowdown", "100000%"])
+        out, err = capsys.readouterr()
+        assert code == 0, (a, b, out, err)
+        assert "breakdown other (s/step)" in out and "Traceback" not in err

@@ -158,15 +158,17 @@ def test_speed_excludes_warmup(loader_run: Path) -> None:
     assert [v["batches"] for v in speed["validation"]] == [10]
 
 
-def test_dataloader_recommendation_quotes_the_share(loader_run: Path) -> None:
-    rep = fastprof.report(loader_run, formats=())
+def test_dataloader_recommendation_quotes_the_share(loader_run: Path, tmp_path: Path) -> None:
+    rep = fastprof.report(loader_run, out_dir=tmp_path, formats=("csv",))
     share = rep["speed"]["train"]["per_rank"][0]["loader_share_pct"]
     assert share > 50.0  # 12 ms of sleep per batch against a tiny linear model
     # The rule takes the step-time breakdown's DataLoader role (Rust, the
     # TensorBoard plugin's priorities) when there is one: computed here again
-    # from the section's per-step rows.
-    steps = rep["breakdown"]["steps"]
-    expected = 100 * sum(s["dataloader_ns"] for s in steps) / sum(s["duration_ns"] for s in steps)
+    # from the per-step rows of breakdown.csv.
+    with open(tmp_path / "breakdown.csv", newline="") as f:
+        steps = list(csv.DictReader(f))
+    assert len(steps) == rep["breakdown"]["step_count"]
+    expected = 100 * sum(int(s["dataloader_ns"]) for s in steps) / sum(int(s["duration_ns"]) for s in steps)
     assert expected > 50.0
     fired = [r for r in rep.recommendations if r["rule"] == "dataloader"]
     assert fired and fired[0]["measured"] == pytest.approx(expected)
@@ -214,7 +216,7 @@ def test_run_dir_without_unified_trace(loader_run: Path, tmp_path: Path) -> None
     assert not any("profiler.json" in w for w in rep["source"]["warnings"]), rep["source"]["warnings"]
     assert all(Path(f["path"]).name != "profiler.json" for f in rep["source"]["inputs"]), rep["source"]["inputs"]
     assert rep["speed"]["train"]["per_rank"][0]["steps"] == unified["speed"]["train"]["per_rank"][0]["steps"]
-    assert rep["breakdown"] is not None and len(rep["breakdown"]["steps"]) == len(unified["breakdown"]["steps"])
+    assert rep["breakdown"] is not None and rep["breakdown"]["step_count"] == unified["breakdown"]["step_count"]
 
 
 def test_summary_prints_in_a_subprocess(base_run: Path) -> None:

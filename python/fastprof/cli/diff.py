@@ -146,13 +146,15 @@ def _energy_per_sample(doc: dict[str, Any]) -> float | None:
 
 def _breakdown_means(doc: dict[str, Any]) -> dict[str, float]:
     bd = doc.get("breakdown")
-    if not bd or not bd.get("steps"):
-        return {}
-    steps = bd["steps"]
     parts = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other")
-    return {
-        f"breakdown {p} (s/step)": sum(float(number(s[f"{p}_ns"])) for s in steps) / len(steps) / 1e9 for p in parts
-    }
+    if not bd:
+        return {}
+    # Report v2: per-rank totals; v1: one row per step.
+    rows = bd.get("per_rank") or bd.get("steps") or []
+    count = sum(int(r["steps"]) for r in bd["per_rank"]) if bd.get("per_rank") else len(rows)
+    if not count:
+        return {}
+    return {f"breakdown {p} (s/step)": sum(float(number(r[f"{p}_ns"])) for r in rows) / count / 1e9 for p in parts}
 
 
 def compare(

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,47 +139,104 @@ class Breakdown:
 
     def to_section(self) -> dict[str, Any]:
         """The report's ``breakdown`` section (``$defs/breakdown`` of
-        ``reports/schema/report.v1.json``)."""
-        steps = []
-        for r in self.rows():
-            gpu = r["has_gpu"]
-            steps.append(
+        ``reports/schema/report.v2.json``): per rank, the role totals, step
+        time percentiles and GPU means. The per-step rows are
+        :meth:`csv_rows` (``breakdown.csv``): a million-step run's rows as
+        JSON were most of a report's time and memory."""
+        st = self.steps
+        rank = np.asarray(st["rank"])
+        dur = np.asarray(st["duration_ns"], dtype=np.int64)
+        has_gpu = np.asarray(st["has_gpu"], dtype=bool)
+        per_rank = []
+        for r in np.unique(rank).tolist():
+            m = rank == r
+            d = dur[m]
+            p50, p95 = np.percentile(d, [50, 95]).tolist() if d.size else (None, None)
+            g = m & has_gpu
+
+            def mean(col: str, g: npt.NDArray[np.bool_] = g) -> float | None:
+                v = np.asarray(st[col], dtype=np.float64)[g]
+                v = v[~np.isnan(v)]
+                return float(v.mean()) if v.size else None
+
+            per_rank.append(
                 {
-                    "step": r["step"],
-                    "rank": r["rank"],
-                    "duration_ns": r["duration_ns"],
-                    **{k: r[k] for k in ROLES},
-                    "gpu_util": r["gpu_utilization"],
-                    "sm_efficiency": r["sm_efficiency"],
-                    "occupancy": r["achieved_occupancy"],
-                    "tensor_core_share": r["tensor_core_share"],
-                    "temporal": {k: r[k] for k in ("compute_ns", "non_compute_ns", "idle_ns")} if gpu else None,
-                    "idle": {
-                        "host_wait_ns": r["idle_host_wait_ns"],
-                        "kernel_wait_ns": r["idle_kernel_wait_ns"],
-                        "other_ns": r["idle_other_ns"],
-                    }
-                    if gpu
-                    else None,
-                    "kernel_types": {
-                        "communication_ns": r["kernel_communication_ns"],
-                        "computation_ns": r["kernel_computation_ns"],
-                        "memory_ns": r["kernel_memory_ns"],
-                    }
-                    if gpu
-                    else None,
-                    "overlap_pct": r["comm_overlap_pct"],
+                    "rank": int(r),
+                    "steps": int(m.sum()),
+                    "duration_ns": int(d.sum()),
+                    "step_mean_ns": float(d.mean()),
+                    "step_p50_ns": p50,
+                    "step_p95_ns": p95,
+                    "step_max_ns": int(d.max()),
+                    **{k: int(np.asarray(st[k])[m].sum()) for k in ROLES},
+                    "gpu_steps": int(g.sum()),
+                    "gpu_util": mean("gpu_utilization"),
+                    "sm_efficiency": mean("sm_efficiency"),
+                    "occupancy": mean("achieved_occupancy"),
+                    "tensor_core_share": mean("tensor_core_share"),
+                    "overlap_pct": mean("comm_overlap_pct"),
                 }
             )
-        sources = sorted(set(self.steps["source"]))
+        sources = sorted(set(st["source"]))
         section: dict[str, Any] = {
             "source": ", ".join(sources) if sources else "none",
             "gpu_activity": self.gpu_activity,
-            "steps": steps,
+            "step_count": len(self),
+            "per_rank": per_rank,
+            "rows": "breakdown.csv",
         }
         if self.note:
             section["note"] = self.note
         return section
+
+    #: breakdown.csv's columns: (CSV name, column), GPU ones empty without GPU activity.
+    CSV_COLUMNS = (
+        ("step", "step"),
+        ("rank", "rank"),
+        ("source", "source"),
+        ("start_ns", "start_ns"),
+        ("duration_ns", "duration_ns"),
+        *((k, k) for k in ROLES),
+        ("gpu_util", "gpu_utilization"),
+        ("sm_efficiency", "sm_efficiency"),
+        ("occupancy", "achieved_occupancy"),
+        ("tensor_core_share", "tensor_core_share"),
+        ("compute_ns", "compute_ns"),
+        ("non_compute_ns", "non_compute_ns"),
+        ("idle_ns", "idle_ns"),
+        ("idle_host_wait_ns", "idle_host_wait_ns"),
+        ("idle_kernel_wait_ns", "idle_kernel_wait_ns"),
+        ("idle_other_ns", "idle_other_ns"),
+        ("kernel_communication_ns", "kernel_communication_ns"),
+        ("kernel_computation_ns", "kernel_computation_ns"),
+        ("kernel_memory_ns", "kernel_memory_ns"),
+        ("overlap_pct", "comm_overlap_pct"),
+    )
+
+    def csv_rows(self, chunk: int = 65536) -> Iterator[list[Any]]:
+        """breakdown.csv's rows (header first), built a chunk of columns at a
+        time (numpy's ``tolist``), never one dict per step: NaN and GPU
+        fields of steps without GPU activity are empty."""
+        yield [name for name, _ in self.CSV_COLUMNS]
+        st = self.steps
+        n = len(self)
+        gpu = np.asarray(st["has_gpu"], dtype=bool)
+        for lo in range(0, n, chunk):
+            hi = min(n, lo + chunk)
+            cols = []
+            for _, col in self.CSV_COLUMNS:
+                v = st[col][lo:hi]
+                if isinstance(v, np.ndarray):
+                    out = v.tolist()
+                    if v.dtype.kind == "f":
+                        out = ["" if x != x else x for x in out]
+                    if col in GPU_COLUMNS:
+                        g = gpu[lo:hi].tolist()
+                        out = [x if ok else "" for x, ok in zip(out, g, strict=True)]
+                    cols.append(out)
+                else:
+                    cols.append(list(v))
+            yield from (list(r) for r in zip(*cols, strict=True))
 
 
 def step_breakdown(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> Breakdown:

@@ -56,16 +56,28 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
         "recommendations": doc["recommendations"]["checks"],
     }
     if doc.get("breakdown"):
+        # Report v1 held the per-step rows; v2 holds per-rank totals (the rows
+        # are written from the breakdown's columns by write_csv).
         out["breakdown"] = [
             {k: v for k, v in s.items() if not isinstance(v, (dict, list))} for s in doc["breakdown"].get("steps", [])
         ]
     return out
 
 
-def write_csv(doc: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Write one CSV per table that has rows; returns the files written."""
+def write_csv(doc: dict[str, Any], out_dir: Path, breakdown: Any = None) -> list[Path]:
+    """Write one CSV per table that has rows; returns the files written.
+    ``breakdown`` (a ``reports.breakdown.Breakdown``): its per-step rows go
+    to breakdown.csv straight from its columns (a row per step and rank)."""
     written = []
     for name, rows in tables(encode(doc)).items():
+        if name == "breakdown" and breakdown is not None and len(breakdown):
+            path = out_dir / "breakdown.csv"
+            tmp = out_dir / f".breakdown.csv.tmp-{os.getpid()}"
+            with open(tmp, "w", newline="") as f:
+                csv.writer(f).writerows(breakdown.csv_rows())
+            os.replace(tmp, path)
+            written.append(path)
+            continue
         if not rows:
             continue
         path = out_dir / f"{name}.csv"

@@ -70,6 +70,9 @@ class RunData:
     other: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: rank -> otherData of DataLoader workers' recordings (last segment each)
     worker_other: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    #: The step-time breakdown's columns (a ``reports.breakdown.Breakdown``),
+    #: once the report has computed it: breakdown.csv and the page's bars.
+    breakdown: Any = None
     _ranks: list[int] | None = None
     _walls: dict[int | None, tuple[int, int]] = field(default_factory=dict)
     _steps: dict[int, tuple[Spans, str]] = field(default_factory=dict)

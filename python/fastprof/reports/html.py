@@ -33,6 +33,8 @@ MAX_POINTS = 2000
 TOP_SPANS_IN_STEP = 8
 TOP_ROWS = 20
 MAX_RANK_PLOTS = 8
+#: Bars per step-parts plot: more steps are merged into bars of consecutive steps.
+MAX_BARS = 1000
 
 _ROLES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other")
 #: Spans never counted as the user's work inside a step (the loop's own marks).
@@ -157,17 +159,19 @@ def _step_times(page: _Page, doc: dict[str, Any], data: RunData) -> None:
     fig = _figure("Step time per step", "ms")
     fig.update_xaxes(title_text="step (ordinal on the rank)")
     n_warm = int(doc["speed"]["warmup"]["steps_excluded"])
-    any_steps = False
+    any_steps = reduced = False
     for r in data.ranks:
         steps, _src = step_spans(data, r)
         if not len(steps.ts):
             continue
         any_steps = True
+        x, y = downsample(np.arange(len(steps.dur), dtype=np.float64), steps.dur / 1e6)
+        reduced |= len(x) < len(steps.dur)
         fig.add_trace(
             go.Scatter(
-                x=np.arange(len(steps.dur)),
-                y=steps.dur / 1e6,
-                mode="lines+markers",
+                x=x,
+                y=y,
+                mode="lines+markers" if len(x) <= 200 else "lines",
                 name=f"rank {r}",
                 marker={"size": 4},
             )
@@ -180,6 +184,11 @@ def _step_times(page: _Page, doc: dict[str, Any], data: RunData) -> None:
         fig.add_vrect(x0=-0.5, x1=n_warm - 0.5, fillcolor="gray", opacity=0.12, line_width=0)
         fig.add_annotation(x=(n_warm - 1) / 2, y=1, yref="paper", text="warm-up", showarrow=False)
     page.plot(fig)
+    if reduced:
+        page.note(
+            f"More than {MAX_POINTS} steps: drawn as the shortest and longest step of each of "
+            f"{MAX_POINTS // 2} equal runs of steps, so every slow step stays on the plot."
+        )
     _step_parts(page, doc, data)
     page.add("</section>")
 
@@ -191,35 +200,58 @@ def step_part_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figur
     spans (see :func:`span_parts`)."""
     figs: list[go.Figure] = []
     bd = doc.get("breakdown")
-    if bd and bd.get("steps"):
-        rows = bd["steps"]
-        for r in sorted({int(s["rank"]) for s in rows})[:MAX_RANK_PLOTS]:
-            mine = sorted((s for s in rows if int(s["rank"]) == r), key=lambda s: int(s["step"]))
+    b = data.breakdown
+    if bd and b is not None and len(b):
+        rank = np.asarray(b.steps["rank"])
+        step = np.asarray(b.steps["step"], dtype=np.int64)
+        merged_note = ""
+        for r in sorted(np.unique(rank).tolist())[:MAX_RANK_PLOTS]:
+            m = np.flatnonzero(rank == r)
+            m = m[np.argsort(step[m], kind="stable")]
+            x, per = step[m], max(1, -(-len(m) // MAX_BARS))
             fig = _figure(f"Where the step went, rank {r} (step-time breakdown)", "ms", barmode="stack")
-            fig.update_xaxes(title_text="step")
+            if per > 1:
+                # A bar per pixel at most: each bar is the mean of `per` consecutive steps.
+                starts = np.arange(0, len(m), per)
+                x = x[starts]
+                merged_note = (
+                    f" {len(m)} steps are drawn as {len(starts)} bars, each the mean of {per} consecutive steps."
+                )
+                fig.update_xaxes(title_text=f"step (first of each {per})")
+            else:
+                fig.update_xaxes(title_text="step")
             for role in _ROLES:
-                y = np.array([float(s[f"{role}_ns"]) for s in mine]) / 1e6
+                y = np.asarray(b.steps[f"{role}_ns"], dtype=np.float64)[m]
+                if per > 1:
+                    y = np.add.reduceat(y, starts) / np.diff(np.append(starts, len(m)))
                 if y.any():
-                    fig.add_trace(go.Bar(x=[int(s["step"]) for s in mine], y=y, name=role.replace("_", " ")))
+                    fig.add_trace(go.Bar(x=x, y=y / 1e6, name=role.replace("_", " ")))
             figs.append(fig)
         note = f"Step-time breakdown ({bd.get('source') or 'torch windows'}): {bd.get('note') or ''}"
-        return figs, note.rstrip(": ")
+        return figs, note.rstrip(": ") + ("." if merged_note and not note.endswith(".") else "") + merged_note
+    merged = ""
     for r in data.ranks[:MAX_RANK_PLOTS]:
         parts = span_parts(data, r)
         if parts is None:
             continue
         x, series = parts
         fig = _figure(f"Where the step went, rank {r} (fastprof spans)", "ms", barmode="stack")
-        fig.update_xaxes(title_text="step (ordinal on the rank)")
+        per = max(1, -(-len(x) // MAX_BARS))
+        starts = np.arange(0, len(x), per)
+        fig.update_xaxes(title_text="step (ordinal on the rank)" + (f", first of each {per}" if per > 1 else ""))
         for name, y in series.items():
             grey = {"color": "#c8ccd0"} if name == "rest of step" else None
-            fig.add_trace(go.Bar(x=x, y=y / 1e6, name=name, marker=grey))
+            if per > 1:
+                y = np.add.reduceat(np.asarray(y, dtype=np.float64), starts) / np.diff(np.append(starts, len(x)))
+            fig.add_trace(go.Bar(x=x[starts] if per > 1 else x, y=y / 1e6, name=name, marker=grey))
+        if per > 1:
+            merged = f" {len(x)} steps are drawn as {len(starts)} bars, each the mean of {per} consecutive steps."
         figs.append(fig)
     return figs, (
         "Step-time breakdown: "
         + str(doc.get("breakdown_reason") or "not available")
         + ". The bars show where each step went by fastprof spans: the spans at the top of the step "
-        "(the DataLoader's next() among them) and the rest of the step."
+        "(the DataLoader's next() among them) and the rest of the step." + merged
     )
 
 
@@ -306,7 +338,7 @@ def _counters(page: _Page, doc: dict[str, Any], data: RunData) -> None:
     present = set(data.counter_names())
     gpus = sorted({n.split(".", 1)[0] for n in present if n.startswith("gpu") and n.endswith(".util [%]")})
     t0 = int(doc["wall"]["start_ns"])
-    drawn = 0
+    drawn = reduced = 0
     for title, unit, wanted in _COUNTER_PLOTS:
         names: list[str] = []
         for w in wanted:
@@ -324,6 +356,7 @@ def _counters(page: _Page, doc: dict[str, Any], data: RunData) -> None:
                 if not len(ts) or (n.startswith("children.") and not v.any()):
                     continue  # no DataLoader workers: a flat zero says nothing
                 x, y = downsample((ts - t0).astype(np.float64) / 1e9, v)
+                reduced += len(x) < len(ts)
                 label = n if len(data.ranks) == 1 else f"rank {r} {n}"
                 fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=label))
         if fig.data:
@@ -331,6 +364,11 @@ def _counters(page: _Page, doc: dict[str, Any], data: RunData) -> None:
             drawn += 1
     if not drawn:
         page.note("No sampler counters in this trace.")
+    elif reduced:
+        page.note(
+            f"{reduced} series longer than {MAX_POINTS} points are drawn as the minimum and maximum of "
+            f"{MAX_POINTS // 2} equal buckets each, so every peak stays on the plot."
+        )
     if not doc["system"]["gpu"]["available"]:
         page.note(str(doc["system"]["gpu"]["reason"]))
     page.add("</section>")

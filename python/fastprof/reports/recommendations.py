@@ -28,11 +28,20 @@ def _breakdown_share(breakdown: dict[str, Any] | None, part: str) -> float | Non
     """A role's share of all steps' time (%), from the breakdown when present."""
     if not breakdown:
         return None
-    steps = breakdown.get("steps") or []
-    total = sum(float(s.get("duration_ns") or 0) for s in steps)
+    ranks = breakdown.get("per_rank") or []
+    total = sum(float(r.get("duration_ns") or 0) for r in ranks)
     if total <= 0:
         return None
-    return 100.0 * sum(float(s.get(part) or 0) for s in steps) / total
+    return 100.0 * sum(float(r.get(part) or 0) for r in ranks) / total
+
+
+def _breakdown_mean(breakdown: dict[str, Any] | None, key: str) -> float | None:
+    """A per-step GPU figure's mean over every rank's steps with GPU activity."""
+    if not breakdown:
+        return None
+    pairs = [(r[key], r.get("gpu_steps") or 0) for r in breakdown.get("per_rank") or [] if r.get(key) is not None]
+    n = sum(w for _, w in pairs)
+    return sum(float(v) * w for v, w in pairs) / n if n else None
 
 
 def recommend(speed: dict[str, Any], system: dict[str, Any], breakdown: dict[str, Any] | None) -> dict[str, Any]:
@@ -64,10 +73,9 @@ def recommend(speed: dict[str, Any], system: dict[str, Any], breakdown: dict[str
     # GPU utilisation.
     devices = system["gpu"]["devices"]
     util = _mean_of(devices, "util_mean_pct")
-    if breakdown and breakdown.get("steps"):
-        vals = [s["gpu_util"] for s in breakdown["steps"] if s.get("gpu_util") is not None]
-        if vals:
-            util = 100.0 * sum(vals) / len(vals)
+    bd_util = _breakdown_mean(breakdown, "gpu_util")
+    if bd_util is not None:
+        util = 100.0 * bd_util
     if util is None:
         checks.append(_check("gpu_utilization", "not_evaluated", None, GPU_UTIL_PCT, system["gpu"]["reason"] or ""))
     elif util < GPU_UTIL_PCT:
@@ -154,10 +162,8 @@ def recommend(speed: dict[str, Any], system: dict[str, Any], breakdown: dict[str
         )
 
     # Tensor cores (AMP).
-    tc = None
-    if breakdown and breakdown.get("steps"):
-        vals = [s["tensor_core_share"] for s in breakdown["steps"] if s.get("tensor_core_share") is not None]
-        tc = 100.0 * sum(vals) / len(vals) if vals else None
+    tc_share = _breakdown_mean(breakdown, "tensor_core_share")
+    tc = None if tc_share is None else 100.0 * tc_share
     if tc is None:
         checks.append(
             _check("tensor_cores", "not_evaluated", None, 50.0, "needs the step-time breakdown with GPU kernels")

@@ -1,5 +1,5 @@
 """``fastprof.report``: every report of a run in one JSON-able document,
-written as JSON (schema ``schema/report.v1.json``), CSV tables and one
+written as JSON (schema ``schema/report.v2.json``), CSV tables and one
 self-contained HTML page."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from fastprof.reports.system import system_report
 from fastprof.reports.time import time_report
 
 SCHEMA_ID = "fastprof.report"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FORMATS = ("json", "csv", "html")
 #: One JSON Schema per schema_version: ``report.v{N}.json``.
 SCHEMA_DIR = Path(__file__).with_name("schema")
@@ -74,13 +74,17 @@ class _Progress:
 
 def breakdown_section(data: _data.RunData) -> tuple[dict[str, Any] | None, str | None]:
     """The step-time breakdown section (``$defs/breakdown`` of the schema: per
-    (rank, step) role times in ns, GPU util, SM efficiency, occupancy, tensor
-    core share, temporal / idle / kernel-type / overlap fields), computed in
-    Rust by ``fastprof._core.analyze_steps`` over the run's traces, or None
-    and the reason."""
-    from fastprof.reports.breakdown import report_section
+    rank, role totals, step-time percentiles and GPU means), computed in Rust
+    by ``fastprof._core.analyze_steps`` over the run's traces, or None and the
+    reason. The per-step columns stay on ``data.breakdown`` for
+    breakdown.csv and the page's bars."""
+    from fastprof.reports.breakdown import step_breakdown
 
-    return report_section(data.inputs)
+    b = step_breakdown(data.inputs)
+    if len(b) == 0:
+        return None, "no steps: neither ProfilerStep#N nor fastprof step spans were found"
+    data.breakdown = b
+    return b.to_section(), None
 
 
 def build(
@@ -233,7 +237,7 @@ def _write(doc: dict[str, Any], data: _data.RunData, out: Path, fmts: list[str],
         if "json" in fmts:
             names.append(write_json(doc, tmp).name)
         if "csv" in fmts:
-            names.extend(p.name for p in write_csv(doc, tmp))
+            names.extend(p.name for p in write_csv(doc, tmp, data.breakdown))
         if "html" in fmts:
             names.append(write_html(doc, data, tmp).name)
             tick("report.html")

@@ -118,17 +118,14 @@ def _breakdown_table(section: dict[str, Any]) -> Table:
     t = Table(title=f"Step-time breakdown (% of step time; steps from {section['source']})")
     for col in ("rank", "steps", "mean step", *_ROLES, "GPU util"):
         t.add_column(col.replace("_", " "), justify="right")
-    by_rank: dict[int, list[dict[str, Any]]] = {}
-    for s in section["steps"]:
-        by_rank.setdefault(int(s["rank"]), []).append(s)
-    for rank, steps in sorted(by_rank.items()):
-        total = sum(float(s["duration_ns"]) for s in steps) or 1.0
-        util = [float(s["gpu_util"]) for s in steps if s.get("gpu_util") is not None]
+    for r in section["per_rank"]:
+        total = float(r["duration_ns"]) or 1.0
+        util = r.get("gpu_util")
         t.add_row(
-            str(rank),
-            str(len(steps)),
-            f"{total / len(steps) / 1e9:.4f} s",
-            *(f"{100 * sum(float(s[r + '_ns'] or 0) for s in steps) / total:.1f}" for r in _ROLES),
-            f"{100 * sum(util) / len(util):.0f}%" if util else "no GPU",
+            str(r["rank"]),
+            str(r["steps"]),
+            f"{float(r['step_mean_ns']) / 1e9:.4f} s",
+            *(f"{100 * float(r[role + '_ns']) / total:.1f}" for role in _ROLES),
+            f"{100 * float(util):.0f}%" if util is not None else "no GPU",
         )
     return t

@@ -51,7 +51,13 @@ pub(crate) fn rank_rows(rank: i32, mut rd: RankData) -> (Vec<StepRow>, Vec<Devic
     // The plugin's priority: each instant goes to the first role covering it.
     let roles: [&[Iv]; 7] = [&kernel, &memcpy, &memset, &comm, &runtime, &loader, &cpu];
     let has_gpu = !rd.devices.is_empty();
-    let gaps = stream_gaps(&rd);
+    let mut gaps = stream_gaps(&rd);
+    gaps.sort_unstable();
+    // Steps come in order of start (extend_to_device keeps it), so what
+    // overlaps each is found by a sweep: linear in steps + activities, where
+    // scanning every activity for every step was quadratic.
+    let mut dev_sweep = Sweep::new(&rd.devices, |d: &Device| (d.start, d.end));
+    let mut gap_sweep = Sweep::new(&gaps, |g: &(i64, i64, u8)| (g.0, g.1));
 
     let mut rows = Vec::with_capacity(steps.len());
     for st in &steps {
@@ -88,7 +94,7 @@ pub(crate) fn rank_rows(rank: i32, mut rd: RankData) -> (Vec<StepRow>, Vec<Devic
             ..StepRow::default()
         };
         if has_gpu {
-            let in_step: Vec<&Device> = overlapping(&rd.devices, s, e);
+            let in_step: Vec<&Device> = dev_sweep.overlapping(s, e);
             let m = gpu_metrics(&in_step, s, e, &all_kernels);
             row.gpu_utilization = m.0;
             row.sm_efficiency = m.1;
@@ -107,7 +113,7 @@ pub(crate) fn rank_rows(rank: i32, mut rd: RankData) -> (Vec<StepRow>, Vec<Devic
                     KernelType::Other => row.kernel_other_ns += t,
                 }
             }
-            for &(a, b, cat) in &gaps {
+            for &&(a, b, cat) in &gap_sweep.overlapping(s, e) {
                 let t = iv::overlap(a, b, s, e);
                 match cat {
                     0 => row.idle_host_wait_ns += t,
@@ -130,10 +136,47 @@ pub(crate) fn rank_rows(rank: i32, mut rd: RankData) -> (Vec<StepRow>, Vec<Devic
     (rows, devices)
 }
 
-/// The devices' activities overlapping `[s, e)` (devices sorted by start).
-fn overlapping(devices: &[Device], s: i64, e: i64) -> Vec<&Device> {
-    let upto = devices.partition_point(|d| d.start < e);
-    devices[..upto].iter().filter(|d| d.end > s).collect()
+/// Items sorted by start, asked in turn which of them overlap windows
+/// `[s, e)` whose starts never decrease: each item enters the active set
+/// once (when a window's end passes its start) and leaves it once (when a
+/// window starts at or after its end), so a pass over all windows costs the
+/// items plus the overlaps, not items x windows.
+pub(crate) struct Sweep<'a, T> {
+    items: &'a [T],
+    span: fn(&T) -> (i64, i64),
+    next: usize,
+    active: Vec<usize>,
+    last_start: i64,
+}
+
+impl<'a, T> Sweep<'a, T> {
+    pub(crate) fn new(items: &'a [T], span: fn(&T) -> (i64, i64)) -> Self {
+        Sweep {
+            items,
+            span,
+            next: 0,
+            active: Vec::new(),
+            last_start: i64::MIN,
+        }
+    }
+
+    /// The items with `start < e` and `end > s`, in the order of `items`.
+    pub(crate) fn overlapping(&mut self, s: i64, e: i64) -> Vec<&'a T> {
+        debug_assert!(s >= self.last_start, "windows must come in order of start");
+        self.last_start = s;
+        let (items, span) = (self.items, self.span);
+        while self.next < items.len() && span(&items[self.next]).0 < e {
+            self.active.push(self.next);
+            self.next += 1;
+        }
+        // An item ended by this window's start ends before every later one.
+        self.active.retain(|&i| span(&items[i]).1 > s);
+        self.active
+            .iter()
+            .map(|&i| &items[i])
+            .filter(|t| span(t).0 < e)
+            .collect()
+    }
 }
 
 /// `(utilisation, SM efficiency, occupancy, tensor-core share)` over `[s, e)`
@@ -306,8 +349,9 @@ fn device_rows(rank: i32, devices: &[Device], steps: &[Step]) -> Vec<DeviceRow> 
             );
             let (mut busy, mut sm_area, mut sm_any, mut occ_sum, mut occ_time) =
                 (0i64, 0.0, false, 0.0, 0.0);
+            let mut sweep = Sweep::new(&mine, |d: &Device| (d.start, d.end));
             for st in steps {
-                let in_step = overlapping(&mine, st.start, st.end);
+                let in_step = sweep.overlapping(st.start, st.end);
                 let (u, sm, occ, _) = gpu_metrics(&in_step, st.start, st.end, &kernels);
                 let dur = (st.end - st.start) as f64;
                 if !u.is_nan() {
@@ -348,4 +392,54 @@ fn device_rows(rank: i32, devices: &[Device], steps: &[Step]) -> Vec<DeviceRow> 
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Iv, Sweep};
+
+    #[test]
+    fn sweep_finds_what_a_scan_per_window_finds() {
+        // Nested, overlapping, touching, empty and long items; windows with
+        // gaps between them, nested windows and a window inside another.
+        let items: Vec<Iv> = vec![
+            (0, 100),
+            (1, 3),
+            (2, 2),
+            (2, 50),
+            (3, 4),
+            (10, 11),
+            (10, 30),
+            (12, 13),
+            (29, 31),
+            (40, 41),
+            (45, 90),
+            (60, 61),
+            (61, 62),
+            (70, 200),
+            (95, 96),
+            (150, 151),
+        ];
+        let windows: [Iv; 9] = [
+            (0, 5),
+            (2, 12),
+            (2, 3),
+            (20, 25),
+            (30, 60),
+            (35, 40),
+            (61, 61),
+            (80, 150),
+            (300, 400),
+        ];
+        let mut sw = Sweep::new(&items, |iv| *iv);
+        for &(s, e) in &windows {
+            let got: Vec<Iv> = sw.overlapping(s, e).into_iter().copied().collect();
+            let want: Vec<Iv> = items
+                .iter()
+                .copied()
+                .filter(|iv| iv.0 < e && iv.1 > s)
+                .collect();
+            assert_eq!(got, want, "window [{s}, {e})");
+        }
+    }
 }

@@ -295,3 +295,85 @@ fn tempdir() -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+/// Many steps with gaps between them, kernels spanning several steps,
+/// nested and overlapping on two streams: every per-step figure that depends
+/// on which activities a step overlaps equals a scan of all of them per step.
+#[test]
+fn sweep_over_many_steps_matches_a_scan_per_step() {
+    // (ts µs, dur µs, stream); steps are [120 i, 120 i + 100).
+    let kernels: Vec<(i64, i64, i64)> = vec![
+        (5, 30, 7),
+        (40, 500, 7), // spans five steps and their gaps
+        (50, 10, 8),
+        (55, 2, 8),   // nested in the previous, same stream
+        (100, 15, 8), // wholly in a gap
+        (130, 40, 8),
+        (560, 10, 7),
+        (600, 900, 8), // spans the rest
+        (700, 5, 7),
+        (1000, 400, 7),
+        (3000, 10, 7), // after every step
+    ];
+    let n_steps = 15;
+    let mut events: Vec<String> = (0..n_steps)
+        .map(|i| {
+            let ts = 120.0 * i as f64;
+            x(
+                &format!("ProfilerStep#{i}"),
+                "user_annotation",
+                1,
+                1,
+                ts,
+                100.0,
+                "",
+            )
+        })
+        .collect();
+    for (j, &(ts, dur, stream)) in kernels.iter().enumerate() {
+        events.push(x(
+            "sm80_xmma_gemm_f16",
+            "kernel",
+            0,
+            stream,
+            ts as f64,
+            dur as f64,
+            &format!(r#""device":0,"stream":{stream},"correlation":{}"#, 100 + j),
+        ));
+    }
+    let dir = tempdir();
+    let p = write(&dir, "w.pt.trace.json.gz", &kineto(&events, ""));
+    let a = analyze_steps(&[p]).unwrap();
+    assert_eq!(a.steps.len(), n_steps);
+
+    // The straightforward computation: every kernel and every stream gap
+    // against every step.
+    let mut gaps: Vec<(i64, i64, bool)> = Vec::new();
+    for stream in [7, 8] {
+        let mut prev_end: Option<i64> = None;
+        for &(ts, dur, _) in kernels.iter().filter(|k| k.2 == stream) {
+            if let Some(pe) = prev_end {
+                if ts > pe {
+                    gaps.push((pe, ts, ts - pe < 30));
+                }
+            }
+            prev_end = Some(ts + dur);
+        }
+    }
+    for (i, row) in a.steps.iter().enumerate() {
+        let (s, e) = (120 * i as i64, 120 * i as i64 + 100);
+        assert_eq!((row.start_ns, row.end_ns), (BASE + us(s), BASE + us(e)));
+        let ov = |a: i64, b: i64| (b.min(e) - a.max(s)).max(0);
+        let k_time: i64 = kernels.iter().map(|k| ov(k.0, k.0 + k.1)).sum();
+        assert_eq!(row.kernel_computation_ns, us(k_time), "step {i}");
+        let wait: i64 = gaps.iter().filter(|g| g.2).map(|g| ov(g.0, g.1)).sum();
+        let other: i64 = gaps.iter().filter(|g| !g.2).map(|g| ov(g.0, g.1)).sum();
+        assert_eq!(row.idle_kernel_wait_ns, us(wait), "step {i}");
+        assert_eq!(row.idle_other_ns, us(other), "step {i}");
+        let busy = (s..e)
+            .filter(|t| kernels.iter().any(|k| k.0 <= *t && *t < k.0 + k.1))
+            .count() as i64;
+        assert_eq!(row.gpu_busy_ns, us(busy), "step {i}");
+        assert_eq!(row.kernel_ns, us(busy), "step {i}");
+        assert_eq!(parts(row).iter().sum::<i64>(), us(e - s));
+    }
+}
