@@ -5,8 +5,8 @@ trace made by ``fastprof.merge``."""
 
 from __future__ import annotations
 
-import gzip
 import csv
+import gzip
 import io
 import json
 import math
