@@ -142,10 +142,20 @@ def generate_steps(path: Path, steps: int) -> tuple[int, int]:
     return size, 5 * steps
 
 
+def _cases(path: Path, out: Path, tmp: Path) -> dict[str, list[str]]:
+    """The fastprof cases on one trace, each a fresh interpreter's command line."""
+    py = sys.executable
+    return {
+        FULL: [py, "-c", REPORT, str(path), str(out), "json,csv,html"],
+        JSON: [py, "-c", REPORT, str(path), str(out), "json"],
+        ANALYZE_STEPS: [py, "-c", ANALYZE, str(path)],
+        MERGED: [py, "-c", MERGE, str(path), str(tmp / "merged.json.gz")],
+    }
+
+
 def main_steps(sizes: list[int], rounds: int) -> None:
     """Report vs merge at each step count; time per step between sizes."""
     print(f"machine: {machine()}")
-    py = sys.executable
     per_size: dict[int, dict[str, tuple[float, int]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_report_steps_") as tmp_s:
         tmp = Path(tmp_s)
@@ -159,12 +169,7 @@ def main_steps(sizes: list[int], rounds: int) -> None:
                 f"(generated in {time.perf_counter() - t0:.0f} s)"
             )
             out = tmp / "reports"
-            cases = {
-                JSON: [py, "-c", REPORT, str(path), str(out), "json"],
-                FULL: [py, "-c", REPORT, str(path), str(out), "json,csv,html"],
-                ANALYZE_STEPS: [py, "-c", ANALYZE, str(path)],
-                MERGED: [py, "-c", MERGE, str(path), str(tmp / "merged.json.gz")],
-            }
+            cases = _cases(path, out, tmp)
             results: dict[str, list[tuple[float, int]]] = {k: [] for k in cases}
             names = list(cases)
             for r in range(rounds):
@@ -242,12 +247,7 @@ def main() -> None:
         )
         py = sys.executable
         out = tmp / "reports"
-        cases = {
-            FULL: [py, "-c", REPORT, str(path), str(out), "json,csv,html"],
-            JSON: [py, "-c", REPORT, str(path), str(out), "json"],
-            ANALYZE_STEPS: [py, "-c", ANALYZE, str(path)],
-            MERGED: [py, "-c", MERGE, str(path), str(tmp / "merged.json.gz")],
-        }
+        cases = _cases(path, out, tmp)
         if hta:
             cases[HTA_CASE] = [py, "-c", HTA, str(trace_dir)]
         results: dict[str, list[tuple[float, int]]] = {k: [] for k in cases}
