@@ -152,3 +152,21 @@ def test_every_command_the_demo_prints_works_on_its_run(tmp_path: Path) -> None:
     r3 = _cli("merge", "runs/d", "-o", "runs/d/trace.json.gz", "--force", cwd=tmp_path)
     assert r3.returncode == 0, r3.stderr
     assert len([e for e in _events(run / "trace.json.gz") if e.get("name") == "step"]) == 8
+
+
+def test_a_closed_pipe_ends_the_cli_quietly(tmp_path: Path) -> None:
+    # `fastprof merge run | head -1`: the reader leaves before the summary is
+    # written; the merge is done, and no traceback follows (exit 141, SIGPIPE's).
+    run = _recorder_run(tmp_path)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "fastprof", "merge", str(run), "-o", str(tmp_path / "p.json.gz")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()
+    with p.stderr:
+        err = p.stderr.read().decode()
+    assert p.wait(timeout=100) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert len([e for e in _events(tmp_path / "p.json.gz") if e.get("name") == "step"]) == 5

@@ -4,6 +4,7 @@ turns known failures into one clear line and a non-zero exit (no traceback)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -47,6 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"fastprof {args.verb}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `fastprof merge ... | head`: the reader is gone, as with any Unix
+        # tool: no traceback, and no second error when Python flushes stdout.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13  # SIGPIPE
 
 
 if __name__ == "__main__":
