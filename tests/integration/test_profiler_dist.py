@@ -128,8 +128,10 @@ def test_clock_offsets_are_measured_recorded_and_applied(job: dict[str, Any]) ->
     for phase in ("start", "end"):
         sync = s1["clock_sync"][phase]
         residual = sync["offset_ns"] + SKEW_NS
-        assert abs(residual) <= 200_000, sync
+        # The skew is found within the exchange's own uncertainty (half its
+        # best round trip: how tight that is, is the scheduler's business).
         assert sync["uncertainty_ns"] > 0 and sync["measured"]
+        assert abs(residual) <= sync["uncertainty_ns"], sync
     assert "drift_ppm" in s1["clock_sync"]["end"]
     # The merge applied each rank's offset: an event's epoch time in the
     # unified trace is its time in the rank's own segment plus the offset that
@@ -152,7 +154,8 @@ def test_clock_offsets_are_measured_recorded_and_applied(job: dict[str, Any]) ->
                 offset = part["otherData"]["clock"]["offset_ns"]
                 local = part["baseTimeNanoseconds"] + round(own[0]["ts"] * 1000)
                 assert abs(unified[rank] - (local + offset)) <= 2, (rank, unified[rank], local, offset)
-                assert (offset == 0) if rank == 0 else abs(offset + SKEW_NS) <= 200_000
+                within = part["otherData"]["clock"]["offset_uncertainty_ns"]
+                assert (offset == 0) if rank == 0 else abs(offset + SKEW_NS) <= within
                 checked += 1
     assert checked == 2
 

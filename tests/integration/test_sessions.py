@@ -15,14 +15,22 @@ import pytest
 import fastprof
 
 
+def _sample_until(rec, n: int) -> None:
+    """Let ``rec``'s sampler take ``n`` readings, however slowly a loaded machine gets there."""
+    deadline = time.monotonic() + 60  # a hang guard, not a measurement
+    while len(rec.counters().get("proc.rss [B]", ((),))[0]) < n:
+        assert time.monotonic() < deadline, f"fewer than {n} readings in 60 s"
+        time.sleep(0.01)
+
+
 def test_two_recorders_keep_their_own_sampler_data(tmp_path):
     a = fastprof.Recorder(tmp_path, "a", sample_hz=40, sample_gpus="none")
     with a:
-        time.sleep(0.4)
+        _sample_until(a, 5)
     a_end = time.monotonic_ns()
     b = fastprof.Recorder(tmp_path, "b", sample_hz=20, sample_gpus="none")
     with b:
-        time.sleep(0.4)
+        _sample_until(b, 3)
     ca, cb = a.counters(), b.counters()
     ts_a, _ = ca["proc.rss [B]"]
     ts_b, _ = cb["proc.rss [B]"]
