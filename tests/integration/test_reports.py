@@ -261,3 +261,18 @@ def test_bad_input_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["diff", str(missing), str(missing), "--max-slowdown", "ten"]) == 2
     with pytest.raises(fastprof.ConfigError, match="formats"):
         fastprof.report(tmp_path, formats=("html5",))
+
+
+def test_the_cli_names_only_the_tables_it_did_not_write(
+    loader_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # breakdown.csv comes from the breakdown's columns (report v2), not from
+    # the document: it was written and must not be listed as "not written".
+    out = tmp_path / "rep"
+    assert main(["report", str(loader_run), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    with open(out / "breakdown.csv", newline="") as f:
+        assert len(list(csv.DictReader(f))) > 0
+    not_written = [line for line in printed.splitlines() if line.startswith("no rows, so not written")]
+    for csv_file in out.glob("*.csv"):
+        assert all(csv_file.name not in line for line in not_written), (csv_file.name, not_written)

@@ -142,10 +142,10 @@ def _load(report_or_path: Any) -> tuple[dict[str, Any], list[Path]]:
         raise ConfigError(f"{candidate}: not a fastprof report ({e})") from None
     if not isinstance(doc, dict) or doc.get("schema") != "fastprof.report":
         raise ConfigError(f'{candidate}: not a fastprof report (no "schema": "fastprof.report")')
-    from fastprof.reports.csvout import tables
+    from fastprof.reports.csvout import TABLES
 
     d = candidate.parent
-    names = [candidate.name, *(f"{t}.csv" for t in tables(doc)), "report.html"]
+    names = [candidate.name, *(f"{t}.csv" for t in TABLES), "report.html"]
     return doc, [d / n for n in names if (d / n).is_file()]
 
 

@@ -254,11 +254,3 @@ def step_breakdown(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[st
         warnings=list(raw["warnings"]),
         kernel_wait_ns=int(raw["kernel_wait_ns"]),
     )
-
-
-def report_section(paths: Sequence[str | os.PathLike[str]]) -> tuple[dict[str, Any] | None, str | None]:
-    """The report's breakdown section and, when there is none, why."""
-    b = step_breakdown(paths)
-    if len(b) == 0:
-        return None, "no steps: neither ProfilerStep#N nor fastprof step spans were found"
-    return b.to_section(), None

@@ -13,7 +13,9 @@ from typing import Any
 
 from fastprof.reports.finite import encode
 
-#: Every table a report can have, in order (``breakdown`` only with a breakdown).
+#: Every table a report can have, in order (``breakdown`` only with a
+#: breakdown: its per-step rows come from the breakdown's columns, not from
+#: the document, which holds per-rank totals since report v2).
 TABLES = (
     "time",
     "speed",
@@ -31,7 +33,8 @@ TABLES = (
 
 
 def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """The report's tables: name -> rows (flat dicts of scalars)."""
+    """The report's tables held in the document: name -> rows (flat dicts of
+    scalars). Every one of :data:`TABLES` but ``breakdown``."""
     speed, system, ranks = doc["speed"], doc["system"], doc["ranks"]
     out: dict[str, list[dict[str, Any]]] = {
         "time": doc["time"]["rows"],
@@ -55,12 +58,6 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
         "slowest_rank_per_step": ranks["slowest"],
         "recommendations": doc["recommendations"]["checks"],
     }
-    if doc.get("breakdown"):
-        # Report v1 held the per-step rows; v2 holds per-rank totals (the rows
-        # are written from the breakdown's columns by write_csv).
-        out["breakdown"] = [
-            {k: v for k, v in s.items() if not isinstance(v, (dict, list))} for s in doc["breakdown"].get("steps", [])
-        ]
     return out
 
 
@@ -70,14 +67,6 @@ def write_csv(doc: dict[str, Any], out_dir: Path, breakdown: Any = None) -> list
     to breakdown.csv straight from its columns (a row per step and rank)."""
     written = []
     for name, rows in tables(encode(doc)).items():
-        if name == "breakdown" and breakdown is not None and len(breakdown):
-            path = out_dir / "breakdown.csv"
-            tmp = out_dir / f".breakdown.csv.tmp-{os.getpid()}"
-            with open(tmp, "w", newline="") as f:
-                csv.writer(f).writerows(breakdown.csv_rows())
-            os.replace(tmp, path)
-            written.append(path)
-            continue
         if not rows:
             continue
         path = out_dir / f"{name}.csv"
@@ -90,6 +79,13 @@ def write_csv(doc: dict[str, Any], out_dir: Path, breakdown: Any = None) -> list
             w.writeheader()
             for r in rows:
                 w.writerow({k: "" if v is None else v for k, v in r.items()})
+        os.replace(tmp, path)
+        written.append(path)
+    if breakdown is not None and len(breakdown):
+        path = out_dir / "breakdown.csv"
+        tmp = out_dir / f".breakdown.csv.tmp-{os.getpid()}"
+        with open(tmp, "w", newline="") as f:
+            csv.writer(f).writerows(breakdown.csv_rows())
         os.replace(tmp, path)
         written.append(path)
     return written

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
@@ -193,59 +194,71 @@ def _step_times(page: _Page, doc: dict[str, Any], data: RunData) -> None:
     page.add("</section>")
 
 
+class _Bars:
+    """At most :data:`MAX_BARS` bars for ``n`` steps in order: each bar the
+    mean of ``per`` consecutive steps (``per`` 1 when they fit)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.per = n, max(1, -(-n // MAX_BARS))
+        self.starts = np.arange(0, n, self.per)
+
+    def x(self, x: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        return x[self.starts] if self.per > 1 else x
+
+    def y(self, y: npt.ArrayLike) -> F64:
+        v = np.asarray(y, dtype=np.float64)
+        if self.per == 1:
+            return v
+        return np.add.reduceat(v, self.starts) / np.diff(np.append(self.starts, self.n))
+
+    def axis(self, title: str) -> str:
+        return title + (f", first of each {self.per}" if self.per > 1 else "")
+
+    def note(self) -> str:
+        if self.per == 1:
+            return ""
+        return f" {self.n} steps are drawn as {len(self.starts)} bars, each the mean of {self.per} consecutive steps."
+
+
 def step_part_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figure], str]:
     """Per-step stacked bars of where the step went, one figure per rank (at
     most :data:`MAX_RANK_PLOTS`), and a note saying where the parts come
     from: the report's step-time breakdown when it has one, else fastprof
-    spans (see :func:`span_parts`)."""
+    spans (see :func:`span_parts`). A long run's steps are merged into at
+    most :data:`MAX_BARS` bars (:class:`_Bars`), and the note says so."""
     figs: list[go.Figure] = []
+    merged = ""
     bd = doc.get("breakdown")
     b = data.breakdown
     if bd and b is not None and len(b):
         rank = np.asarray(b.steps["rank"])
         step = np.asarray(b.steps["step"], dtype=np.int64)
-        merged_note = ""
         for r in sorted(np.unique(rank).tolist())[:MAX_RANK_PLOTS]:
             m = np.flatnonzero(rank == r)
             m = m[np.argsort(step[m], kind="stable")]
-            x, per = step[m], max(1, -(-len(m) // MAX_BARS))
+            bars = _Bars(len(m))
             fig = _figure(f"Where the step went, rank {r} (step-time breakdown)", "ms", barmode="stack")
-            if per > 1:
-                # A bar per pixel at most: each bar is the mean of `per` consecutive steps.
-                starts = np.arange(0, len(m), per)
-                x = x[starts]
-                merged_note = (
-                    f" {len(m)} steps are drawn as {len(starts)} bars, each the mean of {per} consecutive steps."
-                )
-                fig.update_xaxes(title_text=f"step (first of each {per})")
-            else:
-                fig.update_xaxes(title_text="step")
+            fig.update_xaxes(title_text=bars.axis("step"))
             for role in _ROLES:
-                y = np.asarray(b.steps[f"{role}_ns"], dtype=np.float64)[m]
-                if per > 1:
-                    y = np.add.reduceat(y, starts) / np.diff(np.append(starts, len(m)))
+                y = bars.y(np.asarray(b.steps[f"{role}_ns"])[m])
                 if y.any():
-                    fig.add_trace(go.Bar(x=x, y=y / 1e6, name=role.replace("_", " ")))
+                    fig.add_trace(go.Bar(x=bars.x(step[m]), y=y / 1e6, name=role.replace("_", " ")))
+            merged = merged or bars.note()
             figs.append(fig)
         note = f"Step-time breakdown ({bd.get('source') or 'torch windows'}): {bd.get('note') or ''}"
-        return figs, note.rstrip(": ") + ("." if merged_note and not note.endswith(".") else "") + merged_note
-    merged = ""
+        return figs, note.rstrip(": ") + ("." if merged and not note.endswith(".") else "") + merged
     for r in data.ranks[:MAX_RANK_PLOTS]:
         parts = span_parts(data, r)
         if parts is None:
             continue
         x, series = parts
+        bars = _Bars(len(x))
         fig = _figure(f"Where the step went, rank {r} (fastprof spans)", "ms", barmode="stack")
-        per = max(1, -(-len(x) // MAX_BARS))
-        starts = np.arange(0, len(x), per)
-        fig.update_xaxes(title_text="step (ordinal on the rank)" + (f", first of each {per}" if per > 1 else ""))
+        fig.update_xaxes(title_text=bars.axis("step (ordinal on the rank)"))
         for name, y in series.items():
             grey = {"color": "#c8ccd0"} if name == "rest of step" else None
-            if per > 1:
-                y = np.add.reduceat(np.asarray(y, dtype=np.float64), starts) / np.diff(np.append(starts, len(x)))
-            fig.add_trace(go.Bar(x=x[starts] if per > 1 else x, y=y / 1e6, name=name, marker=grey))
-        if per > 1:
-            merged = f" {len(x)} steps are drawn as {len(starts)} bars, each the mean of {per} consecutive steps."
+            fig.add_trace(go.Bar(x=bars.x(x), y=bars.y(y) / 1e6, name=name, marker=grey))
+        merged = merged or bars.note()
         figs.append(fig)
     return figs, (
         "Step-time breakdown: "
