@@ -7,7 +7,6 @@ the report says why the table is empty: ``system.gpu.reason``,
 from __future__ import annotations
 
 import csv
-import os
 from pathlib import Path
 from typing import Any
 
@@ -62,30 +61,28 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 
 def write_csv(doc: dict[str, Any], out_dir: Path, breakdown: Any = None) -> list[Path]:
-    """Write one CSV per table that has rows; returns the files written.
-    ``breakdown`` (a ``reports.breakdown.Breakdown``): its per-step rows go
-    to breakdown.csv straight from its columns (a row per step and rank)."""
+    """Write one CSV per table that has rows into ``out_dir``, the report's
+    staging folder (moved in whole by ``reports.report._write``, so no
+    temporary files); returns the files written. ``breakdown`` (a
+    ``reports.breakdown.Breakdown``): its per-step rows go to breakdown.csv
+    straight from its columns (a row per step and rank)."""
     written = []
     for name, rows in tables(encode(doc)).items():
         if not rows:
             continue
         path = out_dir / f"{name}.csv"
-        tmp = out_dir / f".{name}.csv.tmp-{os.getpid()}"
         fields: list[str] = []
         for r in rows:
             fields.extend(k for k in r if k not in fields)
-        with open(tmp, "w", newline="") as f:
+        with open(path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()
             for r in rows:
                 w.writerow({k: "" if v is None else v for k, v in r.items()})
-        os.replace(tmp, path)
         written.append(path)
     if breakdown is not None and len(breakdown):
         path = out_dir / "breakdown.csv"
-        tmp = out_dir / f".breakdown.csv.tmp-{os.getpid()}"
-        with open(tmp, "w", newline="") as f:
+        with open(path, "w", newline="") as f:
             csv.writer(f).writerows(breakdown.csv_rows())
-        os.replace(tmp, path)
         written.append(path)
     return written

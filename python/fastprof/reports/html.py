@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -587,10 +586,10 @@ def _render(doc: dict[str, Any], data: RunData) -> list[str]:
 
 
 def write_html(doc: dict[str, Any], data: RunData, out_dir: Path) -> Path:
+    """``out_dir/report.html``, written part by part into the report's
+    staging folder (moved in whole by ``reports.report._write``)."""
     path = out_dir / "report.html"
-    tmp = out_dir / f".report.html.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(path, "w", encoding="utf-8") as f:
         for part in _render(doc, data):
             f.write(part)
-    os.replace(tmp, path)
     return path

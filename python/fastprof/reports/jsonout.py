@@ -4,7 +4,6 @@ non-finite numbers spelt as the trace spells them."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +11,8 @@ from fastprof.reports.finite import encode
 
 
 def write_json(doc: dict[str, Any], out_dir: Path) -> Path:
+    """``out_dir/report.json``. ``out_dir`` is the report's staging folder
+    (``reports.report._write`` moves it in whole), so no temporary file."""
     path = out_dir / "report.json"
-    tmp = out_dir / f".report.json.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(encode(doc), indent=1, allow_nan=False))
-    os.replace(tmp, path)
+    path.write_text(json.dumps(encode(doc), indent=1, allow_nan=False))
     return path
