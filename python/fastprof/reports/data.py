@@ -174,11 +174,13 @@ def load(path: str | os.PathLike[str]) -> RunData:
     run_dir: Path | None = None
     if p.is_dir():
         run_dir = p
-        # The core's walker removes temporary files a killed export left
-        # (their writer is gone), as `fastprof merge` does; never an input.
-        trace_inputs([str(p)])
         unified = p / "trace.json.gz"
         target: Path = unified if unified.is_file() else p
+        if target != p:
+            # Reading the directory walks it (the core's input walker removes
+            # temporary files a killed export left, as `fastprof merge` does);
+            # reading the unified trace alone does not, so walk it here.
+            trace_inputs([str(p)])
     else:
         target = p
         if p.name == "trace.json.gz" and any(p.parent.glob("rank*/profiler.json")):

@@ -47,7 +47,8 @@ fn temp_pid(name: &str) -> Option<i32> {
 /// Whether `pid` is a live process on this host (EPERM: alive, not ours).
 fn pid_alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() != libc::ESRCH }
+    let exists = unsafe { libc::kill(pid, 0) } == 0;
+    exists || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// How old a dead pid's temporary file must be before it is removed. The
