@@ -11,7 +11,8 @@ fresh subprocess (wall time and the process's own peak RSS from ``wait4``):
    report does: read the columns, time / speed / system / ranks reports,
    the breakdown, recommendations, plotly page);
 2. ``fastprof.report(trace, formats=("json",))``;
-3. ``fastprof._core.analyze_steps`` alone (the breakdown's Rust pass);
+3. ``fastprof._core.analyze_steps`` alone (the breakdown's Rust pass, as
+   a report runs it: rows to breakdown.csv, per-rank summaries kept);
 4. ``fastprof.merge`` of the same file: the yardstick. Targets: a report
    takes at most 2x the merge, with peak RSS <= 300 MB;
 5. HTA: ``TraceAnalysis(trace_dir=...)`` (the load) and
@@ -63,11 +64,13 @@ print(f"report ({sys.argv[3]}): {time.perf_counter() - t0:.2f} s; {sizes}", file
 """
 
 ANALYZE = """
-import sys, time
+import os, sys, tempfile, time
 from fastprof import _core
 t0 = time.perf_counter()
-a = _core.analyze_steps([sys.argv[1]])
-print(f"analyze_steps: {len(a['steps']['step'])} steps in {time.perf_counter() - t0:.2f} s")
+with tempfile.TemporaryDirectory() as tmp:
+    # As a report runs it: rows straight to breakdown.csv, summaries kept.
+    a = _core.analyze_steps([sys.argv[1]], csv=os.path.join(tmp, "breakdown.csv"), keep_rows=False)
+print(f"analyze_steps: {a['step_count']} steps in {time.perf_counter() - t0:.2f} s")
 """
 
 MERGE = """

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -54,6 +54,11 @@ class Columns:
     #: Salvages, dropped events, skipped files: one line each, naming the
     #: file and, where there is one, the byte offset.
     warnings: list[str]
+    #: Spans folded by ``fold_categories``, one row per (rank, name, cat),
+    #: sorted by them: ``rank`` (int32), ``name``, ``cat`` (uint32 ids),
+    #: ``count``, ``total_ns``, ``max_ns``, ``first_ns`` (earliest start),
+    #: ``last_ns`` (latest end), all int64. Empty columns without folding.
+    folded: dict[str, npt.NDArray[Any]] = field(default_factory=dict)
 
     def names_of(self, ids: npt.ArrayLike) -> npt.NDArray[np.object_]:
         """The strings of name ids (e.g. ``cols.names_of(cols.spans["name"])``)."""
@@ -81,6 +86,10 @@ def read_columns(
     start_ns: int | None = None,
     end_ns: int | None = None,
     kinds: Iterable[str] = KINDS,
+    fold_categories: str | Iterable[str] | None = None,
+    fold_except: str | Iterable[str] | None = None,
+    step_column: bool = True,
+    collapse_numbered: str | Iterable[str] | None = None,
 ) -> Columns:
     """Read spans, instants and counters of traces into numpy columns.
 
@@ -96,6 +105,17 @@ def read_columns(
     part of ``cat``), and the window ``[start_ns, end_ns)`` in epoch ns (spans
     overlapping it, points inside it). ``kinds``: any of ``"spans"``,
     ``"instants"``, ``"counters"``.
+
+    ``fold_categories``: spans of these categories (as ``categories``
+    matches) are not rows but totals per (rank, name, category) in
+    :attr:`Columns.folded`, except names starting with one of
+    ``fold_except``: a report reads a torch window's operators and kernels
+    so. Not with ``start_ns`` / ``end_ns``. ``step_column=False`` leaves the
+    ``step`` column out (it costs 8 bytes a row and a lookup per row).
+    ``collapse_numbered``: span names made of one of these prefixes and a
+    number are read as the prefix and ``*`` (``"ProfilerStep#"`` reads
+    every ``ProfilerStep#N`` as ``ProfilerStep#*``: one name, not one per
+    step).
 
     Raises :class:`fastprof.TraceError` (a ``ValueError``) for a file named
     here that is not a trace, naming the file and byte offset, and
@@ -119,6 +139,10 @@ def read_columns(
         spans="spans" in wanted,
         instants="instants" in wanted,
         counters="counters" in wanted,
+        fold_categories=_strings(fold_categories, "fold_categories") or [],
+        fold_except=_strings(fold_except, "fold_except") or [],
+        step_column=bool(step_column),
+        collapse_numbered=_strings(collapse_numbered, "collapse_numbered") or [],
     )
     return Columns(
         spans=raw["spans"],
@@ -128,4 +152,5 @@ def read_columns(
         categories=raw["categories"],
         files=raw["files"],
         warnings=raw["warnings"],
+        folded=raw["folded"],
     )

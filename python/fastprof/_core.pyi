@@ -218,7 +218,9 @@ def merge(
 ) -> dict[str, Any]: ...
 def read_trace(path: str) -> tuple[Any, list[str], bool, int]: ...
 def trace_inputs(paths: list[str]) -> list[list[str]]: ...
-def analyze_steps(paths: list[str]) -> dict[str, Any]: ...
+def analyze_steps(
+    paths: list[str], *, csv: str | None = None, keep_rows: bool = True, max_bars: int = 1000
+) -> dict[str, Any]: ...
 def read_columns(
     paths: list[str],
     *,
@@ -230,4 +232,8 @@ def read_columns(
     spans: bool = True,
     instants: bool = True,
     counters: bool = True,
+    fold_categories: list[str] = ...,
+    fold_except: list[str] = ...,
+    step_column: bool = True,
+    collapse_numbered: list[str] = ...,
 ) -> dict[str, Any]: ...

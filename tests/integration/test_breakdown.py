@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import io
 import json
 import math
 import time
@@ -148,14 +147,19 @@ def _check_gpu_rows(rows: list[dict[str, Any]], rank: int, sm_counts: bool = Tru
         assert r["compute_ns"] + r["non_compute_ns"] + r["idle_ns"] == r["duration_ns"]
 
 
-def _csv_rows(b: Any) -> list[dict[str, str]]:
-    buf = io.StringIO()
-    csv.writer(buf).writerows(b.csv_rows())
-    return list(csv.DictReader(io.StringIO(buf.getvalue())))
+def _csv_rows(trace: Path, kept: Any, tmp_path: Path) -> list[dict[str, str]]:
+    """breakdown.csv as a report writes it (rows streamed, none kept), read
+    back with Python's csv; the summaries it keeps are those of the rows."""
+    path = tmp_path / "breakdown.csv"
+    b = step_breakdown(trace, csv=path, keep_rows=False)
+    assert not b.steps and len(b) == len(kept) and b.to_section() == kept.to_section()
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def test_hand_placed_kineto_trace(tmp_path: Path) -> None:
-    b = step_breakdown(_write(tmp_path / "host_1.pt.trace.json.gz", _gpu_trace(rank=0)))
+    trace = _write(tmp_path / "host_1.pt.trace.json.gz", _gpu_trace(rank=0))
+    b = step_breakdown(trace)
     assert len(b) == 2 and b.gpu_activity and b.note is None
     _check_gpu_rows(b.rows(), rank=0)
     assert b.devices["device"].tolist() == [0]
@@ -172,11 +176,17 @@ def test_hand_placed_kineto_trace(tmp_path: Path) -> None:
     assert all(pr[k] == sum(r[k] for r in rows) for k in ROLES)
     assert pr["gpu_util"] == pytest.approx(sum(r["gpu_utilization"] for r in rows) / 2)
     assert pr["step_max_ns"] == max(r["duration_ns"] for r in rows)
+    p50, p95 = np.percentile([r["duration_ns"] for r in rows], [50, 95])
+    assert (pr["step_p50_ns"], pr["step_p95_ns"]) == (p50, p95)
     # The per-step rows go to breakdown.csv, read back with Python's csv.
-    got = _csv_rows(b)
+    got = _csv_rows(trace, b, tmp_path)
     assert [int(g["step"]) for g in got] == [1, 2]
     assert [int(got[0][k]) for k in ("compute_ns", "non_compute_ns", "idle_ns")] == [24 * US, 28 * US, 48 * US]
     assert all(int(g[k]) == r[k] for g, r in zip(got, rows, strict=True) for k in ROLES)
+    assert [float(g["gpu_util"]) for g in got] == [r["gpu_utilization"] for r in rows]
+    assert [g["overlap_pct"] for g in got] == [
+        "" if r["comm_overlap_pct"] is None else str(r["comm_overlap_pct"]) for r in rows
+    ]
 
 
 def test_older_absolute_microseconds_give_the_same_breakdown(tmp_path: Path) -> None:
@@ -208,7 +218,8 @@ def test_merged_multi_rank_trace_gives_rows_per_rank(tmp_path: Path) -> None:
 def test_cpu_only_trace_says_no_gpu_activity(tmp_path: Path) -> None:
     doc = _gpu_trace()
     doc["traceEvents"] = [e for e in doc["traceEvents"] if e["cat"] not in ("kernel", "gpu_memcpy", "gpu_memset")]
-    b = step_breakdown(_write(tmp_path / "cpu.json.gz", doc))
+    trace = _write(tmp_path / "cpu.json.gz", doc)
+    b = step_breakdown(trace)
     assert not b.gpu_activity and b.note == "no GPU activity"
     s1, s2 = b.rows()
     # Without kernels the runtime calls and the nccl op show: step 1 runtime
@@ -221,7 +232,7 @@ def test_cpu_only_trace_says_no_gpu_activity(tmp_path: Path) -> None:
     for r in (s1, s2):
         assert r["gpu_utilization"] is None and r["idle_ns"] is None and r["compute_ns"] is None
     assert b.to_section()["per_rank"][0]["gpu_util"] is None
-    assert all(g["compute_ns"] == "" and g["gpu_util"] == "" for g in _csv_rows(b))
+    assert all(g["compute_ns"] == "" and g["gpu_util"] == "" for g in _csv_rows(trace, b, tmp_path))
 
 
 torch = pytest.importorskip("torch")

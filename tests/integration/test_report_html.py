@@ -30,6 +30,7 @@ from PIL import Image
 
 import fastprof
 from fastprof.reports import data as report_data
+from fastprof.reports.breakdown import step_breakdown
 from fastprof.reports.html import MAX_POINTS, downsample, step_part_figures
 
 PYTHON = Path(fastprof.__file__).resolve().parents[1]
@@ -292,7 +293,9 @@ def test_step_parts_follow_the_breakdown_when_present(run: Path) -> None:
     total = np.sum([np.asarray(t.y, dtype=np.float64) for t in figs[0].data], axis=0)
     assert np.allclose(total, steps.dur / 1e6)
 
-    data.breakdown = _breakdown([4, 3], dataloader=[6_000_000, 5_000_000], cpu=[3_000_000, 3_000_000])
+    # Steps 3 then 4 (in time): the breakdown of a real Kineto trace.
+    trace = _steps_trace(run.parent / "two_steps.pt.trace.json", [3, 4], loader_us=[5000, 6000], cpu_us=[3000, 3000])
+    data.breakdown = step_breakdown(trace, keep_rows=False)
     bd = {"source": "torch windows", "gpu_activity": False}
     figs, note = step_part_figures({**doc, "breakdown": bd}, data)
     assert "breakdown" in note and len(figs) == 1 and "drawn as" not in note
@@ -300,21 +303,21 @@ def test_step_parts_follow_the_breakdown_when_present(run: Path) -> None:
     assert list(figs[0].data[0].x) == [3, 4] and list(figs[0].data[0].y) == [5.0, 6.0]
 
 
-def _breakdown(steps: list[int], dataloader: list[int], cpu: list[int]) -> Any:
-    from fastprof.reports.breakdown import ROLES, Breakdown
-
-    n = len(steps)
-    cols: dict[str, Any] = {k: np.zeros(n, dtype=np.int64) for k in ROLES}
-    cols["dataloader_ns"] = np.asarray(dataloader, dtype=np.int64)
-    cols["cpu_exec_ns"] = np.asarray(cpu, dtype=np.int64)
-    cols.update(
-        step=np.asarray(steps, dtype=np.int64),
-        rank=np.zeros(n, dtype=np.int64),
-        has_gpu=np.zeros(n, dtype=bool),
-        duration_ns=cols["dataloader_ns"] + cols["cpu_exec_ns"],
-        source=["ProfilerStep"] * n,
-    )
-    return Breakdown(steps=cols, devices={}, files=[], warnings=[], kernel_wait_ns=0)
+def _steps_trace(path: Path, steps: list[int], loader_us: list[int], cpu_us: list[int]) -> Path:
+    """A Kineto trace of ``ProfilerStep#N`` spans, each a DataLoader
+    ``__next__`` of ``loader_us`` then a ``cpu_op`` of ``cpu_us``."""
+    events: list[dict[str, Any]] = []
+    t = 1000
+    for n, lo, cpu in zip(steps, loader_us, cpu_us, strict=True):
+        common = {"ph": "X", "pid": 1, "tid": 1}
+        events.append({**common, "cat": "user_annotation", "name": f"ProfilerStep#{n}", "ts": t, "dur": lo + cpu})
+        loader = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+        events.append({**common, "cat": "user_annotation", "name": loader, "ts": t, "dur": lo})
+        events.append({**common, "cat": "cpu_op", "name": "aten::mm", "ts": t + lo, "dur": cpu})
+        t += lo + cpu
+    doc = {"schemaVersion": 1, "baseTimeNanoseconds": 1_700_000_000_000_000_000, "traceEvents": events}
+    path.write_text(json.dumps(doc))
+    return path
 
 
 def test_a_long_run_s_step_parts_are_merged_into_bars_and_the_page_says_so(run: Path) -> None:
@@ -323,17 +326,18 @@ def test_a_long_run_s_step_parts_are_merged_into_bars_and_the_page_says_so(run: 
     data = report_data.load(run)
     doc = fastprof.report(run, formats=()).data
     n = 2 * MAX_BARS + 500
-    loader = np.arange(n, dtype=np.int64) * 1000
-    data.breakdown = _breakdown(list(range(n)), dataloader=loader.tolist(), cpu=[7] * n)
+    loader = np.arange(1, n + 1, dtype=np.int64) * 10
+    trace = _steps_trace(run.parent / "long.pt.trace.json", list(range(n)), loader.tolist(), [7] * n)
+    data.breakdown = step_breakdown(trace, keep_rows=False)
     figs, note = step_part_figures({**doc, "breakdown": {"source": "torch windows", "gpu_activity": False}}, data)
     (fig,) = figs
     bars = fig.data[0]
     assert len(bars.x) <= MAX_BARS and len(bars.x) == -(-n // 3)
+    assert list(bars.x[:3]) == [0, 3, 6]
     assert f"{n} steps are drawn as {len(bars.x)} bars, each the mean of 3 consecutive steps" in note
     # Each bar is its steps' mean: the bars, weighted by their steps, hold all the time.
     weights = np.diff(np.append(np.arange(0, n, 3), n))
-    assert np.sum(np.asarray(bars.y) * weights) * 1e6 == pytest.approx(loader.sum())
-    assert list(bars.x[:2]) == [0, 3]
+    assert np.sum(np.asarray(bars.y) * weights) * 1e6 == pytest.approx(loader.sum() * 1000)
 
 
 def test_downsample_keeps_peaks_within_the_point_budget() -> None:

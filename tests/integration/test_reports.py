@@ -276,3 +276,60 @@ def test_the_cli_names_only_the_tables_it_did_not_write(
     not_written = [line for line in printed.splitlines() if line.startswith("no rows, so not written")]
     for csv_file in out.glob("*.csv"):
         assert all(csv_file.name not in line for line in not_written), (csv_file.name, not_written)
+
+
+def test_torch_window_ops_are_read_as_totals_and_the_report_is_the_same(loader_run: Path) -> None:
+    """A report reads a torch window's ops and kernels as totals per (rank,
+    name, category) and every ProfilerStep#N under one name (a million-step
+    run's rows and names were most of its memory): the totals are the
+    trace's, and the report is the one every row gives."""
+    from fastprof.reports import data as report_data
+    from fastprof.reports.html import top_events
+    from fastprof.reports.report import build_from
+
+    folded = report_data.load(loader_run)
+    every = report_data.load(loader_run, fold=False)
+    assert len(folded.cols.spans["ts"]) < len(every.cols.spans["ts"])
+    names = folded.cols.names
+    assert "ProfilerStep#*" in names and not any(n.startswith("ProfilerStep#") and n[-1].isdigit() for n in names)
+    # The folded totals against the trace, read with Python's json.
+    want: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for e in trace_events(loader_run):
+        if e.get("ph") == "X" and e.get("cat") in report_data.KINETO_CATEGORIES:
+            if not e["name"].startswith("ProfilerStep#"):
+                want[(e["cat"], e["name"])].append(round(float(e["dur"]) * 1000))
+    f = folded.cols.folded
+    got: dict[tuple[str, str], tuple[int, int, int]] = {}
+    for i in range(len(f["name"])):
+        key = (folded.cols.categories[int(f["cat"][i])], names[int(f["name"][i])])
+        got[key] = (int(f["count"][i]), int(f["total_ns"][i]), int(f["max_ns"][i]))
+    assert any(k[0] == "cpu_op" for k in want) and set(got) == set(want)
+    for key, durs in want.items():
+        count, total, mx = got[key]
+        assert count == len(durs) and abs(total - sum(durs)) <= len(durs) and abs(mx - max(durs)) <= 1, key
+    a, b = build_from(folded), build_from(every)
+    for section in ("time", "speed", "system", "ranks", "wall", "breakdown", "recommendations"):
+        assert a[section] == b[section], section
+    for cats in ({"cpu_op"}, {"kernel", "gpu_memcpy", "gpu_memset"}):
+        assert top_events(folded, cats) == top_events(every, cats)
+    assert top_events(folded, {"cpu_op"})
+
+
+def test_breakdown_csv_is_written_as_the_rows_are_computed(loader_run: Path, tmp_path: Path) -> None:
+    """breakdown.csv holds a row per step, equal to the breakdown's rows,
+    while the report keeps only per-rank summaries; a report without CSV
+    writes none, and report.json's breakdown section is the same either way."""
+    from fastprof.reports.breakdown import ROLES, step_breakdown
+
+    rep = fastprof.report(loader_run, out_dir=tmp_path / "all")
+    with open(tmp_path / "all" / "breakdown.csv", newline="") as f:
+        got = list(csv.DictReader(f))
+    rows = step_breakdown(loader_run / "trace.json.gz").rows()
+    assert len(got) == len(rows) == rep["breakdown"]["step_count"] > 0
+    for g, r in zip(got, rows, strict=True):
+        assert (int(g["step"]), int(g["rank"]), g["source"]) == (r["step"], r["rank"], r["source"])
+        assert int(g["duration_ns"]) == r["duration_ns"] == sum(int(g[k]) for k in ROLES)
+    only_json = fastprof.report(loader_run, out_dir=tmp_path / "json", formats=("json",))
+    assert sorted(p.name for p in (tmp_path / "json").iterdir()) == ["report.json"]
+    assert only_json["breakdown"] == rep["breakdown"]
+    assert not list(tmp_path.glob(".*tmp-*")), "a staging folder was left behind"

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -82,7 +83,9 @@ class Breakdown:
     """What :func:`step_breakdown` returns."""
 
     #: Column name -> 1-D array, one row per (rank, step); ``duration_ns``
-    #: is added here (``end_ns - start_ns``); ``source`` is a list of str.
+    #: is added here (``end_ns - start_ns``); ``source`` holds str (an
+    #: object array). Empty when the rows were not kept (a report's case:
+    #: they go to breakdown.csv as they are computed).
     steps: dict[str, Any]
     #: Per (rank, device) over the rank's steps: ``rank``, ``device``,
     #: ``gpu_utilization``, ``sm_efficiency``, ``achieved_occupancy``.
@@ -91,22 +94,38 @@ class Breakdown:
     warnings: list[str]
     #: HTA's gap under which idle time counts as kernel wait.
     kernel_wait_ns: int
+    #: Per rank with steps: the report's ``per_rank`` entries (NaN for a
+    #: mean with nothing to average) and the steps' ``source``.
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    #: Per rank: ``rank``, ``per`` (steps a bar), ``step`` (each bar's first
+    #: step) and the mean of each of :data:`ROLES` per bar, at most
+    #: ``max_bars`` bars, in order of step start.
+    bars: list[dict[str, Any]] = field(default_factory=list)
+    #: Steps over all ranks.
+    step_count: int = 0
+    #: breakdown.csv, when it was written.
+    csv_path: Path | None = None
 
     def __len__(self) -> int:
-        return len(self.steps["step"])
+        return self.step_count
 
     @property
     def gpu_activity(self) -> bool:
         """Whether any rank had GPU activity."""
-        return bool(np.any(self.steps["has_gpu"]))
+        return any(s["gpu_steps"] > 0 for s in self.summaries)
 
     @property
     def note(self) -> str | None:
         """``"no GPU activity"`` when no rank had any, else None."""
         return None if self.gpu_activity or len(self) == 0 else NO_GPU
 
+    def _rows_kept(self) -> None:
+        if len(self) and not len(self.steps):
+            raise ValueError("the breakdown's rows were not kept (step_breakdown(..., keep_rows=False))")
+
     def share(self, column: str) -> npt.NDArray[np.float64]:
         """A part's share of each step (0..1; NaN for an empty step)."""
+        self._rows_kept()
         dur = self.steps["duration_ns"].astype(np.float64)
         part = self.steps[column].astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -115,12 +134,14 @@ class Breakdown:
 
     def total_share(self, column: str) -> float:
         """A part's share of all steps' time together (NaN without steps)."""
-        total = int(self.steps["duration_ns"].sum())
-        return float(self.steps[column].sum()) / total if total > 0 else math.nan
+        total = sum(int(s["duration_ns"]) for s in self.summaries)
+        part = sum(int(s[column]) for s in self.summaries)
+        return part / total if total > 0 else math.nan
 
     def row(self, i: int) -> dict[str, Any]:
         """Row ``i`` as plain Python values; GPU fields None without GPU
         activity, NaN ratios None."""
+        self._rows_kept()
         out: dict[str, Any] = {}
         gpu = bool(self.steps["has_gpu"][i])
         for k, col in self.steps.items():
@@ -140,44 +161,34 @@ class Breakdown:
     def to_section(self) -> dict[str, Any]:
         """The report's ``breakdown`` section (``$defs/breakdown`` of
         ``reports/schema/report.v2.json``): per rank, the role totals, step
-        time percentiles and GPU means. The per-step rows are
-        :meth:`csv_rows` (``breakdown.csv``): a million-step run's rows as
-        JSON were most of a report's time and memory."""
-        st = self.steps
-        rank = np.asarray(st["rank"])
-        dur = np.asarray(st["duration_ns"], dtype=np.int64)
-        has_gpu = np.asarray(st["has_gpu"], dtype=bool)
+        time percentiles and GPU means, as the core summed them while the
+        rows went to ``breakdown.csv`` (a million-step run's rows as JSON,
+        or held as columns, were most of a report's time and memory)."""
+
+        def clean(v: Any) -> Any:
+            return None if isinstance(v, float) and math.isnan(v) else v
+
         per_rank = []
-        for r in np.unique(rank).tolist():
-            m = rank == r
-            d = dur[m]
-            p50, p95 = np.percentile(d, [50, 95]).tolist() if d.size else (None, None)
-            g = m & has_gpu
-
-            def mean(col: str, g: npt.NDArray[np.bool_] = g) -> float | None:
-                v = np.asarray(st[col], dtype=np.float64)[g]
-                v = v[~np.isnan(v)]
-                return float(v.mean()) if v.size else None
-
+        for s in self.summaries:
+            gpu = s["gpu_steps"] > 0
             per_rank.append(
                 {
-                    "rank": int(r),
-                    "steps": int(m.sum()),
-                    "duration_ns": int(d.sum()),
-                    "step_mean_ns": float(d.mean()),
-                    "step_p50_ns": p50,
-                    "step_p95_ns": p95,
-                    "step_max_ns": int(d.max()),
-                    **{k: int(np.asarray(st[k])[m].sum()) for k in ROLES},
-                    "gpu_steps": int(g.sum()),
-                    "gpu_util": mean("gpu_utilization"),
-                    "sm_efficiency": mean("sm_efficiency"),
-                    "occupancy": mean("achieved_occupancy"),
-                    "tensor_core_share": mean("tensor_core_share"),
-                    "overlap_pct": mean("comm_overlap_pct"),
+                    "rank": int(s["rank"]),
+                    "steps": int(s["steps"]),
+                    "duration_ns": int(s["duration_ns"]),
+                    "step_mean_ns": float(s["step_mean_ns"]),
+                    "step_p50_ns": float(s["step_p50_ns"]),
+                    "step_p95_ns": float(s["step_p95_ns"]),
+                    "step_max_ns": int(s["step_max_ns"]),
+                    **{k: int(s[k]) for k in ROLES},
+                    "gpu_steps": int(s["gpu_steps"]),
+                    **{
+                        k: clean(s[k]) if gpu else None
+                        for k in ("gpu_util", "sm_efficiency", "occupancy", "tensor_core_share", "overlap_pct")
+                    },
                 }
             )
-        sources = sorted(set(st["source"]))
+        sources = sorted({str(s["source"]) for s in self.summaries})
         section: dict[str, Any] = {
             "source": ", ".join(sources) if sources else "none",
             "gpu_activity": self.gpu_activity,
@@ -189,68 +200,41 @@ class Breakdown:
             section["note"] = self.note
         return section
 
-    #: breakdown.csv's columns: (CSV name, column), GPU ones empty without GPU activity.
-    CSV_COLUMNS = (
-        ("step", "step"),
-        ("rank", "rank"),
-        ("source", "source"),
-        ("start_ns", "start_ns"),
-        ("duration_ns", "duration_ns"),
-        *((k, k) for k in ROLES),
-        ("gpu_util", "gpu_utilization"),
-        ("sm_efficiency", "sm_efficiency"),
-        ("occupancy", "achieved_occupancy"),
-        ("tensor_core_share", "tensor_core_share"),
-        ("compute_ns", "compute_ns"),
-        ("non_compute_ns", "non_compute_ns"),
-        ("idle_ns", "idle_ns"),
-        ("idle_host_wait_ns", "idle_host_wait_ns"),
-        ("idle_kernel_wait_ns", "idle_kernel_wait_ns"),
-        ("idle_other_ns", "idle_other_ns"),
-        ("kernel_communication_ns", "kernel_communication_ns"),
-        ("kernel_computation_ns", "kernel_computation_ns"),
-        ("kernel_memory_ns", "kernel_memory_ns"),
-        ("overlap_pct", "comm_overlap_pct"),
-    )
 
-    def csv_rows(self, chunk: int = 65536) -> Iterator[list[Any]]:
-        """breakdown.csv's rows (header first), built a chunk of columns at a
-        time (numpy's ``tolist``), never one dict per step: NaN and GPU
-        fields of steps without GPU activity are empty."""
-        yield [name for name, _ in self.CSV_COLUMNS]
-        st = self.steps
-        n = len(self)
-        gpu = np.asarray(st["has_gpu"], dtype=bool)
-        for lo in range(0, n, chunk):
-            hi = min(n, lo + chunk)
-            cols = []
-            for _, col in self.CSV_COLUMNS:
-                v = st[col][lo:hi]
-                if isinstance(v, np.ndarray):
-                    out = v.tolist()
-                    if v.dtype.kind == "f":
-                        out = ["" if x != x else x for x in out]
-                    if col in GPU_COLUMNS:
-                        g = gpu[lo:hi].tolist()
-                        out = [x if ok else "" for x, ok in zip(out, g, strict=True)]
-                    cols.append(out)
-                else:
-                    cols.append(list(v))
-            yield from (list(r) for r in zip(*cols, strict=True))
-
-
-def step_breakdown(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> Breakdown:
+def step_breakdown(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    csv: str | os.PathLike[str] | None = None,
+    keep_rows: bool = True,
+    max_bars: int = 1000,
+) -> Breakdown:
     """The step-time breakdown of traces, run directories or a merged trace
-    (as ``fastprof merge`` takes them)."""
+    (as ``fastprof merge`` takes them). ``csv``: write breakdown.csv there,
+    a row per (rank, step), as the rows are computed (NaN and the GPU
+    fields of a step without GPU activity are empty cells);
+    ``keep_rows=False``: keep only the per-rank summaries and bars (what a
+    report uses), not 240 bytes a step; ``max_bars``: bars per rank."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    raw = _core.analyze_steps([os.fspath(p) for p in paths])
+    raw = _core.analyze_steps(
+        [os.fspath(p) for p in paths],
+        csv=None if csv is None else os.fspath(csv),
+        keep_rows=keep_rows,
+        max_bars=max_bars,
+    )
     steps: dict[str, Any] = dict(raw["steps"])
-    steps["duration_ns"] = steps["end_ns"] - steps["start_ns"]
+    if steps:
+        steps["duration_ns"] = steps["end_ns"] - steps["start_ns"]
+        # Source codes -> names (one shared str object per row: 8 bytes each).
+        steps["source"] = np.asarray(raw["step_sources"], dtype=object)[steps["source"]]
     return Breakdown(
         steps=steps,
         devices=dict(raw["devices"]),
         files=list(raw["files"]),
         warnings=list(raw["warnings"]),
         kernel_wait_ns=int(raw["kernel_wait_ns"]),
+        summaries=list(raw["summaries"]),
+        bars=list(raw["bars"]),
+        step_count=int(raw["step_count"]),
+        csv_path=None if csv is None else Path(csv),
     )

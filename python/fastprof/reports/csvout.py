@@ -63,9 +63,9 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 def write_csv(doc: dict[str, Any], out_dir: Path, breakdown: Any = None) -> list[Path]:
     """Write one CSV per table that has rows into ``out_dir``, the report's
     staging folder (moved in whole by ``reports.report._write``, so no
-    temporary files); returns the files written. ``breakdown`` (a
-    ``reports.breakdown.Breakdown``): its per-step rows go to breakdown.csv
-    straight from its columns (a row per step and rank)."""
+    temporary files); returns the files written, breakdown.csv among them
+    when ``breakdown`` (a ``reports.breakdown.Breakdown``) wrote it there as
+    its rows were computed."""
     written = []
     for name, rows in tables(encode(doc)).items():
         if not rows:
@@ -80,9 +80,8 @@ def write_csv(doc: dict[str, Any], out_dir: Path, breakdown: Any = None) -> list
             for r in rows:
                 w.writerow({k: "" if v is None else v for k, v in r.items()})
         written.append(path)
-    if breakdown is not None and len(breakdown):
-        path = out_dir / "breakdown.csv"
-        with open(path, "w", newline="") as f:
-            csv.writer(f).writerows(breakdown.csv_rows())
-        written.append(path)
+    if breakdown is not None and len(breakdown) and breakdown.csv_path is not None:
+        if breakdown.csv_path.parent != out_dir or not breakdown.csv_path.is_file():
+            raise RuntimeError(f"breakdown.csv was not written into {out_dir}")
+        written.append(breakdown.csv_path)
     return written

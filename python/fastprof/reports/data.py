@@ -2,8 +2,14 @@
 
 Everything per event comes from :func:`fastprof.read_columns` (the Rust
 scanner), read once per report; this module only groups those columns with
-numpy. The columns are the report's largest memory (about 44 bytes per span
-row), so what is derived from all of them (ranks, wall, each rank's steps) is
+numpy. The columns are the report's largest memory (44 bytes per span row),
+so a torch window's operators, kernels and runtime calls (the Kineto
+categories, :data:`KINETO_CATEGORIES`) are folded while reading into one
+total per (rank, name, category), ``cols.folded``, except ``ProfilerStep#N``
+(a verbose report, which lists every name's percentiles, keeps them all as
+rows), and every ``ProfilerStep#N`` is read under one name,
+``ProfilerStep#*`` (the steps are told apart by time; a name per step was
+most of a million-step report's memory). What is derived from all rows (ranks, wall, each rank's steps) is
 computed once and kept, name and category tests go through boolean lookup
 tables indexed by the id columns, and scans that need a per-row temporary run
 in chunks of :data:`_CHUNK` rows. The few small
@@ -36,8 +42,26 @@ _TAIL_BYTES = 1 << 20
 #: Rows per chunk where a scan over every span would otherwise build a
 #: full-length int64 temporary (8 MB per chunk instead of 8 bytes x rows).
 _CHUNK = 1 << 20
-#: Columns no report reads, dropped once read (12 of 56 bytes per span row).
-_UNUSED = ("step", "file")
+#: Columns no report reads, dropped once read (4 bytes per row).
+_UNUSED = ("file",)
+#: Kineto's categories (record_function annotations included): events of
+#: torch windows, folded into totals unless the report is verbose.
+KINETO_CATEGORIES = frozenset(
+    {
+        "cpu_op",
+        "python_function",
+        "kernel",
+        "gpu_memcpy",
+        "gpu_memset",
+        "cuda_runtime",
+        "cuda_driver",
+        "ac2g",
+        "Trace",
+        "gpu_user_annotation",
+        "cpu_instant_event",
+        "user_annotation",
+    }
+)
 _RANK_DIR = re.compile(r"^rank(\d+)$")
 
 
@@ -85,7 +109,8 @@ class RunData:
     @property
     def ranks(self) -> list[int]:
         if self._ranks is None:
-            found = {int(x) for col in (self.cols.spans["rank"], self.cols.counters["rank"]) for x in np.unique(col)}
+            cols = (self.cols.spans["rank"], self.cols.counters["rank"], self.cols.folded.get("rank", np.zeros(0)))
+            found = {int(x) for col in cols for x in np.unique(col)}
             self._ranks = sorted(found) or [0]
         return list(self._ranks)
 
@@ -157,41 +182,64 @@ class RunData:
             if len(cts):
                 lo.append(int(cts.min()))
                 hi.append(int(cts.max()))
+            f = self.cols.folded
+            if f and len(f["rank"]):
+                m = np.ones(len(f["rank"]), bool) if rank is None else f["rank"] == rank
+                if m.any():
+                    lo.append(int(f["first_ns"][m].min()))
+                    hi.append(int(f["last_ns"][m].max()))
             self._walls[rank] = (min(lo), max(hi)) if lo else (0, 0)
         return self._walls[rank]
 
 
-def load(path: str | os.PathLike[str]) -> RunData:
+def resolve(path: str | os.PathLike[str]) -> tuple[Path, Path | None]:
+    """What a report of ``path`` reads, and its run directory (None for a
+    trace alone): a run directory's unified ``trace.json.gz`` when there is
+    one, else the directory; a trace itself. Raises
+    :class:`fastprof.FastprofFileNotFoundError` for a missing path."""
+    p = Path(path)
+    if not p.exists():
+        raise FastprofFileNotFoundError(2, "no such file or directory", str(p))
+    if p.is_dir():
+        unified = p / "trace.json.gz"
+        if unified.is_file():
+            # Reading the directory walks it (the core's input walker removes
+            # temporary files a killed export left, as `fastprof merge` does);
+            # reading the unified trace alone does not, so walk it here.
+            trace_inputs([str(p)])
+            return unified, p
+        return p, p
+    if p.name == "trace.json.gz" and any(p.parent.glob("rank*/profiler.json")):
+        return p, p.parent
+    return p, None
+
+
+def load(path: str | os.PathLike[str], fold: bool = True) -> RunData:
     """Read a run directory (its unified ``trace.json.gz`` when there is one,
     else every rank's segments and torch windows) or a single trace.
+    ``fold``: spans of :data:`KINETO_CATEGORIES` as totals, not rows.
 
     Raises :class:`fastprof.FastprofFileNotFoundError` for a missing path,
     :class:`fastprof.TraceError` for a file that is not a trace and
     :class:`ReportInputError` for a directory holding no trace."""
     p = Path(path)
-    if not p.exists():
-        raise FastprofFileNotFoundError(2, "no such file or directory", str(p))
-    run_dir: Path | None = None
-    if p.is_dir():
-        run_dir = p
-        unified = p / "trace.json.gz"
-        target: Path = unified if unified.is_file() else p
-        if target != p:
-            # Reading the directory walks it (the core's input walker removes
-            # temporary files a killed export left, as `fastprof merge` does);
-            # reading the unified trace alone does not, so walk it here.
-            trace_inputs([str(p)])
-    else:
-        target = p
-        if p.name == "trace.json.gz" and any(p.parent.glob("rank*/profiler.json")):
-            run_dir = p.parent
+    target, run_dir = resolve(p)
     # Instants are in no report; each unused column is dropped as soon as read.
-    cols = read_columns(target, kinds=("spans", "counters"))
+    cols = read_columns(
+        target,
+        kinds=("spans", "counters"),
+        fold_categories=sorted(KINETO_CATEGORIES) if fold else None,
+        fold_except="ProfilerStep#",
+        step_column=False,
+        collapse_numbered="ProfilerStep#",
+    )
     cols.warnings.extend(counter_warnings(cols))
     for table in (cols.spans, cols.counters):
         for key in _UNUSED:
             table.pop(key, None)
-    if not cols.files or (not len(cols.spans["ts"]) and not len(cols.counters["ts"])):
+    if not cols.files or (
+        not len(cols.spans["ts"]) and not len(cols.counters["ts"]) and not len(cols.folded.get("rank", ()))
+    ):
         raise ReportInputError(f"{p}: no trace events found (expected a fastprof run directory or a trace file)")
     data = RunData(path=p, run_dir=run_dir, cols=cols)
     if run_dir is not None:

@@ -230,19 +230,20 @@ def step_part_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figur
     bd = doc.get("breakdown")
     b = data.breakdown
     if bd and b is not None and len(b):
-        rank = np.asarray(b.steps["rank"])
-        step = np.asarray(b.steps["step"], dtype=np.int64)
-        for r in sorted(np.unique(rank).tolist())[:MAX_RANK_PLOTS]:
-            m = np.flatnonzero(rank == r)
-            m = m[np.argsort(step[m], kind="stable")]
-            bars = _Bars(len(m))
+        counts = {int(s["rank"]): int(s["steps"]) for s in b.summaries}
+        for bars in b.bars[:MAX_RANK_PLOTS]:
+            r, per = int(bars["rank"]), int(bars["per"])
             fig = _figure(f"Where the step went, rank {r} (step-time breakdown)", "ms", barmode="stack")
-            fig.update_xaxes(title_text=bars.axis("step"))
+            fig.update_xaxes(title_text="step" + (f", first of each {per}" if per > 1 else ""))
             for role in _ROLES:
-                y = bars.y(np.asarray(b.steps[f"{role}_ns"])[m])
+                y = np.asarray(bars[f"{role}_ns"], dtype=np.float64)
                 if y.any():
-                    fig.add_trace(go.Bar(x=bars.x(step[m]), y=y / 1e6, name=role.replace("_", " ")))
-            merged = merged or bars.note()
+                    fig.add_trace(go.Bar(x=bars["step"], y=y / 1e6, name=role.replace("_", " ")))
+            if per > 1 and not merged:
+                merged = (
+                    f" {counts.get(r, 0)} steps are drawn as {len(bars['step'])} bars, each the mean of "
+                    f"{per} consecutive steps."
+                )
             figs.append(fig)
         note = f"Step-time breakdown ({bd.get('source') or 'torch windows'}): {bd.get('note') or ''}"
         return figs, note.rstrip(": ") + ("." if merged and not note.endswith(".") else "") + merged
@@ -428,6 +429,14 @@ def top_events(data: RunData, wanted: set[str], limit: int = TOP_ROWS) -> list[l
         total += np.bincount(nid, weights=dur, minlength=n_names)
         count += np.bincount(nid, minlength=n_names)
         np.maximum.at(mx, nid, dur)
+    # Spans folded while reading (a torch window's ops and kernels): totals.
+    f = data.cols.folded
+    if f and len(f["name"]):
+        m = wanted_cat[f["cat"]]
+        nid = f["name"][m].astype(np.intp)
+        total += np.bincount(nid, weights=f["total_ns"][m].astype(np.float64), minlength=n_names)
+        count += np.bincount(nid, weights=f["count"][m], minlength=n_names).astype(np.int64)
+        np.maximum.at(mx, nid, f["max_ns"][m].astype(np.float64))
     if not count.any():
         return []
     # As long as the largest id seen + 1, as one bincount over the rows gives

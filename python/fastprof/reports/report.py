@@ -75,15 +75,16 @@ class _Progress:
 def breakdown_section(data: _data.RunData) -> tuple[dict[str, Any] | None, str | None]:
     """The step-time breakdown section (``$defs/breakdown`` of the schema: per
     rank, role totals, step-time percentiles and GPU means), computed in Rust
-    by ``fastprof._core.analyze_steps`` over the run's traces, or None and the
-    reason. The per-step columns stay on ``data.breakdown`` for
-    breakdown.csv and the page's bars."""
+    by ``fastprof._core.analyze_steps`` over the run's traces (unless
+    :func:`report` did it already, writing breakdown.csv), or None and the
+    reason. The summaries and bars stay on ``data.breakdown`` for the page."""
     from fastprof.reports.breakdown import step_breakdown
 
-    b = step_breakdown(data.inputs)
+    b = data.breakdown
+    if b is None:
+        b = data.breakdown = step_breakdown(data.inputs, keep_rows=False)
     if len(b) == 0:
         return None, "no steps: neither ProfilerStep#N nor fastprof step spans were found"
-    data.breakdown = b
     return b.to_section(), None
 
 
@@ -96,7 +97,7 @@ def build(
 ) -> dict[str, Any]:
     tick = _Progress(progress)
     tick(f"reading {path}")
-    data = _data.load(path)
+    data = _data.load(path, fold=not verbose)
     tick(f"read {len(data.cols.spans['ts'])} spans, {len(data.cols.counters['ts'])} counter samples")
     return build_from(data, verbose, warmup_steps, batch_size, tick)
 
@@ -209,29 +210,74 @@ def report(
                 f"invalid option {opt}: expected an integer >= {0 if opt == 'warmup_steps' else 1}, got {v!r}"
             )
     tick = _Progress(progress)
-    tick(f"reading {path}")
-    data = _data.load(path)
-    tick(f"read {len(data.cols.spans['ts'])} spans, {len(data.cols.counters['ts'])} counter samples")
-    doc = build_from(data, verbose, warmup_steps, batch_size, tick)
-    rep = Report(doc)
-    if fmts:
-        out = Path(out_dir) if out_dir is not None else default_out_dir(path)
-        rep.files = _write(doc, data, out, fmts, tick)
-    return rep
+    out = Path(out_dir) if out_dir is not None else default_out_dir(path)
+    staging: Path | None = None
+    try:
+        if fmts:
+            staging = _staging(out)
+        # The breakdown first, its rows straight into breakdown.csv: its pass
+        # over the traces is the report's largest memory, so it runs before
+        # the columns are read, and keeps a few numbers per rank.
+        tick(f"step-time breakdown of {path}")
+        breakdown = _breakdown(path, staging if "csv" in fmts else None, out)
+        tick(f"breakdown: {len(breakdown)} steps")
+        data = _data.load(path, fold=not verbose)
+        data.breakdown = breakdown
+        tick(f"read {len(data.cols.spans['ts'])} spans, {len(data.cols.counters['ts'])} counter samples")
+        doc = build_from(data, verbose, warmup_steps, batch_size, tick)
+        rep = Report(doc)
+        if staging is not None:
+            rep.files = _write(doc, data, staging, out, fmts, tick)
+        return rep
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
-def _write(doc: dict[str, Any], data: _data.RunData, out: Path, fmts: list[str], tick: _Progress) -> list[Path]:
-    """Write the files into a hidden directory beside ``out``, then move them
-    in: a failure leaves ``out`` as it was (not created, or holding the last
-    complete report), never an empty or half-written reports folder."""
+def _breakdown(path: str | os.PathLike[str], staging: Path | None, out: Path) -> Any:
+    """:func:`fastprof.reports.breakdown.step_breakdown` of what
+    :func:`fastprof.reports.data.load` reads at ``path``, writing
+    breakdown.csv into ``staging`` (none without steps); a failure to write
+    it names ``out``, the folder asked for."""
+    from fastprof.reports.breakdown import step_breakdown
+
+    target, _ = _data.resolve(path)
+    csv_path = None if staging is None else staging / "breakdown.csv"
+    try:
+        b = step_breakdown(target, csv=csv_path, keep_rows=False)
+    except OSError as e:
+        if staging is None or not str(e.filename or "").startswith(str(staging)):
+            raise
+        # A write error in the staging folder is the report folder's.
+        raise OSError(e.errno, f"{e.strerror or e} (nothing written)", str(out)) from e
+    if csv_path is not None and len(b) == 0:
+        csv_path.unlink(missing_ok=True)
+    return b
+
+
+def _staging(out: Path) -> Path:
+    """A hidden folder beside ``out`` that the report is written into and
+    then moved from (named as every fastprof temporary, ``.tmp-PID`` last)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / f".{out.name}.{secrets.token_hex(4)}.tmp-{os.getpid()}"
+        tmp.mkdir()
+    except OSError as e:
+        raise OSError(e.errno, f"{e.strerror or e} (nothing written)", str(out)) from e
+    return tmp
+
+
+def _write(
+    doc: dict[str, Any], data: _data.RunData, tmp: Path, out: Path, fmts: list[str], tick: _Progress
+) -> list[Path]:
+    """Write the files into the staging folder ``tmp`` (breakdown.csv is
+    there already), then move them in: a failure leaves ``out`` as it was
+    (not created, or holding the last complete report), never an empty or
+    half-written reports folder."""
     from fastprof.reports.csvout import TABLES, write_csv
     from fastprof.reports.html import write_html
     from fastprof.reports.jsonout import write_json
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # A temporary name as every fastprof output has one (``.tmp-PID`` last).
-    tmp = out.parent / f".{out.name}.{secrets.token_hex(4)}.tmp-{os.getpid()}"
-    tmp.mkdir()
     try:
         names: list[str] = []
         if "json" in fmts:
@@ -259,5 +305,3 @@ def _write(doc: dict[str, Any], data: _data.RunData, out: Path, fmts: list[str],
         # the temporary one is gone): "<out>: File too large (nothing written)".
         left = "the earlier report there is left as it was" if out.exists() else "nothing written"
         raise OSError(e.errno, f"{e.strerror or e} ({left})", str(out)) from e
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

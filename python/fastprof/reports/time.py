@@ -13,27 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from fastprof.reports.data import KINETO_CATEGORIES as _KINETO_CATS
 from fastprof.reports.data import RunData, grouped_quantiles
 
-#: Kineto categories (record_function annotations included): events inside torch windows (partial coverage of the
-#: run), never part of the concise table.
-_KINETO_CATS = frozenset(
-    {
-        "cpu_op",
-        "python_function",
-        "kernel",
-        "gpu_memcpy",
-        "gpu_memset",
-        "cuda_runtime",
-        "cuda_driver",
-        "ac2g",
-        "Trace",
-        "gpu_user_annotation",
-        "cpu_instant_event",
-        "user_annotation",
-    }
-)
-_PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+_PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+|\*)$")
 _MODEL = re.compile(r"(forward|backward|optimizer|zero_grad|training_step|loss)", re.IGNORECASE)
 _CHECKPOINT = re.compile(r"(checkpoint|save)", re.IGNORECASE)
 _VALIDATION = re.compile(r"(validation|val_|eval|test_step|predict)", re.IGNORECASE)

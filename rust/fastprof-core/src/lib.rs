@@ -15,11 +15,13 @@
 //! * [`analyze`]: streaming step-time breakdowns for reports.
 //! * [`merge`], [`pargz`]: `fastprof merge`, parallel single-member gzip.
 //! * [`clock`]: CLOCK_MONOTONIC / CLOCK_REALTIME and anchor pairs.
+//! * [`csvout`]: CSV files from columns (a report's per-step tables).
 
 pub mod analyze;
 pub mod clock;
 pub mod collect;
 pub mod config;
+pub mod csvout;
 pub mod error;
 pub mod json;
 mod leaked;

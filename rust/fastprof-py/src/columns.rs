@@ -3,18 +3,21 @@
 //! the files are read; each column's `Vec` becomes its array without a copy.
 
 use crate::errors::Error;
-use fastprof_core::trace::columns::{self, ColumnsOptions, FileInfo, Table};
+use fastprof_core::trace::columns::{self, ColumnsOptions, FileInfo, Fold, Table};
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
 
 /// Read trace files, run directories or a merged trace into columns.
-/// Returns `{"spans"|"instants"|"counters": {column: ndarray}, "names",
-/// "categories", "files", "warnings"}`.
+/// Returns `{"spans"|"instants"|"counters": {column: ndarray}, "folded":
+/// {column: ndarray}, "names", "categories", "files", "warnings"}` (no
+/// `step` column with `step_column=False`).
 #[pyfunction]
 #[pyo3(signature = (paths, *, names=None, name_prefixes=Vec::new(), categories=None,
-                    start_ns=None, end_ns=None, spans=true, instants=true, counters=true))]
+                    start_ns=None, end_ns=None, spans=true, instants=true, counters=true,
+                    fold_categories=Vec::new(), fold_except=Vec::new(), step_column=true,
+                    collapse_numbered=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 pub fn read_columns(
     py: Python<'_>,
@@ -27,6 +30,10 @@ pub fn read_columns(
     spans: bool,
     instants: bool,
     counters: bool,
+    fold_categories: Vec<String>,
+    fold_except: Vec<String>,
+    step_column: bool,
+    collapse_numbered: Vec<String>,
 ) -> PyResult<Bound<'_, PyDict>> {
     let opts = ColumnsOptions {
         names,
@@ -37,14 +44,33 @@ pub fn read_columns(
         spans,
         instants,
         counters,
+        fold_categories,
+        fold_except,
+        step_column,
+        collapse_numbered,
     };
     let c = py
         .detach(|| columns::read_columns(&paths, &opts))
         .map_err(Error)?;
     let d = PyDict::new(py);
-    d.set_item("spans", table(py, c.spans, &["dur"])?)?;
-    d.set_item("instants", table(py, c.instants, &[])?)?;
-    d.set_item("counters", table(py, c.counters, &["series", "value"])?)?;
+    d.set_item("spans", table(py, c.spans, &["dur"], step_column)?)?;
+    d.set_item("instants", table(py, c.instants, &[], step_column)?)?;
+    d.set_item(
+        "counters",
+        table(py, c.counters, &["series", "value"], step_column)?,
+    )?;
+    let f = c.folded;
+    let fd = PyDict::new(py);
+    fd.set_item("rank", PyArray1::from_vec(py, f.rank))?;
+    fd.set_item("name", PyArray1::from_vec(py, f.name))?;
+    fd.set_item("cat", PyArray1::from_vec(py, f.cat))?;
+    let col = |g: fn(&Fold) -> i64| f.folds.iter().map(g).collect::<Vec<i64>>();
+    fd.set_item("count", PyArray1::from_vec(py, col(|x| x.count as i64)))?;
+    fd.set_item("total_ns", PyArray1::from_vec(py, col(|x| x.total_ns)))?;
+    fd.set_item("max_ns", PyArray1::from_vec(py, col(|x| x.max_ns)))?;
+    fd.set_item("first_ns", PyArray1::from_vec(py, col(|x| x.first_ns)))?;
+    fd.set_item("last_ns", PyArray1::from_vec(py, col(|x| x.last_ns)))?;
+    d.set_item("folded", fd)?;
     d.set_item("names", c.names)?;
     d.set_item("categories", c.categories)?;
     d.set_item("files", file_dicts(py, c.files)?)?;
@@ -74,7 +100,12 @@ pub(crate) fn file_dicts(py: Python<'_>, files: Vec<FileInfo>) -> PyResult<Vec<B
 }
 
 /// One table as `{column: ndarray}`; `extra` names the kind's own columns.
-fn table<'py>(py: Python<'py>, t: Table, extra: &[&str]) -> PyResult<Bound<'py, PyDict>> {
+fn table<'py>(
+    py: Python<'py>,
+    t: Table,
+    extra: &[&str],
+    step: bool,
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("name", PyArray1::from_vec(py, t.name))?;
     d.set_item("cat", PyArray1::from_vec(py, t.cat))?;
@@ -85,7 +116,9 @@ fn table<'py>(py: Python<'py>, t: Table, extra: &[&str]) -> PyResult<Bound<'py, 
     d.set_item("pid", PyArray1::from_vec(py, t.pid))?;
     d.set_item("tid", PyArray1::from_vec(py, t.tid))?;
     d.set_item("rank", PyArray1::from_vec(py, t.rank))?;
-    d.set_item("step", PyArray1::from_vec(py, t.step))?;
+    if step {
+        d.set_item("step", PyArray1::from_vec(py, t.step))?;
+    }
     d.set_item("file", PyArray1::from_vec(py, t.file))?;
     if extra.contains(&"series") {
         d.set_item("series", PyArray1::from_vec(py, t.series))?;

@@ -6,10 +6,13 @@ use std::collections::HashMap;
 use super::classify::{DeviceKind, HostRole, KernelType};
 use super::intervals::{self as iv, Iv};
 use super::read::{Device, RankData, Step};
+use super::rows::Rows;
 use super::{DeviceRow, StepRow, KERNEL_WAIT_NS};
+use crate::error::Result;
 
-/// The rows of one rank, and its per-device totals over its steps.
-pub(crate) fn rank_rows(rank: i32, mut rd: RankData) -> (Vec<StepRow>, Vec<DeviceRow>) {
+/// The rows of one rank, handed to `out`; returns its per-device totals
+/// over its steps.
+pub(crate) fn rank_rows(rank: i32, mut rd: RankData, out: &mut Rows) -> Result<Vec<DeviceRow>> {
     let (mut steps, source) = if rd.profiler_steps.is_empty() {
         (std::mem::take(&mut rd.fastprof_steps), "step")
     } else {
@@ -18,7 +21,7 @@ pub(crate) fn rank_rows(rank: i32, mut rd: RankData) -> (Vec<StepRow>, Vec<Devic
     steps.sort_by_key(|s| (s.start, s.end, s.number));
     steps.dedup_by_key(|s| (s.start, s.end, s.number));
     if steps.is_empty() {
-        return (Vec::new(), Vec::new());
+        return Ok(Vec::new());
     }
     rd.devices.sort_by_key(|d| (d.start, d.end));
     extend_to_device(&mut steps, &rd);
@@ -38,9 +41,31 @@ pub(crate) fn rank_rows(rank: i32, mut rd: RankData) -> (Vec<StepRow>, Vec<Devic
     let comm_kernel = devs_of(&|d| d.kind == DeviceKind::CommKernel);
     let memcpy = devs_of(&|d| d.kind == DeviceKind::Memcpy);
     let memset = devs_of(&|d| d.kind == DeviceKind::Memset);
-    let all_kernels = devs_of(&|d| matches!(d.kind, DeviceKind::Kernel | DeviceKind::CommKernel));
-    let busy = devs_of(&|_| true);
-    let compute = devs_of(&|d| d.ktype == KernelType::Computation);
+    // A list equal to one already built is not kept twice (on a rank of
+    // compute kernels only, all four are one list of a million intervals).
+    let all_kernels_own = if comm_kernel.is_empty() {
+        None
+    } else {
+        Some(devs_of(&|d| {
+            matches!(d.kind, DeviceKind::Kernel | DeviceKind::CommKernel)
+        }))
+    };
+    let all_kernels: &[Iv] = all_kernels_own.as_deref().unwrap_or(&kernel);
+    let busy_own = if memcpy.is_empty() && memset.is_empty() {
+        None
+    } else {
+        Some(devs_of(&|_| true))
+    };
+    let busy: &[Iv] = busy_own.as_deref().unwrap_or(all_kernels);
+    let compute_own = {
+        let c = devs_of(&|d| d.ktype == KernelType::Computation);
+        if c.as_slice() == kernel.as_slice() {
+            None
+        } else {
+            Some(c)
+        }
+    };
+    let compute: &[Iv] = compute_own.as_deref().unwrap_or(&kernel);
     let mut comm = comm_kernel.clone();
     let cpu_comm = host(HostRole::Communication, &mut rd);
     comm.extend(cpu_comm);
@@ -53,13 +78,15 @@ pub(crate) fn rank_rows(rank: i32, mut rd: RankData) -> (Vec<StepRow>, Vec<Devic
     let has_gpu = !rd.devices.is_empty();
     let mut gaps = stream_gaps(&rd);
     gaps.sort_unstable();
+    // Launch times are used up (step windows, host-wait gaps).
+    rd.runtimes = Vec::new();
     // Steps come in order of start (extend_to_device keeps it), so what
     // overlaps each is found by a sweep: linear in steps + activities, where
     // scanning every activity for every step was quadratic.
     let mut dev_sweep = Sweep::new(&rd.devices, |d: &Device| (d.start, d.end));
     let mut gap_sweep = Sweep::new(&gaps, |g: &(i64, i64, u8)| (g.0, g.1));
 
-    let mut rows = Vec::with_capacity(steps.len());
+    out.begin_rank(rank, source, steps.len());
     for st in &steps {
         let (s, e) = (st.start, st.end);
         let mut parts = [0i64; 8];
@@ -95,13 +122,13 @@ pub(crate) fn rank_rows(rank: i32, mut rd: RankData) -> (Vec<StepRow>, Vec<Devic
         };
         if has_gpu {
             let in_step: Vec<&Device> = dev_sweep.overlapping(s, e);
-            let m = gpu_metrics(&in_step, s, e, &all_kernels);
+            let m = gpu_metrics(&in_step, s, e, all_kernels);
             row.gpu_utilization = m.0;
             row.sm_efficiency = m.1;
             row.achieved_occupancy = m.2;
             row.tensor_core_share = m.3;
-            row.gpu_busy_ns = iv::len(&iv::clip(&busy, s, e));
-            row.compute_ns = iv::len(&iv::clip(&compute, s, e));
+            row.gpu_busy_ns = iv::len(&iv::clip(busy, s, e));
+            row.compute_ns = iv::len(&iv::clip(compute, s, e));
             row.non_compute_ns = row.gpu_busy_ns - row.compute_ns;
             row.idle_ns = dur - row.gpu_busy_ns;
             for d in &in_step {
@@ -130,10 +157,10 @@ pub(crate) fn rank_rows(rank: i32, mut rd: RankData) -> (Vec<StepRow>, Vec<Devic
                 f64::NAN
             };
         }
-        rows.push(row);
+        out.push(&row)?;
     }
-    let devices = device_rows(rank, &rd.devices, &steps);
-    (rows, devices)
+    out.end_rank();
+    Ok(device_rows(rank, &rd.devices, &steps))
 }
 
 /// Items sorted by start, asked in turn which of them overlap windows
@@ -262,7 +289,7 @@ fn stream_gaps(rd: &RankData) -> Vec<(i64, i64, u8)> {
             if next.start <= prev_end {
                 continue;
             }
-            let launched = rd.runtimes.get(&next.corr).map(|r| r.0);
+            let launched = rd.runtime(next.corr).map(|r| r.0);
             let cat = if launched.is_some_and(|t| t > prev_end) {
                 0
             } else if next.start - prev_end < KERNEL_WAIT_NS {
@@ -284,26 +311,38 @@ fn extend_to_device(steps: &mut [Step], rd: &RankData) {
     if rd.devices.is_empty() || rd.runtimes.is_empty() {
         return;
     }
-    let mut launches: Vec<(i64, i64, i64)> = rd
+    // (start, end, index into rd.runtimes), by start.
+    let mut launches: Vec<(i64, i64, u32)> = rd
         .runtimes
         .iter()
-        .map(|(&corr, &(s, e))| (s, e, corr))
+        .enumerate()
+        .map(|(i, &(_, s, e))| (s, e, i as u32))
         .collect();
     launches.sort_unstable();
-    // Correlation id -> the step whose host window holds the launch.
-    let mut step_of: HashMap<i64, usize> = HashMap::new();
+    // Per launch (as rd.runtimes orders them): the step whose host window
+    // holds it, NONE for none.
+    const NONE: u32 = u32::MAX;
+    let mut step_of: Vec<u32> = vec![NONE; rd.runtimes.len()];
     for (i, st) in steps.iter().enumerate() {
         let from = launches.partition_point(|l| l.0 < st.start);
-        for &(_, e, corr) in launches[from..].iter().take_while(|l| l.0 < st.end) {
+        for &(_, e, at) in launches[from..].iter().take_while(|l| l.0 < st.end) {
             if e <= st.end {
-                step_of.insert(corr, i);
+                step_of[at as usize] = i as u32;
             }
         }
     }
+    drop(launches);
+    let step_of_corr = |corr: i64| {
+        rd.runtimes
+            .binary_search_by_key(&corr, |r| r.0)
+            .ok()
+            .map(|at| step_of[at])
+            .filter(|&i| i != NONE)
+    };
     let mut dev_span: Vec<Option<(i64, i64)>> = vec![None; steps.len()];
     for d in &rd.devices {
-        if let Some(&i) = step_of.get(&d.corr) {
-            let span = dev_span[i].get_or_insert((d.start, d.end));
+        if let Some(i) = step_of_corr(d.corr) {
+            let span = dev_span[i as usize].get_or_insert((d.start, d.end));
             span.0 = span.0.min(d.start);
             span.1 = span.1.max(d.end);
         }
@@ -314,7 +353,7 @@ fn extend_to_device(steps: &mut [Step], rd: &RankData) {
     let mut prev_end = steps[0].start;
     if let Some((first_dev, _)) = dev_span[0] {
         for d in &rd.devices {
-            if !step_of.contains_key(&d.corr) && d.end < first_dev {
+            if step_of_corr(d.corr).is_none() && d.end < first_dev {
                 prev_end = prev_end.max(d.end);
             }
         }
@@ -340,18 +379,22 @@ fn device_rows(rank: i32, devices: &[Device], steps: &[Step]) -> Vec<DeviceRow> 
     let total: i64 = steps.iter().map(|s| s.end - s.start).sum();
     ids.into_iter()
         .map(|id| {
-            let mine: Vec<Device> = devices.iter().filter(|d| d.device == id).copied().collect();
             let kernels = iv::union(
-                mine.iter()
+                devices
+                    .iter()
+                    .filter(|d| d.device == id)
                     .filter(|d| matches!(d.kind, DeviceKind::Kernel | DeviceKind::CommKernel))
                     .map(|d| (d.start, d.end))
                     .collect(),
             );
             let (mut busy, mut sm_area, mut sm_any, mut occ_sum, mut occ_time) =
                 (0i64, 0.0, false, 0.0, 0.0);
-            let mut sweep = Sweep::new(&mine, |d: &Device| (d.start, d.end));
+            // The rank's activities, this device's picked from each step's
+            // (no copy of the device's list).
+            let mut sweep = Sweep::new(devices, |d: &Device| (d.start, d.end));
             for st in steps {
-                let in_step = sweep.overlapping(st.start, st.end);
+                let mut in_step = sweep.overlapping(st.start, st.end);
+                in_step.retain(|d| d.device == id);
                 let (u, sm, occ, _) = gpu_metrics(&in_step, st.start, st.end, &kernels);
                 let dur = (st.end - st.start) as f64;
                 if !u.is_nan() {

@@ -4,18 +4,24 @@
 
 pub(crate) type Iv = (i64, i64);
 
-/// The union of `ivs` as a set (empty intervals dropped).
+/// The union of `ivs` as a set (empty intervals dropped), merged in place
+/// in `ivs`'s own allocation.
 pub(crate) fn union(mut ivs: Vec<Iv>) -> Vec<Iv> {
     ivs.retain(|&(s, e)| e > s);
     ivs.sort_unstable();
-    let mut out: Vec<Iv> = Vec::with_capacity(ivs.len());
-    for (s, e) in ivs {
-        match out.last_mut() {
-            Some(last) if s <= last.1 => last.1 = last.1.max(e),
-            _ => out.push((s, e)),
+    let mut w = 0;
+    for r in 0..ivs.len() {
+        let (s, e) = ivs[r];
+        if w > 0 && s <= ivs[w - 1].1 {
+            ivs[w - 1].1 = ivs[w - 1].1.max(e);
+        } else {
+            ivs[w] = (s, e);
+            w += 1;
         }
     }
-    out
+    ivs.truncate(w);
+    ivs.shrink_to_fit();
+    ivs
 }
 
 /// The part of the set `set` inside `[s, e)`.

@@ -147,7 +147,8 @@ fn synthetic_gpu_trace_matches_the_hand_computed_breakdown() {
     );
     let a = analyze_steps(&[p]).unwrap();
     assert_eq!(a.steps.len(), 2, "{:?}", a.warnings);
-    let (s1, s2) = (&a.steps[0], &a.steps[1]);
+    let rows = a.steps.rows();
+    let (s1, s2) = (&rows[0], &rows[1]);
     assert_eq!((s1.rank, s1.step, s1.source), (3, 1, "ProfilerStep"));
     // Step 1: [0, 100) µs (its device work ends at 90).
     assert_eq!((s1.start_ns, s1.end_ns), (BASE, BASE + us(100)));
@@ -207,7 +208,7 @@ fn synthetic_gpu_trace_matches_the_hand_computed_breakdown() {
         [40, 5, 0].map(us)
     );
     assert!(s2.comm_overlap_pct.is_nan());
-    for r in &a.steps {
+    for r in &rows {
         assert_eq!(parts(r).iter().sum::<i64>(), r.end_ns - r.start_ns);
     }
     assert_eq!(a.devices.len(), 1);
@@ -238,7 +239,7 @@ fn cpu_only_trace_has_no_gpu_and_a_full_host_breakdown() {
     ];
     let p = write(&dir, "cpu.json.gz", &kineto(&ev, ""));
     let a = analyze_steps(&[p]).unwrap();
-    let r = &a.steps[0];
+    let r = &a.steps.row(0);
     assert!(!r.has_gpu);
     assert_eq!((r.rank, r.step), (-1, 4));
     // cpu [35,48) across both threads; other [30,35) + [48,50).
@@ -275,6 +276,7 @@ fn merged_trace_rows_per_rank_and_fastprof_steps() {
     let a = analyze_steps(&[p]).unwrap();
     let got: Vec<_> = a
         .steps
+        .rows()
         .iter()
         .map(|r| (r.rank, r.step, r.source, r.dataloader_ns, r.other_ns))
         .collect();
@@ -359,7 +361,7 @@ fn sweep_over_many_steps_matches_a_scan_per_step() {
             prev_end = Some(ts + dur);
         }
     }
-    for (i, row) in a.steps.iter().enumerate() {
+    for (i, row) in a.steps.rows().iter().enumerate() {
         let (s, e) = (120 * i as i64, 120 * i as i64 + 100);
         assert_eq!((row.start_ns, row.end_ns), (BASE + us(s), BASE + us(e)));
         let ov = |a: i64, b: i64| (b.min(e) - a.max(s)).max(0);

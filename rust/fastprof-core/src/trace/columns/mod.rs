@@ -59,6 +59,21 @@ pub struct ColumnsOptions {
     pub spans: bool,
     pub instants: bool,
     pub counters: bool,
+    /// Spans with one of these categories (a comma-separated part of `cat`
+    /// matching) are folded into [`Columns::folded`], one total per (rank,
+    /// name, category), instead of a row each: a report reads a torch
+    /// window's millions of operators and kernels as totals only. Names
+    /// starting with one of [`fold_except`](Self::fold_except) stay rows.
+    /// Not with a time window (rows are placed in time only once their file
+    /// has been read, so a fold could not leave them out).
+    pub fold_categories: Vec<String>,
+    pub fold_except: Vec<String>,
+    /// Compute the `step` column (the step index of each row).
+    pub step_column: bool,
+    /// Span names made of one of these prefixes and a number (torch's
+    /// `ProfilerStep#N`) are read as the prefix and `*` (`ProfilerStep#*`):
+    /// a million-step run would otherwise intern a million names.
+    pub collapse_numbered: Vec<String>,
 }
 
 impl Default for ColumnsOptions {
@@ -72,8 +87,61 @@ impl Default for ColumnsOptions {
             spans: true,
             instants: true,
             counters: true,
+            fold_categories: Vec::new(),
+            fold_except: Vec::new(),
+            step_column: true,
+            collapse_numbered: Vec::new(),
         }
     }
+}
+
+/// The spans of one (rank, name, category) folded by
+/// [`ColumnsOptions::fold_categories`]: count, total, longest, and the
+/// earliest start and latest end (epoch ns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fold {
+    pub count: u64,
+    pub total_ns: i64,
+    pub max_ns: i64,
+    pub first_ns: i64,
+    pub last_ns: i64,
+}
+
+impl Fold {
+    fn add(&mut self, ts: i64, dur: i64) {
+        self.count += 1;
+        self.total_ns = self.total_ns.saturating_add(dur);
+        self.max_ns = self.max_ns.max(dur);
+        self.first_ns = self.first_ns.min(ts);
+        self.last_ns = self.last_ns.max(ts.saturating_add(dur));
+    }
+
+    fn new(ts: i64, dur: i64) -> Fold {
+        Fold {
+            count: 1,
+            total_ns: dur,
+            max_ns: dur,
+            first_ns: ts,
+            last_ns: ts.saturating_add(dur),
+        }
+    }
+
+    fn merge(&mut self, o: &Fold) {
+        self.count += o.count;
+        self.total_ns = self.total_ns.saturating_add(o.total_ns);
+        self.max_ns = self.max_ns.max(o.max_ns);
+        self.first_ns = self.first_ns.min(o.first_ns);
+        self.last_ns = self.last_ns.max(o.last_ns);
+    }
+}
+
+/// Folded spans, one row per (rank, name, category), sorted by them.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct FoldTable {
+    pub rank: Vec<i32>,
+    pub name: Vec<u32>,
+    pub cat: Vec<u32>,
+    pub folds: Vec<Fold>,
 }
 
 /// Rows of one kind, column by column.
@@ -153,6 +221,8 @@ pub struct Columns {
     pub spans: Table,
     pub instants: Table,
     pub counters: Table,
+    /// Spans folded by [`ColumnsOptions::fold_categories`] (empty without).
+    pub folded: FoldTable,
     pub names: Vec<String>,
     pub categories: Vec<String>,
     pub files: Vec<FileInfo>,
@@ -165,6 +235,12 @@ pub struct Columns {
 /// directly that is not a trace is [`CoreError::Trace`] (files found in a
 /// directory are skipped with a warning instead).
 pub fn read_columns(inputs: &[PathBuf], opts: &ColumnsOptions) -> Result<Columns> {
+    if !opts.fold_categories.is_empty() && (opts.start_ns.is_some() || opts.end_ns.is_some()) {
+        return Err(CoreError::config(
+            "fold_categories",
+            "cannot be combined with a time window (start_ns / end_ns)",
+        ));
+    }
     let mut files: Vec<(PathBuf, bool)> = Vec::new();
     let mut input_warnings = Vec::new();
     for input in inputs {
@@ -316,6 +392,11 @@ struct Reading<'o> {
     markers: Vec<steps::Marker>,
     /// Clock offset per rank, from its fastprof segments.
     rank_offsets: HashMap<u32, i64>,
+    /// Per category id: folded or not (None until first seen).
+    fold_cat: Vec<Option<bool>>,
+    /// Per name id: one of `fold_except`'s prefixes or not.
+    fold_except: Vec<Option<bool>>,
+    folded: HashMap<(i32, u32, u32), Fold>,
 }
 
 /// Per-file state while scanning.
@@ -331,6 +412,8 @@ struct FileScan {
     bad_ts: u64,
     bad_ids: u64,
     unpaired: u64,
+    /// Folded spans of this file, in its raw time, by (pid, name, cat).
+    folded: HashMap<(i64, u32, u32), Fold>,
 }
 
 impl<'o> Reading<'o> {
@@ -347,7 +430,68 @@ impl<'o> Reading<'o> {
             cats: Interner::default(),
             markers: Vec::new(),
             rank_offsets: HashMap::new(),
+            fold_cat: Vec::new(),
+            fold_except: Vec::new(),
+            folded: HashMap::new(),
         }
+    }
+
+    /// Whether a span of this name and category is folded, not a row.
+    fn folds(&mut self, name: u32, cat: u32) -> bool {
+        if self.opts.fold_categories.is_empty() {
+            return false;
+        }
+        let (n, c) = (name as usize, cat as usize);
+        if self.fold_cat.len() <= c {
+            self.fold_cat.resize(c + 1, None);
+        }
+        let by_cat = *self.fold_cat[c].get_or_insert_with(|| {
+            self.cats.strings[c].split(',').any(|part| {
+                self.opts
+                    .fold_categories
+                    .iter()
+                    .any(|f| f.as_str() == part.trim())
+            })
+        });
+        if !by_cat {
+            return false;
+        }
+        if self.fold_except.len() <= n {
+            self.fold_except.resize(n + 1, None);
+        }
+        let strings = &self.names.strings;
+        let except = *self.fold_except[n].get_or_insert_with(|| {
+            self.opts
+                .fold_except
+                .iter()
+                .any(|p| strings[n].starts_with(p.as_str()))
+        });
+        !except
+    }
+
+    /// A complete span: a row, or folded into its (pid, name, cat) total.
+    #[allow(clippy::too_many_arguments)]
+    fn span(
+        &mut self,
+        fs: &mut FileScan,
+        name: u32,
+        cat: u32,
+        ts: i64,
+        dur: i64,
+        pid: i64,
+        tid: i64,
+        file: u32,
+    ) {
+        if self.folds(name, cat) {
+            fs.folded
+                .entry((pid, name, cat))
+                .and_modify(|f| f.add(ts, dur))
+                .or_insert_with(|| Fold::new(ts, dur));
+            return;
+        }
+        let t = &mut self.out.spans;
+        push_row(t, name, cat, ts, pid, tid, file);
+        t.dur.push(dur);
     }
 
     /// Scan one file into the tables. With `skip_merged`, a previous merge
@@ -368,6 +512,7 @@ impl<'o> Reading<'o> {
             bad_ts: 0,
             bad_ids: 0,
             unpaired: 0,
+            folded: HashMap::new(),
         };
         let result = (|| -> Result<bool> {
             while let Some(item) = sc.next_item()? {
@@ -499,11 +644,7 @@ impl<'o> Reading<'o> {
             // Closes the innermost B of its thread, whatever its own name says.
             match fs.open.get_mut(&(pid, tid)).and_then(Vec::pop) {
                 Some(o) if o.keep && ts < o.ts => *fs.bad_dur.entry(o.name).or_default() += 1,
-                Some(o) if o.keep => {
-                    let t = &mut self.out.spans;
-                    push_row(t, o.name, o.cat, o.ts, pid, tid, file);
-                    t.dur.push(ts - o.ts);
-                }
+                Some(o) if o.keep => self.span(fs, o.name, o.cat, o.ts, ts - o.ts, pid, tid, file),
                 Some(_) => {}
                 None => fs.unpaired += 1,
             }
@@ -514,7 +655,11 @@ impl<'o> Reading<'o> {
         let keep = wanted && self.filter.name(&name) && self.filter.cat(&cat);
         if ph == b"B" {
             let (name, cat) = if keep {
-                (self.names.id(&name), self.cats.id(&cat))
+                let name = match collapsed(&self.opts.collapse_numbered, kind, &name) {
+                    Some(p) => self.names.id(&format!("{p}*")),
+                    None => self.names.id(&name),
+                };
+                (name, self.cats.id(&cat))
             } else {
                 (0, 0)
             };
@@ -529,13 +674,14 @@ impl<'o> Reading<'o> {
         if !keep {
             return true;
         }
-        let (name_id, cat_id) = (self.names.id(&name), self.cats.id(&cat));
+        let name_id = match collapsed(&self.opts.collapse_numbered, kind, &name) {
+            Some(p) => self.names.id(&format!("{p}*")),
+            None => self.names.id(&name),
+        };
+        let cat_id = self.cats.id(&cat);
         match kind {
             0 if f.dur_checked(raw).is_none() => *fs.bad_dur.entry(name_id).or_default() += 1,
-            0 => {
-                push_row(&mut self.out.spans, name_id, cat_id, ts, pid, tid, file);
-                self.out.spans.dur.push(dur);
-            }
+            0 => self.span(fs, name_id, cat_id, ts, dur, pid, tid, file),
             1 => push_row(&mut self.out.instants, name_id, cat_id, ts, pid, tid, file),
             _ => {
                 let Some(args) = get(&f.args) else {
@@ -640,6 +786,14 @@ impl<'o> Reading<'o> {
                 });
             }
         }
+        for ((pid, name, cat), mut f) in fs.folded.drain() {
+            f.first_ns = f.first_ns.saturating_add(shift);
+            f.last_ns = f.last_ns.saturating_add(shift);
+            self.folded
+                .entry((rank_of(pid), name, cat))
+                .and_modify(|g| g.merge(&f))
+                .or_insert(f);
+        }
         for m in &mut self.markers[fs.first_marker..] {
             m.start = m.start.saturating_add(shift);
             m.end = m.end.map(|e| e.saturating_add(shift));
@@ -648,12 +802,22 @@ impl<'o> Reading<'o> {
     }
 
     fn finish(mut self) -> Columns {
-        let index = steps::Index::new(std::mem::take(&mut self.markers));
         let mut out = self.out;
-        for t in [&mut out.spans, &mut out.instants, &mut out.counters] {
-            t.step = (0..t.len())
-                .map(|r| index.step(t.rank[r], t.pid[r], t.ts[r]))
-                .collect();
+        if self.opts.step_column {
+            let index = steps::Index::new(std::mem::take(&mut self.markers));
+            for t in [&mut out.spans, &mut out.instants, &mut out.counters] {
+                t.step = (0..t.len())
+                    .map(|r| index.step(t.rank[r], t.pid[r], t.ts[r]))
+                    .collect();
+            }
+        }
+        let mut folded: Vec<((i32, u32, u32), Fold)> = self.folded.into_iter().collect();
+        folded.sort_unstable_by_key(|(k, _)| *k);
+        for ((rank, name, cat), f) in folded {
+            out.folded.rank.push(rank);
+            out.folded.name.push(name);
+            out.folded.cat.push(cat);
+            out.folded.folds.push(f);
         }
         // Tables hold only what kept rows use (the time window may have
         // dropped rows after their names were interned).
@@ -671,11 +835,18 @@ impl<'o> Reading<'o> {
             t.name.iter_mut().for_each(&mut remap);
             t.series.iter_mut().for_each(&mut remap);
         }
+        out.folded.name.iter_mut().for_each(&mut remap);
         out.names = names;
         let mut used = vec![u32::MAX; self.cats.strings.len()];
         let mut cats = Vec::new();
-        for t in [&mut out.spans, &mut out.instants, &mut out.counters] {
-            for id in t.cat.iter_mut() {
+        let folded_cats = &mut out.folded.cat;
+        for ids in [
+            &mut out.spans.cat,
+            &mut out.instants.cat,
+            &mut out.counters.cat,
+            folded_cats,
+        ] {
+            for id in ids.iter_mut() {
                 let slot = &mut used[*id as usize];
                 if *slot == u32::MAX {
                     *slot = cats.len() as u32;
@@ -687,6 +858,17 @@ impl<'o> Reading<'o> {
         out.categories = cats;
         out
     }
+}
+
+/// The prefix of `collapse` that a span's `name` is followed by digits only.
+fn collapsed<'p>(collapse: &'p [String], kind: u8, name: &str) -> Option<&'p str> {
+    if kind != 0 {
+        return None;
+    }
+    collapse.iter().map(String::as_str).find(|p| {
+        name.strip_prefix(p)
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    })
 }
 
 fn push_row(t: &mut Table, name: u32, cat: u32, ts: i64, pid: i64, tid: i64, file: u32) {

@@ -448,3 +448,125 @@ fn a_cut_file_says_where() {
         c.warnings
     );
 }
+
+#[test]
+fn folded_categories_are_totals_per_rank_name_and_category() {
+    let d = dir("fold");
+    // Two ranks' Kineto traces: ProfilerStep#N (user_annotation) stays rows,
+    // read as one name; cpu_op and kernel spans become totals; a user span
+    // stays a row.
+    let trace = |rank: u32, shift: i64| {
+        format!(
+            r#"{{"distributedInfo":{{"rank":{rank}}},"baseTimeNanoseconds":{BASE},"traceEvents":[
+{{"ph":"X","cat":"user_annotation","name":"ProfilerStep#1","pid":9,"tid":9,"ts":{a},"dur":100}},
+{{"ph":"X","cat":"user_annotation","name":"ProfilerStep#2","pid":9,"tid":9,"ts":{b},"dur":100}},
+{{"ph":"X","cat":"user_annotation","name":"ProfilerStep#x","pid":9,"tid":9,"ts":{b},"dur":5}},
+{{"ph":"X","cat":"cpu_op","name":"aten::mm","pid":9,"tid":9,"ts":{c},"dur":10}},
+{{"ph":"X","cat":"cpu_op","name":"aten::mm","pid":9,"tid":9,"ts":{d},"dur":30}},
+{{"ph":"B","cat":"cpu_op","name":"aten::add","pid":9,"tid":9,"ts":{d}}},
+{{"ph":"E","pid":9,"tid":9,"ts":{e}}},
+{{"ph":"X","cat":"kernel","name":"sgemm","pid":0,"tid":7,"ts":{e},"dur":40}},
+{{"ph":"X","cat":"user","name":"mine","pid":9,"tid":9,"ts":{c},"dur":1}}
+]}}"#,
+            a = shift,
+            b = 100 + shift,
+            c = 10 + shift,
+            d = 110 + shift,
+            e = 150 + shift,
+        )
+    };
+    let p0 = write(&d.join("r0.pt.trace.json"), &trace(0, 0));
+    let p1 = write(&d.join("r1.pt.trace.json"), &trace(1, 1000));
+    let opts = ColumnsOptions {
+        fold_categories: vec!["cpu_op".into(), "kernel".into(), "user_annotation".into()],
+        fold_except: vec!["ProfilerStep#".into()],
+        collapse_numbered: vec!["ProfilerStep#".into()],
+        step_column: false,
+        ..Default::default()
+    };
+    let c = read(&[p0.clone(), p1.clone()], &opts);
+    assert!(c.spans.step.is_empty());
+    // Rows: per rank the two steps under one name, "ProfilerStep#x" (kept
+    // by the prefix, not collapsed: no number), and the user span.
+    let rows: Vec<(i32, String)> = (0..c.spans.len())
+        .map(|i| (c.spans.rank[i], c.names[c.spans.name[i] as usize].clone()))
+        .collect();
+    let want = |r| {
+        [
+            (r, "ProfilerStep#*"),
+            (r, "ProfilerStep#*"),
+            (r, "ProfilerStep#x"),
+            (r, "mine"),
+        ]
+        .map(|(r, n): (i32, &str)| (r, n.to_string()))
+    };
+    let mut expected: Vec<(i32, String)> = want(0).to_vec();
+    expected.extend(want(1));
+    assert_eq!(rows, expected);
+    let f = &c.folded;
+    type Row = (i32, String, String, u64, i64, i64, i64, i64);
+    let got: Vec<Row> = (0..f.rank.len())
+        .map(|i| {
+            let x = f.folds[i];
+            (
+                f.rank[i],
+                c.names[f.name[i] as usize].clone(),
+                c.categories[f.cat[i] as usize].clone(),
+                x.count,
+                x.total_ns,
+                x.max_ns,
+                x.first_ns - BASE,
+                x.last_ns - BASE,
+            )
+        })
+        .collect();
+    let us = 1000;
+    let mut want = Vec::new();
+    for (r, shift) in [(0, 0), (1, 1000 * us)] {
+        want.extend(
+            [
+                ("aten::mm", "cpu_op", 2, 40 * us, 30 * us, 10 * us, 140 * us),
+                (
+                    "aten::add",
+                    "cpu_op",
+                    1,
+                    40 * us,
+                    40 * us,
+                    110 * us,
+                    150 * us,
+                ),
+                ("sgemm", "kernel", 1, 40 * us, 40 * us, 150 * us, 190 * us),
+            ]
+            .map(|(n, cat, count, total, max, first, last)| {
+                (
+                    r,
+                    n.to_string(),
+                    cat.to_string(),
+                    count,
+                    total,
+                    max,
+                    first + shift,
+                    last + shift,
+                )
+            }),
+        );
+    }
+    let mut got_sorted = got.clone();
+    got_sorted.sort();
+    want.sort();
+    assert_eq!(got_sorted, want);
+    // Sorted by (rank, name id, cat id) as returned.
+    let keys: Vec<(i32, u32, u32)> = (0..f.rank.len())
+        .map(|i| (f.rank[i], f.name[i], f.cat[i]))
+        .collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted);
+    // Folding with a time window is refused, naming the option.
+    let bad = ColumnsOptions {
+        start_ns: Some(BASE),
+        ..opts
+    };
+    let e = read_columns(&[p0], &bad).unwrap_err().to_string();
+    assert!(e.contains("fold_categories"), "{e}");
+}
