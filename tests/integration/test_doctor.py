@@ -12,6 +12,7 @@ import gzip
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -46,16 +47,24 @@ ITEMS = (
 HAS_GPU = torch.cuda.is_available()
 
 
+#: A launcher's variables: they narrow the devices the sampler would read.
+LAUNCHER = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES")
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without FASTPROF_* and launcher variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_") and k not in LAUNCHER}
+    return {**env, **(extra or {})}
+
+
 def _doctor(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
-    full.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "fastprof", "doctor", *args],
         capture_output=True,
         text=True,
         timeout=110,
         cwd=cwd,
-        env=full,
+        env=_env(env),
     )
 
 
@@ -245,3 +254,63 @@ def test_a_profiler_probe_that_hangs_is_cut_off_not_waited_for(tmp_path: Path) -
     win = _items(r.stdout)["torch-windows"]
     assert win["status"] == "unavailable"
     assert "did not finish in 0.01 s" in win["detail"], win
+
+
+FAKE_NVML = Path(__file__).resolve().parents[1] / "fake_nvml" / "fake_nvml.c"
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds the fake NVML library")
+def test_nvml_fields_are_what_a_recording_samples_against_the_fake_library(tmp_path: Path) -> None:
+    # No driver here, so NVML itself cannot exist: the suite's one stand-in,
+    # a real libnvidia-ml.so.1 (tests/fake_nvml) that dlopen() finds through
+    # LD_LIBRARY_PATH. Device 0 supports every field; device 1 lacks the
+    # energy counter and PCIe throughput.
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    cc = ["gcc", "-shared", "-fPIC", "-O2", "-o", str(lib / "libnvidia-ml.so.1"), str(FAKE_NVML), "-lpthread"]
+    built = subprocess.run(cc, capture_output=True, text=True, timeout=60)
+    assert built.returncode == 0, built.stderr
+    ld = os.pathsep.join(filter(None, [str(lib), os.environ.get("LD_LIBRARY_PATH")]))
+    env = {"LD_LIBRARY_PATH": ld, "FAKE_NVML_LOAD": "50"}
+
+    r = _doctor("--json", "--require", "nvml", cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    items = _items(r.stdout)
+    assert doc["nvml"]["library_path"] == str(lib / "libnvidia-ml.so.1")
+    assert items["nvml"]["status"] == "ok" and str(lib / "libnvidia-ml.so.1") in items["nvml"]["detail"]
+    assert items["driver"]["status"] == "ok" and "999.99" in items["driver"]["detail"]
+    fields = {d["label"]: d["fields"] for d in doc["nvml"]["devices"]}
+    assert set(fields) == {"gpu0", "gpu1"}
+    assert len(fields["gpu0"]["supported"]) == 12 and fields["gpu0"]["unsupported"] == {}
+    assert set(fields["gpu1"]["unsupported"]) == {"energy [J]", "pcie_rx [B/s]", "pcie_tx [B/s]"}
+    assert "Fake GPU: 12 field(s) read" in items["nvml.gpu0"]["detail"]
+    assert "not supported: energy [J]" in items["nvml.gpu1"]["detail"]
+
+    # What a real recording's sampler switched off, under the same library.
+    script = (
+        "import sys, time, fastprof\n"
+        "rec = fastprof.start(sys.argv[1], 'r', sample_hz=50)\n"
+        "time.sleep(0.3)\n"
+        "rec.stop()\n"
+    )
+    rec = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env=_env(env),
+        cwd=tmp_path,
+    )
+    assert rec.returncode == 0, rec.stderr
+    seg = next((tmp_path / "runs" / "r" / "rank0").glob("*.json.gz"))
+    sampled = json.loads(gzip.decompress(seg.read_bytes()))["otherData"]["sampler"]["nvml"]
+    assert sampled["available"] and sampled["driver"] == doc["nvml"]["driver"]
+    disabled = sampled["disabled_fields"]
+    for label, f in fields.items():
+        assert f["unsupported"] == disabled.get(label, {}), label
+
+    # NVML is not CUDA: torch still sees no device, so a GPU is still missing.
+    if not HAS_GPU:
+        r = _doctor("--require", "gpu", cwd=tmp_path, env=env)
+        assert r.returncode == 1 and "gpu (" in r.stderr
