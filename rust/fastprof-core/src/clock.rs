@@ -130,10 +130,19 @@ static REASON: Mutex<String> = Mutex::new(String::new());
 /// module docs) and not disabled by `FASTPROF_CLOCK=monotonic`. Returns the
 /// source's name; [`ticks_reason`] says why.
 pub fn select_source() -> &'static str {
-    let env = std::env::var("FASTPROF_CLOCK").ok();
-    let c = if cfg!(target_arch = "x86_64") {
+    let c = probe_source();
+    USE_TSC.store(c.tsc, Ordering::Relaxed);
+    *REASON.lock().unwrap_or_else(|e| e.into_inner()) = c.reason.clone();
+    c.name()
+}
+
+/// The tick source [`select_source`] would choose now, without choosing it
+/// (a recording in progress keeps its own).
+pub fn probe_source() -> SourceChoice {
+    if cfg!(target_arch = "x86_64") {
         // The clocksource is read afresh: the kernel's watchdog may have
         // dropped the TSC since the last recording.
+        let env = std::env::var("FASTPROF_CLOCK").ok();
         let cs = std::fs::read_to_string(CLOCKSOURCE_PATH).ok();
         choose_source(cpu_flags(), cs.as_deref(), env.as_deref())
     } else {
@@ -141,10 +150,38 @@ pub fn select_source() -> &'static str {
             tsc: false,
             reason: "CLOCK_MONOTONIC: no TSC on this architecture".into(),
         }
+    }
+}
+
+/// The resolution the kernel states for a clock (`clock_getres`), in ns.
+pub fn resolution_ns(clock: libc::clockid_t) -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
     };
-    USE_TSC.store(c.tsc, Ordering::Relaxed);
-    *REASON.lock().unwrap_or_else(|e| e.into_inner()) = c.reason.clone();
-    c.name()
+    // SAFETY: `ts` is a valid, writable timespec.
+    let rc = unsafe { libc::clock_getres(clock, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// The clocks a recording would use here, for `fastprof doctor`: the tick
+/// source [`select_source`] would pick and why, the kernel's clocksource,
+/// the stated resolution of CLOCK_MONOTONIC (records, the sampler) and
+/// CLOCK_REALTIME (the anchors that place a trace in wall time), and how
+/// tightly one [`Anchor`] pairs them here.
+pub fn describe() -> serde_json::Value {
+    let c = probe_source();
+    let clocksource = std::fs::read_to_string(CLOCKSOURCE_PATH)
+        .ok()
+        .map(|s| s.trim().to_string());
+    serde_json::json!({
+        "ticks": c.name(),
+        "ticks_reason": c.reason,
+        "clocksource": clocksource,
+        "monotonic_resolution_ns": resolution_ns(libc::CLOCK_MONOTONIC),
+        "realtime_resolution_ns": resolution_ns(libc::CLOCK_REALTIME),
+        "anchor_uncertainty_ns": Anchor::take().uncertainty_ns,
+    })
 }
 
 /// Why the current (or last) recording's tick source was chosen, for
@@ -440,6 +477,20 @@ mod tests {
         if name == "tsc" {
             assert_eq!(cs.trim(), "tsc");
         }
+    }
+
+    #[test]
+    fn describe_states_the_choice_select_source_makes_and_the_resolutions() {
+        let d = describe();
+        let name = select_source();
+        assert_eq!(d["ticks"], serde_json::json!(name));
+        assert_eq!(d["ticks_reason"], serde_json::json!(ticks_reason()));
+        // Linux keeps both clocks at 1 ns resolution (high-resolution timers).
+        for k in ["monotonic_resolution_ns", "realtime_resolution_ns"] {
+            let ns = d[k].as_u64().unwrap_or_else(|| panic!("{k}: {d}"));
+            assert!((1..=1_000_000).contains(&ns), "{k} = {ns}");
+        }
+        assert!(d["anchor_uncertainty_ns"].is_u64(), "{d}");
     }
 
     #[test]

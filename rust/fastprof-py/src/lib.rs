@@ -183,6 +183,24 @@ fn trace_inputs(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<[Vec<String>; 4
     Ok([s(f.files), s(f.own), s(f.removed), f.warnings])
 }
 
+/// What NVML offers here, found by the sampler's own probe
+/// (`sampler::gpu::probe`) over the devices `gpus` selects (as the
+/// recorder's `sample_gpus`: None = all visible, [] = none). A dict; no
+/// library or no driver is `available: False` with the reason, never an error.
+#[pyfunction]
+#[pyo3(signature = (gpus=None))]
+fn nvml_probe(py: Python<'_>, gpus: Option<Vec<String>>) -> PyResult<Bound<'_, PyAny>> {
+    let select = session::gpu_select(gpus);
+    let probe = py.detach(|| fastprof_core::sampler::gpu::probe(&select));
+    convert::to_py(py, &probe)
+}
+
+/// The clocks a recording would use here (`clock::describe`), as a dict.
+#[pyfunction]
+fn clock_info(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    convert::to_py(py, &fastprof_core::clock::describe())
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     registry::install_fork_handlers();
@@ -221,6 +239,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(analyze::analyze_steps, m)?)?;
     m.add_function(wrap_pyfunction!(merge, m)?)?;
     m.add_function(wrap_pyfunction!(columns::read_columns, m)?)?;
+    m.add_function(wrap_pyfunction!(nvml_probe, m)?)?;
+    m.add_function(wrap_pyfunction!(clock_info, m)?)?;
     m.add("__version__", fastprof_core::VERSION)?;
     Ok(())
 }

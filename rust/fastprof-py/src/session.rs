@@ -180,12 +180,7 @@ impl Session {
         window_seconds: f64,
         window_bytes: u64,
     ) -> PyResult<Self> {
-        // sample_gpus: None = all visible devices, [] = no NVML, else indices/UUIDs.
-        let gpus = match sample_gpus {
-            None => GpuSelect::All,
-            Some(v) if v.is_empty() => GpuSelect::None,
-            Some(v) => GpuSelect::Some(v),
-        };
+        let gpus = gpu_select(sample_gpus);
         let sampler = (sample_hz != 0.0).then(|| SamplerConfig {
             hz: sample_hz,
             per_cpu: sample_per_cpu,
@@ -354,5 +349,15 @@ impl Session {
         let s = self.sampler.as_ref().filter(|_| !self.forked())?;
         let store = s.store.lock().unwrap_or_else(|e| e.into_inner());
         store.energy_between(gpu, t0_ns, t1_ns)
+    }
+}
+
+/// The sampler's device choice from the Python value of `sample_gpus`:
+/// None = all visible devices, [] = no NVML, else NVML indices / UUIDs.
+pub(crate) fn gpu_select(sample_gpus: Option<Vec<String>>) -> GpuSelect {
+    match sample_gpus {
+        None => GpuSelect::All,
+        Some(v) if v.is_empty() => GpuSelect::None,
+        Some(v) => GpuSelect::Some(v),
     }
 }

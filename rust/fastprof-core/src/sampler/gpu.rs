@@ -2,6 +2,8 @@
 //! or no device is a normal state: it is reported once (with the reason) in
 //! the sampler metadata, never raised and never warned per tick. A field a
 //! device does not support is disabled for that device, recorded once.
+//! [`probe`] runs the same opening and the same reads once, for
+//! `fastprof doctor`: what it reports is what the sampler would see.
 
 use nvml_wrapper::enum_wrappers::device::{Clock, PcieUtilCounter, TemperatureSensor};
 use nvml_wrapper::error::NvmlError;
@@ -75,6 +77,10 @@ pub struct GpuDevice<'n> {
     pub disabled: Vec<(String, String)>,
 }
 
+/// The library the loader asks for (nvml-wrapper's default): the
+/// versioned name the driver package installs, not the `-dev` symlink.
+pub const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
+
 /// Open NVML and the selected devices. Err = why NVML is unavailable.
 pub fn open(select: &GpuSelect) -> Result<Nvml, String> {
     if *select == GpuSelect::None {
@@ -125,7 +131,99 @@ pub fn devices<'n>(nvml: &'n Nvml, select: &GpuSelect) -> (Vec<GpuDevice<'n>>, V
     (out, errors)
 }
 
+/// The sampler's NVML metadata: whether it samples, why not, the driver,
+/// each device's inventory and the devices that failed to open.
+pub fn metadata(
+    nvml: &Result<Nvml, String>,
+    devices: &[GpuDevice<'_>],
+    errors: &[String],
+) -> Value {
+    match nvml {
+        Ok(n) => json!({
+            "available": !devices.is_empty(),
+            "reason": if devices.is_empty() { Value::from("no device selected or visible") } else { Value::Null },
+            "driver": n.sys_driver_version().ok(),
+            "devices": devices.iter().map(|d| d.inventory()).collect::<Vec<_>>(),
+            "errors": errors,
+        }),
+        Err(reason) => json!({"available": false, "reason": reason}),
+    }
+}
+
+/// What the sampler would find here: NVML opened and devices chosen as the
+/// sampler does ([`open`], [`devices`], [`metadata`]), then one
+/// [`GpuDevice::read`] of every field, PCIe included, so each device's
+/// inventory gains `fields`: `supported` (read), `unsupported` (field ->
+/// why: the sampler switches these off for good) and `no_reading` (a
+/// transient failure: the sampler retries them every tick). Also the library
+/// asked for and, when loaded, the file it came from. Never fails: no
+/// library, no driver or no device is `available: false` with the reason.
+pub fn probe(select: &GpuSelect) -> Value {
+    let nvml = open(select);
+    let (mut devices, errors) = match &nvml {
+        Ok(n) => devices(n, select),
+        Err(_) => (Vec::new(), Vec::new()),
+    };
+    let mut meta = metadata(&nvml, &devices, &errors);
+    meta["library"] = json!(NVML_LIBRARY);
+    if nvml.is_ok() {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+        meta["library_path"] = json!(library_in_maps(&maps));
+    }
+    if let Some(inventory) = meta.get_mut("devices").and_then(Value::as_array_mut) {
+        for (d, inv) in devices.iter_mut().zip(inventory.iter_mut()) {
+            inv["fields"] = d.probe_fields();
+        }
+    }
+    meta
+}
+
+/// The file of the loaded NVML library, from the text of /proc/self/maps
+/// (the loader resolved the name through its own search path; this is where
+/// it landed).
+fn library_in_maps(maps: &str) -> Option<String> {
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|path| {
+            path.starts_with('/')
+                && path
+                    .rsplit('/')
+                    .next()
+                    .is_some_and(|f| f.starts_with("libnvidia-ml.so"))
+        })
+        .map(str::to_string)
+}
+
 impl GpuDevice<'_> {
+    /// Which fields one [`GpuDevice::read`] (PCIe included) gets: see [`probe`].
+    pub fn probe_fields(&mut self) -> Value {
+        let mut got = [false; FIELDS.len()];
+        let names = self.metric_names.clone();
+        self.read(true, &mut |name, _| {
+            if let Some(i) = names.iter().position(|n| n == name) {
+                got[i] = true;
+            }
+        });
+        let unsupported: serde_json::Map<String, Value> = self
+            .disabled
+            .iter()
+            .map(|(field, why)| (field.clone(), json!(why)))
+            .collect();
+        let suffixes = FIELDS.iter().map(|(_, suffix)| *suffix);
+        let supported: Vec<&str> = suffixes
+            .clone()
+            .zip(got)
+            .filter(|(_, g)| *g)
+            .map(|(s, _)| s)
+            .collect();
+        let no_reading: Vec<&str> = suffixes
+            .zip(got)
+            .filter(|(s, g)| !*g && !unsupported.contains_key(*s))
+            .map(|(s, _)| s)
+            .collect();
+        json!({"supported": supported, "unsupported": unsupported, "no_reading": no_reading})
+    }
+
     /// Static facts for the metadata.
     pub fn inventory(&self) -> Value {
         json!({
@@ -211,6 +309,66 @@ impl GpuDevice<'_> {
                 .map(|k| k as f64 * 1024.0),
             Field::Util | Field::MemUtil | Field::MemUsed | Field::MemTotal => {
                 Err(NvmlError::NotSupported)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_library_path_is_found_in_the_process_maps() {
+        let maps = "\
+7f1c2a000000-7f1c2a021000 r--p 00000000 08:01 1234  /usr/lib/x86_64-linux-gnu/libc.so.6
+7f1c2b000000-7f1c2b0e1000 r-xp 00000000 08:01 5678  /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15
+7f1c2c000000-7f1c2c001000 rw-p 00000000 00:00 0
+7ffd1e000000-7ffd1e021000 rw-p 00000000 00:00 0     [stack]
+";
+        assert_eq!(
+            library_in_maps(maps).as_deref(),
+            Some("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15")
+        );
+        // A directory that merely mentions the name is not the library.
+        let other = "7f-7f r--p 0 08:01 1 /opt/libnvidia-ml.so.d/notes.txt\n";
+        assert_eq!(library_in_maps(other), None);
+        assert_eq!(library_in_maps(""), None);
+    }
+
+    #[test]
+    fn the_probe_reports_why_nvml_is_off_or_every_field_of_every_device() {
+        let off = probe(&GpuSelect::None);
+        assert_eq!(off["available"], json!(false));
+        assert_eq!(off["reason"], json!("disabled by configuration"));
+        assert_eq!(off["library"], json!(NVML_LIBRARY));
+
+        // Without a driver (CI) the loader's reason; with one, each device's
+        // fields split into the three lists, every field exactly once.
+        let all = probe(&GpuSelect::All);
+        match all["devices"].as_array() {
+            None => {
+                assert_eq!(all["available"], json!(false));
+                let reason = all["reason"].as_str().unwrap();
+                assert!(reason.contains("NVML"), "{reason}");
+            }
+            Some(devices) => {
+                assert!(all["library_path"].is_string(), "{all}");
+                for d in devices {
+                    let f = &d["fields"];
+                    let mut seen: Vec<String> = f["supported"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .chain(f["no_reading"].as_array().unwrap())
+                        .map(|v| v.as_str().unwrap().to_string())
+                        .chain(f["unsupported"].as_object().unwrap().keys().cloned())
+                        .collect();
+                    seen.sort();
+                    let mut want: Vec<String> = FIELDS.iter().map(|(_, s)| s.to_string()).collect();
+                    want.sort();
+                    assert_eq!(seen, want, "{d}");
+                }
             }
         }
     }

@@ -637,16 +637,7 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
         Ok(n) => gpu::devices(n, &cfg.gpus),
         Err(_) => (Vec::new(), Vec::new()),
     };
-    let nvml_meta = match &nvml {
-        Ok(n) => json!({
-            "available": !devices.is_empty(),
-            "reason": if devices.is_empty() { Value::from("no device selected or visible") } else { Value::Null },
-            "driver": n.sys_driver_version().ok(),
-            "devices": devices.iter().map(|d| d.inventory()).collect::<Vec<_>>(),
-            "errors": dev_errors,
-        }),
-        Err(reason) => json!({"available": false, "reason": reason}),
-    };
+    let nvml_meta = gpu::metadata(&nvml, &devices, &dev_errors);
     let host_meta = if let Some(h) = &host {
         json!({
             "available": true,
