@@ -261,8 +261,12 @@ def test_counters_in_trace_and_metadata(tmp_path, traces):
     assert run.thread_names()[tid] == "fastprof-sampler"
     meta = run.final["sampler"]
     assert meta["hz"] == 20 and meta["host"]["available"] is True
-    assert meta["self_cost"]["ticks"] >= 5
-    assert meta["self_cost"]["cpu_ns_per_tick_mean"] > 0
+    cost = meta["self_cost"]
+    assert cost["ticks"] >= 5
+    assert cost["cpu_ns_per_tick_mean"] > 0
+    # Tick-cost percentiles over the recent ticks (all of them here).
+    assert cost["tick_wall_ns_over"] == cost["ticks"]
+    assert 0 < cost["tick_wall_ns_p50"] <= cost["tick_wall_ns_p99"] <= cost["tick_wall_ns_max"]
 
 
 def nvml_present() -> bool:

@@ -214,7 +214,13 @@ pub struct SelfCost {
     pub wall_ns_max: u64,
     pub nvml_ns_total: u64,
     pub late_ticks: u64,
+    /// Wall time of the last [`RECENT_TICKS`] ticks (a ring at
+    /// `ticks % RECENT_TICKS`), for the tick-cost percentiles.
+    pub recent_wall_ns: Vec<u32>,
 }
+
+/// Ticks whose wall time is kept for `tick_wall_ns_p50` / `_p99` (16 KB).
+pub const RECENT_TICKS: usize = 4096;
 
 /// One tick in this many, picked at random (periodic work such as the
 /// system readings every tenth tick must not alias with it), reads the
@@ -226,6 +232,13 @@ impl SelfCost {
         let per = |x: u64, n: u64| if n > 0 { x as f64 / n as f64 } else { 0.0 };
         let total = per(self.cpu_ns_total, self.cpu_ticks);
         let body = per(self.body_cpu_ns_total, self.body_ticks);
+        let mut recent = self.recent_wall_ns.clone();
+        recent.sort_unstable();
+        // Nearest rank over the recent ticks; null before the first tick.
+        let pct = |q: f64| {
+            let n = recent.len();
+            (n > 0).then(|| recent[((q * n as f64).ceil() as usize).clamp(1, n) - 1])
+        };
         json!({
             "ticks": self.ticks,
             "cpu_ns_per_tick_mean": total,
@@ -238,6 +251,9 @@ impl SelfCost {
             "nvml_ns_per_tick_mean": per(self.nvml_ns_total, self.ticks),
             "thread_cpu_s": self.cpu_ns_total as f64 / 1e9,
             "late_ticks": self.late_ticks,
+            "tick_wall_ns_p50": pct(0.50),
+            "tick_wall_ns_p99": pct(0.99),
+            "tick_wall_ns_over": recent.len(),
         })
     }
 }
@@ -768,6 +784,13 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
             }
             c.wall_ns_total += wall;
             c.wall_ns_max = c.wall_ns_max.max(wall);
+            let w = u32::try_from(wall).unwrap_or(u32::MAX);
+            let at = ((c.ticks - 1) % RECENT_TICKS as u64) as usize;
+            if c.recent_wall_ns.len() < RECENT_TICKS {
+                c.recent_wall_ns.push(w);
+            } else {
+                c.recent_wall_ns[at] = w;
+            }
             c.nvml_ns_total += nvml_ns;
         }
         if last_meta.elapsed() >= Duration::from_secs(1) {
