@@ -1,0 +1,659 @@
+"""Every GPU path of fastprof, exercised on this machine, with a verdict table
+(issue #18). No arguments needed; under 10 minutes on one GPU.
+
+Items (each PASS, FAIL or SKIP with the reason; figures beside):
+
+1. ``nvml_sampler``: the Rust sampler at 100 Hz on every visible GPU for
+   ``--seconds`` (60): the GPU fields recorded, tick wall time p50 / p99
+   (goal p99 <= 1 ms with all GPUs), no late (missed) ticks.
+2. ``energy``: joules over a burst of matmul steps three ways: the energy
+   counter (``Recorder.energy_j``), the power samples integrated
+   (trapezoid), and NVML's total energy read directly before and after;
+   agreement in % (goal: within 10%).
+3. ``cuda_window``: a small transformer trained under ``fastprof.Profiler``
+   with a torch.profiler window on CUDA: kernels, memcpy and CUDA runtime
+   events present in the unified trace (read with Python's ``json``); every
+   kernel / memcpy launched inside host step N lies inside step N's GPU
+   annotation (``gpu_user_annotation`` ProfilerStep#N; 2 us tolerance);
+   the breakdown's parts sum to each step exactly; breakdown GPU utilisation
+   within 15 points of NVML's utilisation over the same steps (NVML's
+   figure is the share of ~1/6 s sample periods with a kernel running, so
+   only a coarse agreement is expected).
+4. ``overhead``: the same training step with the default Profiler (in its
+   steady state, after its schedule's torch windows) against none,
+   blocks interleaved over rounds, median ratio (goal <= 1%).
+5. ``demo_report``: ``fastprof demo --device cuda`` then ``fastprof report``
+   of it; the page rendered by headless Chromium (``--dump-dom``) has drawn
+   plots in its system section with GPU series, and a screenshot is not blank.
+6. ``memory_history``, ``oom_capture``, ``triggered_window``: the memory
+   (#16) and always-on (#17) paths, skipped with the reason while not built.
+
+Without a GPU every item is skipped with the reason and the script exits 0.
+``--dry-run-cpu`` runs items 3 and 4 on the CPU (no GPU verdict: it checks
+this script's own logic, as the test suite does). ``--quick`` shortens
+everything (a 10 s sampler run, fewer steps and rounds).
+
+    python benches/gpu_check.py [--out gpu_check.json] [--seconds 60] [--quick] [--dry-run-cpu]
+
+Exit 0 when nothing FAILed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fastprof
+from _util import machine
+from fastprof import _core
+
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+
+
+def window_steps(schedule: Any) -> int:
+    """Steps until a schedule's last torch window has ended (and one more)."""
+    try:
+        cycle = schedule.wait + schedule.warmup + schedule.active
+        return int(schedule.skip_first + cycle * (schedule.repeat + 1) + 1)
+    except AttributeError:
+        return 11
+
+
+US = 1000
+
+
+class Item:
+    """One row of the verdict table."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.status = SKIP
+        self.detail = ""
+        self.figures: dict[str, Any] = {}
+
+    def skip(self, why: str) -> Item:
+        self.status, self.detail = SKIP, why
+        return self
+
+    def verdict(self, ok: bool, detail: str) -> Item:
+        self.status, self.detail = (PASS if ok else FAIL), detail
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "detail": self.detail, "figures": self.figures}
+
+
+def run_item(name: str, fn: Callable[[Item], Any]) -> Item:
+    """Run one check; an exception is a FAIL naming it, never the end of the script."""
+    it = Item(name)
+    t0 = time.perf_counter()
+    try:
+        fn(it)
+    except Exception as e:  # noqa: BLE001 - every failure is a row of the table
+        tb = traceback.format_exc(limit=3).strip().splitlines()
+        it.verdict(False, f"{type(e).__name__}: {e} ({tb[-3].strip() if len(tb) >= 3 else ''})")
+    it.figures["seconds"] = round(time.perf_counter() - t0, 2)
+    print(f"  {it.status:4s} {it.name:17s} {it.detail}", flush=True)
+    return it
+
+
+class Env:
+    """What this machine has, from fastprof's own probes (``fastprof doctor``'s)."""
+
+    def __init__(self, dry_run_cpu: bool) -> None:
+        self.nvml = _core.nvml_probe(None)
+        try:
+            import torch
+
+            self.torch: Any = torch
+            self.cuda = bool(torch.cuda.is_available())
+            self.cuda_reason = "" if self.cuda else f"torch {torch.__version__} sees no CUDA device"
+        except ImportError as e:
+            self.torch = None
+            self.cuda, self.cuda_reason = False, f"torch not importable: {e}"
+        self.dry = dry_run_cpu and not self.cuda
+        self.device = "cuda" if self.cuda else "cpu"
+
+    def step(self) -> Callable[[], None]:
+        """The check's training step (a tiny one for a dry run on the CPU)."""
+        if self.dry:
+            return transformer_step(self.torch, "cpu", batch=4, seq=32, width=64)
+        return transformer_step(self.torch, self.device)
+
+    @property
+    def nvml_ok(self) -> bool:
+        return bool(self.nvml.get("available"))
+
+    @property
+    def nvml_reason(self) -> str:
+        return str(self.nvml.get("reason") or "NVML unavailable")
+
+    def gpu_labels(self) -> list[str]:
+        return [str(d.get("label")) for d in self.nvml.get("devices") or []]
+
+
+# ------------------------------------------------------------------ the model
+
+
+def transformer_step(torch: Any, device: str, batch: int = 16, seq: int = 128, width: int = 256) -> Callable[[], None]:
+    """One training step of a small transformer encoder on random data."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(width, nhead=8, dim_feedforward=4 * width, batch_first=True)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, num_layers=4), torch.nn.Linear(width, 10)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    host_x = torch.randn(batch, seq, width)
+    y = torch.randint(0, 10, (batch, seq), device=device)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step() -> None:
+        x = host_x.to(device, non_blocking=False)  # a real host-to-device copy each step
+        out = model(x)
+        loss = loss_fn(out.reshape(-1, 10), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def sync(torch: Any, device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------ 1. NVML sampler
+
+
+def check_nvml_sampler(env: Env, tmp: Path, seconds: float) -> Callable[[Item], Any]:
+    def fn(it: Item) -> Any:
+        if not env.nvml_ok:
+            return it.skip(f"no GPU: {env.nvml_reason}")
+        rec = fastprof.start(tmp, "nvml_sampler", sample_hz=100, sample_gpus="all")
+        time.sleep(seconds)
+        rec.stop()
+        info = rec.sampler_info() or {}
+        cost = info.get("self_cost") or {}
+        cols = fastprof.read_columns(rec.run_dir, kinds=["counters"])
+        gpu_fields = sorted({n for n in cols.names_of(cols.counters["name"]) if str(n).startswith("gpu")})
+        p50, p99 = cost.get("tick_wall_ns_p50"), cost.get("tick_wall_ns_p99")
+        late, ticks = int(cost.get("late_ticks", -1)), int(cost.get("ticks", 0))
+        it.figures.update(
+            gpus=env.gpu_labels(),
+            fields=gpu_fields,
+            ticks=ticks,
+            expected_ticks=round(seconds * 100),
+            late_ticks=late,
+            tick_wall_us_p50=None if p50 is None else p50 / 1e3,
+            tick_wall_us_p99=None if p99 is None else p99 / 1e3,
+            nvml_us_per_tick_mean=cost.get("nvml_ns_per_tick_mean", 0) / 1e3,
+            disabled=(info.get("nvml") or {}).get("disabled_fields"),
+        )
+        ok = bool(gpu_fields) and p99 is not None and p99 <= 1_000_000 and late == 0
+        return it.verdict(
+            ok,
+            f"{len(gpu_fields)} GPU fields on {len(env.gpu_labels())} GPU(s); tick p50 "
+            f"{(p50 or 0) / 1e3:.0f} us, p99 {(p99 or 0) / 1e3:.0f} us (goal <= 1000); {ticks} ticks, {late} late",
+        )
+
+    return fn
+
+
+# ------------------------------------------------------------------ 2. energy
+
+
+def _nvml_total_energy_mj(index: int) -> float | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(index)
+            return float(pynvml.nvmlDeviceGetTotalEnergyConsumption(h))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - unsupported or no pynvml: said in the row
+        return None
+
+
+def _trapezoid(ts: Any, v: Any) -> float:
+    import numpy as np
+
+    if len(ts) < 2:
+        return float("nan")
+    return float(np.sum(np.diff(ts) / 1e9 * (v[1:] + v[:-1]) / 2))
+
+
+def check_energy(env: Env, tmp: Path, quick: bool) -> Callable[[Item], Any]:
+    def fn(it: Item) -> Any:
+        if not env.cuda:
+            return it.skip(f"no GPU: {env.cuda_reason}")
+        if not env.nvml_ok:
+            return it.skip(f"no GPU counters: {env.nvml_reason}")
+        import numpy as np
+
+        torch = env.torch
+        a = torch.randn(4096, 4096, device="cuda")
+        rec = fastprof.start(tmp, "energy", sample_hz=100, sample_gpus="all")
+        time.sleep(0.5)
+        e0 = _nvml_total_energy_mj(0)
+        t0 = time.monotonic_ns()
+        for _ in range(40 if quick else 150):
+            for _ in range(10):
+                a = (a @ a).clamp_(-1, 1)
+            torch.cuda.synchronize()
+        t1 = time.monotonic_ns()
+        e1 = _nvml_total_energy_mj(0)
+        time.sleep(0.3)
+        counter = rec.energy_j(t0, t1, 0)
+        rec.stop()
+        cols = fastprof.read_columns(rec.run_dir, kinds=["counters"])
+        c = cols.counters
+        names = cols.names_of(c["name"])
+        # The trace's ts are epoch ns; the recording's anchor maps monotonic to it.
+        wall0 = time.time_ns() - time.monotonic_ns()
+        lo, hi = t0 + wall0, t1 + wall0
+        m = (names == "gpu0.power [W]") & (c["rank"] >= -1)
+        ts, w = c["ts"][m], c["value"][m]
+        order = np.argsort(ts)
+        ts, w = ts[order], w[order]
+        inside = (ts >= lo) & (ts <= hi)
+        integrated = _trapezoid(ts[inside], w[inside])
+        direct = None if e0 is None or e1 is None else (e1 - e0) / 1000.0
+        it.figures.update(
+            seconds_measured=(t1 - t0) / 1e9,
+            energy_counter_j=None if counter is None else counter[0],
+            energy_source=None if counter is None else counter[1],
+            integrated_power_j=integrated,
+            nvml_total_energy_j=direct,
+        )
+        if counter is None:
+            return it.verdict(False, "Recorder.energy_j gave None with a GPU and NVML present")
+        ref = direct if direct is not None else integrated
+        diffs = {"vs integrated power": 100 * abs(counter[0] - integrated) / integrated if integrated else None}
+        if direct:
+            diffs["vs NVML total energy"] = 100 * abs(counter[0] - direct) / direct
+        it.figures["disagreement_pct"] = diffs
+        ok = all(d is not None and d <= 10 for d in diffs.values())
+        said = ", ".join(f"{k} {v:.1f}%" for k, v in diffs.items() if v is not None)
+        return it.verdict(
+            ok, f"{counter[0]:.1f} J ({counter[1]}) over {(t1 - t0) / 1e9:.1f} s; ref {ref:.1f} J; {said}"
+        )
+
+    return fn
+
+
+# ------------------------------------------------------------------ 3. CUDA window
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return dict(json.load(f))
+
+
+def containment(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every kernel / memcpy / memset whose launch lies in host ProfilerStep#N
+    must lie inside the GPU annotation ProfilerStep#N of its device (2 us
+    tolerance). Returns counts and the worst offenders."""
+    host_steps: list[tuple[float, float, int]] = []
+    gpu_steps: dict[tuple[Any, int], tuple[float, float]] = {}
+    launches: dict[Any, float] = {}
+    activities: list[dict[str, Any]] = []
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        name, cat = str(e.get("name", "")), str(e.get("cat", ""))
+        args = e.get("args") or {}
+        if name.startswith("ProfilerStep#"):
+            try:
+                n = int(name.split("#", 1)[1])
+            except ValueError:
+                continue
+            span = (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+            if cat == "gpu_user_annotation":
+                gpu_steps[(e.get("pid"), n)] = span
+            elif cat == "user_annotation":
+                host_steps.append((span[0], span[1], n))
+        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in args:
+            launches[args["correlation"]] = float(e["ts"])
+        elif cat in ("kernel", "gpu_memcpy", "gpu_memset") and "correlation" in args:
+            activities.append(e)
+    host_steps.sort()
+    checked = outside = unmatched = 0
+    worst: list[tuple[float, str, int]] = []
+    tol = 2.0  # µs
+    for e in activities:
+        t = launches.get(e["args"]["correlation"])
+        if t is None:
+            unmatched += 1
+            continue
+        step = next((n for a, b, n in host_steps if a <= t <= b), None)
+        if step is None:
+            continue
+        span = gpu_steps.get((e.get("pid"), step))
+        if span is None:
+            unmatched += 1
+            continue
+        checked += 1
+        a, b = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+        over = max(span[0] - a, b - span[1])
+        if over > tol:
+            outside += 1
+            worst.append((over, str(e.get("name"))[:60], step))
+    worst.sort(reverse=True)
+    return {"checked": checked, "outside": outside, "unmatched": unmatched, "worst_us": worst[:3]}
+
+
+def check_cuda_window(env: Env, tmp: Path, quick: bool) -> Callable[[Item], Any]:
+    def fn(it: Item) -> Any:
+        if not env.cuda and not env.dry:
+            return it.skip(f"no GPU: {env.cuda_reason}")
+        import numpy as np
+
+        from fastprof.reports.breakdown import ROLES, step_breakdown
+
+        torch, dev = env.torch, env.device
+        step = env.step()
+        steps = 12 if quick else 30
+        prof = fastprof.Profiler(
+            out_dir=tmp,
+            run_name="cuda_window",
+            sample_hz=100,
+            schedule=fastprof.schedule.epoch(skip_first=2, wait=1, warmup=1, active=4, repeat=1),
+            torch=True,
+        )
+        with prof:
+            for _ in prof.loader(range(steps)):
+                step()
+                prof.step()
+        sync(torch, dev)
+        trace = prof.trace_path
+        if trace is None or not Path(trace).is_file():
+            return it.verdict(False, "no unified trace written")
+        doc = _load_json(Path(trace))
+        events = doc["traceEvents"]
+        cats: dict[str, int] = {}
+        for e in events:
+            if e.get("ph") == "X":
+                cats[str(e.get("cat"))] = cats.get(str(e.get("cat")), 0) + 1
+        have = {k: cats.get(k, 0) for k in ("kernel", "gpu_memcpy", "cuda_runtime")}
+        it.figures.update(events_by_category=have)
+        b = step_breakdown(trace)
+        rows = b.rows()
+        sums_exact = all(sum(r[k] for k in ROLES) == r["duration_ns"] for r in rows)
+        it.figures.update(breakdown_steps=len(rows), parts_sum_to_step=sums_exact)
+        problems = []
+        if not rows:
+            problems.append("no breakdown rows")
+        if not sums_exact:
+            problems.append("breakdown parts do not sum to the step")
+        if env.dry:
+            it.figures["dry_run_cpu"] = True
+            ok = not problems and cats.get("cpu_op", 0) > 0
+            return it.verdict(
+                ok, "dry run on CPU (no GPU verdict): " + ("; ".join(problems) or "trace and breakdown ok")
+            )
+        missing = [k for k, n in have.items() if n == 0]
+        if missing:
+            problems.append(f"no {', '.join(missing)} events")
+        cont = containment(events)
+        it.figures["containment"] = cont
+        if cont["checked"] == 0 or cont["outside"]:
+            problems.append(f"{cont['outside']} of {cont['checked']} GPU events outside their step's GPU span")
+        util = [r["gpu_utilization"] for r in rows if r["gpu_utilization"] is not None]
+        bd_util = 100 * float(np.mean(util)) if util else None
+        cols = fastprof.read_columns(prof.run_dir, kinds=["counters"])
+        c = cols.counters
+        names = cols.names_of(c["name"])
+        lo = min(r["start_ns"] for r in rows)
+        hi = max(r["end_ns"] for r in rows)
+        m = (names == "gpu0.util [%]") & (c["ts"] >= lo) & (c["ts"] <= hi)
+        nvml_util = float(np.mean(c["value"][m])) if m.any() else None
+        it.figures.update(breakdown_gpu_util_pct=bd_util, nvml_gpu_util_pct=nvml_util, nvml_samples=int(m.sum()))
+        if bd_util is None:
+            problems.append("no GPU utilisation in the breakdown")
+        elif nvml_util is not None and abs(bd_util - nvml_util) > 15:
+            problems.append(f"GPU util {bd_util:.0f}% (breakdown) vs {nvml_util:.0f}% (NVML)")
+        detail = (
+            f"{have['kernel']} kernels, {have['gpu_memcpy']} memcpy, {have['cuda_runtime']} runtime; "
+            f"{cont['checked']} GPU events checked, {cont['outside']} outside; util {bd_util or 0:.0f}% vs NVML "
+            f"{'-' if nvml_util is None else f'{nvml_util:.0f}%'}"
+        )
+        return it.verdict(not problems, detail + ("; " + "; ".join(problems) if problems else ""))
+
+    return fn
+
+
+# ------------------------------------------------------------------ 4. overhead
+
+
+def check_overhead(env: Env, tmp: Path, quick: bool) -> Callable[[Item], Any]:
+    def fn(it: Item) -> Any:
+        if not env.cuda and not env.dry:
+            return it.skip(f"no GPU: {env.cuda_reason}")
+        torch, dev = env.torch, env.device
+        step = env.step()
+        block, rounds = (10, 3) if quick else (40, 7)
+        for _ in range(5):
+            step()
+        sync(torch, dev)
+
+        def plain() -> float:
+            t0 = time.perf_counter()
+            for _ in range(block):
+                step()
+            sync(torch, dev)
+            return (time.perf_counter() - t0) / block
+
+        def profiled(r: int) -> float:
+            # The default Profiler's steady state: its schedule's torch windows
+            # (two of warm-up 1 + active 4 by default) are over before the timed steps.
+            prof = fastprof.Profiler(out_dir=tmp / "overhead", run_name=f"r{r}")
+            skip = window_steps(prof.schedule)
+            with prof:
+                it_ = iter(prof.loader(range(skip + block)))
+                for _ in range(skip):
+                    next(it_)
+                    step()
+                    prof.step()
+                sync(torch, dev)
+                t0 = time.perf_counter()
+                for _ in it_:
+                    step()
+                    prof.step()
+                sync(torch, dev)
+                dt = (time.perf_counter() - t0) / block
+            return dt
+
+        ratios, base, prof_t = [], [], []
+        for r in range(rounds):
+            a, b = (plain(), profiled(r)) if r % 2 == 0 else (profiled(r), plain())[::-1]
+            base.append(a)
+            prof_t.append(b)
+            ratios.append(b / a - 1)
+            shutil.rmtree(tmp / "overhead", ignore_errors=True)
+        med = statistics.median(ratios)
+        it.figures.update(
+            step_ms_plain=1e3 * statistics.median(base),
+            step_ms_profiled=1e3 * statistics.median(prof_t),
+            overhead_pct_median=100 * med,
+            overhead_pct_rounds=[round(100 * x, 2) for x in ratios],
+            block=block,
+            rounds=rounds,
+        )
+        detail = (
+            f"step {1e3 * statistics.median(base):.2f} ms plain, {1e3 * statistics.median(prof_t):.2f} ms with the "
+            f"default Profiler after its windows: {100 * med:+.2f}% (median of {rounds} interleaved rounds; goal <= 1%)"
+        )
+        if env.dry:
+            it.figures["dry_run_cpu"] = True
+            return it.verdict(True, "dry run on CPU (no GPU verdict): " + detail)
+        return it.verdict(med <= 0.01, detail)
+
+    return fn
+
+
+# ------------------------------------------------------------------ 5. demo + report page
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        p = shutil.which(name)
+        if p:
+            return p
+    return None
+
+
+def check_demo_report(env: Env, tmp: Path, quick: bool) -> Callable[[Item], Any]:
+    def fn(it: Item) -> Any:
+        if not env.cuda:
+            return it.skip(f"no GPU: {env.cuda_reason}")
+        py = sys.executable
+        steps = "16" if quick else "64"
+        demo = subprocess.run(
+            [
+                py,
+                "-m",
+                "fastprof",
+                "demo",
+                "--device",
+                "cuda",
+                "-q",
+                "-o",
+                str(tmp),
+                "--run-name",
+                "demo",
+                "--steps",
+                steps,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if demo.returncode != 0:
+            return it.verdict(False, f"fastprof demo --device cuda exited {demo.returncode}: {demo.stderr[-300:]}")
+        run = tmp / "demo"
+        rep = subprocess.run(
+            [py, "-m", "fastprof", "report", str(run), "-q"], capture_output=True, text=True, timeout=300
+        )
+        if rep.returncode != 0:
+            return it.verdict(False, f"fastprof report exited {rep.returncode}: {rep.stderr[-300:]}")
+        doc = json.loads((run / "reports" / "report.json").read_text())
+        gpu_rows = [g for g in (doc.get("system") or {}).get("gpus") or [] if g]
+        it.figures.update(report_gpus=len(gpu_rows))
+        page = run / "reports" / "report.html"
+        browser = _chromium()
+        if browser is None:
+            return it.verdict(bool(gpu_rows), "report has GPU rows; no Chromium here to check the page is drawn")
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=15000"]
+        dom = subprocess.run(
+            [browser, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
+        ).stdout
+        shot = tmp / "report.png"
+        subprocess.run(
+            [browser, *flags, "--window-size=1400,4000", f"--screenshot={shot}", page.as_uri()],
+            capture_output=True,
+            timeout=120,
+        )
+        system = dom.split('id="system"', 1)[1] if 'id="system"' in dom else ""
+        system = system.split("<section", 1)[0]
+        drawn = system.count('class="main-svg"')
+        gpu_named = "gpu" in system.lower()
+        nonblank = None
+        try:
+            from PIL import Image
+
+            img = Image.open(shot).convert("L")
+            lo, hi = img.getextrema()
+            nonblank = hi - lo > 32
+        except Exception:  # noqa: BLE001 - no PIL: the DOM check stands alone
+            pass
+        it.figures.update(system_plots_drawn=drawn, gpu_series_named=gpu_named, screenshot_not_blank=nonblank)
+        ok = bool(gpu_rows) and drawn > 0 and gpu_named and nonblank is not False
+        return it.verdict(ok, f"{len(gpu_rows)} GPU(s) in the report; {drawn} plots drawn in the system section")
+
+    return fn
+
+
+# ------------------------------------------------------------------ 6. later work
+
+
+def check_later(env: Env, what: str, module: str, attr: str) -> Callable[[Item], Any]:
+    def fn(it: Item) -> Any:
+        import importlib
+
+        try:
+            mod = importlib.import_module(module)
+            built = hasattr(mod, attr)
+        except ImportError:
+            built = False
+        if not built:
+            return it.skip(f"not built yet ({what}: {module}.{attr} is missing)")
+        if not env.cuda:
+            return it.skip(f"no GPU: {env.cuda_reason}")
+        return it.skip(f"{module}.{attr} exists but this script has no check for it yet")
+
+    return fn
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="gpu_check.json", help="where to write the table as JSON")
+    ap.add_argument("--seconds", type=float, default=60.0, help="NVML sampler run (default 60)")
+    ap.add_argument("--quick", action="store_true", help="a 10 s sampler run, fewer steps and rounds")
+    ap.add_argument("--dry-run-cpu", action="store_true", help="without a GPU, run the window and overhead on CPU")
+    args = ap.parse_args()
+    seconds = min(args.seconds, 10.0) if args.quick else args.seconds
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    env = Env(args.dry_run_cpu)
+    gpu = env.torch.cuda.get_device_name(0) if env.cuda else "no GPU"
+    print(f"machine: {machine()}; GPU: {gpu}; NVML: {'ok' if env.nvml_ok else env.nvml_reason}")
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp_s:
+        tmp = Path(tmp_s)
+        items = [
+            run_item("nvml_sampler", check_nvml_sampler(env, tmp, seconds)),
+            run_item("energy", check_energy(env, tmp, args.quick)),
+            run_item("cuda_window", check_cuda_window(env, tmp, args.quick)),
+            run_item("overhead", check_overhead(env, tmp, args.quick)),
+            run_item("demo_report", check_demo_report(env, tmp, args.quick)),
+            run_item("memory_history", check_later(env, "issue #16", "fastprof.memory", "MemoryHistory")),
+            run_item("oom_capture", check_later(env, "issue #16", "fastprof.memory", "oom_summary")),
+            run_item("triggered_window", check_later(env, "issue #17", "fastprof.always_on", "trigger")),
+        ]
+    out = {
+        "machine": machine(),
+        "gpu": gpu,
+        "nvml": {k: env.nvml.get(k) for k in ("available", "reason", "driver_version", "library")},
+        "fastprof_version": fastprof.__version__,
+        "torch_version": None if env.torch is None else env.torch.__version__,
+        "dry_run_cpu": env.dry,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "items": [i.to_dict() for i in items],
+    }
+    Path(args.out).write_text(json.dumps(out, indent=1, default=str) + "\n")
+    failed = [i.name for i in items if i.status == FAIL]
+    counts = {s: sum(i.status == s for i in items) for s in (PASS, FAIL, SKIP)}
+    print(
+        f"\n{counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIP]} skipped in {out['seconds']} s; "
+        f"table: {args.out}"
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

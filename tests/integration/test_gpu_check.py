@@ -1,0 +1,93 @@
+"""benches/gpu_check.py (issue #18): on a machine without a GPU it runs,
+skips every GPU item with the reason and exits 0; its CPU dry run exercises
+the window and overhead checks' own logic; the GPU-containment rule on a
+hand-made trace."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benches" / "gpu_check.py"
+GPU_ITEMS = ("nvml_sampler", "energy", "cuda_window", "overhead", "demo_report")
+
+torch = pytest.importorskip("torch")
+needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the check runs for real")
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    out = tmp_path / "gpu_check.json"
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    return p, json.loads(out.read_text())
+
+
+@needs_no_gpu
+def test_without_a_gpu_every_gpu_item_is_skipped_with_its_reason(tmp_path: Path) -> None:
+    p, doc = _run(tmp_path)
+    assert p.returncode == 0, p.stderr
+    items = {i["name"]: i for i in doc["items"]}
+    assert set(GPU_ITEMS) <= set(items)
+    for name in GPU_ITEMS:
+        assert items[name]["status"] == "SKIP" and items[name]["detail"].startswith("no GPU"), items[name]
+    # NVML's own reason, as the sampler's probe gives it.
+    assert doc["nvml"]["available"] is False and doc["nvml"]["reason"] in items["nvml_sampler"]["detail"]
+    for name in ("memory_history", "oom_capture", "triggered_window"):
+        assert items[name]["status"] == "SKIP", items[name]
+    assert "0 failed" in p.stdout and list(tmp_path.iterdir()) == [tmp_path / "gpu_check.json"]
+
+
+@needs_no_gpu
+def test_the_cpu_dry_run_exercises_the_window_and_overhead_checks(tmp_path: Path) -> None:
+    p, doc = _run(tmp_path, "--dry-run-cpu")
+    assert p.returncode == 0, p.stdout + p.stderr
+    items = {i["name"]: i for i in doc["items"]}
+    window, overhead = items["cuda_window"], items["overhead"]
+    assert window["status"] == "PASS" and window["figures"]["dry_run_cpu"] is True, window
+    assert window["figures"]["breakdown_steps"] > 0 and window["figures"]["parts_sum_to_step"] is True
+    assert overhead["status"] == "PASS" and len(overhead["figures"]["overhead_pct_rounds"]) == 3, overhead
+    assert items["nvml_sampler"]["status"] == "SKIP" and items["energy"]["status"] == "SKIP"
+
+
+def test_gpu_events_outside_their_step_are_counted() -> None:
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+    def x(cat: str, name: str, ts: float, dur: float, pid: int = 1, **args: Any) -> dict[str, Any]:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": pid, "args": args}
+
+    events = [
+        x("user_annotation", "ProfilerStep#1", 0, 100),
+        x("user_annotation", "ProfilerStep#2", 100, 100),
+        x("gpu_user_annotation", "ProfilerStep#1", 10, 140, pid=0),
+        x("gpu_user_annotation", "ProfilerStep#2", 150, 100, pid=0),
+        x("cuda_runtime", "cudaLaunchKernel", 20, 2, correlation=1),
+        x("cuda_runtime", "cudaLaunchKernel", 120, 2, correlation=2),
+        x("cuda_runtime", "cudaMemcpyAsync", 130, 2, correlation=3),
+        x("kernel", "inside_1", 30, 100, pid=0, correlation=1),
+        x("kernel", "inside_2", 160, 50, pid=0, correlation=2),
+        # Launched in step 2 but running 11 µs past its GPU span.
+        x("gpu_memcpy", "late_copy", 240, 21, pid=0, correlation=3),
+        x("kernel", "no_launch", 30, 1, pid=0, correlation=99),
+    ]
+    got = mod.containment(events)
+    assert (got["checked"], got["outside"], got["unmatched"]) == (3, 1, 1)
+    assert got["worst_us"][0][1:] == ("late_copy", 2) and got["worst_us"][0][0] == pytest.approx(11)
