@@ -24,7 +24,7 @@ Items (each PASS, FAIL or SKIP with the reason; figures beside):
    blocks interleaved over rounds, median ratio (goal <= 1%).
 5. ``demo_report``: ``fastprof demo --device cuda`` then ``fastprof report``
    of it; the page rendered by headless Chromium (``--dump-dom``) has drawn
-   plots in its system section with GPU series, and a screenshot is not blank.
+   plots in its counters section with GPU series, and a screenshot is not blank.
 6. ``memory_history``, ``oom_capture``, ``triggered_window``: the memory
    (#16) and always-on (#17) paths, skipped with the reason while not built.
 
@@ -553,7 +553,7 @@ def check_demo_report(env: Env, tmp: Path, quick: bool) -> Callable[[Item], Any]
         if rep.returncode != 0:
             return it.verdict(False, f"fastprof report exited {rep.returncode}: {rep.stderr[-300:]}")
         doc = json.loads((run / "reports" / "report.json").read_text())
-        gpu_rows = [g for g in (doc.get("system") or {}).get("gpus") or [] if g]
+        gpu_rows = list(((doc.get("system") or {}).get("gpu") or {}).get("devices") or [])
         it.figures.update(report_gpus=len(gpu_rows))
         page = run / "reports" / "report.html"
         browser = _chromium()
@@ -569,10 +569,12 @@ def check_demo_report(env: Env, tmp: Path, quick: bool) -> Callable[[Item], Any]
             capture_output=True,
             timeout=120,
         )
-        system = dom.split('id="system"', 1)[1] if 'id="system"' in dom else ""
-        system = system.split("<section", 1)[0]
-        drawn = system.count('class="main-svg"')
-        gpu_named = "gpu" in system.lower()
+        # The sampler's series (GPU utilisation, memory, power among them)
+        # are drawn in the page's "counters" section.
+        counters = dom.split('id="counters"', 1)[1] if 'id="counters"' in dom else ""
+        counters = counters.split("<section", 1)[0]
+        drawn = counters.count('class="main-svg"')
+        gpu_named = "gpu0." in counters
         nonblank = None
         try:
             from PIL import Image
@@ -582,9 +584,12 @@ def check_demo_report(env: Env, tmp: Path, quick: bool) -> Callable[[Item], Any]
             nonblank = hi - lo > 32
         except Exception:  # noqa: BLE001 - no PIL: the DOM check stands alone
             pass
-        it.figures.update(system_plots_drawn=drawn, gpu_series_named=gpu_named, screenshot_not_blank=nonblank)
+        it.figures.update(counter_plots_drawn=drawn, gpu_series_named=gpu_named, screenshot_not_blank=nonblank)
         ok = bool(gpu_rows) and drawn > 0 and gpu_named and nonblank is not False
-        return it.verdict(ok, f"{len(gpu_rows)} GPU(s) in the report; {drawn} plots drawn in the system section")
+        return it.verdict(
+            ok,
+            f"{len(gpu_rows)} GPU(s) reported; {drawn} plots drawn in its counters section; GPU series {gpu_named}",
+        )
 
     return fn
 
