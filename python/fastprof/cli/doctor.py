@@ -28,6 +28,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -297,29 +299,58 @@ out(True, f"{len(kernels)} kernel(s) recorded: {', '.join(kernels)[:120]}")
 """
 
 
-def _start_window_probe() -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", _PROBE],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # a hung child is killed with whatever it started
-    )
+class _Probe:
+    """The probe child, started now and read by a thread of its own, which
+    notes when it finished: the ``--probe-timeout`` limit runs from the
+    start (the other checks run meanwhile), so a probe that finished after
+    its limit counts as not finished, however late doctor looks."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _PROBE],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # a hung child is killed with whatever it started
+        )
+        self.started = time.monotonic()
+        self.finished: float | None = None
+        self.out = ("", "")
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        self.out = self.proc.communicate()
+        self.finished = time.monotonic()
+
+    def wait(self, timeout: float) -> bool:
+        """True when the probe finished within ``timeout`` of its start."""
+        self.reader.join(max(0.0, self.started + timeout - time.monotonic()))
+        return self.finished is not None and self.finished - self.started <= timeout
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            _kill(self.proc)
+        self.reader.join(5)
 
 
-def _finish_window_probe(proc: subprocess.Popen[str], timeout: float) -> Item:
+def _start_window_probe() -> _Probe:
+    return _Probe()
+
+
+def _finish_window_probe(probe: _Probe, timeout: float) -> Item:
     name = "torch-windows"
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
+    if not probe.wait(timeout):
+        probe.kill()
         return _off(
             name,
             f"the one-kernel torch.profiler probe did not finish in {timeout:g} s (a CUPTI or driver hang)",
             "check for another profiler holding CUPTI (nsys, ncu, DCGM profiling); "
             "a longer --probe-timeout if the machine is just slow",
         )
+    proc = probe.proc
+    stdout, stderr = probe.out
     cupti = [ln.strip() for ln in stderr.splitlines() if "CUPTI" in ln]
     lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -336,12 +367,12 @@ def _finish_window_probe(proc: subprocess.Popen[str], timeout: float) -> Item:
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:
-    """Kill the probe and whatever it started (its own session), then reap it."""
+    """Kill the probe and whatever it started (its own session); its reader
+    thread reaps it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    proc.communicate()
 
 
 def _cupti_hint(stderr: str) -> str:
@@ -434,8 +465,7 @@ def collect(probe_timeout: float = PROBE_TIMEOUT_S) -> tuple[list[Item], dict[st
         items += _distributed(torch)
         items += [clock, config, _out_dir()]
     finally:
-        if window.poll() is None:
-            _kill(window)
+        window.kill()
     return items, {"nvml": nvml, "clock": clocks}
 
 
