@@ -5,7 +5,9 @@ What is measured, in µs per training step, in interleaved rounds in one run:
 1. Bookkeeping alone (no model; a list of the workload's batches is iterated and the step
    does nothing), so that µs differences are not lost in step-time noise:
    * baseline: ``for batch in data: pass``;
-   * fastprof.Profiler (torch=None, default schedule): ``for b in prof.loader(data): prof.step()``
+   * fastprof.Profiler (torch=None, default schedule, memory_stats=False as the peers record no
+     memory; the per-step memory statistics' own cost is printed after):
+     ``for b in prof.loader(data): prof.step()``
      (it records a "step" span with args, a "loader.train.next" span and a
      "loader.train.wait_ms" counter per step; skipped in a build without it);
    * fastprof spans by hand: the same three records through ``fastprof.span``/``counter``
@@ -286,6 +288,26 @@ def bookkeeping(
     return per
 
 
+def memory_stats_cost(tmp: Path, batches: list[Any], steps: int, rounds: int) -> tuple[float, float]:
+    """µs per step of the Profiler's bookkeeping with memory_stats on and
+    off, each Profiler in turn (one recorder at a time), best of rounds."""
+    data = [batches[i % len(batches)] for i in range(steps)]
+    out = {}
+    for on in (True, False):
+        prof = fastprof.Profiler(out_dir=str(tmp / "fp-mem"), run_name=f"mem-{on}", torch=None, memory_stats=on)
+        with prof:
+            loop = fastprof_profiler_loop(prof)
+            times = interleaved(
+                {
+                    "baseline": lambda: baseline_loop(data, lambda b: None),
+                    "profiler": lambda loop=loop: loop(data, lambda b: None),
+                },
+                rounds,
+            )
+        out[on] = (best(times["profiler"]) - best(times["baseline"])) / steps * 1e6
+    return out[True], out[False]
+
+
 def with_model(loops: dict[str, Loop], steps: int) -> dict[str, float]:
     torch = require_torch()
     w = make_workload(batch_size=8, device="cpu")
@@ -514,7 +536,9 @@ def main() -> None:
         prof: Any = None
         rec: Any = None
         if hasattr(fastprof, "Profiler"):
-            prof = fastprof.Profiler(out_dir=str(tmp / "fp"), run_name="bench-loop", torch=None)
+            # Like with like: SimpleProfiler and Composer record no memory;
+            # the per-step memory statistics are measured on their own below.
+            prof = fastprof.Profiler(out_dir=str(tmp / "fp"), run_name="bench-loop", torch=None, memory_stats=False)
             prof.__enter__()
         else:
             rec = fastprof.start(str(tmp / "fp"), "bench-loop")
@@ -525,6 +549,7 @@ def main() -> None:
                 prof.__exit__(None, None, None)
             else:
                 rec.stop()
+        mem = memory_stats_cost(tmp, batches, args.steps, args.rounds) if prof is not None else None
         lt_actions = lightning_actions(tmp, args.steps * 5, args.rounds) if have_lightning else {}
         lt_fit = lightning_fit(tmp, args.fit_steps, 3) if have_lightning and args.fit_steps else {}
 
@@ -553,6 +578,15 @@ def main() -> None:
         ):
             tgt = f"target >= 20x  {verdict(per[k] / fp >= 20)}" if k.endswith("Handler") else ""
             print(f"  {k} / {fp_key}: {ratio(per[k], fp)}  {tgt}")
+
+    if mem is not None:
+        on, off = mem
+        print(
+            f"\n  fastprof.Profiler with per-step memory statistics (memory_stats=True, the default): {on:.2f} µs/step,"
+            " "
+            f"{off:.2f} without: {on - off:+.2f} µs for mem.rss [B] at each step's end; "
+            f"target <= 5 µs/step  {verdict(on <= 5)}"
+        )
 
     if model:
         base = model["baseline"]

@@ -25,7 +25,11 @@ Items (each PASS, FAIL or SKIP with the reason; figures beside):
 5. ``demo_report``: ``fastprof demo --device cuda`` then ``fastprof report``
    of it; the page rendered by headless Chromium (``--dump-dom``) has drawn
    plots in its counters section with GPU series, and a screenshot is not blank.
-6. ``memory_history``, ``oom_capture``, ``triggered_window``: the memory
+6. ``step_memory``: the Profiler's per-step CUDA allocator statistics: a
+   sample of each ``mem.cuda.*`` counter per step, 16 MiB kept per step
+   seen exactly in ``allocated``, a freed 64 MiB scratch in the peak, no
+   OOM; the statistics' cost per step.
+7. ``memory_history``, ``oom_capture``, ``triggered_window``: the memory
    (#16) and always-on (#17) paths, skipped with the reason while not built.
 
 Without a GPU every item is skipped with the reason and the script exits 0.
@@ -594,7 +598,70 @@ def check_demo_report(env: Env, tmp: Path, quick: bool) -> Callable[[Item], Any]
     return fn
 
 
-# ------------------------------------------------------------------ 6. later work
+# ------------------------------------------------------------------ 6. per-step memory
+
+
+def check_step_memory(env: Env, tmp: Path) -> Callable[[Item], Any]:
+    """The Profiler's per-step CUDA allocator statistics (issue #16): one
+    sample of each ``mem.cuda.*`` counter per step, a known 16 MiB kept per
+    step seen exactly in ``allocated``, peaks at or above the current
+    figures, no OOM; and what the statistics cost per step."""
+
+    def fn(it: Item) -> Any:
+        if not env.cuda:
+            return it.skip(f"no GPU: {env.cuda_reason}")
+        import numpy as np
+
+        from fastprof.memory.step_stats import CUDA_COUNTERS
+
+        torch = env.torch
+        torch.cuda.init()
+        kept = []
+        steps = 20
+        leak = 16 * 2**20
+        prof = fastprof.Profiler(out_dir=tmp, run_name="step_memory", torch=False, sample_hz=0)
+        with prof:
+            for _ in prof.loader(range(steps)):
+                kept.append(torch.empty(leak, dtype=torch.uint8, device="cuda"))
+                scratch = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")  # freed: peak only
+                del scratch
+                prof.step()
+        cols = fastprof.read_columns(prof.trace_path, kinds=["counters"], name_prefix="mem.")
+        c = cols.counters
+        names = cols.names_of(c["name"])
+        series = {}
+        for _, name in CUDA_COUNTERS:
+            m = names == name
+            series[name] = c["value"][m][np.argsort(c["ts"][m])]
+        alloc = series["mem.cuda.allocated [B]"]
+        peak = series["mem.cuda.allocated_peak [B]"]
+        counts = {k: len(v) for k, v in series.items()}
+        growth = np.diff(alloc)
+        t0 = time.perf_counter()
+        for _ in range(1000):
+            torch.cuda.memory_stats()
+            torch.cuda.reset_peak_memory_stats()
+        cost_us = (time.perf_counter() - t0) / 1000 * 1e6
+        it.figures.update(samples=counts, growth_per_step_b=growth.tolist()[:5], stats_cost_us_per_step=cost_us)
+        problems = []
+        if any(n != steps for n in counts.values()):
+            problems.append(f"samples per counter {counts}, expected {steps}")
+        if len(growth) and not np.all(growth == leak):
+            problems.append(f"allocated grew by {sorted(set(growth.tolist()))[:3]} per step, expected {leak}")
+        if len(peak) and not np.all(peak >= alloc + 64 * 2**20):
+            problems.append("allocated_peak misses the freed 64 MiB scratch tensor")
+        if series["mem.cuda.num_ooms"].any():
+            problems.append("num_ooms > 0")
+        return it.verdict(
+            not problems,
+            f"{steps} steps, {len(CUDA_COUNTERS)} counters; +{leak >> 20} MiB per step seen; statistics cost "
+            f"{cost_us:.1f} us per step" + ("; " + "; ".join(problems) if problems else ""),
+        )
+
+    return fn
+
+
+# ------------------------------------------------------------------ 7. later work
 
 
 def check_later(env: Env, what: str, module: str, attr: str) -> Callable[[Item], Any]:
@@ -636,6 +703,7 @@ def main() -> int:
             run_item("cuda_window", check_cuda_window(env, tmp, args.quick)),
             run_item("overhead", check_overhead(env, tmp, args.quick)),
             run_item("demo_report", check_demo_report(env, tmp, args.quick)),
+            run_item("step_memory", check_step_memory(env, tmp)),
             run_item("memory_history", check_later(env, "issue #16", "fastprof.memory", "MemoryHistory")),
             run_item("oom_capture", check_later(env, "issue #16", "fastprof.memory", "oom_summary")),
             run_item("triggered_window", check_later(env, "issue #17", "fastprof.always_on", "trigger")),

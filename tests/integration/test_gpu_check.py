@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benches" / "gpu_check.py"
-GPU_ITEMS = ("nvml_sampler", "energy", "cuda_window", "overhead", "demo_report")
+GPU_ITEMS = ("nvml_sampler", "energy", "cuda_window", "overhead", "demo_report", "step_memory")
 
 torch = pytest.importorskip("torch")
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the check runs for real")

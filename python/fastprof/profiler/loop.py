@@ -68,6 +68,7 @@ from fastprof import _core, _dist
 from fastprof._core import ConfigError, FastprofWarning
 from fastprof._options import _value
 from fastprof._recorder import Recorder, current
+from fastprof.memory.step_stats import StepMemory
 from fastprof.profiler import exits as _exits
 from fastprof.profiler import outputs as _outputs
 from fastprof.profiler.options import _BY_NAME, OPTIONS
@@ -124,6 +125,7 @@ class Profiler:
         torch: TorchWindows | bool | None = _UNSET,
         sample_hz: float | None = None,
         gate_spans: bool | None = None,
+        memory_stats: bool | None = None,
         merge: bool | None = None,
         merge_timeout: float | None = None,
         sync_clocks: bool | None = None,
@@ -133,6 +135,8 @@ class Profiler:
         env = os.environ
         self.schedule: Schedule = _value(_BY_NAME["schedule"], schedule, env)
         self.gate_spans: bool = _value(_BY_NAME["gate_spans"], gate_spans, env)
+        self.memory_stats: bool = _value(_BY_NAME["memory_stats"], memory_stats, env)
+        self._memory = StepMemory(self.memory_stats)
         self.merge_enabled: bool = _value(_BY_NAME["merge"], merge, env)
         self.merge_timeout: float = _value(_BY_NAME["merge_timeout"], merge_timeout, env)
         self.sync_clocks_enabled: bool = _value(_BY_NAME["sync_clocks"], sync_clocks, env)
@@ -296,6 +300,7 @@ class Profiler:
             self._sync("start")
         self._install_optimizer_hook()
         self._steps = _core._StepLoop(self, self.recorder._session, "step", "profiler.action")
+        self._memory.start(self._steps)
         self._steps.start(defer_step)
         return self
 
@@ -425,6 +430,10 @@ class Profiler:
     def _on_end(self, epoch: int, batch: int, batch_in_epoch: int) -> None:
         if self._driver is not None and self._state != "stopped":
             self._driver.end(self._action, epoch, batch, batch_in_epoch)
+
+    def _on_memory(self) -> None:
+        """The step loop, at a step's end: the CUDA allocator's statistics."""
+        self._memory.on_step_end()
 
     def _on_fetched(self) -> bool:
         """A batch came for a step whose torch step was held back: step torch

@@ -39,6 +39,18 @@ OPTIONS: tuple[Option, ...] = (
         _bool,
     ),
     Option(
+        "memory_stats",
+        "bool",
+        True,
+        ("FASTPROF_MEMORY_STATS",),
+        "a boolean",
+        "At every step's end, record the process's resident memory (mem.rss [B], read by the core) and, once "
+        "the job uses CUDA, the allocator's statistics (mem.cuda.*: allocated, reserved, active, their peaks "
+        "since the previous step, num_ooms, num_alloc_retries).",
+        "True",
+        _bool,
+    ),
+    Option(
         "merge",
         "bool",
         True,

@@ -102,6 +102,11 @@ pub struct _StepLoop {
     /// decide, so it is raised from the call that ran the callback, never
     /// reported and swallowed as a profiling failure is.
     pending: Option<PyErr>,
+    /// Per-step host memory (issue #16), when on.
+    rss: Option<RssAtStepEnd>,
+    /// Call the hooks' `_on_memory()` at every step's end, quiet ones too
+    /// (the CUDA allocator's per-step statistics, read in Python).
+    memory_hook: bool,
 }
 
 fn report(py: Python<'_>, e: PyErr, what: &str) {
@@ -223,6 +228,14 @@ impl _StepLoop {
                 ..Default::default()
             });
             registry::complete(self.step_name, self.t0, Some(extra), &mut PyHooks(py));
+            if let Some(r) = &mut self.rss {
+                if let Some(bytes) = r.read() {
+                    registry::counter(r.name, bytes as f64, &mut PyHooks(py));
+                }
+            }
+        }
+        if self.memory_hook {
+            self.call(py, "_on_memory", ());
         }
         if !self.quiet {
             self.call(py, "_on_end_annotation", ());
@@ -361,7 +374,27 @@ impl _StepLoop {
             session,
             hooks,
             pending: None,
+            rss: None,
+            memory_hook: false,
         })
+    }
+
+    /// Record the process's resident memory at each step's end as the
+    /// counter `name` (bytes, from /proc/self/statm: one read of a file kept
+    /// open). Returns None when on, else why it cannot be (no procfs).
+    fn record_rss(&mut self, name: &Bound<'_, PyString>) -> PyResult<Option<String>> {
+        match RssAtStepEnd::open(interned(name)?) {
+            Ok(r) => {
+                self.rss = Some(r);
+                Ok(None)
+            }
+            Err(why) => Ok(Some(why)),
+        }
+    }
+
+    /// Call the hooks' `_on_memory()` at every step's end (or stop).
+    fn memory_hook(&mut self, on: bool) {
+        self.memory_hook = on;
     }
 
     /// Start: step 0 begins now, or at the first fetch/`begin_step` (`defer`).
@@ -531,6 +564,39 @@ impl _StepLoop {
 }
 
 /// What a callback left pending in `steps` (when not borrowed).
+/// The process's resident set size, read at a step's end.
+struct RssAtStepEnd {
+    file: std::fs::File,
+    page: u64,
+    name: u32,
+    buf: [u8; 128],
+}
+
+impl RssAtStepEnd {
+    fn open(name: u32) -> Result<Self, String> {
+        let file = std::fs::File::open("/proc/self/statm")
+            .map_err(|e| format!("/proc/self/statm: {e}"))?;
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        let mut r = RssAtStepEnd {
+            file,
+            page: u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096),
+            name,
+            buf: [0; 128],
+        };
+        r.read()
+            .ok_or_else(|| "/proc/self/statm: no resident size in it".to_string())?;
+        Ok(r)
+    }
+
+    /// Bytes resident now (one pread of the open file), None if unreadable.
+    fn read(&mut self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let n = self.file.read_at(&mut self.buf, 0).ok()?;
+        fastprof_core::sampler::procfs::parse_statm_rss(&self.buf[..n]).map(|p| p * self.page)
+    }
+}
+
 fn pending(py: Python<'_>, steps: &Option<Py<_StepLoop>>) -> Option<PyErr> {
     let s = steps.as_ref()?;
     let mut s = s.bind(py).try_borrow_mut().ok()?;

@@ -1,0 +1,129 @@
+"""Per-step memory statistics (issue #16): the process's resident memory at
+every step's end, read by the core; the CUDA allocator's statistics once the
+job uses CUDA (here: its reason, once); on, off, and from the environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fastprof
+from fastprof import ConfigError
+
+torch = pytest.importorskip("torch")
+MIB = 1 << 20
+PAGE = resource.getpagesize()
+
+
+TRAIN = """
+import json, resource, sys, torch, fastprof
+out, steps, leak, memory = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+page = resource.getpagesize()
+def statm_rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * page
+kept, ours = [], []
+options = {} if memory == "default" else {"memory_stats": memory == "1"}
+prof = fastprof.Profiler(out_dir=out, run_name="run", torch=False, sample_hz=0, **options)
+with prof:
+    for _ in prof.loader(range(steps)):
+        t = torch.ones(256 * 1024)  # 1 MiB of float32, written: resident
+        if leak:
+            kept.append(t)
+        prof.step()
+        ours.append(statm_rss())
+json.dump({"ours": ours, "trace": str(prof.trace_path), "rank_dir": str(prof.rank_dir),
+           "memory_stats": prof.memory_stats}, open(out + "/result.json", "w"))
+"""
+
+
+class Run:
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.ours: list[int] = doc["ours"]
+        self.trace_path = Path(doc["trace"])
+        self.rank_dir = Path(doc["rank_dir"])
+        self.memory_stats: bool = doc["memory_stats"]
+
+
+def _train(tmp: Path, steps: int, leak: bool, memory: str = "default", env: dict[str, str] | None = None) -> Run:
+    """``steps`` steps in a fresh process (a heap with no freed memory in it
+    to reuse), each allocating and, with ``leak``, keeping 1 MiB."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    e = {**os.environ, **(env or {})}
+    args = [str(tmp), str(steps), "1" if leak else "0", memory]
+    subprocess.run([sys.executable, "-c", TRAIN, *args], check=True, env=e, capture_output=True, timeout=120)
+    return Run(json.loads((tmp / "result.json").read_text()))
+
+
+def _series(prof: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    cols = fastprof.read_columns(prof.trace_path, kinds=["counters"], names=[name])
+    c = cols.counters
+    order = np.argsort(c["ts"], kind="stable")
+    return c["ts"][order], c["value"][order]
+
+
+def test_rss_is_recorded_at_every_step_end_as_the_process_sees_it(tmp_path: Path) -> None:
+    steps = 30
+    prof = _train(tmp_path, steps, leak=True)
+    ours = prof.ours
+    ts, rss = _series(prof, "mem.rss [B]")
+    assert len(rss) == steps
+    # Each sample right after its step's end, before the next step begins.
+    cols = fastprof.read_columns(prof.trace_path, kinds=["spans"], names=["step"])
+    s = cols.spans
+    order = np.argsort(s["ts"])
+    starts, ends = s["ts"][order], (s["ts"] + s["dur"])[order]
+    assert len(starts) == steps
+    assert np.all(ts >= ends) and np.all(ts[:-1] <= starts[1:])
+    # The same figure as our own read of /proc/self/statm just after (the
+    # step's 1 MiB tensor is in both), within a few pages.
+    assert np.max(np.abs(rss - np.asarray(ours, dtype=np.float64))) <= 64 * PAGE
+    # Each step kept 1 MiB more.
+    assert np.median(np.diff(rss)) == pytest.approx(MIB, abs=16 * PAGE)
+    summary = json.loads((prof.rank_dir / "profiler.json").read_text())["memory"]
+    assert summary["per_step"] is True and summary["host"] == "per step"
+    if not torch.cuda.is_available():
+        assert summary["cuda"] == "unavailable: no CUDA device (torch.cuda.is_available() is False)"
+        assert summary["cuda_steps"] == 0
+        assert not len(_series(prof, "mem.cuda.allocated [B]")[1])
+
+
+def test_quiet_steps_of_a_torch_schedule_are_measured_too(tmp_path: Path) -> None:
+    """Steps outside every torch window never call into Python (the core runs
+    them): the resident memory is still read at each one's end."""
+    steps = 12
+    prof = fastprof.Profiler(
+        out_dir=tmp_path,
+        run_name="run",
+        sample_hz=0,
+        torch=True,
+        schedule=fastprof.schedule.epoch(skip_first=2, wait=2, warmup=1, active=2, repeat=0),
+    )
+    with prof:
+        for _ in prof.loader(range(steps)):
+            torch.ones(1024).sum()
+            prof.step()
+    in_windows = sum(w["last_step"] - w["first_step"] + 1 for w in prof.windows)
+    assert prof.windows and in_windows <= steps - 4  # skip_first and wait steps are quiet
+    assert len(_series(prof, "mem.rss [B]")[1]) == steps
+
+
+def test_off_by_option_and_by_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    prof = _train(tmp_path / "a", 5, leak=False, memory="0")
+    assert not len(_series(prof, "mem.rss [B]")[1])
+    summary = json.loads((prof.rank_dir / "profiler.json").read_text())["memory"]
+    assert summary["per_step"] is False and summary["host"].startswith("off")
+    prof = _train(tmp_path / "b", 5, leak=False, env={"FASTPROF_MEMORY_STATS": "0"})
+    assert prof.memory_stats is False and not len(_series(prof, "mem.rss [B]")[1])
+    monkeypatch.setenv("FASTPROF_MEMORY_STATS", "sometimes")
+    with pytest.raises(ConfigError, match="FASTPROF_MEMORY_STATS"):
+        fastprof.Profiler(out_dir=tmp_path / "c")
+    assert not (tmp_path / "c").exists()
