@@ -44,7 +44,12 @@ def _breakdown_mean(breakdown: dict[str, Any] | None, key: str) -> float | None:
     return sum(float(v) * w for v, w in pairs) / n if n else None
 
 
-def recommend(speed: dict[str, Any], system: dict[str, Any], breakdown: dict[str, Any] | None) -> dict[str, Any]:
+def recommend(
+    speed: dict[str, Any],
+    system: dict[str, Any],
+    breakdown: dict[str, Any] | None,
+    memory: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     checks: list[dict[str, Any]] = []
 
     # DataLoader share of step time.
@@ -181,4 +186,31 @@ def recommend(speed: dict[str, Any], system: dict[str, Any], breakdown: dict[str
     else:
         checks.append(_check("tensor_cores", "ok", tc, 50.0, f"tensor cores in {tc:.1f}% of kernel time"))
 
+    checks.append(_memory_growth(memory))
     return {"items": [c for c in checks if c["status"] == "fired"], "checks": checks}
+
+
+def _memory_growth(memory: dict[str, Any] | None) -> dict[str, Any]:
+    """Memory that grows step over step (``fastprof.memory.leaks``)."""
+    from fastprof.memory.leaks import MIN_GROWTH_BYTES
+
+    threshold = float(MIN_GROWTH_BYTES)
+    ranks = [r for r in (memory or {}).get("per_rank") or [] if r.get("growth_b_per_step") is not None]
+    if not ranks:
+        return _check("memory_growth", "not_evaluated", None, threshold, "needs per-step memory statistics")
+    worst = max(ranks, key=lambda r: float(r["growth_total_b"]))
+    total = float(worst["growth_total_b"])
+    if worst["leak"]:
+        return _check(
+            "memory_growth",
+            "fired",
+            total,
+            threshold,
+            f"{worst['series']} grows {worst['growth_b_per_step'] / 2**20:.2f} MiB per step on rank "
+            f"{worst['rank']} from step {worst['began_at_step']} ({total / 2**20:.0f} MiB over the run): look "
+            "for tensors kept across steps (a list of losses without .item(), a cache, retained graphs, "
+            "hooks that store outputs)",
+        )
+    return _check(
+        "memory_growth", "ok", total, threshold, f"{worst['series']} on rank {worst['rank']}: {worst['verdict']}"
+    )

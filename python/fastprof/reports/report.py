@@ -1,5 +1,5 @@
 """``fastprof.report``: every report of a run in one JSON-able document,
-written as JSON (schema ``schema/report.v2.json``), CSV tables and one
+written as JSON (schema ``schema/report.v3.json``), CSV tables and one
 self-contained HTML page."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 from fastprof._core import ConfigError, __version__
 from fastprof.reports import data as _data
 from fastprof.reports.finite import encode, report_warning
+from fastprof.reports.memory import memory_report
 from fastprof.reports.ranks import ranks_report
 from fastprof.reports.recommendations import recommend
 from fastprof.reports.speed import speed_report
@@ -26,7 +27,7 @@ from fastprof.reports.system import system_report
 from fastprof.reports.time import time_report
 
 SCHEMA_ID = "fastprof.report"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 FORMATS = ("json", "csv", "html")
 #: One JSON Schema per schema_version: ``report.v{N}.json``.
 SCHEMA_DIR = Path(__file__).with_name("schema")
@@ -38,7 +39,7 @@ SCHEMA_PATH = SCHEMA_DIR / f"report.v{SCHEMA_VERSION}.json"
 class Report:
     """A run's reports: :attr:`data` is the document the JSON file holds
     (sections ``time``, ``speed``, ``system``, ``ranks``, ``breakdown``,
-    ``recommendations``); :attr:`files` the files written."""
+    ``memory``, ``recommendations``); :attr:`files` the files written."""
 
     data: dict[str, Any]
     files: list[Path] = field(default_factory=list)
@@ -134,7 +135,8 @@ def _build_from(
     ranks = ranks_report(data, speed["warmup"]["steps_excluded"])
     breakdown, reason = breakdown_section(data)
     tick("breakdown")
-    recs = recommend(speed, system, breakdown)
+    memory, memory_reason = memory_report(data, int(speed["warmup"]["steps_excluded"]))
+    recs = recommend(speed, system, breakdown, memory)
     w0, w1 = data.wall()
     return {
         "schema": SCHEMA_ID,
@@ -161,6 +163,8 @@ def _build_from(
         "ranks": ranks,
         "breakdown": breakdown,
         "breakdown_reason": reason,
+        "memory": memory,
+        "memory_reason": memory_reason,
         "recommendations": recs,
     }
 

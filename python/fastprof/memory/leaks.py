@@ -1,0 +1,129 @@
+"""Memory that grows step over step (issue #16): a robust slope over the run.
+
+The per-step series (the CUDA allocator's bytes allocated at each step's end
+where the job used CUDA, else the process's resident memory) is judged by
+its Theil–Sen slope: the median of the slopes between every pair of steps
+(at most :data:`MAX_POINTS` steps, evenly spaced, on long runs). Unlike a
+least-squares fit, a few outliers (a checkpoint's buffers, an allocator that
+grows its pool once) cannot tilt it. Its 95% confidence interval is Sen's:
+the pairwise slopes ranked ``(N ∓ C) / 2``, with ``N`` the number of pairs
+and ``C = 1.96 * sqrt(n (n - 1) (2n + 5) / 18)`` (Kendall's S under no
+trend).
+
+Growth is reported as a leak when the whole interval lies above zero *and*
+the slope over the run adds at least :data:`MIN_GROWTH_BYTES` and
+:data:`MIN_GROWTH_SHARE` of the series' median: a steady run, whose pairs of
+steps mostly differ by nothing, has a slope of zero inside an interval that
+holds zero. Where the growth began is the step that best splits the run into
+a flat part and a rising one (a hinge ``a + b * max(0, step - k)`` fitted by
+least squares at up to :data:`MAX_HINGES` candidate ``k``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+#: Steps kept for the pairwise slopes (N = n (n - 1) / 2 pairs: ~500 k here).
+MAX_POINTS = 1000
+#: Candidate starts of the growth tried.
+MAX_HINGES = 200
+#: The fewest steps judged.
+MIN_STEPS = 8
+#: Growth over the run below this is never a leak...
+MIN_GROWTH_BYTES = 16 * 2**20
+#: ... nor below this share of the series' median.
+MIN_GROWTH_SHARE = 0.05
+Z95 = 1.959963984540054
+
+
+def theil_sen(x: npt.ArrayLike, y: npt.ArrayLike) -> tuple[float, float, float]:
+    """(slope, low, high): the Theil–Sen slope of ``y`` over ``x`` and Sen's
+    95% interval (NaNs with fewer than 2 points)."""
+    xa = np.asarray(x, dtype=np.float64)
+    ya = np.asarray(y, dtype=np.float64)
+    n = len(xa)
+    if n < 2:
+        return math.nan, math.nan, math.nan
+    i, j = np.triu_indices(n, 1)
+    dx = xa[j] - xa[i]
+    keep = dx != 0
+    slopes = (ya[j] - ya[i])[keep] / dx[keep]
+    del i, j, dx, keep
+    pairs = len(slopes)
+    if not pairs:
+        return math.nan, math.nan, math.nan
+    c = Z95 * math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+    lo = max(0, math.floor((pairs - c) / 2))
+    hi = min(pairs - 1, math.ceil((pairs + c) / 2))
+    mid = pairs // 2
+    ranks = sorted({lo, hi, mid, (pairs - 1) // 2})
+    part = np.partition(slopes, ranks)
+    slope = float(part[mid]) if pairs % 2 else float((part[mid] + part[(pairs - 1) // 2]) / 2)
+    return slope, float(part[lo]), float(part[hi])
+
+
+def hinge_start(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> int:
+    """Index into ``x`` where a flat-then-rising fit puts the start of the rise."""
+    n = len(x)
+    if n < 4:
+        return 0
+    cand = np.unique(np.linspace(0, n - 3, min(MAX_HINGES, n - 2)).astype(np.int64))
+    z = np.maximum(0.0, x[None, :] - x[cand][:, None])  # (candidates, n)
+    zc = z - z.mean(axis=1, keepdims=True)
+    yc = y - y.mean()
+    szz = (zc * zc).sum(axis=1)
+    szy = zc @ yc
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sse = (yc @ yc) - np.where(szz > 0, szy * szy / szz, 0.0)
+    return int(cand[int(np.argmin(sse))])
+
+
+def growth(values: npt.ArrayLike, first_step: int = 0) -> dict[str, Any]:
+    """The growth of one per-step series (bytes at each step's end, in step
+    order; step ``k`` of it is step ``first_step + k`` of the run)."""
+    y = np.asarray(values, dtype=np.float64)
+    n = len(y)
+    out: dict[str, Any] = {
+        "steps": n,
+        "start_b": float(y[0]) if n else None,
+        "end_b": float(y[-1]) if n else None,
+        "peak_b": float(y.max()) if n else None,
+        "growth_b_per_step": None,
+        "growth_ci_b_per_step": None,
+        "growth_total_b": None,
+        "began_at_step": None,
+        "leak": False,
+        "verdict": f"too few steps (fewer than {MIN_STEPS})",
+    }
+    if n < MIN_STEPS or not np.isfinite(y).all():
+        if n >= MIN_STEPS:
+            out["verdict"] = "not judged: the series holds non-finite values"
+        return out
+    idx = np.unique(np.linspace(0, n - 1, min(n, MAX_POINTS)).astype(np.int64))
+    x = idx.astype(np.float64)
+    slope, lo, hi = theil_sen(x, y[idx])
+    total = slope * (n - 1)
+    floor = max(MIN_GROWTH_BYTES, MIN_GROWTH_SHARE * float(np.median(y)))
+    leak = bool(lo > 0 and total >= floor)
+    out.update(
+        growth_b_per_step=slope,
+        growth_ci_b_per_step=[lo, hi],
+        growth_total_b=total,
+        leak=leak,
+        verdict=(
+            "grows"
+            if leak
+            else (
+                "steady: the 95% interval of the slope holds zero"
+                if lo <= 0
+                else f"grows less than {floor / 2**20:.1f} MiB over the run"
+            )
+        ),
+    )
+    if leak:
+        out["began_at_step"] = first_step + int(idx[hinge_start(x, y[idx])])
+    return out

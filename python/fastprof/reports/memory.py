@@ -1,0 +1,43 @@
+"""Memory report: each rank's per-step memory and whether it grows step over
+step (:mod:`fastprof.memory.leaks`), from the Profiler's per-step counters
+(:mod:`fastprof.memory.step_stats`): the CUDA allocator's bytes allocated at
+each step's end where the job used CUDA, else the process's resident memory.
+Warm-up steps are left out, as from the rates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastprof.memory.leaks import MIN_GROWTH_BYTES, MIN_GROWTH_SHARE, growth
+from fastprof.reports.data import RunData
+
+#: The per-step series judged, first found first.
+SERIES = ("mem.cuda.allocated [B]", "mem.rss [B]")
+NO_STATS = (
+    "no per-step memory statistics in this trace (the Profiler records them at each step's end "
+    "unless memory_stats=False)"
+)
+
+
+def memory_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | None, str | None]:
+    """The report's ``memory`` section, or None and the reason."""
+    per_rank = []
+    for r in data.ranks:
+        for name in SERIES:
+            _, values = data.counter(name, r)
+            if len(values):
+                break
+        else:
+            continue
+        skip = warmup_steps if len(values) > warmup_steps else 0
+        per_rank.append({"rank": r, "series": name, "warmup_steps_excluded": skip, **growth(values[skip:], skip)})
+    if not per_rank:
+        return None, NO_STATS
+    return {
+        "method": (
+            "Theil-Sen slope of the per-step series with Sen's 95% interval; a leak when the interval is "
+            f"above zero and the run adds at least {MIN_GROWTH_BYTES >> 20} MiB and "
+            f"{100 * MIN_GROWTH_SHARE:g}% of the median"
+        ),
+        "per_rank": per_rank,
+    }, None

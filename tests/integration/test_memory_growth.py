@@ -1,0 +1,110 @@
+"""Leak and growth detection (issue #16): a loop that keeps a tensor every
+step fires, a steady one stays quiet, and where the growth began is found;
+the slope against a plain all-pairs Theil-Sen."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fastprof
+from fastprof.memory.leaks import growth, theil_sen
+
+pytest.importorskip("torch")
+MIB = 1 << 20
+
+TRAIN = """
+import sys, torch, fastprof
+out, steps, leak_from = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+kept = []
+prof = fastprof.Profiler(out_dir=out, run_name="run", torch=False, sample_hz=0)
+with prof:
+    for i in prof.loader(range(steps)):
+        t = torch.ones(2 * 256 * 1024)  # 2 MiB, written
+        if 0 <= leak_from <= i:
+            kept.append(t)  # the classic leak: a tensor kept across steps
+        del t  # freed before the next step's (glibc then reuses it: RSS steady)
+        prof.step()
+"""
+
+
+def _run(tmp: Path, steps: int, leak_from: int) -> dict[str, Any]:
+    subprocess.run(
+        [sys.executable, "-c", TRAIN, str(tmp), str(steps), str(leak_from)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
+    rep = fastprof.report(tmp / "run", out_dir=tmp / "reports", formats=("json",))
+    doc = json.loads((tmp / "reports" / "report.json").read_text())
+    assert doc == json.loads(rep.to_json())
+    return doc
+
+
+def _memory_check(doc: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in doc["recommendations"]["checks"] if c["rule"] == "memory_growth")
+
+
+def test_a_loop_that_keeps_a_tensor_every_step_fires(tmp_path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    doc = _run(tmp_path, 40, leak_from=0)
+    jsonschema.Draft202012Validator(json.loads(fastprof.reports.SCHEMA_PATH.read_text())).validate(doc)
+    (r,) = doc["memory"]["per_rank"]
+    assert r["series"] == "mem.rss [B]" and r["leak"] is True
+    assert r["growth_b_per_step"] == pytest.approx(2 * MIB, rel=0.05)
+    lo, hi = r["growth_ci_b_per_step"]
+    assert 0 < lo <= r["growth_b_per_step"] <= hi
+    assert r["began_at_step"] <= r["warmup_steps_excluded"] + 2
+    check = _memory_check(doc)
+    assert check["status"] == "fired" and check in doc["recommendations"]["items"]
+    assert "mem.rss [B] grows 2.00 MiB per step on rank 0" in check["message"]
+
+
+def test_a_steady_loop_stays_quiet(tmp_path: Path) -> None:
+    doc = _run(tmp_path, 40, leak_from=-1)
+    (r,) = doc["memory"]["per_rank"]
+    assert r["leak"] is False and r["began_at_step"] is None
+    assert abs(r["growth_b_per_step"]) < 64 * 1024
+    assert _memory_check(doc)["status"] == "ok"
+    assert not any(i["rule"] == "memory_growth" for i in doc["recommendations"]["items"])
+
+
+def test_where_the_growth_began_is_found(tmp_path: Path) -> None:
+    doc = _run(tmp_path, 60, leak_from=30)
+    (r,) = doc["memory"]["per_rank"]
+    assert r["leak"] is True and 28 <= r["began_at_step"] <= 32, r
+
+
+def test_a_report_without_per_step_statistics_says_why(tmp_path: Path) -> None:
+    rec = fastprof.start(tmp_path, "plain", sample_hz=0)
+    with fastprof.span("step"):
+        pass
+    rec.stop()
+    doc = fastprof.report(rec.run_dir, formats=()).data
+    assert doc["memory"] is None and "memory_stats" in doc["memory_reason"]
+    assert _memory_check(doc)["status"] == "not_evaluated"
+
+
+def test_theil_sen_against_all_pairs_and_its_interval() -> None:
+    rng = np.random.default_rng(7)
+    x = np.arange(60, dtype=np.float64)
+    y = 3.0 * x + rng.normal(0, 5, 60)
+    y[[10, 40]] += 500  # outliers a least-squares fit would follow
+    slope, lo, hi = theil_sen(x, y)
+    pairs = [(y[j] - y[i]) / (x[j] - x[i]) for i in range(60) for j in range(i + 1, 60)]
+    assert slope == pytest.approx(statistics.median(pairs))
+    assert lo < slope < hi and abs(slope - 3.0) < 0.5
+    # Flat with noise: the interval holds zero, no leak.
+    flat = growth(1e9 + rng.normal(0, 1e5, 200))
+    assert flat["leak"] is False and flat["growth_ci_b_per_step"][0] <= 0 <= flat["growth_ci_b_per_step"][1]
+    # Too short to judge.
+    assert growth([1.0] * 5)["verdict"].startswith("too few steps")
