@@ -5,5 +5,14 @@
 """
 
 from fastprof.memory.model_summary import LayerRow, ModelSummary, model_summary
+from fastprof.memory.operators import NO_MEMORY_NOTE, OperatorRow, OperatorTable, operator_table
 
-__all__ = ["LayerRow", "ModelSummary", "model_summary"]
+__all__ = [
+    "NO_MEMORY_NOTE",
+    "LayerRow",
+    "ModelSummary",
+    "OperatorRow",
+    "OperatorTable",
+    "model_summary",
+    "operator_table",
+]
