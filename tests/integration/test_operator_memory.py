@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 
 import pytest
@@ -141,3 +142,62 @@ def test_bad_input() -> None:
         operator_table(object())
     with pytest.raises(ValueError, match="no results"):
         operator_table(profile(activities=[ProfilerActivity.CPU]))
+
+
+# The trace path: the same window exported as a Kineto trace file.
+
+
+def test_trace_file_equals_key_averages(window: profile, tmp_path) -> None:
+    path = tmp_path / "w.pt.trace.json"
+    window.export_chrome_trace(str(path))
+    gz = tmp_path / "w.pt.trace.json.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    from_object = {r.name: r for r in operator_table(window).rows}
+    ka = {a.key: a for a in window.key_averages()}
+    for source in (path, str(gz)):
+        table = operator_table(source, top=4)
+        rows = {r.name: r for r in table.rows}
+        assert set(rows) == set(ka)
+        for name, a in ka.items():
+            r = rows[name]
+            assert (r.count, r.self_cpu_memory, r.cpu_memory) == (
+                a.count,
+                a.self_cpu_memory_usage,
+                a.cpu_memory_usage,
+            ), name
+            assert (r.cpu_allocated, r.cpu_freed) == (from_object[name].cpu_allocated, from_object[name].cpu_freed)
+            assert r.input_shapes == from_object[name].input_shapes, name
+            # The trace holds µs to the ns: times agree to that.
+            assert r.cpu_time_us == pytest.approx(a.cpu_time_total, abs=1e-3 * a.count), name
+            assert r.self_cpu_time_us == pytest.approx(a.self_cpu_time_total, abs=2e-3 * a.count), name
+        assert table.memory_recorded and table.split_available and table.note is None
+        mem = [r.self_cpu_memory for r in table.top["self_cpu_memory"]]
+        assert mem == sorted((a.self_cpu_memory_usage for a in ka.values()), reverse=True)[:4]
+    by_shape = operator_table(path, group_by_input_shape=True)
+    ka_s = {(a.key, str(a.input_shapes)): a for a in window.key_averages(group_by_input_shape=True)}
+    got = {(r.name, str(r.input_shapes or [])): r for r in by_shape.rows}
+    assert set(got) == set(ka_s)
+    assert all(got[k].count == a.count and got[k].self_cpu_memory == a.self_cpu_memory_usage for k, a in ka_s.items())
+
+
+def test_trace_file_without_memory_says_so(tmp_path) -> None:
+    prof = train_window(profile_memory=False)
+    path = tmp_path / "nomem.pt.trace.json"
+    prof.export_chrome_trace(str(path))
+    table = operator_table(path)
+    assert not table.memory_recorded and NO_MEMORY_NOTE in table.notes
+    assert all(r.cpu_allocated is None and r.self_cpu_memory == 0 for r in table.rows)
+    assert {r.name: r.count for r in table.rows} == {a.key: a.count for a in prof.key_averages()}
+
+
+def test_trace_file_bad_input(tmp_path) -> None:
+    bad = tmp_path / "cut.pt.trace.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", ')
+    with pytest.raises(ValueError, match=r"cut\.pt\.trace\.json: not a JSON trace \(line 1"):
+        operator_table(bad)
+    other = tmp_path / "other.json"
+    other.write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"other\.json: not a Chrome/Kineto trace"):
+        operator_table(other)
+    with pytest.raises(FileNotFoundError):
+        operator_table(tmp_path / "missing.pt.trace.json")

@@ -14,6 +14,7 @@ import csv
 import heapq
 import io
 import json
+import os
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
@@ -156,6 +157,11 @@ def operator_table(source: Any, top: int = 20, group_by_input_shape: bool = Fals
     """
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise ValueError(f"operator_table: top must be an int >= 1, got {top!r}")
+    if isinstance(source, (str, os.PathLike)):
+        from fastprof.memory.operators_trace import trace_rows
+
+        rows, memory, shapes, by_shape, notes = trace_rows(Path(source), group_by_input_shape)
+        return _assemble(rows, top, memory, shapes, memory, by_shape, notes)
     if not hasattr(source, "key_averages"):
         raise TypeError(f"operator_table: expected a torch.profiler.profile, got {type(source).__name__}")
     inner = getattr(source, "profiler", source)  # torch.profiler.profile wraps the autograd profiler
@@ -208,6 +214,18 @@ def operator_table(source: Any, top: int = 20, group_by_input_shape: bool = Fals
             )
         )
 
+    return _assemble(rows, top, memory, shapes, split is not None, by_shape, [])
+
+
+def _assemble(
+    rows: list[OperatorRow],
+    top: int,
+    memory: bool,
+    shapes: bool,
+    split: bool,
+    by_shape: bool,
+    notes: list[str],
+) -> OperatorTable:
     rankings = {"self_cpu_memory": rows, "self_cpu_time": rows}
     if any(r.self_device_memory or r.device_allocated for r in rows):
         rankings["self_device_memory"] = rows
@@ -215,10 +233,10 @@ def operator_table(source: Any, top: int = 20, group_by_input_shape: bool = Fals
         rankings["self_device_time"] = rows
     ranked = {k: _top(v, k, top) for k, v in sorted(rankings.items(), key=lambda kv: RANKINGS.index(kv[0]))}
 
-    notes = []
+    notes = list(notes)
     if not memory:
-        notes.append(NO_MEMORY_NOTE)
-    elif split is None:
+        notes.insert(0, NO_MEMORY_NOTE)
+    elif not split:
         notes.append(NO_SPLIT_NOTE)
     if not shapes:
         notes.append(NO_SHAPES_NOTE)
@@ -228,7 +246,7 @@ def operator_table(source: Any, top: int = 20, group_by_input_shape: bool = Fals
         limit=top,
         memory_recorded=memory,
         shapes_recorded=shapes,
-        split_available=split is not None,
+        split_available=split,
         grouped_by_input_shape=by_shape,
         notes=notes,
     )
