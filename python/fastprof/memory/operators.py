@@ -148,12 +148,19 @@ class OperatorTable:
 
 
 def operator_table(source: Any, top: int = 20, group_by_input_shape: bool = False) -> OperatorTable:
-    """Top-``top`` operators of a finished ``torch.profiler.profile`` window by self CPU
-    memory, self device memory (when any), self CPU time and self device time (when any).
+    """Top-``top`` operators of a window by self CPU memory, self device memory (when
+    any), self CPU time and self device time (when any).
+
+    ``source``: a finished ``torch.profiler.profile`` (read through
+    ``key_averages()``), or the path of the Kineto trace it wrote
+    (``*.pt.trace.json[.gz]``; see ``fastprof.memory.operators_trace``: the
+    same figures but no device time).
 
     ``group_by_input_shape``: one row per (operator, input shapes), as
     ``key_averages(group_by_input_shape=True)``; needs ``record_shapes=True``.
-    Raises ``ValueError`` for a window that has not run (no results yet).
+    Raises ``ValueError`` for a window that has not run (no results yet) or a
+    file that is not a trace (naming the file and the place), ``FileNotFoundError``
+    for a missing one.
     """
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise ValueError(f"operator_table: top must be an int >= 1, got {top!r}")
