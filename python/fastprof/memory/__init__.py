@@ -4,8 +4,9 @@
 ``torch.profiler`` window's structured data (never its printed table).
 """
 
+from fastprof.memory._rows import OperatorRow
 from fastprof.memory.model_summary import LayerRow, ModelSummary, model_summary
-from fastprof.memory.operators import NO_MEMORY_NOTE, OperatorRow, OperatorTable, operator_table
+from fastprof.memory.operators import NO_MEMORY_NOTE, OperatorTable, operator_table
 
 __all__ = [
     "NO_MEMORY_NOTE",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fastprof.memory._files import write_atomic
+from fastprof.memory._rows import MEMORY_EVENT, SHAPES_PER_ROW, OperatorRow
 
 SCHEMA = "fastprof.operators"
 VERSION = 1
@@ -30,43 +31,10 @@ NO_MEMORY_NOTE = "memory not recorded: profile with profile_memory=True"
 NO_SHAPES_NOTE = "input shapes not recorded: profile with record_shapes=True"
 NO_SPLIT_NOTE = "allocated/freed bytes not available from this torch: only the net self memory is"
 
-# The name torch gives allocator records (and, in key_averages, the records no operator encloses).
-MEMORY_EVENT = "[memory]"
 # Device types whose records count as CPU memory, as torch counts them.
 _CPU_TYPES = ("CPU", "MKLDNN", "IDEEP")
-# Distinct input shapes listed per operator, most frequent first.
-_SHAPES_PER_ROW = 5
 
 RANKINGS = ("self_cpu_memory", "self_device_memory", "self_cpu_time", "self_device_time")
-
-
-@dataclass
-class OperatorRow:
-    """One operator (one ``key_averages()`` entry); memory in bytes, times in µs.
-
-    ``self_*_memory`` is the net change of memory owned by the operator itself
-    (allocated minus freed, children excluded); ``*_memory`` includes its
-    children. ``*_allocated`` / ``*_freed`` split the self figure (both >= 0;
-    ``None`` when torch did not expose the records). ``input_shapes``: with
-    ``group_by_input_shape`` the row's one shape list; otherwise the most
-    frequent distinct shape lists with their counts, when shapes were recorded.
-    """
-
-    name: str
-    count: int
-    self_cpu_memory: int
-    cpu_memory: int
-    self_device_memory: int
-    device_memory: int
-    cpu_allocated: int | None
-    cpu_freed: int | None
-    device_allocated: int | None
-    device_freed: int | None
-    self_cpu_time_us: float
-    cpu_time_us: float
-    self_device_time_us: float
-    device_time_us: float
-    input_shapes: Any = None
 
 
 @dataclass
@@ -197,7 +165,7 @@ def operator_table(source: Any, top: int = 20, group_by_input_shape: bool = Fals
             row_shapes: Any = a.input_shapes or None
         elif a.key in seen_shapes:
             row_shapes = [
-                {"shapes": json.loads(s), "count": n} for s, n in seen_shapes[a.key].most_common(_SHAPES_PER_ROW)
+                {"shapes": json.loads(s), "count": n} for s, n in seen_shapes[a.key].most_common(SHAPES_PER_ROW)
             ]
         else:
             row_shapes = None

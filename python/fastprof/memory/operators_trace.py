@@ -26,7 +26,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from fastprof.memory.operators import _SHAPES_PER_ROW, MEMORY_EVENT, OperatorRow
+from fastprof.memory._rows import MEMORY_EVENT, SHAPES_PER_ROW, OperatorRow
 
 _SPAN_CATS = ("cpu_op", "user_annotation")
 # c10::DeviceType values torch counts as CPU memory: CPU, MKLDNN, IDEEP.
@@ -134,7 +134,7 @@ def trace_rows(path: Path, group_by_input_shape: bool) -> tuple[list[OperatorRow
         if by_shape:
             row_shapes: Any = json.loads(dims) or None
         elif r["shapes"]:
-            row_shapes = [{"shapes": json.loads(d), "count": n} for d, n in r["shapes"].most_common(_SHAPES_PER_ROW)]
+            row_shapes = [{"shapes": json.loads(d), "count": n} for d, n in r["shapes"].most_common(SHAPES_PER_ROW)]
         else:
             row_shapes = None
         rows.append(
