@@ -39,6 +39,7 @@ from fastprof._merge import merge
 from fastprof._reader import read_trace
 from fastprof._recorder import Recorder, RunStats, current, start, stop
 from fastprof._report import report
+from fastprof.memory import ModelSummary, model_summary
 from fastprof.profiler import schedule
 from fastprof.profiler.loop import Profiler
 from fastprof.profiler.torch_windows import TorchWindows
@@ -53,6 +54,7 @@ __all__ = [
     "FastprofOSError",
     "FastprofPermissionError",
     "FastprofWarning",
+    "ModelSummary",
     "Name",
     "NoEventsError",
     "NotRunningError",
@@ -69,6 +71,7 @@ __all__ = [
     "instant",
     "is_active",
     "merge",
+    "model_summary",
     "name_id",
     "read_columns",
     "read_trace",

@@ -1,5 +1,23 @@
-"""Memory profiling in the training loop (issue #16): per-step statistics."""
+"""Memory profiling in the training loop (issue #16): per-step statistics
+(``step_stats``), growth and leak detection (``leaks``), a model's layer
+summary (``model_summary``) and operators' memory and time from a
+``torch.profiler`` window's structured data, never its printed table
+(``operator_table``)."""
 
+from fastprof.memory._rows import OperatorRow
+from fastprof.memory.model_summary import LayerRow, ModelSummary, model_summary
+from fastprof.memory.operators import NO_MEMORY_NOTE, OperatorTable, operator_table
 from fastprof.memory.step_stats import CUDA_COUNTERS, RSS_COUNTER, StepMemory
 
-__all__ = ["CUDA_COUNTERS", "RSS_COUNTER", "StepMemory"]
+__all__ = [
+    "CUDA_COUNTERS",
+    "NO_MEMORY_NOTE",
+    "RSS_COUNTER",
+    "LayerRow",
+    "ModelSummary",
+    "OperatorRow",
+    "OperatorTable",
+    "StepMemory",
+    "model_summary",
+    "operator_table",
+]
