@@ -108,3 +108,36 @@ def test_theil_sen_against_all_pairs_and_its_interval() -> None:
     assert flat["leak"] is False and flat["growth_ci_b_per_step"][0] <= 0 <= flat["growth_ci_b_per_step"][1]
     # Too short to judge.
     assert growth([1.0] * 5)["verdict"].startswith("too few steps")
+
+
+def test_diff_compares_the_cuda_allocator_peak_when_both_reports_have_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fastprof diff --max-memory-growth` compares the steadiest figure both
+    reports have and names it: the CUDA allocator's peak (per-step
+    statistics), else the GPU memory in use, else the process's RSS."""
+    from fastprof.cli.main import main
+
+    monkeypatch.setenv("COLUMNS", "200")  # one line per row in the table
+    doc = _run(tmp_path, 12, leak_from=-1)
+    assert doc["memory"]["per_rank"][0]["cuda_allocated_peak_b"] is None  # no CUDA here
+    base, new = tmp_path / "base.json", tmp_path / "new.json"
+    base.write_text(json.dumps(doc))
+    new.write_text(json.dumps(doc))
+    assert main(["diff", str(base), str(new), "--max-memory-growth", "25%"]) == 0
+    out = capsys.readouterr().out
+    assert "process RSS, peak (B)" in out and "CUDA allocated" not in out
+    # Both with the allocator's peak (as a CUDA run writes it): that one, 1 GiB -> 1.5 GiB.
+    for path, peak in ((base, 2**30), (new, 1.5 * 2**30)):
+        d = json.loads(path.read_text())
+        d["memory"]["per_rank"][0]["cuda_allocated_peak_b"] = peak
+        path.write_text(json.dumps(d))
+    assert main(["diff", str(base), str(new), "--max-memory-growth", "25%"]) == 1
+    out = capsys.readouterr().out
+    assert "CUDA allocated, peak (B)" in out and "process RSS, peak" not in out
+    # Only one of them has it: the figure both have.
+    d = json.loads(base.read_text())
+    d["memory"]["per_rank"][0]["cuda_allocated_peak_b"] = None
+    base.write_text(json.dumps(d))
+    assert main(["diff", str(base), str(new), "--max-memory-growth", "25%"]) == 0
+    assert "process RSS, peak (B)" in capsys.readouterr().out

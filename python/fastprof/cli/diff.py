@@ -126,13 +126,35 @@ def load_doc(path: str, warmup: int | None) -> dict[str, Any]:
         raise CommandError(describe(e), exit_code=2) from None
 
 
-def _peak_memory(doc: dict[str, Any]) -> tuple[float | None, str]:
-    gpus = doc["system"]["gpu"]["devices"]
-    peaks = [number(d["mem_used_peak_b"]) for d in gpus if d.get("mem_used_peak_b") is not None]
-    if peaks:
-        return float(max(peaks)), "GPU memory used, peak"
-    rss = [number(h["rss_peak_b"]) for h in doc["system"]["host"] if h.get("rss_peak_b") is not None]
-    return (float(max(rss)), "process RSS, peak") if rss else (None, "peak memory")
+def _memory_figures(doc: dict[str, Any]) -> dict[str, float | None]:
+    """A report's peak-memory figures, steadiest first: the CUDA allocator's
+    peak (per-step statistics, report v3), the GPU memory the sampler saw in
+    use, the process's RSS."""
+
+    def peak(values: list[Any]) -> float | None:
+        got = [number(v) for v in values if v is not None]
+        return float(max(got)) if got else None
+
+    ranks = (doc.get("memory") or {}).get("per_rank") or []
+    return {
+        "CUDA allocated, peak": peak([r.get("cuda_allocated_peak_b") for r in ranks]),
+        "GPU memory used, peak": peak([d.get("mem_used_peak_b") for d in doc["system"]["gpu"]["devices"]]),
+        # The sampler's RSS track, and the per-step one (no sampler needed).
+        "process RSS, peak": peak(
+            [h.get("rss_peak_b") for h in doc["system"]["host"]]
+            + [r.get("peak_b") for r in ranks if r.get("series") == "mem.rss [B]"]
+        ),
+    }
+
+
+def _peak_memory(base: dict[str, Any], new: dict[str, Any]) -> tuple[float | None, float | None, str]:
+    """The steadiest peak-memory figure both reports have (its name says
+    which was compared)."""
+    b, n = _memory_figures(base), _memory_figures(new)
+    for what in b:
+        if b[what] is not None and n[what] is not None:
+            return b[what], n[what], what
+    return None, None, "peak memory"
 
 
 def _energy_per_sample(doc: dict[str, Any]) -> float | None:
@@ -195,7 +217,7 @@ def compare(
     for k in bb:
         if k in nb:
             add(k, bb[k], nb[k], True, None)
-    (bm, what), (nm, _) = _peak_memory(base), _peak_memory(new)
+    bm, nm, what = _peak_memory(base, new)
     add(what + " (B)", bm, nm, True, max_mem)
     add("energy per sample (J)", _energy_per_sample(base), _energy_per_sample(new), True, None)
     return rows, 1 if any(r["failed"] for r in rows) else 0

@@ -11,6 +11,8 @@ from typing import Any
 from fastprof.memory.leaks import MIN_GROWTH_BYTES, MIN_GROWTH_SHARE, growth
 from fastprof.reports.data import RunData
 
+#: The allocator's per-step peak.
+CUDA_PEAK = "mem.cuda.allocated_peak [B]"
 #: The per-step series judged, first found first.
 SERIES = ("mem.cuda.allocated [B]", "mem.rss [B]")
 NO_STATS = (
@@ -30,7 +32,18 @@ def memory_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | No
         else:
             continue
         skip = warmup_steps if len(values) > warmup_steps else 0
-        per_rank.append({"rank": r, "series": name, "warmup_steps_excluded": skip, **growth(values[skip:], skip)})
+        _, peaks = data.counter(CUDA_PEAK, r)
+        per_rank.append(
+            {
+                "rank": r,
+                "series": name,
+                "warmup_steps_excluded": skip,
+                **growth(values[skip:], skip),
+                # The highest per-step peak of the allocator (all steps):
+                # what `fastprof diff --max-memory-growth` compares first.
+                "cuda_allocated_peak_b": float(peaks.max()) if len(peaks) else None,
+            }
+        )
     if not per_rank:
         return None, NO_STATS
     return {
