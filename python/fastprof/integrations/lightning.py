@@ -244,6 +244,7 @@ class FastprofProfiler(_LightningProfiler):
         try:
             if self._stage_name is not None and prof.recorder.active:
                 _core._complete(self._stage_name, self._stage_t0)
+            prof._on_exception(exception)
             prof._close(_exception_reason(exception))
             self._clock.clear()
             self.last = prof

@@ -68,6 +68,8 @@ from fastprof import _core, _dist
 from fastprof._core import ConfigError, FastprofWarning
 from fastprof._options import _value
 from fastprof._recorder import Recorder, current
+from fastprof.memory.oom import capture as capture_oom
+from fastprof.memory.oom import is_oom
 from fastprof.memory.step_stats import StepMemory
 from fastprof.profiler import exits as _exits
 from fastprof.profiler import outputs as _outputs
@@ -383,7 +385,16 @@ class Profiler:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        self._on_exception(exc)
         self._close(_exception_reason(exc))
+
+    def _on_exception(self, exc: BaseException | None) -> None:
+        """An exception is leaving the profiled code: an out-of-memory error
+        is captured (``fastprof.memory.oom``) before the Profiler closes;
+        the exception itself is the job's and goes on unchanged."""
+        if self._state == "running" and is_oom(exc):
+            assert exc is not None
+            capture_oom(self, exc)
 
     def __repr__(self) -> str:
         return f"<fastprof.Profiler {self._state} run_dir={str(self.run_dir)!r} step={self.batch}>"
