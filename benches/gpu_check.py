@@ -29,8 +29,12 @@ Items (each PASS, FAIL or SKIP with the reason; figures beside):
    sample of each ``mem.cuda.*`` counter per step, 16 MiB kept per step
    seen exactly in ``allocated``, a freed 64 MiB scratch in the peak, no
    OOM; the statistics' cost per step.
-7. ``memory_history``, ``oom_capture``, ``triggered_window``: the memory
-   (#16) and always-on (#17) paths, skipped with the reason while not built.
+7. ``oom_capture``: a forced CUDA OOM in a module's forward under the
+   Profiler (allocator history on): exit 1 with torch's error, oom.json with
+   step, phase and the culprit's line, a snapshot that loads, the largest
+   live group the forward's kept blocks.
+8. ``memory_history``, ``triggered_window``: the memory (#16) and always-on
+   (#17) paths, skipped with the reason while not built.
 
 Without a GPU every item is skipped with the reason and the script exits 0.
 ``--dry-run-cpu`` runs items 3 and 4 on the CPU (no GPU verdict: it checks
@@ -661,7 +665,82 @@ def check_step_memory(env: Env, tmp: Path) -> Callable[[Item], Any]:
     return fn
 
 
-# ------------------------------------------------------------------ 7. later work
+# ------------------------------------------------------------------ 7. OOM capture
+
+OOM_SCRIPT = """
+import sys, torch, fastprof
+out = sys.argv[1]
+torch.cuda.memory._record_memory_history(max_entries=20000)
+class Hog(torch.nn.Module):
+    def forward(self, x, step):
+        self.keep = getattr(self, "keep", []) + [torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")]
+        if step == 3:
+            total = torch.cuda.get_device_properties(0).total_memory
+            return torch.empty(2 * total, dtype=torch.uint8, device="cuda")  # the culprit
+        return x
+hog = Hog()
+prof = fastprof.Profiler(out_dir=out, run_name="oom", torch=False, sample_hz=0)
+with prof:
+    for step in prof.loader(range(6)):
+        hog(torch.ones(1, device="cuda"), step)
+        prof.step()
+"""
+
+
+def check_oom(env: Env, tmp: Path) -> Callable[[Item], Any]:
+    """A forced CUDA OOM inside a module's forward under the Profiler: the
+    job fails with torch's error and exit code 1; oom.json names step 3,
+    forward, the culprit line; the allocator snapshot loads and its largest
+    live group is the 256 MiB blocks kept by the forward."""
+
+    def fn(it: Item) -> Any:
+        if not env.cuda:
+            return it.skip(f"no GPU: {env.cuda_reason}")
+        import pickle
+
+        script = tmp / "oom_train.py"
+        script.write_text(OOM_SCRIPT)
+        p = subprocess.run(
+            [sys.executable, str(script), str(tmp / "oom_out")], capture_output=True, text=True, timeout=300
+        )
+        doc_path = tmp / "oom_out" / "oom" / "rank0" / "memory" / "oom.json"
+        problems = []
+        if p.returncode != 1 or "OutOfMemoryError" not in p.stderr:
+            problems.append(f"exit {p.returncode}, not torch's OutOfMemoryError with exit 1")
+        if not doc_path.is_file():
+            return it.verdict(False, "no oom.json; " + "; ".join(problems) + f"; stderr: {p.stderr[-300:]}")
+        doc = json.loads(doc_path.read_text())
+        cuda = doc.get("cuda") or {}
+        it.figures.update(
+            step=doc.get("step"),
+            phase=doc.get("phase"),
+            where=(doc.get("where") or [None])[0],
+            reserved_free_b=cuda.get("reserved_free_b"),
+            largest=(cuda.get("largest") or [None])[0],
+        )
+        if (doc.get("step"), doc.get("phase")) != (3, "forward"):
+            problems.append(f"step/phase {doc.get('step')}/{doc.get('phase')}, expected 3/forward")
+        if "oom_train.py" not in str((doc.get("where") or [""])[0]):
+            problems.append("the culprit's line is not named")
+        snap = cuda.get("snapshot")
+        if not snap or not Path(snap).is_file():
+            problems.append("no allocator snapshot")
+        else:
+            with open(snap, "rb") as f:
+                pickle.load(f)
+        top = (cuda.get("largest") or [{}])[0]
+        if "oom_train.py" not in str(top.get("where")) or int(top.get("bytes", 0)) < 4 * 256 * 2**20:
+            problems.append(f"largest live group {top}, expected the forward's 256 MiB blocks")
+        return it.verdict(
+            not problems,
+            f"oom.json: step {doc.get('step')}, {doc.get('phase')}, largest {top.get('bytes', 0) / 2**20:.0f} MiB at "
+            f"{top.get('where')}" + ("; " + "; ".join(problems) if problems else ""),
+        )
+
+    return fn
+
+
+# ------------------------------------------------------------------ 8. later work
 
 
 def check_later(env: Env, what: str, module: str, attr: str) -> Callable[[Item], Any]:
@@ -705,7 +784,7 @@ def main() -> int:
             run_item("demo_report", check_demo_report(env, tmp, args.quick)),
             run_item("step_memory", check_step_memory(env, tmp)),
             run_item("memory_history", check_later(env, "issue #16", "fastprof.memory", "MemoryHistory")),
-            run_item("oom_capture", check_later(env, "issue #16", "fastprof.memory", "oom_summary")),
+            run_item("oom_capture", check_oom(env, tmp)),
             run_item("triggered_window", check_later(env, "issue #17", "fastprof.always_on", "trigger")),
         ]
     out = {
