@@ -116,6 +116,22 @@ def test_an_oom_is_captured_and_the_job_fails_as_it_would_without_fastprof(tmp_p
 
     cols = fastprof.read_columns(run, kinds=["instants"], names=["memory.oom"])
     assert len(cols.instants["ts"]) == 1
+    # The report's memory section and the terminal say it.
+    jsonschema = pytest.importorskip("jsonschema")
+    rep = fastprof.report(run, formats=("json",))
+    report_doc = json.loads((run / "reports" / "report.json").read_text())
+    jsonschema.Draft202012Validator(json.loads(fastprof.reports.SCHEMA_PATH.read_text())).validate(report_doc)
+    (o,) = rep["memory"]["oom"]
+    assert (o["rank"], o["step"], o["phase"], o["where"]) == (0, 3, phase, doc["where"][0])
+    summary = subprocess.run(
+        [sys.executable, "-m", "fastprof", "summary", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert summary.returncode == 0, summary.stderr
+    assert f"Out of memory on rank 0 at step 3 ({phase})" in summary.stdout
 
 
 def test_an_exception_that_is_not_an_oom_writes_nothing(tmp_path: Path) -> None:

@@ -94,6 +94,8 @@ class RunData:
     other: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: rank -> otherData of DataLoader workers' recordings (last segment each)
     worker_other: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    #: rank -> parsed rank{R}/memory/oom.json (an out-of-memory capture)
+    oom: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: The step-time breakdown's columns (a ``reports.breakdown.Breakdown``),
     #: once the report has computed it: breakdown.csv and the page's bars.
     breakdown: Any = None
@@ -257,6 +259,12 @@ def _read_side_documents(data: RunData, run_dir: Path) -> None:
         if not m or not rank_dir.is_dir():
             continue
         rank = int(m.group(1))
+        oom = rank_dir / "memory" / "oom.json"
+        if oom.is_file():
+            try:
+                data.oom[rank] = json.loads(oom.read_text())
+            except (OSError, ValueError):
+                data.cols.warnings.append(f"{oom}: not valid JSON; the out-of-memory capture is left out")
         summary = rank_dir / "profiler.json"
         if summary.is_file():
             try:

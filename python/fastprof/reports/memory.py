@@ -44,9 +44,11 @@ def memory_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | No
                 "cuda_allocated_peak_b": float(peaks.max()) if len(peaks) else None,
             }
         )
-    if not per_rank:
+    ooms = [_oom_row(r, doc) for r, doc in sorted(data.oom.items())]
+    if not per_rank and not ooms:
         return None, NO_STATS
     return {
+        "oom": ooms,
         "method": (
             "Theil-Sen slope of the per-step series with Sen's 95% interval; a leak when the interval is "
             f"above zero and the run adds at least {MIN_GROWTH_BYTES >> 20} MiB and "
@@ -54,3 +56,20 @@ def memory_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | No
         ),
         "per_rank": per_rank,
     }, None
+
+
+def _oom_row(rank: int, doc: dict[str, Any]) -> dict[str, Any]:
+    """One rank's out-of-memory capture (``rank{R}/memory/oom.json``)."""
+    cuda = doc.get("cuda") or {}
+    largest = cuda.get("largest") or []
+    return {
+        "rank": rank,
+        "exception": str(doc.get("exception", "")),
+        "step": doc.get("step"),
+        "phase": str(doc.get("phase", "other")),
+        "where": (doc.get("where") or [None])[0],
+        "reserved_free_b": cuda.get("reserved_free_b"),
+        "snapshot": cuda.get("snapshot"),
+        "largest": [{"where": str(g["where"]), "bytes": int(g["bytes"]), "blocks": int(g["blocks"])} for g in largest],
+        "cuda_reason": None if cuda.get("available") else cuda.get("reason"),
+    }

@@ -103,6 +103,29 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None) -> None
         con.print(f"Step-time breakdown: {doc['breakdown_reason']}")
     else:
         con.print(_breakdown_table(doc["breakdown"]))
+    mem = doc.get("memory")
+    if mem:
+        for o in mem.get("oom") or []:
+            con.print(
+                f"[bold]Out of memory[/bold] on rank {o['rank']} at step {o['step']} ({o['phase']}): "
+                f"{o['exception'][:160]}\n  at {o['where']}"
+            )
+            if o["largest"]:
+                t = Table(title="Largest live allocations at the OOM, by the frame that made them")
+                for col in ("where", "MiB", "blocks"):
+                    t.add_column(col, justify="left" if col == "where" else "right")
+                for g in o["largest"]:
+                    t.add_row(g["where"], f"{g['bytes'] / 2**20:.1f}", str(g["blocks"]))
+                con.print(t)
+            else:
+                con.print(f"  no allocator snapshot: {o['cuda_reason']}")
+        for r in mem.get("per_rank") or []:
+            g = r["growth_b_per_step"]
+            con.print(
+                f"Memory, rank {r['rank']} ({r['series']}): peak {_s(r['peak_b'] and r['peak_b'] / 2**20, '{:.1f}')} "
+                f"MiB, growth {_s(g and g / 2**20, '{:+.3f}')} MiB/step: {r['verdict']}"
+                + (f" from step {r['began_at_step']}" if r["leak"] else "")
+            )
     recs = doc["recommendations"]["items"]
     con.print("[bold]Recommendations[/bold]" if recs else "Recommendations: none fired")
     for r in recs:
