@@ -132,6 +132,16 @@ def test_an_oom_is_captured_and_the_job_fails_as_it_would_without_fastprof(tmp_p
     )
     assert summary.returncode == 0, summary.stderr
     assert f"Out of memory on rank 0 at step 3 ({phase})" in summary.stdout
+    # The merge command fastprof prints works on this run directory too:
+    # oom.json is fastprof's own, skipped (listed with -v), never an input.
+    merged = subprocess.run(
+        [sys.executable, "-m", "fastprof", "merge", str(run), "-o", str(run / "trace.json.gz"), "--force", "-v"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert merged.returncode == 0, merged.stderr
+    assert "oom.json" in merged.stdout + merged.stderr
 
 
 def test_an_exception_that_is_not_an_oom_writes_nothing(tmp_path: Path) -> None:

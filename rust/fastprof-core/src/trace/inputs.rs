@@ -9,7 +9,9 @@
 //! * hidden and temporary files (`.name`, `*.tmp-PID*`, `*.tmp`): locks, done
 //!   markers and the half-written files of an export in progress or killed;
 //! * fastprof's own non-trace JSON (`profiler.json`, `report.json`, torch's
-//!   memory timelines `*.memory.*`): skipped and listed in [`Inputs::own`].
+//!   memory timelines `*.memory.*`, the memory profiling's `oom.json`,
+//!   `model_summary.json`, `operators.json` and anything in a rank's
+//!   `memory/` folder): skipped and listed in [`Inputs::own`].
 //!
 //! A file named explicitly is always taken (a foreign non-trace file is then
 //! an error of the reader that names it). Temporary files left by a process
@@ -32,9 +34,25 @@ pub fn is_hidden_or_temp(name: &str) -> bool {
 }
 
 /// fastprof's own JSON that is not a trace: the Profiler's summary, a
-/// report, torch's memory timeline exported beside a window.
+/// report, torch's memory timeline exported beside a window, and what the
+/// memory profiling writes (`oom.json`, `model_summary.json`,
+/// `operators.json`, the allocator history and snapshots under a rank's
+/// `memory/` folder: see [`is_own_path`]).
 pub fn is_own_non_trace(name: &str) -> bool {
-    name == "profiler.json" || name == "report.json" || name.contains(".memory.")
+    matches!(
+        name,
+        "profiler.json" | "report.json" | "oom.json" | "model_summary.json" | "operators.json"
+    ) || name.contains(".memory.")
+}
+
+/// [`is_own_non_trace`] by name, or anything in a `memory/` folder (where
+/// fastprof writes a rank's memory profiling, never a trace).
+pub fn is_own_path(path: &Path, name: &str) -> bool {
+    is_own_non_trace(name)
+        || path
+            .parent()
+            .and_then(Path::file_name)
+            .is_some_and(|d| d == "memory")
 }
 
 /// The pid in a temporary file's name `.anything.tmp-PID[.suffix]`.
@@ -140,7 +158,7 @@ fn walk(dir: &Path, found: &mut Inputs, seen: &mut Seen) -> Result<()> {
         let traceish = is_trace_name(&name);
         match file_kind(&p) {
             Ok((m, _)) if m.is_dir() => walk(&p, found, seen)?,
-            Ok((m, _)) if m.is_file() && traceish && is_own_non_trace(&name) => found.own.push(p),
+            Ok((m, _)) if m.is_file() && traceish && is_own_path(&p, &name) => found.own.push(p),
             Ok((m, _)) if m.is_file() && traceish => found.files.push(p),
             Ok((m, _)) if m.is_file() => {}
             // Opening a FIFO blocks until a writer comes; a device never ends.
@@ -389,10 +407,23 @@ mod tests {
         }
         assert!(!is_hidden_or_temp("ep0-ba1.pt.trace.json.gz"));
         assert!(!is_hidden_or_temp("fastprof.0.json.gz.part"));
-        for name in ["profiler.json", "report.json", "ep0-ba1.memory.json"] {
+        for name in [
+            "profiler.json",
+            "report.json",
+            "ep0-ba1.memory.json",
+            "oom.json",
+        ] {
             assert!(is_own_non_trace(name), "{name}");
         }
         assert!(!is_own_non_trace("fastprof.0.json.gz"));
+        assert!(is_own_path(
+            Path::new("run/rank0/memory/window-3.json"),
+            "window-3.json"
+        ));
+        assert!(!is_own_path(
+            Path::new("run/rank0/torch/w.pt.trace.json"),
+            "w.pt.trace.json"
+        ));
         assert_eq!(temp_pid(".a.pt.trace.json.tmp-4242.json"), Some(4242));
         assert_eq!(temp_pid(".a.json.gz.tmp-17"), Some(17));
         assert_eq!(temp_pid(".a.tmp-x"), None);
