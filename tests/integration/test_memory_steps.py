@@ -127,3 +127,28 @@ def test_off_by_option_and_by_environment(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(ConfigError, match="FASTPROF_MEMORY_STATS"):
         fastprof.Profiler(out_dir=tmp_path / "c")
     assert not (tmp_path / "c").exists()
+
+
+def test_profiler_model_writes_its_summary_and_the_report_carries_it(tmp_path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(16, 2)))
+    prof = fastprof.Profiler(out_dir=tmp_path, run_name="run", torch=False, sample_hz=0, model=net, model_depth=1)
+    with prof:
+        for x in prof.loader([torch.randn(4, 8) for _ in range(3)]):
+            net(x).sum().backward()
+            prof.step()
+    assert prof.model_summary_path == prof.rank_dir / "memory" / "model_summary.json"
+    doc = json.loads(prof.model_summary_path.read_text())
+    assert doc["depth"] == 1 and doc["totals"]["params"] == sum(p.numel() for p in net.parameters())
+    assert [r["name"] for r in doc["rows"]] == ["", "0", "1", "2"]  # depth 1: not 2.0
+    rep = fastprof.report(prof.run_dir)
+    out = prof.run_dir / "reports"
+    assert {"model_summary.json", "model_summary.txt"} <= {p.name for p in rep.files}
+    assert json.loads((out / "model_summary.json").read_text()) == doc
+    model = rep["memory"]["model"]
+    assert (model["rank"], model["depth"], model["layers"]) == (0, 1, 4)
+    assert model["totals"]["params"] == doc["totals"]["params"]
+    schema = json.loads(fastprof.reports.SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator(schema).validate(json.loads((out / "report.json").read_text()))
+    with pytest.raises(ConfigError, match="model_depth"):
+        fastprof.Profiler(out_dir=tmp_path / "bad", model=net, model_depth=-1)

@@ -128,6 +128,8 @@ class Profiler:
         sample_hz: float | None = None,
         gate_spans: bool | None = None,
         memory_stats: bool | None = None,
+        model: Any = None,
+        model_depth: int | None = None,
         merge: bool | None = None,
         merge_timeout: float | None = None,
         sync_clocks: bool | None = None,
@@ -138,6 +140,9 @@ class Profiler:
         self.schedule: Schedule = _value(_BY_NAME["schedule"], schedule, env)
         self.gate_spans: bool = _value(_BY_NAME["gate_spans"], gate_spans, env)
         self.memory_stats: bool = _value(_BY_NAME["memory_stats"], memory_stats, env)
+        self.model_depth: int = _value(_BY_NAME["model_depth"], model_depth, env)
+        self._model = model
+        self.model_summary_path: Path | None = None
         self._memory = StepMemory(self.memory_stats)
         self.merge_enabled: bool = _value(_BY_NAME["merge"], merge, env)
         self.merge_timeout: float = _value(_BY_NAME["merge_timeout"], merge_timeout, env)
@@ -303,6 +308,8 @@ class Profiler:
         self._install_optimizer_hook()
         self._steps = _core._StepLoop(self, self.recorder._session, "step", "profiler.action")
         self._memory.start(self._steps)
+        if self._model is not None:
+            self._write_model_summary()
         self._steps.start(defer_step)
         return self
 
@@ -441,6 +448,20 @@ class Profiler:
     def _on_end(self, epoch: int, batch: int, batch_in_epoch: int) -> None:
         if self._driver is not None and self._state != "stopped":
             self._driver.end(self._action, epoch, batch, batch_in_epoch)
+
+    def _write_model_summary(self) -> None:
+        """``Profiler(model=...)``: the model's summary to ``model_depth``
+        levels, ``rank{R}/memory/model_summary.json`` and ``.txt`` (the
+        report copies them into ``reports/``). A failure is a warning."""
+        try:
+            from fastprof.memory.model_summary import model_summary
+
+            summary = model_summary(self._model, depth=self.model_depth)
+            self.model_summary_path, _ = summary.write(self.rank_dir / "memory")
+        except Exception as e:  # noqa: BLE001 - profiling never takes the job down
+            warnings.warn(f"fastprof: no model summary ({type(e).__name__}: {e})", FastprofWarning, stacklevel=3)
+        finally:
+            self._model = None  # the Profiler keeps no reference to the model
 
     def _on_memory(self) -> None:
         """The step loop, at a step's end: the CUDA allocator's statistics."""

@@ -3,7 +3,7 @@ one row each (name, type, default, ``FASTPROF_*`` variable, check, doc)."""
 
 from __future__ import annotations
 
-from fastprof._options import Option, _bool, _float
+from fastprof._options import Option, _bool, _float, _int
 from fastprof.profiler import schedule as _schedule
 from fastprof.profiler.schedule import Schedule
 
@@ -49,6 +49,17 @@ OPTIONS: tuple[Option, ...] = (
         "since the previous step, num_ooms, num_alloc_retries).",
         "True",
         _bool,
+    ),
+    Option(
+        "model_depth",
+        "int",
+        2,
+        ("FASTPROF_MODEL_DEPTH",),
+        "an integer from 0 to 100",
+        "Levels of the model summary written for Profiler(model=...) (rank{R}/memory/model_summary.json, .txt).",
+        "2",
+        _int,
+        lambda v: 0 <= v <= 100,
     ),
     Option(
         "merge",

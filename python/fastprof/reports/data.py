@@ -96,6 +96,8 @@ class RunData:
     worker_other: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     #: rank -> parsed rank{R}/memory/oom.json (an out-of-memory capture)
     oom: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: rank -> rank{R}/memory/model_summary.json (Profiler(model=...))
+    model_summary: dict[int, Path] = field(default_factory=dict)
     #: The step-time breakdown's columns (a ``reports.breakdown.Breakdown``),
     #: once the report has computed it: breakdown.csv and the page's bars.
     breakdown: Any = None
@@ -259,6 +261,9 @@ def _read_side_documents(data: RunData, run_dir: Path) -> None:
         if not m or not rank_dir.is_dir():
             continue
         rank = int(m.group(1))
+        summary_json = rank_dir / "memory" / "model_summary.json"
+        if summary_json.is_file():
+            data.model_summary[rank] = summary_json
         oom = rank_dir / "memory" / "oom.json"
         if oom.is_file():
             try:

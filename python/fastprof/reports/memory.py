@@ -6,6 +6,7 @@ Warm-up steps are left out, as from the rates."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastprof.memory.leaks import MIN_GROWTH_BYTES, MIN_GROWTH_SHARE, growth
@@ -45,9 +46,11 @@ def memory_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | No
             }
         )
     ooms = [_oom_row(r, doc) for r, doc in sorted(data.oom.items())]
-    if not per_rank and not ooms:
+    model = _model(data)
+    if not per_rank and not ooms and model is None:
         return None, NO_STATS
     return {
+        "model": model,
         "oom": ooms,
         "method": (
             "Theil-Sen slope of the per-step series with Sen's 95% interval; a leak when the interval is "
@@ -73,3 +76,23 @@ def _oom_row(rank: int, doc: dict[str, Any]) -> dict[str, Any]:
         "largest": [{"where": str(g["where"]), "bytes": int(g["bytes"]), "blocks": int(g["blocks"])} for g in largest],
         "cuda_reason": None if cuda.get("available") else cuda.get("reason"),
     }
+
+
+def _model(data: RunData) -> dict[str, Any] | None:
+    """The first rank's model summary (``Profiler(model=...)``): totals and
+    where the whole table is (model_summary.json / .txt beside the report)."""
+    for rank, path in sorted(data.model_summary.items()):
+        try:
+            doc = json.loads(path.read_text())
+            totals = {k: int(v) for k, v in dict(doc["totals"]).items() if isinstance(v, (int, float))}
+            return {
+                "rank": rank,
+                "model": str(doc.get("model", "")),
+                "depth": int(doc.get("depth", 0)),
+                "layers": len(doc.get("rows") or []),
+                "totals": totals,
+                "file": "model_summary.json",
+            }
+        except (OSError, ValueError, KeyError, TypeError):
+            data.cols.warnings.append(f"{path}: not a model summary; left out")
+    return None

@@ -259,6 +259,20 @@ def _breakdown(path: str | os.PathLike[str], staging: Path | None, out: Path) ->
     return b
 
 
+def _copy_model_summary(data: _data.RunData, tmp: Path) -> list[str]:
+    """The model summary the memory section names, beside report.json."""
+    mem = data.model_summary or {}
+    if not mem:
+        return []
+    src = mem[min(mem)]
+    names = []
+    for f in (src, src.with_suffix(".txt")):
+        if f.is_file():
+            shutil.copyfile(f, tmp / f.name)
+            names.append(f.name)
+    return names
+
+
 def _staging(out: Path) -> Path:
     """A hidden folder beside ``out`` that the report is written into and
     then moved from (named as every fastprof temporary, ``.tmp-PID`` last)."""
@@ -286,6 +300,7 @@ def _write(
         names: list[str] = []
         if "json" in fmts:
             names.append(write_json(doc, tmp).name)
+            names.extend(_copy_model_summary(data, tmp))
         if "csv" in fmts:
             names.extend(p.name for p in write_csv(doc, tmp, data.breakdown))
         if "html" in fmts:
