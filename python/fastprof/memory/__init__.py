@@ -5,6 +5,7 @@ summary (``model_summary``) and operators' memory and time from a
 (``operator_table``)."""
 
 from fastprof.memory._rows import OperatorRow
+from fastprof.memory.collector import collect, collected
 from fastprof.memory.model_summary import LayerRow, ModelSummary, model_summary
 from fastprof.memory.operators import NO_MEMORY_NOTE, OperatorTable, operator_table
 from fastprof.memory.step_stats import CUDA_COUNTERS, RSS_COUNTER, StepMemory
@@ -18,6 +19,8 @@ __all__ = [
     "OperatorRow",
     "OperatorTable",
     "StepMemory",
+    "collect",
+    "collected",
     "model_summary",
     "operator_table",
 ]

@@ -68,6 +68,7 @@ from fastprof import _core, _dist
 from fastprof._core import ConfigError, FastprofWarning
 from fastprof._options import _value
 from fastprof._recorder import Recorder, current
+from fastprof.memory import collector as _collect
 from fastprof.memory.oom import capture as capture_oom
 from fastprof.memory.oom import is_oom
 from fastprof.memory.step_stats import StepMemory
@@ -308,6 +309,7 @@ class Profiler:
         self._install_optimizer_hook()
         self._steps = _core._StepLoop(self, self.recorder._session, "step", "profiler.action")
         self._memory.start(self._steps)
+        _collect.reset()
         if self._model is not None:
             self._write_model_summary()
         self._steps.start(defer_step)
@@ -380,6 +382,7 @@ class Profiler:
             if self._owns_recorder and self.recorder.active:
                 self.recorder.stop()
             _outputs.write_summary(self)
+            _collect.write(self.rank_dir / "memory")
             _outputs.finish(self, wait=reason is None, merged=reason != "SIGTERM")
         except Exception as e:  # noqa: BLE001 - profiling never takes the job down
             warnings.warn(f"fastprof: Profiler.stop failed: {type(e).__name__}: {e}", FastprofWarning, stacklevel=3)
