@@ -33,8 +33,10 @@ Items (each PASS, FAIL or SKIP with the reason; figures beside):
    Profiler (allocator history on): exit 1 with torch's error, oom.json with
    step, phase and the culprit's line, a snapshot that loads, the largest
    live group the forward's kept blocks.
-8. ``memory_history``, ``triggered_window``: the memory (#16) and always-on
-   (#17) paths, skipped with the reason while not built.
+8. ``memory_history``: the Profiler's bounded allocator history over two
+   windows: a dump each, entries within the bound, memory_viz's HTML beside
+   it, history off afterwards, the snapshot stall.
+9. ``triggered_window``: the always-on (#17) path, skipped while not built.
 
 Without a GPU every item is skipped with the reason and the script exits 0.
 ``--dry-run-cpu`` runs items 3 and 4 on the CPU (no GPU verdict: it checks
@@ -740,7 +742,74 @@ def check_oom(env: Env, tmp: Path) -> Callable[[Item], Any]:
     return fn
 
 
-# ------------------------------------------------------------------ 8. later work
+# ------------------------------------------------------------------ 8. allocator history
+
+
+def check_memory_history(env: Env, tmp: Path) -> Callable[[Item], Any]:
+    """The Profiler's bounded CUDA allocator history: a dump per window that
+    torch's memory_viz renders, the bound holding, history off between
+    windows, and the stall measured."""
+
+    def fn(it: Item) -> Any:
+        if not env.cuda:
+            return it.skip(f"no GPU: {env.cuda_reason}")
+        import pickle
+
+        torch = env.torch
+        step = env.step()
+        bound = 2000
+        prof = fastprof.Profiler(
+            out_dir=tmp,
+            run_name="history",
+            torch=False,
+            sample_hz=0,
+            memory_history=fastprof.MemoryHistory(max_entries=bound, html=True),
+            schedule=fastprof.schedule.epoch(skip_first=2, wait=1, warmup=1, active=2, repeat=1),
+        )
+        with prof:
+            for _ in prof.loader(range(12)):
+                step()
+                prof.step()
+        torch.cuda.synchronize()
+        hist = json.loads((prof.rank_dir / "profiler.json").read_text())["memory"]["history"]
+        windows = hist["windows"]
+        it.figures.update(
+            windows=[
+                {
+                    k: w.get(k)
+                    for k in ("first_step", "last_step", "entries", "at_bound", "bytes", "snapshot_s", "write_s")
+                }
+                for w in windows
+            ]
+        )
+        problems = []
+        if len(windows) != 2:
+            problems.append(f"{len(windows)} windows dumped, expected 2 ({hist.get('reason')})")
+        for w in windows:
+            if w.get("error"):
+                problems.append(str(w["error"]))
+                continue
+            with open(w["path"], "rb") as f:
+                snap = pickle.load(f)
+            n = sum(len(t) for t in snap.get("device_traces") or [])
+            if n != w["entries"] or n > bound:
+                problems.append(f"{n} entries in {w['path']} (bound {bound}, listed {w['entries']})")
+            html = Path(w.get("html") or "")
+            if not html.is_file() or html.stat().st_size < 1000:
+                problems.append("no memory_viz HTML beside the dump")
+        if torch.cuda.memory._snapshot().get("device_traces", [[]])[0]:
+            problems.append("history still on after the last window")
+        stall = max((w.get("snapshot_s") or 0 for w in windows), default=0)
+        return it.verdict(
+            not problems,
+            f"{len(windows)} windows, entries {[w.get('entries') for w in windows]} (bound {bound}), "
+            f"largest stall {stall * 1e3:.1f} ms" + ("; " + "; ".join(problems) if problems else ""),
+        )
+
+    return fn
+
+
+# ------------------------------------------------------------------ 9. later work
 
 
 def check_later(env: Env, what: str, module: str, attr: str) -> Callable[[Item], Any]:
@@ -783,7 +852,7 @@ def main() -> int:
             run_item("overhead", check_overhead(env, tmp, args.quick)),
             run_item("demo_report", check_demo_report(env, tmp, args.quick)),
             run_item("step_memory", check_step_memory(env, tmp)),
-            run_item("memory_history", check_later(env, "issue #16", "fastprof.memory", "MemoryHistory")),
+            run_item("memory_history", check_memory_history(env, tmp)),
             run_item("oom_capture", check_oom(env, tmp)),
             run_item("triggered_window", check_later(env, "issue #17", "fastprof.always_on", "trigger")),
         ]

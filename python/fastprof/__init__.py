@@ -40,6 +40,7 @@ from fastprof._reader import read_trace
 from fastprof._recorder import Recorder, RunStats, current, start, stop
 from fastprof._report import report
 from fastprof.memory import ModelSummary, model_summary
+from fastprof.memory.history import MemoryHistory
 from fastprof.profiler import schedule
 from fastprof.profiler.loop import Profiler
 from fastprof.profiler.torch_windows import TorchWindows
@@ -54,6 +55,7 @@ __all__ = [
     "FastprofOSError",
     "FastprofPermissionError",
     "FastprofWarning",
+    "MemoryHistory",
     "ModelSummary",
     "Name",
     "NoEventsError",

@@ -152,3 +152,58 @@ def test_profiler_model_writes_its_summary_and_the_report_carries_it(tmp_path: P
     jsonschema.Draft202012Validator(schema).validate(json.loads((out / "report.json").read_text()))
     with pytest.raises(ConfigError, match="model_depth"):
         fastprof.Profiler(out_dir=tmp_path / "bad", model=net, model_depth=-1)
+
+
+def test_memory_history_follows_the_schedule_windows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The history is on from a window's first step (warm-up) to its last,
+    dumped there to rank{R}/memory/ep{epoch}-ba{batch}.history.pickle and
+    listed in profiler.json. A stand-in allocator: no CUDA allocator can
+    exist here (benches/gpu_check.py runs the real one)."""
+    import fastprof.profiler.loop as loop
+    from fastprof.memory.history import HistoryDriver
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+    try:
+        from test_memory_history import Allocator
+    finally:
+        sys.path.pop(0)
+    alloc = Allocator(events_per_step=100)
+    monkeypatch.setattr(loop, "history_driver", lambda cfg: HistoryDriver(cfg, alloc))
+    prof = fastprof.Profiler(
+        out_dir=tmp_path,
+        run_name="run",
+        torch=False,
+        sample_hz=0,
+        memory_history=fastprof.MemoryHistory(max_entries=250),
+        schedule=fastprof.schedule.epoch(skip_first=2, wait=1, warmup=1, active=2),
+    )
+    with prof:
+        for _ in prof.loader(range(7)):
+            alloc.step()
+            prof.step()
+    assert alloc.calls == [("start", 250, "python", "all"), ("snapshot",), ("stop",)]
+    hist = json.loads((prof.rank_dir / "profiler.json").read_text())["memory"]["history"]
+    (w,) = hist["windows"]
+    assert (w["first_step"], w["last_step"], w["entries"], w["at_bound"]) == (3, 5, 250, True)
+    assert w["path"] == str(prof.rank_dir / "memory" / "ep0-ba5.history.pickle") and w["bytes"] > 0
+    # The dump's stall is on the timeline; the run's merge takes none of it as a trace.
+    spans = fastprof.read_columns(prof.trace_path, kinds=["spans"], names=["memory.history.dump"]).spans
+    assert len(spans["ts"]) == 1
+    fastprof.merge(prof.run_dir, prof.run_dir / "trace.json.gz", force=True)
+
+
+def test_memory_history_without_cuda_says_why_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    monkeypatch.setenv("FASTPROF_MEMORY_HISTORY", "1")
+    prof, _ = fastprof.Profiler(out_dir=tmp_path, run_name="run", torch=False, sample_hz=0), None
+    assert isinstance(prof.memory_history, fastprof.MemoryHistory)
+    with prof:
+        for _ in prof.loader(range(12)):
+            prof.step()
+    hist = json.loads((prof.rank_dir / "profiler.json").read_text())["memory"]["history"]
+    assert hist["available"] is False and hist["windows"] == []
+    assert hist["reason"] == "no CUDA device (torch.cuda.is_available() is False)"
+    assert not (prof.rank_dir / "memory").exists() or not list((prof.rank_dir / "memory").glob("*.pickle"))
+    with pytest.raises(ConfigError, match="memory_history"):
+        fastprof.Profiler(out_dir=tmp_path / "bad", memory_history="yes please")

@@ -69,6 +69,8 @@ from fastprof._core import ConfigError, FastprofWarning
 from fastprof._options import _value
 from fastprof._recorder import Recorder, current
 from fastprof.memory import collector as _collect
+from fastprof.memory.history import HistoryDriver, MemoryHistory
+from fastprof.memory.history import driver as history_driver
 from fastprof.memory.oom import capture as capture_oom
 from fastprof.memory.oom import is_oom
 from fastprof.memory.step_stats import StepMemory
@@ -96,6 +98,8 @@ _ACTION_LEVEL = {
 }
 #: Actions of steps that need nothing from Python while they last.
 _QUIET = frozenset((Action.SKIP_FIRST, Action.WAIT, Action.DISABLED))
+#: The steps of a window (the allocator history records during them).
+_RECORDING = frozenset((Action.WARMUP, Action.ACTIVE, Action.ACTIVE_AND_SAVE))
 
 
 class _LoaderNames:
@@ -129,6 +133,7 @@ class Profiler:
         sample_hz: float | None = None,
         gate_spans: bool | None = None,
         memory_stats: bool | None = None,
+        memory_history: MemoryHistory | bool | None = None,
         model: Any = None,
         model_depth: int | None = None,
         merge: bool | None = None,
@@ -142,6 +147,20 @@ class Profiler:
         self.gate_spans: bool = _value(_BY_NAME["gate_spans"], gate_spans, env)
         self.memory_stats: bool = _value(_BY_NAME["memory_stats"], memory_stats, env)
         self.model_depth: int = _value(_BY_NAME["model_depth"], model_depth, env)
+        if memory_history is None:
+            memory_history = _value(_BY_NAME["memory_history"], None, env)
+        if memory_history is True:
+            memory_history = MemoryHistory()
+        elif memory_history is False:
+            memory_history = None
+        elif not isinstance(memory_history, MemoryHistory):
+            raise ConfigError(
+                f"invalid option memory_history: expected a fastprof.MemoryHistory, True or False, "
+                f"got {memory_history!r}"
+            )
+        self.memory_history: MemoryHistory | None = memory_history
+        self._history: HistoryDriver | None = None
+        self._history_due: tuple[int, int, int] | None = None
         self._model = model
         self.model_summary_path: Path | None = None
         self._memory = StepMemory(self.memory_stats)
@@ -309,6 +328,8 @@ class Profiler:
         self._install_optimizer_hook()
         self._steps = _core._StepLoop(self, self.recorder._session, "step", "profiler.action")
         self._memory.start(self._steps)
+        if self.memory_history is not None:
+            self._history = history_driver(self.memory_history)
         _collect.reset()
         if self._model is not None:
             self._write_model_summary()
@@ -381,6 +402,10 @@ class Profiler:
             self._stop_persistent_workers()
             if self._owns_recorder and self.recorder.active:
                 self.recorder.stop()
+            if self._history is not None:
+                self._history.close(
+                    self._history_path(self.epoch, self.batch, self.batch_in_epoch), self.batch, 5.0 if abrupt else 60.0
+                )
             _outputs.write_summary(self)
             _collect.write(self.rank_dir / "memory")
             _outputs.finish(self, wait=reason is None, merged=reason != "SIGTERM")
@@ -437,6 +462,16 @@ class Profiler:
                 d.begin(action, batch, epoch)
             else:
                 due = True
+        if self._history is not None and action in _RECORDING:
+            sch = self.schedule
+            window = int(getattr(sch, "warmup", 1)) + int(getattr(sch, "active", 4))
+            if driver:
+                self._history.begin(True, window, batch, epoch)
+            else:
+                # As torch's step: only once a batch came (the loader may be
+                # exhausted, and then this step is no step).
+                self._history_due = (window, batch, epoch)
+                due = True
         quiet = 0
         if action in _QUIET and (d is None or not d.live):
             quiet = self.schedule.quiet_steps(batch, epoch, batch_in_epoch, epoch_len)
@@ -451,6 +486,15 @@ class Profiler:
     def _on_end(self, epoch: int, batch: int, batch_in_epoch: int) -> None:
         if self._driver is not None and self._state != "stopped":
             self._driver.end(self._action, epoch, batch, batch_in_epoch)
+        if self._history is not None and self._state != "stopped":
+            self._history.end(self._action.saves, self._history_path(epoch, batch, batch_in_epoch), batch)
+
+    def _history_path(self, epoch: int, batch: int, batch_in_epoch: int) -> Path:
+        """Where the allocator history of the window ending at this step goes."""
+        cfg = self.memory_history
+        assert cfg is not None
+        v = {**self._variables(), "epoch": epoch, "batch": batch, "batch_in_epoch": batch_in_epoch}
+        return self.run_dir / str(cfg.folder).format(**v) / str(cfg.filename).format(**v)
 
     def _write_model_summary(self) -> None:
         """``Profiler(model=...)``: the model's summary to ``model_depth``
@@ -474,6 +518,9 @@ class Profiler:
         """A batch came for a step whose torch step was held back: step torch
         now. True when a window is live (the step then begins here, after
         torch's ProfilerStep boundary, so the two still nest)."""
+        h, self._history_due = self._history_due, None
+        if h is not None and self._history is not None and self._state != "stopped":
+            self._history.begin(True, *h)
         d = self._driver
         if d is None or self._state == "stopped":
             return False

@@ -51,6 +51,17 @@ OPTIONS: tuple[Option, ...] = (
         _bool,
     ),
     Option(
+        "memory_history",
+        "bool",
+        False,
+        ("FASTPROF_MEMORY_HISTORY",),
+        "a boolean, or a MemoryHistory",
+        "The CUDA allocator's history during the schedule's windows, bounded, dumped per window to "
+        "rank{R}/memory/ (a MemoryHistory; its options have FASTPROF_MEMORY_HISTORY_<NAME> variables).",
+        "False",
+        _bool,
+    ),
+    Option(
         "model_depth",
         "int",
         2,

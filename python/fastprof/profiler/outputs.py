@@ -40,7 +40,10 @@ def write_summary(prof: Profiler) -> None:
         "steps_by_optimizer": prof.steps_by_optimizer,
         "schedule": repr(prof.schedule),
         "gate_spans": prof.gate_spans,
-        "memory": prof._memory.summary(),
+        "memory": {
+            **prof._memory.summary(),
+            "history": None if prof._history is None else prof._history.summary(),
+        },
         "torch": None
         if prof._driver is None
         else {"config": repr(prof.torch_windows), "failed": prof._driver.failed, "windows": prof.windows},
