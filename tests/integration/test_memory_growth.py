@@ -67,6 +67,12 @@ def test_a_loop_that_keeps_a_tensor_every_step_fires(tmp_path: Path) -> None:
     check = _memory_check(doc)
     assert check["status"] == "fired" and check in doc["recommendations"]["items"]
     assert "mem.rss [B] grows 2.00 MiB per step on rank 0" in check["message"]
+    # The page draws the series and says where the growth began.
+    fastprof.report(tmp_path / "run", out_dir=tmp_path / "page", formats=("html",))
+    html = (tmp_path / "page" / "report.html").read_text()
+    section = html.split('<section id="memory">', 1)[1].split("</section>", 1)[0]
+    assert "Memory at each step" in section and "2.0 MiB per step" in section
+    assert f"from step {r['began_at_step']} (dashed line)" in section
 
 
 def test_a_steady_loop_stays_quiet(tmp_path: Path) -> None:

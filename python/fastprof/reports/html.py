@@ -387,6 +387,64 @@ def _counters(page: _Page, doc: dict[str, Any], data: RunData) -> None:
     page.add("</section>")
 
 
+def _memory(page: _Page, doc: dict[str, Any], data: RunData) -> None:
+    """Memory per step (the series the report judged), the step where growth
+    began marked, and each rank's out-of-memory capture."""
+    mem = doc.get("memory")
+    page.add('<section id="memory"><h2>Memory</h2>')
+    if not mem:
+        page.note(str(doc.get("memory_reason") or "no memory figures"))
+        page.add("</section>")
+        return
+    ranks = (mem.get("per_rank") or [])[:MAX_RANK_PLOTS]
+    if ranks:
+        fig = _figure("Memory at each step's end", "bytes")
+        fig.update_yaxes(tickformat=".3~s", ticksuffix="B", title_text="")
+        fig.update_xaxes(title_text="step (ordinal on the rank)")
+        reduced = False
+        for r in ranks:
+            _, v = data.counter(str(r["series"]), int(r["rank"]))
+            x, y = downsample(np.arange(len(v), dtype=np.float64), v.astype(np.float64))
+            reduced |= len(x) < len(v)
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"rank {r['rank']} {r['series']}"))
+            if r["leak"] and r["began_at_step"] is not None:
+                fig.add_vline(x=r["began_at_step"], line_dash="dash", line_color="#c0392b")
+        for o in mem.get("oom") or []:
+            if o.get("step") is not None:
+                fig.add_vline(x=o["step"], line_color="#000000")
+        page.plot(fig)
+        for r in ranks:
+            g = r["growth_b_per_step"]
+            said = f"{human_bytes(g)} per step" if g is not None and g >= 0 else "-"
+            page.note(
+                f"Rank {r['rank']} ({r['series']}): {r['verdict']}; growth {said}"
+                + (f", from step {r['began_at_step']} (dashed line)" if r["leak"] else "")
+                + "."
+            )
+        if reduced:
+            page.note(f"Series longer than {MAX_POINTS} points are drawn as each bucket's minimum and maximum.")
+    for o in mem.get("oom") or []:
+        page.note(
+            f"Out of memory on rank {o['rank']} at step {o['step']} ({o['phase']}), at {o['where']}: "
+            f"{o['exception'][:200]}" + ("" if not ranks else " (solid line)")
+        )
+        if o["largest"]:
+            page.table(
+                ["largest live allocations, by the frame that made them", "bytes", "blocks"],
+                [[g["where"], human_bytes(g["bytes"]), g["blocks"]] for g in o["largest"]],
+            )
+        else:
+            page.note(f"No allocator snapshot: {o['cuda_reason']}")
+    model = mem.get("model")
+    if model:
+        t = model["totals"]
+        page.note(
+            f"Model {model['model']}: {t.get('params', 0):,} parameters ({t.get('trainable', 0):,} trainable); "
+            f"the layers to depth {model['depth']} are in {model['file']}."
+        )
+    page.add("</section>")
+
+
 def _top_spans(page: _Page, doc: dict[str, Any]) -> None:
     page.add('<section id="spans"><h2>Top span names</h2>')
     agg: dict[str, list[float]] = {}
@@ -572,6 +630,7 @@ def _render(doc: dict[str, Any], data: RunData) -> list[str]:
     _headline(page, doc, data)
     _recommendations(page, doc)
     _step_times(page, doc, data)
+    _memory(page, doc, data)
     _counters(page, doc, data)
     _top_spans(page, doc)
     _operators(page, data)
