@@ -330,6 +330,25 @@ def test_breakdown_csv_is_written_as_the_rows_are_computed(loader_run: Path, tmp
         assert (int(g["step"]), int(g["rank"]), g["source"]) == (r["step"], r["rank"], r["source"])
         assert int(g["duration_ns"]) == r["duration_ns"] == sum(int(g[k]) for k in ROLES)
     only_json = fastprof.report(loader_run, out_dir=tmp_path / "json", formats=("json",))
-    assert sorted(p.name for p in (tmp_path / "json").iterdir()) == ["report.json"]
+    # JSON only: report.json and the JSON beside it (the window's operator table).
+    assert sorted(p.name for p in (tmp_path / "json").iterdir()) == ["operators.json", "report.json"]
     assert only_json["breakdown"] == rep["breakdown"]
     assert not list(tmp_path.glob(".*tmp-*")), "a staging folder was left behind"
+
+
+def test_the_report_carries_the_last_window_s_operator_table(loader_run: Path, tmp_path: Path) -> None:
+    """The memory section reads the last saved torch window with
+    fastprof.memory.operator_table (its trace, not torch's printed table),
+    says the window lacked profile_memory, and writes operators.json/.csv."""
+    jsonschema = pytest.importorskip("jsonschema")
+    rep = fastprof.report(loader_run, out_dir=tmp_path)
+    ops = rep["memory"]["operators"]
+    windows = json.loads((loader_run / "rank0" / "profiler.json").read_text())["torch"]["windows"]
+    assert ops["window"] == [w for w in windows if w["saved"]][-1]["path"]
+    assert ops["memory_recorded"] is False and "profile_memory=True" in ops["note"]
+    assert ops["top_self_cpu_memory"] and all(r["count"] >= 1 for r in ops["top_self_cpu_memory"])
+    assert json.loads((tmp_path / "operators.json").read_text())["memory_recorded"] is False
+    with open(tmp_path / "operators.csv", newline="") as f:
+        assert list(csv.DictReader(f))
+    schema = json.loads(SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator(schema).validate(json.loads((tmp_path / "report.json").read_text()))

@@ -98,6 +98,9 @@ class RunData:
     oom: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: rank -> rank{R}/memory/model_summary.json (Profiler(model=...))
     model_summary: dict[int, Path] = field(default_factory=dict)
+    #: The operator table of the report's memory section (a
+    #: ``fastprof.memory.OperatorTable``), written beside the report.
+    operator_table: Any = None
     #: The step-time breakdown's columns (a ``reports.breakdown.Breakdown``),
     #: once the report has computed it: breakdown.csv and the page's bars.
     breakdown: Any = None

@@ -7,6 +7,7 @@ Warm-up steps are left out, as from the rates."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from fastprof.memory.leaks import MIN_GROWTH_BYTES, MIN_GROWTH_SHARE, growth
@@ -47,9 +48,11 @@ def memory_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | No
         )
     ooms = [_oom_row(r, doc) for r, doc in sorted(data.oom.items())]
     model = _model(data)
-    if not per_rank and not ooms and model is None:
+    operators = _operators(data)
+    if not per_rank and not ooms and model is None and operators is None:
         return None, NO_STATS
     return {
+        "operators": operators,
         "model": model,
         "oom": ooms,
         "method": (
@@ -95,4 +98,62 @@ def _model(data: RunData) -> dict[str, Any] | None:
             }
         except (OSError, ValueError, KeyError, TypeError):
             data.cols.warnings.append(f"{path}: not a model summary; left out")
+    return None
+
+
+#: Operators listed per ranking in the report (operators.json has more).
+TOP_OPERATORS = 10
+#: A window trace larger than this (on disk) is not read for the report's
+#: operator table: the table reads a window's JSON whole.
+MAX_OPERATOR_TRACE_BYTES = 64 << 20
+
+
+def _operators(data: RunData) -> dict[str, Any] | None:
+    """The last saved torch window of the lowest rank with one, read by
+    :func:`fastprof.memory.operator_table` (its trace, never torch's printed
+    table): the top operators by self CPU memory; the whole table goes to
+    operators.json / operators.csv beside the report."""
+    from fastprof.memory.operators import operator_table
+
+    for rank in sorted(data.profiler):
+        torch_doc = data.profiler[rank].get("torch") or {}
+        saved = [w for w in torch_doc.get("windows") or [] if w.get("saved") and w.get("path")]
+        if not saved:
+            continue
+        path = str(saved[-1]["path"])
+        try:
+            size = os.path.getsize(path)
+        except OSError as e:
+            data.cols.warnings.append(f"{path}: no operator table ({e})")
+            return None
+        if size > MAX_OPERATOR_TRACE_BYTES:
+            data.cols.warnings.append(
+                f"{path}: no operator table in the report ({size / 2**20:.0f} MB: over "
+                f"{MAX_OPERATOR_TRACE_BYTES >> 20} MB, it is read whole); fastprof.memory.operator_table(path) reads it"
+            )
+            return None
+        try:
+            table = operator_table(path, top=TOP_OPERATORS)
+        except (OSError, ValueError) as e:
+            data.cols.warnings.append(f"{path}: no operator table ({e})")
+            return None
+        data.operator_table = table
+        return {
+            "rank": rank,
+            "window": path,
+            "memory_recorded": bool(table.memory_recorded),
+            "note": table.note,
+            "top_self_cpu_memory": [
+                {
+                    "name": r.name,
+                    "count": int(r.count),
+                    "self_cpu_memory_b": int(r.self_cpu_memory),
+                    "allocated_b": None if r.cpu_allocated is None else int(r.cpu_allocated),
+                    "freed_b": None if r.cpu_freed is None else int(r.cpu_freed),
+                    "self_cpu_time_us": float(r.self_cpu_time_us),
+                }
+                for r in table.top.get("self_cpu_memory", [])
+            ],
+            "files": ["operators.json", "operators.csv"],
+        }
     return None

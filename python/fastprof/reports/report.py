@@ -301,8 +301,14 @@ def _write(
         if "json" in fmts:
             names.append(write_json(doc, tmp).name)
             names.extend(_copy_model_summary(data, tmp))
+            if data.operator_table is not None:
+                (tmp / "operators.json").write_text(json.dumps(data.operator_table.to_dict(), indent=1) + "\n")
+                names.append("operators.json")
         if "csv" in fmts:
             names.extend(p.name for p in write_csv(doc, tmp, data.breakdown))
+            if data.operator_table is not None:
+                (tmp / "operators.csv").write_text(data.operator_table.csv_text())
+                names.append("operators.csv")
         if "html" in fmts:
             names.append(write_html(doc, data, tmp).name)
             tick("report.html")
