@@ -35,17 +35,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-#: ``torch.cuda.memory_stats()`` keys kept per entry where CUDA is in use.
-CUDA_KEYS = (
-    "allocated_bytes.all.current",
-    "allocated_bytes.all.peak",
-    "reserved_bytes.all.current",
-    "reserved_bytes.all.peak",
-    "active_bytes.all.current",
-    "active_bytes.all.peak",
-    "num_alloc_retries",
-    "num_ooms",
-)
+from fastprof._dist import dist_info
+from fastprof.memory._files import write_atomic
+from fastprof.memory.step_stats import CUDA_COUNTERS
+
+#: ``torch.cuda.memory_stats()`` keys kept per entry where CUDA is in use:
+#: those the per-step statistics record.
+CUDA_KEYS = tuple(key for key, _ in CUDA_COUNTERS)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -59,14 +55,6 @@ def _statm() -> tuple[int, int]:
     with open("/proc/self/statm", "rb") as f:
         fields = f.read().split()
     return int(fields[1]) * _PAGE, int(fields[0]) * _PAGE
-
-
-def _rank() -> int:
-    for var in ("RANK", "SLURM_PROCID"):
-        v = os.environ.get(var)
-        if v and v.isdigit():
-            return int(v)
-    return 0
 
 
 def _cuda(torch: Any) -> dict[str, int]:
@@ -136,7 +124,7 @@ def collect(name: str | None = None, *, iterations: Iterable[int] = (1,)) -> Cal
 
 
 def _key(label: str, it: int, when: str) -> str:
-    return f"{_rank()}.{label}.{it}.{when}"
+    return f"{dist_info().rank}.{label}.{it}.{when}"
 
 
 def _start(label: str, it: int) -> tuple[int, int, Any, Any, Any]:
@@ -206,14 +194,10 @@ def write(directory: str | os.PathLike[str]) -> list[Path]:
     if not entries:
         return []
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    out = []
-    for name, text in (("collected.yaml", _yaml(entries)), ("collected.json", json.dumps(entries, indent=1))):
-        tmp = d / f".{name}.tmp-{os.getpid()}"
-        tmp.write_text(text)
-        os.replace(tmp, d / name)
-        out.append(d / name)
-    return out
+    return [
+        write_atomic(d / "collected.yaml", _yaml(entries)),
+        write_atomic(d / "collected.json", json.dumps(entries, indent=1)),
+    ]
 
 
 def reset() -> None:

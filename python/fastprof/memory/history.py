@@ -40,6 +40,7 @@ from typing import Any
 
 from fastprof._core import ConfigError
 from fastprof._options import Option, _bool, _int, _str, _value
+from fastprof.memory._files import atomic, write_atomic
 
 #: Default bound: entries per step of a window...
 ENTRIES_PER_STEP = 20_000
@@ -229,16 +230,12 @@ class HistoryDriver:
     def _write(self, snap: dict[str, Any], path: Path, w: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-            with open(tmp, "wb") as f:
+            with atomic(path) as f:
                 pickle.dump(snap, f, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, path)
             with self._lock:
                 w["bytes"] = path.stat().st_size
             if self.config.html:
-                html = path.with_suffix(".html")
-                html.write_text(self.allocator.html(snap))
+                html = write_atomic(path.with_suffix(".html"), self.allocator.html(snap))
                 with self._lock:
                     w["html"] = str(html)
         except Exception as e:  # noqa: BLE001 - one warning's worth, kept in profiler.json

@@ -34,6 +34,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from fastprof.memory._files import atomic, write_atomic
+
 #: Top groups of live allocations kept in oom.json.
 TOP_GROUPS = 10
 #: User frames kept in ``where``.
@@ -134,10 +136,8 @@ def _cuda_part(torch: Any, mem_dir: Path) -> dict[str, Any]:
         pass
     snap = torch.cuda.memory._snapshot()
     path = mem_dir / "oom_snapshot.pickle"
-    tmp = mem_dir / f".oom_snapshot.pickle.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
+    with atomic(path) as f:
         pickle.dump(snap, f)
-    os.replace(tmp, path)
     part["snapshot"] = str(path)
     groups, with_frames = largest_live(snap)
     part["largest"] = groups
@@ -179,10 +179,7 @@ def capture(prof: Any, exc: BaseException) -> Path | None:
             _core.instant("memory.oom", step=prof.batch, phase=phase)
         except Exception:  # noqa: BLE001 - the instant is a nicety
             pass
-        path = mem_dir / "oom.json"
-        tmp = mem_dir / f".oom.json.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps(doc, indent=1, default=str))
-        os.replace(tmp, path)
+        path = write_atomic(mem_dir / "oom.json", json.dumps(doc, indent=1, default=str))
         cuda = doc["cuda"]
         snap = cuda.get("snapshot") if cuda.get("available") else f"no allocator snapshot ({cuda.get('reason')})"
         at = f", {where[0]}" if where else ""

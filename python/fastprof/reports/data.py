@@ -221,16 +221,17 @@ def resolve(path: str | os.PathLike[str]) -> tuple[Path, Path | None]:
     return p, None
 
 
-def load(path: str | os.PathLike[str], fold: bool = True) -> RunData:
+def load(path: str | os.PathLike[str], fold: bool = True, resolved: tuple[Path, Path | None] | None = None) -> RunData:
     """Read a run directory (its unified ``trace.json.gz`` when there is one,
     else every rank's segments and torch windows) or a single trace.
     ``fold``: spans of :data:`KINETO_CATEGORIES` as totals, not rows.
+    ``resolved``: :func:`resolve`'s answer for ``path``, when the caller has it.
 
     Raises :class:`fastprof.FastprofFileNotFoundError` for a missing path,
     :class:`fastprof.TraceError` for a file that is not a trace and
     :class:`ReportInputError` for a directory holding no trace."""
     p = Path(path)
-    target, run_dir = resolve(p)
+    target, run_dir = resolve(p) if resolved is None else resolved
     # Instants are in no report; each unused column is dropped as soon as read.
     cols = read_columns(
         target,

@@ -223,9 +223,10 @@ def report(
         # over the traces is the report's largest memory, so it runs before
         # the columns are read, and keeps a few numbers per rank.
         tick(f"step-time breakdown of {path}")
-        breakdown = _breakdown(path, staging if "csv" in fmts else None, out)
+        resolved = _data.resolve(path)
+        breakdown = _breakdown(resolved[0], staging if "csv" in fmts else None, out)
         tick(f"breakdown: {len(breakdown)} steps")
-        data = _data.load(path, fold=not verbose)
+        data = _data.load(path, fold=not verbose, resolved=resolved)
         data.breakdown = breakdown
         tick(f"read {len(data.cols.spans['ts'])} spans, {len(data.cols.counters['ts'])} counter samples")
         doc = build_from(data, verbose, warmup_steps, batch_size, tick)
@@ -238,14 +239,13 @@ def report(
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _breakdown(path: str | os.PathLike[str], staging: Path | None, out: Path) -> Any:
-    """:func:`fastprof.reports.breakdown.step_breakdown` of what
-    :func:`fastprof.reports.data.load` reads at ``path``, writing
-    breakdown.csv into ``staging`` (none without steps); a failure to write
-    it names ``out``, the folder asked for."""
+def _breakdown(target: Path, staging: Path | None, out: Path) -> Any:
+    """:func:`fastprof.reports.breakdown.step_breakdown` of ``target`` (what
+    :func:`fastprof.reports.data.load` reads), writing breakdown.csv into
+    ``staging`` (none without steps); a failure to write it names ``out``,
+    the folder asked for."""
     from fastprof.reports.breakdown import step_breakdown
 
-    target, _ = _data.resolve(path)
     csv_path = None if staging is None else staging / "breakdown.csv"
     try:
         b = step_breakdown(target, csv=csv_path, keep_rows=False)
@@ -259,12 +259,12 @@ def _breakdown(path: str | os.PathLike[str], staging: Path | None, out: Path) ->
     return b
 
 
-def _copy_model_summary(data: _data.RunData, tmp: Path) -> list[str]:
+def _copy_model_summary(doc: dict[str, Any], data: _data.RunData, tmp: Path) -> list[str]:
     """The model summary the memory section names, beside report.json."""
-    mem = data.model_summary or {}
-    if not mem:
+    model = (doc.get("memory") or {}).get("model")
+    if not model:
         return []
-    src = mem[min(mem)]
+    src = data.model_summary[int(model["rank"])]
     names = []
     for f in (src, src.with_suffix(".txt")):
         if f.is_file():
@@ -300,7 +300,7 @@ def _write(
         names: list[str] = []
         if "json" in fmts:
             names.append(write_json(doc, tmp).name)
-            names.extend(_copy_model_summary(data, tmp))
+            names.extend(_copy_model_summary(doc, data, tmp))
             if data.operator_table is not None:
                 (tmp / "operators.json").write_text(json.dumps(data.operator_table.to_dict(), indent=1) + "\n")
                 names.append("operators.json")

@@ -10,7 +10,6 @@
 //! offset and handed to their rank ([`super::filemeta::FileMeta`] rules,
 //! shared with `read_columns`).
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -19,7 +18,7 @@ use crate::error::{CoreError, Result};
 use crate::trace::columns::FileInfo;
 use crate::trace::filemeta::{FileMeta, MetaEvent};
 use crate::trace::inputs;
-use crate::trace::scan::{self, Fields, Item, Scanner};
+use crate::trace::scan::{self, str_text as text, Fields, Item, Scanner};
 
 /// A GPU activity.
 #[derive(Debug, Clone, Copy)]
@@ -376,19 +375,6 @@ fn event(meta: &mut FileMeta, recs: &mut FileRecords, f: &Fields, raw: &[u8]) {
             pr.devices.push(d);
         }
     }
-}
-
-/// A string token's text (escapes decoded where there are any; borrowed
-/// where there are none, the usual case).
-fn text(raw: &[u8]) -> Cow<'_, str> {
-    let inner = scan::str_value(raw).unwrap_or(raw);
-    if !inner.contains(&b'\\') {
-        return String::from_utf8_lossy(inner);
-    }
-    Cow::Owned(
-        serde_json::from_slice::<String>(raw)
-            .unwrap_or_else(|_| String::from_utf8_lossy(inner).into_owned()),
-    )
 }
 
 /// The numeric values of `keys` in an `args` object (None where absent or

@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 
 pub use super::filemeta::FileInfo;
 use super::filemeta::{FileMeta, MetaEvent};
-use super::scan::{self, Fields, Item, Scanner};
+use super::scan::{self, str_text as text, Fields, Item, Scanner};
 use crate::error::{CoreError, Result};
 use crate::trace::inputs;
 
@@ -316,20 +316,6 @@ impl FileInfo {
     }
 }
 
-/// A string token's text: borrowed when it has no escapes and is valid UTF-8
-/// (the usual case), decoded otherwise; invalid UTF-8 becomes U+FFFD.
-fn text(raw_token: &[u8]) -> Cow<'_, str> {
-    let inner = scan::str_value(raw_token).unwrap_or(raw_token);
-    if !inner.contains(&b'\\') {
-        return String::from_utf8_lossy(inner);
-    }
-    let fixed = String::from_utf8_lossy(raw_token);
-    match serde_json::from_str::<String>(&fixed) {
-        Ok(s) => Cow::Owned(s),
-        Err(_) => Cow::Owned(String::from_utf8_lossy(inner).into_owned()),
-    }
-}
-
 /// A string table: ids in order of first use.
 #[derive(Default)]
 struct Interner {
@@ -433,6 +419,15 @@ impl<'o> Reading<'o> {
             fold_cat: Vec::new(),
             fold_except: Vec::new(),
             folded: HashMap::new(),
+        }
+    }
+
+    /// The id of an event's name, as [`ColumnsOptions::collapse_numbered`]
+    /// reads it.
+    fn name_id(&mut self, kind: u8, name: &str) -> u32 {
+        match collapsed(&self.opts.collapse_numbered, kind, name) {
+            Some(p) => self.names.id(&format!("{p}*")),
+            None => self.names.id(name),
         }
     }
 
@@ -655,11 +650,7 @@ impl<'o> Reading<'o> {
         let keep = wanted && self.filter.name(&name) && self.filter.cat(&cat);
         if ph == b"B" {
             let (name, cat) = if keep {
-                let name = match collapsed(&self.opts.collapse_numbered, kind, &name) {
-                    Some(p) => self.names.id(&format!("{p}*")),
-                    None => self.names.id(&name),
-                };
-                (name, self.cats.id(&cat))
+                (self.name_id(kind, &name), self.cats.id(&cat))
             } else {
                 (0, 0)
             };
@@ -674,10 +665,7 @@ impl<'o> Reading<'o> {
         if !keep {
             return true;
         }
-        let name_id = match collapsed(&self.opts.collapse_numbered, kind, &name) {
-            Some(p) => self.names.id(&format!("{p}*")),
-            None => self.names.id(&name),
-        };
+        let name_id = self.name_id(kind, &name);
         let cat_id = self.cats.id(&cat);
         match kind {
             0 if f.dur_checked(raw).is_none() => *fs.bad_dur.entry(name_id).or_default() += 1,

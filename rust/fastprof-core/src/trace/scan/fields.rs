@@ -4,6 +4,7 @@
 
 use super::validate::{self, Invalid};
 use super::{is_token_byte, valid_scalar, CLOSE, INSIDE, OPEN, OUTSIDE, QUOTE};
+use std::borrow::Cow;
 use std::ops::Range;
 
 /// Shallow view of one event object: byte ranges (within the event slice) of
@@ -248,6 +249,21 @@ pub fn str_value(raw: &[u8]) -> Option<&[u8]> {
     match raw {
         [b'"', inner @ .., b'"'] => Some(inner),
         _ => None,
+    }
+}
+
+/// A string token's text: borrowed when it has no escapes and is valid UTF-8
+/// (the usual case), decoded otherwise; invalid UTF-8 becomes U+FFFD. A
+/// token that is not a string reads as its raw bytes.
+pub fn str_text(raw_token: &[u8]) -> Cow<'_, str> {
+    let inner = str_value(raw_token).unwrap_or(raw_token);
+    if !inner.contains(&b'\\') {
+        return String::from_utf8_lossy(inner);
+    }
+    let fixed = String::from_utf8_lossy(raw_token);
+    match serde_json::from_str::<String>(&fixed) {
+        Ok(s) => Cow::Owned(s),
+        Err(_) => Cow::Owned(String::from_utf8_lossy(inner).into_owned()),
     }
 }
 

@@ -1043,7 +1043,9 @@ fn walk(buf: &[u8], w: &mut Walk, stack: &mut [u64; STACK_WORDS], abs0: u64) -> 
 mod fields;
 pub mod validate;
 use fields::number_parts;
-pub use fields::{for_each_entry, parse_int, parse_us_to_ns, str_value, Fields, MAX_DUR_NS};
+pub use fields::{
+    for_each_entry, parse_int, parse_us_to_ns, str_text, str_value, Fields, MAX_DUR_NS,
+};
 
 #[cfg(test)]
 mod tests;
