@@ -39,6 +39,7 @@ from fastprof._merge import merge
 from fastprof._reader import read_trace
 from fastprof._recorder import Recorder, RunStats, current, start, stop
 from fastprof._report import report
+from fastprof.always_on.triggers import Triggers
 from fastprof.memory import ModelSummary, model_summary
 from fastprof.memory.history import MemoryHistory
 from fastprof.profiler import schedule
@@ -66,6 +67,7 @@ __all__ = [
     "RunStats",
     "TorchWindows",
     "TraceError",
+    "Triggers",
     "__version__",
     "counter",
     "current",

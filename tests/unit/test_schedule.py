@@ -243,8 +243,12 @@ def test_parse_reads_the_text_form_of_every_kind():
     assert schedule.parse(" cyclic: wait=1, warmup=0, active=3 ") == schedule.cyclic(wait=1, warmup=0, active=3)
     assert schedule.parse("steps:10-12,50,warmup=2") == schedule.steps([(10, 13), 50], warmup=2)
     assert schedule.parse("epoch") == schedule.epoch()
+    never = schedule.parse(" never ")
+    assert never == schedule.never() == schedule.parse("off")
+    assert {never.at(s, 0, s, None) for s in range(1000)} == {Action.WAIT}
+    assert never.quiet_steps(0, 0, 0, None) >= 1 << 40
     for bad, match in (
-        ("weekly:x=1", "expected epoch:..., cyclic:... or steps:..."),
+        ("weekly:x=1", "expected epoch:..., cyclic:..., steps:... or never"),
         ("epoch:wait", "expected name=integer items"),
         ("epoch:wait=1.5", "expected name=integer items"),
         ("epoch:colour=1", "unexpected keyword"),

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from fastprof import __version__
 from fastprof._core import FastprofError
-from fastprof.cli import demo, diff, doctor, merge, report, summary
+from fastprof.cli import demo, diff, doctor, merge, report, summary, trigger
 from fastprof.cli.errors import CommandError, describe
 
 __all__ = ["CommandError", "build_parser", "describe", "main"]
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_parser(verbs)
     diff.add_parser(verbs)
     doctor.add_parser(verbs)
+    trigger.add_parser(verbs)
     return parser
 
 

@@ -137,6 +137,15 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     try:
         from fastprof.profiler.outputs import merge_command
 
+        with _lock:
+            live = list(_live)
+        for prof in live:
+            # The flight recorder's last seconds first (issue #17): cheap, and
+            # what a preempted job most wants kept.
+            t = getattr(prof, "_triggers", None)
+            if t is not None and prof._state == "running":
+                t.on_exit_event("sigterm")
+
         for prof, saved in _close_all("SIGTERM"):
             where = (
                 f"rank {prof.rank}'s data is saved in {prof.rank_dir}"

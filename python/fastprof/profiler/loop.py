@@ -68,6 +68,7 @@ from fastprof import _core, _dist
 from fastprof._core import ConfigError, FastprofWarning
 from fastprof._options import _value
 from fastprof._recorder import Recorder, current
+from fastprof.always_on.triggers import DEFAULT_FLIGHT_SECONDS, TriggerDriver, Triggers
 from fastprof.memory import collector as _collect
 from fastprof.memory.history import HistoryDriver, MemoryHistory
 from fastprof.memory.history import driver as history_driver
@@ -134,6 +135,7 @@ class Profiler:
         gate_spans: bool | None = None,
         memory_stats: bool | None = None,
         memory_history: MemoryHistory | bool | None = None,
+        triggers: Triggers | bool | None = None,
         model: Any = None,
         model_depth: int | None = None,
         merge: bool | None = None,
@@ -159,6 +161,16 @@ class Profiler:
                 f"got {memory_history!r}"
             )
         self.memory_history: MemoryHistory | None = memory_history
+        if triggers is None:
+            triggers = _value(_BY_NAME["triggers"], None, env)
+        if triggers is True:
+            triggers = Triggers()
+        elif triggers is False:
+            triggers = None
+        elif not isinstance(triggers, Triggers):
+            raise ConfigError(f"invalid option triggers: expected a fastprof.Triggers, True or False, got {triggers!r}")
+        self.triggers: Triggers | None = triggers
+        self._triggers: TriggerDriver | None = None
         self._history: HistoryDriver | None = None
         self._history_due: tuple[int, int, int] | None = None
         self._model = model
@@ -192,6 +204,15 @@ class Profiler:
             self.recorder = running
             self._owns_recorder = False
         else:
+            if (
+                recorder is None
+                and triggers is not None
+                and triggers.flight_events
+                and recorder_options.get("window_seconds") is None
+                and not env.get("FASTPROF_WINDOW_SECONDS", "").strip()
+            ):
+                # Flight dumps need the recorder's window: a bounded one (window_bytes).
+                recorder_options["window_seconds"] = DEFAULT_FLIGHT_SECONDS
             self.recorder = recorder or Recorder(out_dir, run_name, sample_hz=sample_hz, **recorder_options)
             self._owns_recorder = True
         self.dist: _dist.DistInfo = _dist.dist_info()
@@ -333,6 +354,13 @@ class Profiler:
         _collect.reset()
         if self._model is not None:
             self._write_model_summary()
+        if self.triggers is not None:
+            try:
+                self._triggers = TriggerDriver(self.triggers, self)
+                self._triggers.start()
+            except Exception as e:  # noqa: BLE001 - profiling never takes the job down
+                self._triggers = None
+                warnings.warn(f"fastprof: triggers off ({type(e).__name__}: {e})", FastprofWarning, stacklevel=2)
         self._steps.start(defer_step)
         return self
 
@@ -400,6 +428,8 @@ class Profiler:
                     stacklevel=3,
                 )
             self._stop_persistent_workers()
+            if self._triggers is not None:
+                self._triggers.stop()
             if self._owns_recorder and self.recorder.active:
                 self.recorder.stop()
             if self._history is not None:
@@ -427,9 +457,13 @@ class Profiler:
         """An exception is leaving the profiled code: an out-of-memory error
         is captured (``fastprof.memory.oom``) before the Profiler closes;
         the exception itself is the job's and goes on unchanged."""
-        if self._state == "running" and is_oom(exc):
-            assert exc is not None
+        if self._state != "running" or exc is None or isinstance(exc, (SystemExit, GeneratorExit)):
+            return
+        oom = is_oom(exc)
+        if oom:
             capture_oom(self, exc)
+        if self._triggers is not None:
+            self._triggers.on_exit_event("oom" if oom else "exception")
 
     def __repr__(self) -> str:
         return f"<fastprof.Profiler {self._state} run_dir={str(self.run_dir)!r} step={self.batch}>"
@@ -448,6 +482,12 @@ class Profiler:
             return _ACTION_LEVEL[self._action], self._action.value, 0, False
         self._begun = {"batch": batch, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "train_passes": self._passes}
         action = self.schedule.at(batch, epoch, batch_in_epoch, epoch_len)
+        t = self._triggers
+        if t is not None:
+            if _core._attention_take():
+                t.on_boundary(batch, epoch)
+            if t.pending is not None:
+                action = t.action_for(batch, action)
         self._action = action
         if self.gate_spans:
             gate = action not in (Action.WARMUP, Action.ACTIVE, Action.ACTIVE_AND_SAVE)
@@ -475,6 +515,9 @@ class Profiler:
         quiet = 0
         if action in _QUIET and (d is None or not d.live):
             quiet = self.schedule.quiet_steps(batch, epoch, batch_in_epoch, epoch_len)
+            limit = None if t is None else t.quiet_limit(batch)
+            if limit is not None:
+                quiet = min(quiet, limit)
         return _ACTION_LEVEL[action], action.value, quiet, due
 
     def _on_end_annotation(self) -> None:
@@ -486,6 +529,8 @@ class Profiler:
     def _on_end(self, epoch: int, batch: int, batch_in_epoch: int) -> None:
         if self._driver is not None and self._state != "stopped":
             self._driver.end(self._action, epoch, batch, batch_in_epoch)
+        if self._triggers is not None and self._state != "stopped":
+            self._triggers.on_step_end(batch)
         if self._history is not None and self._state != "stopped":
             self._history.end(self._action.saves, self._history_path(epoch, batch, batch_in_epoch), batch)
 

@@ -73,6 +73,19 @@ OPTIONS: tuple[Option, ...] = (
         lambda v: 0 <= v <= 100,
     ),
     Option(
+        "triggers",
+        "bool",
+        True,
+        ("FASTPROF_TRIGGERS",),
+        "a boolean, or a Triggers",
+        "Captures and flight dumps asked for while the job runs: a signal (SIGUSR2), a trigger file "
+        "(fastprof trigger), a slow step, an exception, an OOM, SIGTERM (a Triggers; its options have "
+        "FASTPROF_TRIGGERS_<NAME> variables). On, the recorder keeps a 30 s flight window unless "
+        "window_seconds is set.",
+        "True",
+        _bool,
+    ),
+    Option(
         "merge",
         "bool",
         True,

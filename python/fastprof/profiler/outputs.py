@@ -47,6 +47,7 @@ def write_summary(prof: Profiler) -> None:
         "torch": None
         if prof._driver is None
         else {"config": repr(prof.torch_windows), "failed": prof._driver.failed, "windows": prof.windows},
+        "triggers": None if prof._triggers is None else prof._triggers.summary(),
         "clock_sync": prof._syncs,
         # How the run ended: "stop", "exception: <type>", "exit" or "SIGTERM".
         "exit": prof._exit_reason or "stop",

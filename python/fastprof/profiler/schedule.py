@@ -48,6 +48,7 @@ __all__ = [
     "CallableSchedule",
     "CyclicSchedule",
     "EpochSchedule",
+    "NeverSchedule",
     "Position",
     "Schedule",
     "StepsSchedule",
@@ -56,6 +57,7 @@ __all__ = [
     "epoch",
     "from_callable",
     "from_torch",
+    "never",
     "parse",
     "steps",
     "to_torch",
@@ -394,6 +396,20 @@ class CallableSchedule(Schedule):
         )
 
 
+@dataclass(frozen=True)
+class NeverSchedule(Schedule):
+    """No window at all (see :func:`never`)."""
+
+    def action(self, at: Position | int) -> Action:
+        return Action.WAIT
+
+    def at(self, step: int, epoch: int, batch_in_epoch: int, epoch_len: int | None) -> Action:
+        return Action.WAIT
+
+    def quiet_steps(self, step: int, epoch: int, batch_in_epoch: int, epoch_len: int | None) -> int:
+        return _QUIET_FOREVER
+
+
 # ----------------------------------------------------------------- makers
 # Keyword-only: Composer's order (skip_first first) and torch's (wait first)
 # differ, and a positional call would silently mean the other one.
@@ -412,6 +428,13 @@ def epoch(*, skip_first: int = 0, wait: int = 0, warmup: int = 1, active: int = 
     A window still open on the epoch's last batch saves there when the
     position says how long the epoch is (``Position.epoch_len``)."""
     return EpochSchedule(skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat)
+
+
+def never() -> NeverSchedule:
+    """No fixed torch.profiler window: every step WAITs. For long jobs whose
+    windows come from triggers only (``fastprof.Triggers``: a signal, the
+    trigger file, a slow step). Text form ``never``."""
+    return NeverSchedule()
 
 
 def cyclic(
@@ -498,6 +521,8 @@ def parse(text: str) -> Schedule:
     Raises :class:`fastprof.ConfigError` naming what is wrong."""
     kind, sep, rest = text.strip().partition(":")
     kind = kind.strip().lower()
+    if kind in ("never", "none", "off") and not rest.strip():
+        return never()
     items = [x.strip() for x in rest.split(",") if x.strip()] if sep else []
     if kind == "steps":
         windows: list[int | tuple[int, int]] = []
@@ -521,7 +546,7 @@ def parse(text: str) -> Schedule:
         return steps(windows, warmup=warmup)
     maker = _MAKERS.get(kind)
     if maker is None:
-        raise ConfigError(f"invalid schedule {text!r}: expected epoch:..., cyclic:... or steps:...")
+        raise ConfigError(f"invalid schedule {text!r}: expected epoch:..., cyclic:..., steps:... or never")
     kwargs: dict[str, int] = {}
     for item in items:
         key, eq, value = item.partition("=")

@@ -231,6 +231,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::Session>()?;
     m.add_class::<steps::_StepLoop>()?;
     m.add_class::<steps::_LoaderIter>()?;
+    m.add_function(wrap_pyfunction!(steps::_attention_set, m)?)?;
+    m.add_function(wrap_pyfunction!(steps::_attention_take, m)?)?;
+    m.add_function(wrap_pyfunction!(steps::_anomaly_take, m)?)?;
+    m.add_function(wrap_pyfunction!(steps::_anomaly_hold, m)?)?;
+    m.add_function(wrap_pyfunction!(steps::_median_step_ns, m)?)?;
     m.add_function(wrap_pyfunction!(is_active, m)?)?;
     m.add_function(wrap_pyfunction!(_noop, m)?)?;
     m.add_function(wrap_pyfunction!(_span_depth, m)?)?;

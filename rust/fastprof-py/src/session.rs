@@ -19,7 +19,7 @@ use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock};
 
 /// What a Python thread tells the registry: its `threading` name, and
 /// warnings as `FastprofWarning` (never raised into the recording call: a
@@ -67,7 +67,9 @@ impl ThreadHooks for PyHooks<'_> {
 /// One recording (see the module docs).
 #[pyclass(frozen, module = "fastprof._core")]
 pub struct Session {
-    inner: Mutex<Option<CoreSession>>,
+    /// Read-locked by every call (several at once: a flight dump on its own
+    /// thread and the training thread's step marks); write-locked by `stop`.
+    inner: RwLock<Option<CoreSession>>,
     sampler: Option<Arc<SamplerShared>>,
     owner_pid: u32,
 }
@@ -85,7 +87,7 @@ impl Session {
                 self.owner_pid
             )));
         }
-        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let g = self.inner.read().unwrap_or_else(|e| e.into_inner());
         match g.as_ref() {
             Some(s) => f(s),
             None => Err(not_running("this recording has stopped")),
@@ -101,7 +103,7 @@ impl Session {
         if self.forked() {
             return;
         }
-        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let g = self.inner.read().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = g.as_ref() {
             if s.is_active() {
                 s.mark_step(n, &mut PyHooks(py));
@@ -209,7 +211,7 @@ impl Session {
         let s = py.detach(|| CoreSession::start(cfg)).map_err(Error)?;
         Ok(Session {
             sampler: s.sampler().cloned(),
-            inner: Mutex::new(Some(s)),
+            inner: RwLock::new(Some(s)),
             owner_pid: std::process::id(),
         })
     }
@@ -221,7 +223,7 @@ impl Session {
         if self.forked() {
             return Err(not_running("this recording belongs to the parent process"));
         }
-        let taken = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let taken = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
         let Some(mut s) = taken else {
             return Err(not_running("this recording has already stopped"));
         };
@@ -240,7 +242,7 @@ impl Session {
         !self.forked()
             && self
                 .inner
-                .lock()
+                .read()
                 .unwrap_or_else(|e| e.into_inner())
                 .as_ref()
                 .is_some_and(|s| s.is_active())
@@ -288,11 +290,25 @@ impl Session {
     }
 
     /// Write the in-memory window to `path` as a complete trace.
+    /// The session is locked only while detached: a dump from a thread of
+    /// its own (the triggers') holding it while it takes the GIL back would
+    /// deadlock with the training thread, which holds the GIL and waits for
+    /// the session at its next step mark.
     fn dump<'py>(&self, py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
-        let info = self.with(|s| {
-            py.detach(|| s.dump_window(&path))
-                .map_err(|e| Error(e).into())
-        })?;
+        surface_notices(py);
+        if self.forked() {
+            return Err(not_running(&format!(
+                "this recording belongs to process {} (this is a forked child)",
+                self.owner_pid
+            )));
+        }
+        let info = py
+            .detach(|| {
+                let g = self.inner.read().unwrap_or_else(|e| e.into_inner());
+                g.as_ref().map(|s| s.dump_window(&path))
+            })
+            .ok_or_else(|| not_running("this recording has stopped"))?
+            .map_err(Error)?;
         let d = PyDict::new(py);
         d.set_item("path", info.path)?;
         d.set_item("events", info.events)?;
@@ -308,7 +324,7 @@ impl Session {
         }
         registry::NOTICES_PENDING.store(false, std::sync::atomic::Ordering::Relaxed);
         self.inner
-            .lock()
+            .read()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .map(|s| s.take_notices())

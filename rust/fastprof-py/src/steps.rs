@@ -23,6 +23,145 @@ use fastprof_core::record::Extra;
 use fastprof_core::{clock, json, registry};
 use pyo3::prelude::*;
 use pyo3::types::PyString;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Something outside the step loop wants the Profiler at the next step
+/// boundary (a trigger: a signal, a trigger file, another rank through the
+/// store; python/fastprof/always_on/). Set from any thread or a signal
+/// handler; read with one relaxed load at each step's begin, so that a
+/// quiet stretch of the schedule (no Python per step) still answers it at
+/// the next boundary. The Profiler takes it (`_attention_take`) in `_on_begin`.
+static ATTENTION: AtomicBool = AtomicBool::new(false);
+
+/// Ask for the Profiler's attention at the next step boundary (see [`ATTENTION`]).
+#[pyfunction]
+pub fn _attention_set() {
+    ATTENTION.store(true, Ordering::Release);
+}
+
+/// Take the request: True when one was pending (and clear it).
+#[pyfunction]
+pub fn _attention_take() -> bool {
+    ATTENTION.load(Ordering::Relaxed) && ATTENTION.swap(false, Ordering::AcqRel)
+}
+
+/// The last anomaly found and not yet taken: (batch, duration ns, median
+/// ns, MAD ns). Beside the loop, not in it: the Profiler takes it from
+/// inside the loop's own callback, where the loop is borrowed.
+static ANOMALY: Mutex<Option<(u64, u64, u64, u64)>> = Mutex::new(None);
+/// The median of the recent judged steps, ns (0 before enough steps).
+static MEDIAN_NS: AtomicU64 = AtomicU64::new(0);
+/// Steps not to judge (a window just ended: its export competes for the CPU).
+static HOLD: AtomicU64 = AtomicU64::new(0);
+
+/// The last anomaly found and not yet taken (see [`ANOMALY`]), or None.
+#[pyfunction]
+pub fn _anomaly_take() -> Option<(u64, u64, u64, u64)> {
+    ANOMALY.lock().unwrap_or_else(|e| e.into_inner()).take()
+}
+
+/// The median step time of the recent judged steps in ns (0 before enough).
+#[pyfunction]
+pub fn _median_step_ns() -> u64 {
+    MEDIAN_NS.load(Ordering::Relaxed)
+}
+
+/// Judge none of the next `steps` steps.
+#[pyfunction]
+pub fn _anomaly_hold(steps: u64) {
+    HOLD.fetch_max(steps, Ordering::Relaxed);
+}
+
+/// A slow step, judged against the recent steps (issue #17's anomaly
+/// trigger): a rolling window of step durations (ticks), its median and
+/// median absolute deviation recomputed every [`StepTimes::EVERY`] steps
+/// (O(window) each time, select-nth on a copy), and a step beyond both
+/// `factor` x median and median + `z` x 1.4826 x MAD is an anomaly. Only
+/// steps of no window (schedule level <= 1) and not first in an epoch are
+/// judged or kept: a window's steps, the first batch of an epoch (workers
+/// starting) and the steps held after a window (its export competing for
+/// the CPU) are slow for a known reason.
+struct StepTimes {
+    ring: Vec<u64>,
+    next: usize,
+    filled: usize,
+    since: u32,
+    median: u64,
+    mad: u64,
+    factor: f64,
+    z: f64,
+    scratch: Vec<u64>,
+    /// The last judged step was slow: a burst of slow steps is one anomaly
+    /// (its first step), not one per step.
+    in_burst: bool,
+    /// A slow step must also be this much (ns) slower than the median: a
+    /// loop of microsecond steps is noise at 3x, not an anomaly.
+    min_excess_ns: u64,
+}
+
+impl StepTimes {
+    const EVERY: u32 = 8;
+
+    fn new(window: usize, factor: f64, z: f64, min_excess_ns: u64) -> Self {
+        StepTimes {
+            ring: vec![0; window.max(8)],
+            next: 0,
+            filled: 0,
+            since: 0,
+            median: 0,
+            mad: 0,
+            factor,
+            z,
+            scratch: Vec::with_capacity(window.max(8)),
+            in_burst: false,
+            min_excess_ns,
+        }
+    }
+
+    fn recompute(&mut self) {
+        let n = self.filled;
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&self.ring[..n]);
+        let mid = n / 2;
+        let (_, m, _) = self.scratch.select_nth_unstable(mid);
+        let median = *m;
+        for v in self.scratch.iter_mut() {
+            *v = v.abs_diff(median);
+        }
+        let (_, d, _) = self.scratch.select_nth_unstable(mid);
+        self.median = median;
+        self.mad = *d;
+    }
+
+    /// A step of `d` ticks ended; (median, MAD) when it is an anomaly.
+    /// `recomputed`: called when the median changed.
+    fn observe(&mut self, d: u64, recomputed: impl FnOnce(u64)) -> Option<(u64, u64)> {
+        if HOLD.load(Ordering::Relaxed) > 0 {
+            let _ = HOLD.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| h.checked_sub(1));
+            return None;
+        }
+        let cap = self.ring.len();
+        let judged = self.filled >= cap / 2 && self.median > 0;
+        let slow = judged && {
+            let (df, med) = (d as f64, self.median as f64);
+            df > self.factor * med && df > med + self.z * 1.4826 * self.mad as f64
+        };
+        self.ring[self.next] = d;
+        self.next = (self.next + 1) % cap;
+        self.filled = (self.filled + 1).min(cap);
+        self.since += 1;
+        let (median, mad) = (self.median, self.mad);
+        let first = slow && !self.in_burst;
+        self.in_burst = slow;
+        if self.filled < cap || self.since >= Self::EVERY {
+            self.since = 0;
+            self.recompute();
+            recomputed(self.median);
+        }
+        first.then_some((median, mad))
+    }
+}
 
 /// What a train fetch is to the current step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,6 +246,10 @@ pub struct _StepLoop {
     /// Call the hooks' `_on_memory()` at every step's end, quiet ones too
     /// (the CUDA allocator's per-step statistics, read in Python).
     memory_hook: bool,
+    /// The anomaly trigger's step times, when on.
+    times: Option<StepTimes>,
+    /// (ticks, CLOCK_MONOTONIC ns) at start, to give an anomaly in ns.
+    origin: (u64, u64),
 }
 
 fn report(py: Python<'_>, e: PyErr, what: &str) {
@@ -156,7 +299,7 @@ impl _StepLoop {
     /// for the batch: `_on_fetched`).
     fn open_step(&mut self, py: Python<'_>, driver: bool) {
         self.step = Step::Open { fresh: true };
-        if self.quiet_left > 0 {
+        if self.quiet_left > 0 && !ATTENTION.load(Ordering::Relaxed) {
             self.quiet_left -= 1;
             self.quiet = true;
             self.driver_due = false;
@@ -211,6 +354,23 @@ impl _StepLoop {
     /// Python calls they fall in (merge/nest.rs).
     fn end_step(&mut self, py: Python<'_>) {
         let (epoch, batch, bie) = self.args;
+        if self.times.is_some() && self.last_level <= 1 && bie > 0 {
+            let d = clock::ticks().saturating_sub(self.t0);
+            let origin = self.origin;
+            let t = self.times.as_mut().expect("checked");
+            let min_excess = t.min_excess_ns;
+            let found = t.observe(d, |m| {
+                MEDIAN_NS.store(ticks_to_ns(origin, m), Ordering::Relaxed);
+            });
+            let found = found
+                .filter(|&(median, _)| ticks_to_ns(origin, d.saturating_sub(median)) >= min_excess);
+            if let Some((median, mad)) = found {
+                let ns = |t: u64| ticks_to_ns(origin, t);
+                *ANOMALY.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((batch, ns(d), ns(median), ns(mad)));
+                ATTENTION.store(true, Ordering::Release);
+            }
+        }
         if registry::is_active() {
             surface_notices(py);
             let mut a = Vec::with_capacity(80);
@@ -376,6 +536,8 @@ impl _StepLoop {
             pending: None,
             rss: None,
             memory_hook: false,
+            times: None,
+            origin: (0, 0),
         })
     }
 
@@ -397,9 +559,21 @@ impl _StepLoop {
         self.memory_hook = on;
     }
 
+    /// Judge every step's time against the last `window` steps (see
+    /// [`StepTimes`]; the anomaly is taken with `_anomaly_take`); `window`
+    /// 0 turns it off.
+    /// A slow step must also be `min_excess_ns` slower than the median.
+    fn anomaly_detector(&mut self, window: usize, factor: f64, z: f64, min_excess_ns: u64) {
+        self.times = (window > 0).then(|| StepTimes::new(window, factor, z, min_excess_ns));
+        *ANOMALY.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        MEDIAN_NS.store(0, Ordering::Relaxed);
+        HOLD.store(0, Ordering::Relaxed);
+    }
+
     /// Start: step 0 begins now, or at the first fetch/`begin_step` (`defer`).
     fn start(&mut self, py: Python<'_>, defer: bool) -> PyResult<()> {
         self.running = true;
+        self.origin = (clock::ticks(), clock::monotonic_ns());
         if defer {
             self.step = Step::Pending;
         } else {
@@ -561,6 +735,18 @@ impl _StepLoop {
         self.leave_pass(py);
         self.raise_pending()
     }
+}
+
+/// `t` ticks in ns, at the rate measured since `origin` (ticks, ns).
+fn ticks_to_ns(origin: (u64, u64), t: u64) -> u64 {
+    let (t0, n0) = origin;
+    let (t1, n1) = (clock::ticks(), clock::monotonic_ns());
+    let rate = if t1 > t0 && n1 > n0 {
+        (n1 - n0) as f64 / (t1 - t0) as f64
+    } else {
+        1.0
+    };
+    (t as f64 * rate).round() as u64
 }
 
 /// What a callback left pending in `steps` (when not borrowed).

@@ -34,21 +34,32 @@ pub fn is_hidden_or_temp(name: &str) -> bool {
 }
 
 /// fastprof's own JSON that is not a trace: the Profiler's summary, a
-/// report, torch's memory timeline exported beside a window, and what the
+/// report, torch's memory timeline exported beside a window, what the
 /// memory profiling writes (`oom.json`, `model_summary.json`,
 /// `operators.json`, the allocator history and snapshots under a rank's
-/// `memory/` folder: see [`is_own_path`]).
+/// `memory/` folder: see [`is_own_path`]) and the triggers' records
+/// (`triggers.json`, `live.json`).
 pub fn is_own_non_trace(name: &str) -> bool {
     matches!(
         name,
-        "profiler.json" | "report.json" | "oom.json" | "model_summary.json" | "operators.json"
+        "profiler.json"
+            | "report.json"
+            | "oom.json"
+            | "model_summary.json"
+            | "operators.json"
+            | "triggers.json"
+            | "live.json"
     ) || name.contains(".memory.")
 }
 
-/// [`is_own_non_trace`] by name, or anything in a `memory/` folder (where
-/// fastprof writes a rank's memory profiling, never a trace).
+/// [`is_own_non_trace`] by name, anything in a `memory/` folder (where
+/// fastprof writes a rank's memory profiling, never a trace), and a flight
+/// dump (`flight-*.json.gz`, issue #17): a copy of the last seconds the
+/// rank's segments also hold, which a merge of the run must not take twice
+/// (name the dump itself to read it).
 pub fn is_own_path(path: &Path, name: &str) -> bool {
     is_own_non_trace(name)
+        || name.starts_with("flight-")
         || path
             .parent()
             .and_then(Path::file_name)
@@ -412,6 +423,8 @@ mod tests {
             "report.json",
             "ep0-ba1.memory.json",
             "oom.json",
+            "triggers.json",
+            "live.json",
         ] {
             assert!(is_own_non_trace(name), "{name}");
         }
@@ -419,6 +432,10 @@ mod tests {
         assert!(is_own_path(
             Path::new("run/rank0/memory/window-3.json"),
             "window-3.json"
+        ));
+        assert!(is_own_path(
+            Path::new("run/rank0/flight/flight-001-trigger-ba7.json.gz"),
+            "flight-001-trigger-ba7.json.gz"
         ));
         assert!(!is_own_path(
             Path::new("run/rank0/torch/w.pt.trace.json"),

@@ -1,0 +1,398 @@
+"""Triggers (issue #17): real training subprocesses, real signals, the real
+trigger file and ``fastprof trigger``, real torchrun with gloo.
+
+The scenarios' job script (``JOB``) trains a tiny model with steps taken
+from the optimizer; each test reads what the job wrote (``triggers.json``,
+``profiler.json``, the flight dumps and torch windows, parsed with Python's
+``json``/``gzip``)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+
+JOB = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    import torch, fastprof
+
+    out, mode, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    slow_at = int(os.environ.get("SLOW_AT", "-1"))
+    step_s = float(os.environ.get("STEP_S", "0.004"))
+    dist = os.environ.get("DIST") == "1"
+    if dist:
+        import torch.distributed as td
+        td.init_process_group("gloo")
+    m = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    x = torch.randn(8, 16)
+    state = {"prof": None, "usr2": []}
+
+    def on_usr2(signum, frame):
+        p = state["prof"]
+        state["usr2"].append(p.batch if p is not None else -1)
+
+    if mode == "usr2_before":
+        signal.signal(signal.SIGUSR2, on_usr2)
+    if mode == "term_before":
+        signal.signal(signal.SIGTERM, lambda s, f: sys.exit(7))
+    if mode == "ign":
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    trig = fastprof.Triggers(poll_s=0.1, min_interval_s=float(os.environ.get("MIN_INTERVAL", "0")), steps=3)
+    prof = fastprof.Profiler(out, "run", schedule="never", sync_clocks=False, merge=not dist, triggers=trig)
+    state["prof"] = prof
+    rank = int(os.environ.get("RANK", "0"))
+    with prof:
+        if mode == "term_after":
+            signal.signal(signal.SIGTERM, lambda s, f: sys.exit(9))
+        print("ready", flush=True)
+        for i in range(n):
+            if dist and mode == "rank1_dies" and rank == 1 and i == 20:
+                os._exit(0)
+            loss = m(x).pow(2).mean()
+            loss.backward()
+            if dist and mode != "rank1_dies":
+                for p in m.parameters():
+                    td.all_reduce(p.grad)
+            time.sleep(step_s * (6 if i == slow_at else 1))
+            opt.step()  # ends step i (steps come from the optimizer)
+            opt.zero_grad()
+            if mode == "raise" and i == 60:
+                raise RuntimeError("boom at step 60")
+    with open(os.path.join(out, f"job{rank}.json"), "w") as f:
+        json.dump({"usr2": state["usr2"], "steps": prof.batch}, f)
+    print("finished", flush=True)
+    """
+)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
+    env.update(extra)
+    return env
+
+
+def _start(tmp_path: Path, mode: str, n: int, **extra: str) -> subprocess.Popen[str]:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "out"), mode, str(n)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(**extra),
+    )
+
+
+def _wait_live(rank_dir: Path, proc: subprocess.Popen[str] | None = None, timeout: float = 90.0) -> dict:
+    deadline = time.monotonic() + timeout
+    live = rank_dir / "live.json"
+    while time.monotonic() < deadline:
+        if live.is_file():
+            try:
+                return json.loads(live.read_text())
+            except ValueError:
+                pass
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"job ended early: {proc.communicate()}")
+        time.sleep(0.05)
+    raise AssertionError(f"{live} never appeared")
+
+
+def _wait_steps(rank_dir: Path, min_step: int, proc: subprocess.Popen[str]) -> None:
+    """Until the job's step counter (its flight/ record or simply time) passes ``min_step``."""
+    # The recorder's step marker is not readable from outside; the job's
+    # steps are ~5 ms: wait for min_step of them after the live file.
+    time.sleep(min_step * 0.006)
+    assert proc.poll() is None, proc.communicate()
+
+
+def _state(rank_dir: Path) -> dict:
+    return json.loads((rank_dir / "triggers.json").read_text())
+
+
+def _trace(path: str | Path) -> dict:
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def test_sigusr2_dumps_and_captures_within_a_step_and_the_users_handler_still_runs(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "usr2_before", 400)
+    rank0 = tmp_path / "out" / "run" / "rank0"
+    live = _wait_live(rank0, proc)
+    assert live["pid"] == proc.pid and live["signal"] == "SIGUSR2"
+    _wait_steps(rank0, 30, proc)
+    os.kill(proc.pid, signal.SIGUSR2)
+    rc, _out, err = _finish(proc)
+    assert rc == 0, err
+    job = json.loads((tmp_path / "out" / "job0.json").read_text())
+    assert len(job["usr2"]) == 1, job  # the job's own handler ran, once
+    seen = job["usr2"][0]
+    st = _state(rank0)
+    assert st["signal"] == "SIGUSR2"
+    [cap] = st["captures"]
+    assert cap["source"] == "signal" and cap["status"] == "done" and cap["steps"] == 3
+    # The capture begins at the step boundary after the signal: within one step.
+    assert seen <= cap["first_step"] <= seen + 1, (seen, cap)
+    window = cap["window"]
+    assert window["first_step"] == cap["first_step"] and window["active_steps"] == 3
+    torch_trace = _trace(window["path"])
+    steps = [e for e in torch_trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+    assert sorted(int(e["name"].split("#")[1]) for e in steps) == list(range(cap["first_step"], cap["first_step"] + 3))
+    [dump] = st["flight_dumps"]
+    assert dump["reason"] == "trigger" and not dump.get("error"), dump
+    flight = _trace(dump["path"])
+    assert any(e.get("name") == "step" for e in flight["traceEvents"])
+    assert not (rank0 / "live.json").exists()  # gone once the Profiler stopped
+    # The unified trace holds the rank's events once: the flight dump is not an input.
+    unified = _trace(tmp_path / "out" / "run" / "trace.json.gz")
+    step_ids = [e["args"]["batch"] for e in unified["traceEvents"] if e.get("name") == "step" and e.get("ph") == "X"]
+    assert len(step_ids) == len(set(step_ids)) == job["steps"]
+    summary = json.loads((rank0 / "profiler.json").read_text())
+    assert summary["triggers"]["captures"][0]["first_step"] == cap["first_step"]
+
+
+def test_a_signal_storm_is_coalesced_into_one_capture(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "plain", 500, MIN_INTERVAL="3600")
+    rank0 = tmp_path / "out" / "run" / "rank0"
+    _wait_live(rank0, proc)
+    _wait_steps(rank0, 20, proc)
+    for _ in range(50):
+        os.kill(proc.pid, signal.SIGUSR2)
+    time.sleep(0.3)
+    for _ in range(20):
+        os.kill(proc.pid, signal.SIGUSR2)
+    rc, _out, err = _finish(proc)
+    assert rc == 0, err
+    st = _state(rank0)
+    assert len(st["captures"]) == 1, st["captures"]
+    assert len(st["flight_dumps"]) == 1
+    # Signals landing between two step boundaries are one request; later ones are coalesced.
+    assert st["coalesced"] == len(st["requests"]) - 1
+    assert all(r["action"].startswith("coalesced") for r in st["requests"][1:])
+
+
+def test_trigger_file_and_the_cli_capture_and_wait_for_the_files(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "plain", 2500)
+    run = tmp_path / "out" / "run"
+    rank0 = run / "rank0"
+    _wait_live(rank0, proc)
+    _wait_steps(rank0, 20, proc)
+    # Garbage in the trigger file: one line on stderr, nothing else changes.
+    (run / "TRIGGER").write_text("steps=banana\n")
+    time.sleep(0.5)
+    cli = subprocess.run(
+        [sys.executable, "-m", "fastprof", "trigger", str(run), "--steps", "4", "--wait", "120"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=180,
+    )
+    assert cli.returncode == 0, cli.stderr + cli.stdout
+    assert "asked rank(s) 0" in cli.stdout
+    listed = [
+        line.split(": ", 1)[1]
+        for line in cli.stdout.splitlines()
+        if line.startswith("  rank 0: ") and "land" not in line
+    ]
+    assert any("/torch/" in p for p in listed) and any("/flight/" in p for p in listed), cli.stdout
+    for p in listed:
+        assert Path(p).is_file(), p
+    rc, _out, err = _finish(proc)
+    assert rc == 0, err
+    bad = [line for line in err.splitlines() if "TRIGGER" in line]
+    assert len(bad) == 1 and "not JSON" in bad[0] and str(run / "TRIGGER") in bad[0], err
+    st = _state(rank0)
+    caps = [c for c in st["captures"] if c["request_id"]]
+    assert len(caps) == 1 and caps[0]["steps"] == 4 and caps[0]["window"]["active_steps"] == 4
+    # After the run: the CLI says it is over, in one line.
+    after = subprocess.run(
+        [sys.executable, "-m", "fastprof", "trigger", str(run)], capture_output=True, text=True, env=_env()
+    )
+    assert after.returncode == 1
+    assert after.stderr.count("\n") == 1 and "has finished" in after.stderr and "Traceback" not in after.stderr
+
+
+def test_cli_bad_input_is_one_line(tmp_path: Path) -> None:
+    for args, want in (
+        ([str(tmp_path / "nope")], "no such run directory"),
+        ([str(tmp_path)], "not a fastprof run directory"),
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "fastprof", "trigger", *args], capture_output=True, text=True, env=_env()
+        )
+        assert r.returncode == 1 and want in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("mode", "want_rc", "dumped"),
+    [("plain", -signal.SIGTERM, True), ("term_before", 7, True), ("term_after", 9, False)],
+)
+def test_sigterm_dumps_then_exits_as_the_job_decides(tmp_path: Path, mode: str, want_rc: int, dumped: bool) -> None:
+    proc = _start(tmp_path, mode, 100_000)
+    rank0 = tmp_path / "out" / "run" / "rank0"
+    _wait_live(rank0, proc)
+    _wait_steps(rank0, 30, proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    rc, _out, err = _finish(proc)
+    assert rc == want_rc, (rc, err)
+    summary = json.loads((rank0 / "profiler.json").read_text())  # the run is saved either way
+    dumps = summary["triggers"]["flight_dumps"]
+    if dumped:
+        [d] = dumps
+        assert d["reason"] == "sigterm" and Path(d["path"]).is_file(), d
+        assert _trace(d["path"])["traceEvents"]
+    else:
+        # The job's handler, installed after fastprof's, replaced it (Python's
+        # semantics): no SIGTERM dump, but the exit still saved the run.
+        assert dumps == []
+        assert summary["exit"] == "exception: SystemExit"  # sys.exit(9) left the with block
+
+
+def test_an_exception_dumps_the_flight_recorder_and_propagates(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "raise", 1000)
+    rc, _out, err = _finish(proc)
+    assert rc == 1 and "RuntimeError: boom at step 60" in err
+    summary = json.loads((tmp_path / "out" / "run" / "rank0" / "profiler.json").read_text())
+    [d] = summary["triggers"]["flight_dumps"]
+    assert d["reason"] == "exception" and _trace(d["path"])["traceEvents"]
+
+
+def test_an_ignored_signal_is_left_alone_and_the_file_still_works(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "ign", 1500)
+    run = tmp_path / "out" / "run"
+    live = _wait_live(run / "rank0", proc)
+    assert live["signal"] is None
+    (run / "TRIGGER").write_text("{}")
+    os.kill(proc.pid, signal.SIGUSR2)  # ignored, as the job asked
+    rc, _out, err = _finish(proc)
+    assert rc == 0, err
+    assert err.count("SIGUSR2 is ignored by the job") == 1
+    st = _state(run / "rank0")
+    sources = [c["source"] for c in st["captures"]]
+    assert sources.count("file") == 1 and set(sources) <= {"file", "anomaly"}, sources
+
+
+def _step_durations(trace: dict) -> dict[int, float]:
+    return {
+        int(e["args"]["batch"]): float(e["dur"])
+        for e in trace["traceEvents"]
+        if e.get("name") == "step" and e.get("ph") == "X"
+    }
+
+
+def _really_slow(durs: dict[int, float], step: int, factor: float, window: int = 64) -> bool:
+    before = [durs[s] for s in range(max(0, step - window), step) if s in durs]
+    return len(before) >= window // 2 and durs[step] > factor * statistics.median(before)
+
+
+def test_an_injected_slow_step_is_detected_and_captured(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "plain", 300, SLOW_AT="150", STEP_S="0.005")
+    rc, _out, err = _finish(proc)
+    assert rc == 0, err
+    run = tmp_path / "out" / "run"
+    st = _state(run / "rank0")
+    durs = _step_durations(_trace(run / "trace.json.gz"))
+    steps = [a["step"] for a in st["anomalies"]]
+    assert 150 in steps, st["anomalies"]
+    # Every anomaly reported is a step the trace shows really slow.
+    for a in st["anomalies"]:
+        assert _really_slow(durs, a["step"], 3.0), (a, durs.get(a["step"]))
+    first = next(a for a in st["anomalies"] if a["step"] == 150)
+    assert first["factor"] >= 3.0 and first["action"] in ("captured", "recorded only (coalesced with another capture)")
+    caps = [c for c in st["captures"] if c["source"] == "anomaly"]
+    assert caps and caps[0]["status"] == "done"
+    assert 150 < caps[0]["first_step"] <= 152 or any(a["step"] < 150 for a in st["anomalies"])
+    assert any(d["reason"] == "anomaly" for d in st["flight_dumps"])
+
+
+def test_a_steady_run_captures_nothing_it_should_not(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "plain", 1000, STEP_S="0.004")
+    rc, _out, err = _finish(proc)
+    assert rc == 0, err
+    run = tmp_path / "out" / "run"
+    st = _state(run / "rank0")
+    durs = _step_durations(_trace(run / "trace.json.gz"))
+    assert len(durs) == 1000
+    # A loaded machine may really stall a step; whatever was flagged must be
+    # a step the trace shows > 3x its recent median, and nothing else captured.
+    for a in st["anomalies"]:
+        assert _really_slow(durs, a["step"], 3.0), (a, durs.get(a["step"]))
+    assert all(c["source"] == "anomaly" for c in st["captures"])
+    assert len(st["captures"]) <= len(st["anomalies"])
+
+
+def _torchrun(tmp_path: Path, mode: str, n: int) -> subprocess.Popen[str]:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            str(tmp_path / "out"),
+            mode,
+            str(n),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(DIST="1", STEP_S="0.005", OMP_NUM_THREADS="1"),
+        start_new_session=True,
+    )
+
+
+def test_torchrun_a_trigger_on_rank0_captures_the_same_steps_on_both_ranks(tmp_path: Path) -> None:
+    proc = _torchrun(tmp_path, "plain", 900)
+    run = tmp_path / "out" / "run"
+    live0 = _wait_live(run / "rank0", proc)
+    _wait_live(run / "rank1", proc)
+    time.sleep(1.0)
+    os.kill(live0["pid"], signal.SIGUSR2)
+    rc, _out, err = _finish(proc, timeout=220)
+    assert rc == 0, err[-3000:]
+    c0 = _state(run / "rank0")["captures"]
+    c1 = _state(run / "rank1")["captures"]
+    assert len(c0) == 1 and len(c1) == 1, (c0, c1)
+    assert c0[0]["first_step"] == c1[0]["first_step"], (c0, c1)
+    assert c1[0]["source"].startswith("rank 0")
+    assert c0[0]["status"] == c1[0]["status"] == "done"
+    assert not c1[0].get("late_by_steps")
+    for c in (c0[0], c1[0]):
+        w = c["window"]
+        assert (w["first_step"], w["last_step"]) == (c["first_step"], c["first_step"] + 2)
+
+
+def test_torchrun_a_trigger_while_rank1_is_dead_does_not_hang_rank0(tmp_path: Path) -> None:
+    proc = _torchrun(tmp_path, "rank1_dies", 700)
+    run = tmp_path / "out" / "run"
+    live0 = _wait_live(run / "rank0", proc)
+    time.sleep(1.5)  # rank 1 is gone after its 20th step
+    os.kill(live0["pid"], signal.SIGUSR2)
+    rc, _out, err = _finish(proc, timeout=220)
+    assert rc == 0, err[-3000:]
+    [cap] = _state(run / "rank0")["captures"]
+    assert cap["status"] == "done"
+    job0 = json.loads((tmp_path / "out" / "job0.json").read_text())
+    assert job0["steps"] == 700
