@@ -2,7 +2,10 @@
 step (:mod:`fastprof.memory.leaks`), from the Profiler's per-step counters
 (:mod:`fastprof.memory.step_stats`): the CUDA allocator's bytes allocated at
 each step's end where the job used CUDA, else the process's resident memory.
-Warm-up steps are left out, as from the rates."""
+Warm-up steps are left out, as from the rates, and so are the steps of the
+profiler's own windows (torch.profiler and allocator history: their steps
+and the step after each, while its export runs), whose growth is the
+profiler's (:func:`fastprof.memory.leaks.growth`)."""
 
 from __future__ import annotations
 
@@ -35,12 +38,14 @@ def memory_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | No
             continue
         skip = warmup_steps if len(values) > warmup_steps else 0
         _, peaks = data.counter(CUDA_PEAK, r)
+        windows = window_steps(data.profiler.get(r) or {})
         per_rank.append(
             {
                 "rank": r,
                 "series": name,
                 "warmup_steps_excluded": skip,
-                **growth(values[skip:], skip),
+                "window_steps_excluded": len(windows & set(range(skip, len(values)))),
+                **growth(values[skip:], skip, windows),
                 # The highest per-step peak of the allocator (all steps):
                 # what `fastprof diff --max-memory-growth` compares first.
                 "cuda_allocated_peak_b": float(peaks.max()) if len(peaks) else None,
@@ -56,12 +61,28 @@ def memory_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | No
         "model": model,
         "oom": ooms,
         "method": (
-            "Theil-Sen slope of the per-step series with Sen's 95% interval; a leak when the interval is "
+            "Theil-Sen slope of the per-step series (warm-up and the profiler's window steps left out, "
+            "the rest stitched by their step-over-step changes) with Sen's 95% interval; a leak when the interval is "
             f"above zero and the run adds at least {MIN_GROWTH_BYTES >> 20} MiB and "
             f"{100 * MIN_GROWTH_SHARE:g}% of the median"
         ),
         "per_rank": per_rank,
     }, None
+
+
+def window_steps(profiler: dict[str, Any]) -> set[int]:
+    """The steps a rank's profiler windows touched (``profiler.json``): each
+    torch.profiler and allocator-history window's steps, and the step after
+    it (its export or dump runs on a thread then)."""
+    steps: set[int] = set()
+    for part in ((profiler.get("torch") or {}), ((profiler.get("memory") or {}).get("history") or {})):
+        for w in part.get("windows") or []:
+            try:
+                first, last = int(w["first_step"]), int(w["last_step"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            steps.update(range(first, last + 2))
+    return steps
 
 
 def _oom_row(rank: int, doc: dict[str, Any]) -> dict[str, Any]:
