@@ -34,8 +34,10 @@ Items (each PASS, FAIL or SKIP with the reason; figures beside):
    step, phase and the culprit's line, a snapshot that loads, the largest
    live group the forward's kept blocks.
 8. ``memory_history``: the Profiler's bounded allocator history over two
-   windows: a dump each, entries within the bound, memory_viz's HTML beside
-   it, history off afterwards, the snapshot stall.
+   windows: a dump each, entries within the bound, the dropped-entries
+   estimate, memory_viz's HTML beside it, history off afterwards, the
+   snapshot stall; state-only snapshots every 3 steps between the windows
+   (segments, no history) and their stall.
 9. ``triggered_window``: the always-on (#17) path, skipped while not built.
 
 Without a GPU every item is skipped with the reason and the script exits 0.
@@ -763,7 +765,7 @@ def check_memory_history(env: Env, tmp: Path) -> Callable[[Item], Any]:
             run_name="history",
             torch=False,
             sample_hz=0,
-            memory_history=fastprof.MemoryHistory(max_entries=bound, html=True),
+            memory_history=fastprof.MemoryHistory(max_entries=bound, html=True, state_every=3),
             schedule=fastprof.schedule.epoch(skip_first=2, wait=1, warmup=1, active=2, repeat=1),
         )
         with prof:
@@ -797,13 +799,31 @@ def check_memory_history(env: Env, tmp: Path) -> Callable[[Item], Any]:
             html = Path(w.get("html") or "")
             if not html.is_file() or html.stat().st_size < 1000:
                 problems.append("no memory_viz HTML beside the dump")
+            if w.get("dropped") is None or w.get("events") is None:
+                problems.append(f"no dropped-entries estimate for window {w['first_step']}-{w['last_step']}")
         if torch.cuda.memory._snapshot().get("device_traces", [[]])[0]:
             problems.append("history still on after the last window")
+        # State-only snapshots every 3 steps between the windows (3-5, 7-9): steps 2 and 11.
+        state = hist.get("state") or {}
+        shots = state.get("snapshots") or []
+        it.figures["state"] = {k: state.get(k) for k in ("count", "busy", "stall_s_max", "bytes_total")}
+        if [s.get("step") for s in shots] != [2, 11]:
+            problems.append(f"state-only snapshots at steps {[s.get('step') for s in shots]}, expected [2, 11]")
+        for shot in shots:
+            if shot.get("error"):
+                problems.append(str(shot["error"]))
+                continue
+            with open(shot["path"], "rb") as f:
+                snap = pickle.load(f)
+            if not snap.get("segments") or any(snap.get("device_traces") or []):
+                problems.append(f"{shot['path']}: not a state-only snapshot (segments, no history)")
         stall = max((w.get("snapshot_s") or 0 for w in windows), default=0)
         return it.verdict(
             not problems,
             f"{len(windows)} windows, entries {[w.get('entries') for w in windows]} (bound {bound}), "
-            f"largest stall {stall * 1e3:.1f} ms" + ("; " + "; ".join(problems) if problems else ""),
+            f"dropped {[w.get('dropped') for w in windows]}, largest stall {stall * 1e3:.1f} ms; "
+            f"{len(shots)} state-only snapshots, largest stall {(state.get('stall_s_max') or 0) * 1e3:.2f} ms"
+            + ("; " + "; ".join(problems) if problems else ""),
         )
 
     return fn

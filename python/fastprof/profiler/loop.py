@@ -102,6 +102,14 @@ _QUIET = frozenset((Action.SKIP_FIRST, Action.WAIT, Action.DISABLED))
 _RECORDING = frozenset((Action.WARMUP, Action.ACTIVE, Action.ACTIVE_AND_SAVE))
 
 
+def _warn_first(what: str, errors: list[str]) -> None:
+    """One warning for a part's failures: the first, and how many more
+    (all in profiler.json)."""
+    if errors:
+        more = f" (and {len(errors) - 1} more: see profiler.json)" if len(errors) > 1 else ""
+        warnings.warn(f"fastprof: {what}: {errors[0]}{more}; training went on", FastprofWarning, stacklevel=4)
+
+
 class _LoaderNames:
     __slots__ = ("next", "wait")
 
@@ -330,6 +338,8 @@ class Profiler:
         self._memory.start(self._steps)
         if self.memory_history is not None:
             self._history = history_driver(self.memory_history)
+            if self._history.state_every and self._history.available:
+                self._steps.memory_hook(True)  # the state-only snapshots are taken at step ends
         _collect.reset()
         if self._model is not None:
             self._write_model_summary()
@@ -399,15 +409,20 @@ class Profiler:
                     FastprofWarning,
                     stacklevel=3,
                 )
-            self._stop_persistent_workers()
-            if self._owns_recorder and self.recorder.active:
-                self.recorder.stop()
             if self._history is not None:
+                # Before the recorder stops: the last dumps' writes are on the timeline.
                 self._history.close(
                     self._history_path(self.epoch, self.batch, self.batch_in_epoch), self.batch, 5.0 if abrupt else 60.0
                 )
+                _warn_first("allocator history", self._history.errors())
+            self._stop_persistent_workers()
+            if self._owns_recorder and self.recorder.active:
+                self.recorder.stop()
             _outputs.write_summary(self)
-            _collect.write(self.rank_dir / "memory")
+            try:
+                _collect.write(self.rank_dir / "memory")
+            except OSError as e:  # the rest of the run (summary, merge) is written all the same
+                _warn_first("memory collection", [f"{self.rank_dir / 'memory'}: {type(e).__name__}: {e}"])
             _outputs.finish(self, wait=reason is None, merged=reason != "SIGTERM")
         except Exception as e:  # noqa: BLE001 - profiling never takes the job down
             warnings.warn(f"fastprof: Profiler.stop failed: {type(e).__name__}: {e}", FastprofWarning, stacklevel=3)
@@ -489,12 +504,14 @@ class Profiler:
         if self._history is not None and self._state != "stopped":
             self._history.end(self._action.saves, self._history_path(epoch, batch, batch_in_epoch), batch)
 
-    def _history_path(self, epoch: int, batch: int, batch_in_epoch: int) -> Path:
-        """Where the allocator history of the window ending at this step goes."""
+    def _history_path(self, epoch: int, batch: int, batch_in_epoch: int, state: bool = False) -> Path:
+        """Where the allocator history of the window ending at this step goes
+        (``state``: the state-only snapshot taken at this step's end)."""
         cfg = self.memory_history
         assert cfg is not None
         v = {**self._variables(), "epoch": epoch, "batch": batch, "batch_in_epoch": batch_in_epoch}
-        return self.run_dir / str(cfg.folder).format(**v) / str(cfg.filename).format(**v)
+        name = cfg.state_filename if state else cfg.filename
+        return self.run_dir / str(cfg.folder).format(**v) / str(name).format(**v)
 
     def _write_model_summary(self) -> None:
         """``Profiler(model=...)``: the model's summary to ``model_depth``
@@ -510,9 +527,15 @@ class Profiler:
         finally:
             self._model = None  # the Profiler keeps no reference to the model
 
-    def _on_memory(self) -> None:
-        """The step loop, at a step's end: the CUDA allocator's statistics."""
-        self._memory.on_step_end()
+    def _on_memory(self, epoch: int, batch: int, batch_in_epoch: int) -> None:
+        """The step loop, at step ``batch``'s end (quiet steps too): the CUDA
+        allocator's statistics, and a state-only allocator snapshot when one
+        is due."""
+        if self._memory.hooked:
+            self._memory.on_step_end()
+        h = self._history
+        if h is not None and self._state != "stopped" and h.state_due(batch):
+            h.state(self._history_path(epoch, batch, batch_in_epoch, state=True), batch, epoch)
 
     def _on_fetched(self) -> bool:
         """A batch came for a step whose torch step was held back: step torch
