@@ -340,7 +340,7 @@ class Profiler:
             self._history = history_driver(self.memory_history)
             if self._history.state_every and self._history.available:
                 self._steps.memory_hook(True)  # the state-only snapshots are taken at step ends
-        _collect.reset()
+        _collect.reset(self.rank_dir / "memory")
         if self._model is not None:
             self._write_model_summary()
         self._steps.start(defer_step)
@@ -418,6 +418,11 @@ class Profiler:
             self._stop_persistent_workers()
             if self._owns_recorder and self.recorder.active:
                 self.recorder.stop()
+            _collect.wait(5.0 if abrupt else 60.0)
+            _warn_first(
+                "allocator snapshots of collected calls",
+                [f"{e['path']}: {e['error']}" for e in _collect.summary()["snapshots"] if e.get("error")],
+            )
             _outputs.write_summary(self)
             try:
                 _collect.write(self.rank_dir / "memory")

@@ -43,6 +43,7 @@ def write_summary(prof: Profiler) -> None:
         "memory": {
             **prof._memory.summary(),
             "history": None if prof._history is None else prof._history.summary(),
+            "collect": _collect_summary(),
         },
         "torch": None
         if prof._driver is None
@@ -58,6 +59,12 @@ def write_summary(prof: Profiler) -> None:
         os.replace(tmp, prof.rank_dir / "profiler.json")
     finally:
         tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file
+
+
+def _collect_summary() -> dict[str, Any]:
+    from fastprof.memory import collector
+
+    return collector.summary()
 
 
 def finish(prof: Profiler, wait: bool = True, merged: bool = True) -> None:
