@@ -69,6 +69,7 @@ from fastprof._core import ConfigError, FastprofWarning
 from fastprof._options import _value
 from fastprof._recorder import Recorder, current
 from fastprof.memory import collector as _collect
+from fastprof.memory import oom as _oom
 from fastprof.memory.history import HistoryDriver, MemoryHistory
 from fastprof.memory.history import driver as history_driver
 from fastprof.memory.oom import capture as capture_oom
@@ -169,6 +170,7 @@ class Profiler:
         self.memory_history: MemoryHistory | None = memory_history
         self._history: HistoryDriver | None = None
         self._history_due: tuple[int, int, int] | None = None
+        self._oom_pending = False
         self._model = model
         self.model_summary_path: Path | None = None
         self._memory = StepMemory(self.memory_stats)
@@ -340,6 +342,9 @@ class Profiler:
             self._history = history_driver(self.memory_history)
             if self._history.state_every and self._history.available:
                 self._steps.memory_hook(True)  # the state-only snapshots are taken at step ends
+        self._oom_pending = _oom.watch(self)
+        if self._oom_pending:
+            self._steps.memory_hook(True)  # torch's OOM observer is attached at a step's end
         _collect.reset(self.rank_dir / "memory")
         if self._model is not None:
             self._write_model_summary()
@@ -434,6 +439,7 @@ class Profiler:
         finally:
             self._state = "stopped"
             _exits.unregister(self)
+            _oom.unwatch(self)
         return self.trace_path
 
     def __enter__(self) -> Profiler:
@@ -538,6 +544,8 @@ class Profiler:
         is due."""
         if self._memory.hooked:
             self._memory.on_step_end()
+        if self._oom_pending:
+            self._oom_pending = _oom.poll()
         h = self._history
         if h is not None and self._state != "stopped" and h.state_due(batch):
             h.state(self._history_path(epoch, batch, batch_in_epoch, state=True), batch, epoch)
