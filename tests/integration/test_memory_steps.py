@@ -258,6 +258,12 @@ def test_state_only_snapshots_and_the_windows_on_the_timeline(tmp_path: Path, mo
     assert [e["args"]["step"] for e in snaps] == [1, 11] and all(e["tid"] == dump["tid"] for e in snaps)
     writes = [e for e in events if e["ph"] == "X" and e["name"] == "memory.state.write"]
     assert sorted(e["args"]["bytes"] for e in writes) == sorted(e["bytes"] for e in state["snapshots"])
+    # The report's page shades the history windows on its Memory plot.
+    fastprof.report(prof.run_dir, out_dir=tmp_path / "page", formats=("html",))
+    html = (tmp_path / "page" / "report.html").read_text()
+    section = html.split('<section id="memory">', 1)[1].split("</section>", 1)[0]
+    assert "Shaded: allocator history windows (steps 3-5, steps 7-9)." in section
+    assert section.count('"type":"rect"') == 2 and '"x0":2.5' in section and '"x1":9.5' in section
 
 
 def test_memory_history_without_cuda_says_why_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
