@@ -62,6 +62,7 @@ _entries: dict[str, dict[str, Any]] = {}
 _PAGE = resource.getpagesize()
 #: The running Profiler's memory folder (set by :func:`reset`).
 _directory: Path | None = None
+_unwritable: str | None = None
 _snapshots: list[dict[str, Any]] = []
 _snapshot_reason: list[str] = []
 _writers: list[threading.Thread] = []
@@ -218,7 +219,11 @@ def _snapshot(label: str, it: int, when: str, directory: str | os.PathLike[str] 
             why = "CUDA was not initialised by the job when the collected call ran"
         d = Path(directory) if directory is not None else _directory
         if why is None and d is None:
-            why = "no Profiler running and no snapshot_dir given"
+            why = (
+                f"the memory folder cannot be written ({_unwritable})"
+                if _unwritable
+                else "no Profiler running and no snapshot_dir given"
+            )
         if why is not None:
             with _lock:
                 if why not in _snapshot_reason:
@@ -311,14 +316,16 @@ def write(directory: str | os.PathLike[str]) -> list[Path]:
     ]
 
 
-def reset(directory: str | os.PathLike[str] | None = None) -> None:
+def reset(directory: str | os.PathLike[str] | None = None, unwritable: str | None = None) -> None:
     """Forget the entries and snapshots (a new run in the same process);
     ``directory``: where allocator snapshots go by default (the Profiler's
-    ``rank{R}/memory/``)."""
-    global _directory
+    ``rank{R}/memory/``); ``unwritable``: why it cannot be written (then
+    snapshots go nowhere by default)."""
+    global _directory, _unwritable
     with _lock:
         _entries.clear()
         _snapshots.clear()
         _snapshot_reason.clear()
         _writers.clear()
-        _directory = None if directory is None else Path(directory)
+        _directory = None if directory is None or unwritable else Path(directory)
+        _unwritable = unwritable

@@ -171,6 +171,7 @@ class Profiler:
         self._history: HistoryDriver | None = None
         self._history_due: tuple[int, int, int] | None = None
         self._oom_pending = False
+        self._memory_dir_error: str | None = None
         self._model = model
         self.model_summary_path: Path | None = None
         self._memory = StepMemory(self.memory_stats)
@@ -340,14 +341,21 @@ class Profiler:
         self._memory.start(self._steps)
         if self.memory_history is not None:
             self._history = history_driver(self.memory_history)
+        self._memory_dir_error = None
+        if self._model is not None or (self._history is not None and self._history.available):
+            self._memory_dir_error = self._check_memory_folders()
+        if self._history is not None:
+            if self._memory_dir_error is not None and self._history.available:
+                self._history.reason = f"the memory folder cannot be written: {self._memory_dir_error}"
             if self._history.state_every and self._history.available:
                 self._steps.memory_hook(True)  # the state-only snapshots are taken at step ends
         self._oom_pending = _oom.watch(self)
         if self._oom_pending:
             self._steps.memory_hook(True)  # torch's OOM observer is attached at a step's end
-        _collect.reset(self.rank_dir / "memory")
-        if self._model is not None:
+        _collect.reset(self.rank_dir / "memory", unwritable=self._memory_dir_error)
+        if self._model is not None and self._memory_dir_error is None:
             self._write_model_summary()
+        self._model = None  # the Profiler keeps no reference to the model
         self._steps.start(defer_step)
         return self
 
@@ -430,7 +438,8 @@ class Profiler:
             )
             _outputs.write_summary(self)
             try:
-                _collect.write(self.rank_dir / "memory")
+                if self._memory_dir_error is None:
+                    _collect.write(self.rank_dir / "memory")
             except OSError as e:  # the rest of the run (summary, merge) is written all the same
                 _warn_first("memory collection", [f"{self.rank_dir / 'memory'}: {type(e).__name__}: {e}"])
             _outputs.finish(self, wait=reason is None, merged=reason != "SIGTERM")
@@ -523,6 +532,32 @@ class Profiler:
         v = {**self._variables(), "epoch": epoch, "batch": batch, "batch_in_epoch": batch_in_epoch}
         name = cfg.state_filename if state else cfg.filename
         return self.run_dir / str(cfg.folder).format(**v) / str(name).format(**v)
+
+    def _check_memory_folders(self) -> str | None:
+        """Before training: the folders memory files go to can be written
+        (``rank{R}/memory`` and the history's folder, at epoch and batch 0).
+        None when they can; else what failed, said in one warning, and the
+        allocator history, model summary and collection files are skipped."""
+        folders = {self.rank_dir / "memory"}
+        if self.memory_history is not None:
+            v = {**self._variables(), "epoch": 0, "batch": 0, "batch_in_epoch": 0}
+            folders.add(self.run_dir / str(self.memory_history.folder).format(**v))
+        for d in sorted(folders):
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                probe = d / f".fastprof-probe.tmp-{os.getpid()}"
+                probe.write_bytes(b"")
+                probe.unlink()
+            except OSError as e:
+                why = f"{d}: {type(e).__name__}: {e.strerror or e}"
+                warnings.warn(
+                    f"fastprof: cannot write the memory folder {why}; no allocator history, model summary or "
+                    "memory collection files this run; training goes on",
+                    FastprofWarning,
+                    stacklevel=3,
+                )
+                return why
+        return None
 
     def _write_model_summary(self) -> None:
         """``Profiler(model=...)``: the model's summary to ``model_depth``
