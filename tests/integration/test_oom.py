@@ -41,8 +41,14 @@ SCRIPT = textwrap.dedent(
         def backward(ctx, g):
             raise torch.OutOfMemoryError("CUDA out of memory in backward")
 
+    class Greedy(torch.optim.SGD):
+        def step(self, closure=None):
+            if phase == "optimizer" and step == 3:
+                raise torch.OutOfMemoryError("CUDA out of memory in the optimizer's step")
+            return super().step(closure)
+
     net = Net()
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    opt = Greedy(net.parameters(), lr=0.1)
     def train(loader):
         global step
         for step, x in enumerate(loader):
@@ -90,7 +96,7 @@ def _traceback(stderr: str) -> list[str]:
     return lines[next(i for i, ln in enumerate(lines) if ln.endswith(", in train")) :]
 
 
-@pytest.mark.parametrize("phase", ["forward", "backward"])
+@pytest.mark.parametrize("phase", ["forward", "backward", "optimizer"])
 def test_an_oom_is_captured_and_the_job_fails_as_it_would_without_fastprof(tmp_path: Path, phase: str) -> None:
     bare = _run(tmp_path, phase, with_fastprof=False)
     prof = _run(tmp_path, phase, with_fastprof=True)
@@ -105,7 +111,7 @@ def test_an_oom_is_captured_and_the_job_fails_as_it_would_without_fastprof(tmp_p
     doc = json.loads(oom_path.read_text())
     assert doc["step"] == 3 and doc["epoch"] == 0 and doc["phase"] == phase
     assert doc["exception"].startswith("OutOfMemoryError: CUDA out of memory")
-    culprit = "forward" if phase == "forward" else "backward"
+    culprit = {"forward": "forward", "backward": "backward", "optimizer": "step"}[phase]
     assert doc["where"][0].startswith(str(tmp_path / "train.py")) and culprit in doc["where"][0]
     if not __import__("torch").cuda.is_available():
         assert doc["cuda"] == {"available": False, "reason": "no CUDA device (torch.cuda.is_available() is False)"}
