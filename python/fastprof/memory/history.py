@@ -22,6 +22,14 @@ MoE. Hence Python stacks by default and a bound of
 :data:`MAX_DEFAULT_ENTRIES` (each entry holds a few hundred bytes plus its
 frames: about 100-200 MB of host memory per 100k entries with Python stacks).
 
+Between windows, ``state_every=N`` takes a state-only snapshot (history
+off: segments and live blocks, ~0.2 ms in torch's issues) at every N-th
+step's end, pickled off the training thread to ``state_filename``. On the
+timeline: the ``memory.history.on`` counter (1 while history records), the
+dump span with the window's steps, entries kept and dropped (an estimate
+from the allocator's own event counts), and each write as a span on the
+writer's thread.
+
 Without CUDA the history is unavailable, said once (``profiler.json``), and
 nothing per step is spent on it.
 """
