@@ -34,9 +34,17 @@ Items (each PASS, FAIL or SKIP with the reason; figures beside):
    step, phase and the culprit's line, a snapshot that loads, the largest
    live group the forward's kept blocks.
 8. ``memory_history``: the Profiler's bounded allocator history over two
-   windows: a dump each, entries within the bound, memory_viz's HTML beside
-   it, history off afterwards, the snapshot stall.
-9. ``triggered_window``: the always-on (#17) path, skipped while not built.
+   windows: a dump each, entries within the bound, the dropped-entries
+   estimate, memory_viz's HTML beside it, history off afterwards, the
+   snapshot stall; state-only snapshots every 3 steps between the windows
+   (segments, no history) and their stall.
+9. ``oom_observer``: an OOM the job catches itself, seen by torch's OOM
+   observer: oom.json (step, forward, source observer), a snapshot that
+   loads, the job exiting 0, an OOM listener called once.
+10. ``collect_snapshots``: ``collect(..., snapshots=True)``: FTS-named
+    allocator snapshots at a collected call's start and end, the call's
+    32 MiB in the end one.
+11. ``triggered_window``: the always-on (#17) path, skipped while not built.
 
 Without a GPU every item is skipped with the reason and the script exits 0.
 ``--dry-run-cpu`` runs items 3 and 4 on the CPU (no GPU verdict: it checks
@@ -742,6 +750,127 @@ def check_oom(env: Env, tmp: Path) -> Callable[[Item], Any]:
     return fn
 
 
+OOM_CAUGHT_SCRIPT = """
+import json, sys, torch, fastprof
+from fastprof.memory import add_oom_listener
+out = sys.argv[1]
+heard = []
+add_oom_listener(lambda prof, exc: heard.append([prof.batch, exc is None]))
+class Greedy(torch.nn.Module):
+    def forward(self, x, step):
+        if step == 3:
+            try:
+                total = torch.cuda.get_device_properties(0).total_memory
+                torch.empty(2 * total, dtype=torch.uint8, device="cuda")  # the culprit, caught by the job
+            except torch.OutOfMemoryError:
+                pass
+        return x * 2
+net = Greedy()
+prof = fastprof.Profiler(out_dir=out, run_name="caught", torch=False, sample_hz=0)
+with prof:
+    for step in prof.loader(range(6)):
+        net(torch.ones(1, device="cuda"), step)
+        prof.step()
+print(json.dumps({"heard": heard}))
+"""
+
+
+def check_oom_observer(env: Env, tmp: Path) -> Callable[[Item], Any]:
+    """An OOM the job catches itself: torch's OOM observer (attached at the
+    first step's end after CUDA is initialised) captures it: oom.json from
+    the observer at step 3, forward, a snapshot that loads; the job exits 0;
+    an OOM listener heard it once."""
+
+    def fn(it: Item) -> Any:
+        if not env.cuda:
+            return it.skip(f"no GPU: {env.cuda_reason}")
+        import pickle
+
+        script = tmp / "oom_caught.py"
+        script.write_text(OOM_CAUGHT_SCRIPT)
+        p = subprocess.run(
+            [sys.executable, str(script), str(tmp / "caught_out")], capture_output=True, text=True, timeout=300
+        )
+        problems = []
+        if p.returncode != 0:
+            return it.verdict(False, f"the job failed (exit {p.returncode}): {p.stderr[-300:]}")
+        rank = tmp / "caught_out" / "caught" / "rank0"
+        summary = json.loads((rank / "profiler.json").read_text())["memory"]["oom"]
+        it.figures["observer"] = summary.get("observer")
+        doc_path = rank / "memory" / "oom.json"
+        if not doc_path.is_file():
+            return it.verdict(False, f"no oom.json (observer: {summary.get('observer')})")
+        doc = json.loads(doc_path.read_text())
+        cuda = doc.get("cuda") or {}
+        it.figures.update(step=doc.get("step"), phase=doc.get("phase"), source=doc.get("source"))
+        it.figures["capture_s"] = doc.get("capture_s")
+        if (doc.get("step"), doc.get("phase"), doc.get("source")) != (3, "forward", "observer"):
+            problems.append(f"step/phase/source {doc.get('step')}/{doc.get('phase')}/{doc.get('source')}")
+        if summary.get("observer") != "attached" or summary.get("captures") != 1:
+            problems.append(f"observer {summary.get('observer')}, captures {summary.get('captures')}")
+        snap = cuda.get("snapshot")
+        if not snap or not Path(snap).is_file():
+            problems.append("no allocator snapshot")
+        else:
+            with open(snap, "rb") as f:
+                pickle.load(f)
+        heard = json.loads(p.stdout.strip().splitlines()[-1])["heard"]
+        if heard != [[3, True]]:
+            problems.append(f"listener heard {heard}, expected [[3, True]]")
+        return it.verdict(
+            not problems,
+            f"caught OOM seen by the observer at step {doc.get('step')} ({doc.get('phase')}), capture "
+            f"{(doc.get('capture_s') or 0) * 1e3:.1f} ms" + ("; " + "; ".join(problems) if problems else ""),
+        )
+
+    return fn
+
+
+def check_collect_snapshots(env: Env, tmp: Path) -> Callable[[Item], Any]:
+    """``collect(..., snapshots=True)`` on CUDA: FTS-named allocator
+    snapshots at the start and end of each collected call, each loading,
+    the end one holding the 32 MiB the call kept."""
+
+    def fn(it: Item) -> Any:
+        if not env.cuda:
+            return it.skip(f"no GPU: {env.cuda_reason}")
+        import pickle
+
+        from fastprof.memory import collect
+
+        torch = env.torch
+        kept = []
+
+        @collect("training_step", iterations=(1,), snapshots=True)
+        def training_step() -> None:
+            kept.append(torch.empty(32 * 2**20, dtype=torch.uint8, device="cuda"))
+
+        torch.ones(1, device="cuda")
+        prof = fastprof.Profiler(out_dir=tmp, run_name="collect", torch=False, sample_hz=0)
+        with prof:
+            for _ in prof.loader(range(3)):
+                training_step()
+                prof.step()
+        doc = json.loads((prof.rank_dir / "profiler.json").read_text())["memory"]["collect"]
+        shots = doc["snapshots"]
+        names = [Path(s["path"]).name for s in shots]
+        want = ["cuda_alloc_rank0.training_step.1.start.pickle", "cuda_alloc_rank0.training_step.1.end.pickle"]
+        it.figures.update(snapshots=names, stall_s=[s.get("snapshot_s") for s in shots])
+        problems = [] if names == want else [f"snapshots {names} ({doc.get('snapshot_reason')})"]
+        live = []
+        for s in shots:
+            with open(s["path"], "rb") as f:
+                snap = pickle.load(f)
+            live.append(sum(int(g.get("allocated_size", 0)) for g in snap.get("segments", [])))
+        if len(live) == 2 and live[1] - live[0] < 32 * 2**20:
+            problems.append(f"live bytes {live}: the call's 32 MiB is not in the end snapshot")
+        return it.verdict(
+            not problems, f"{len(shots)} snapshots {names}" + ("; " + "; ".join(problems) if problems else "")
+        )
+
+    return fn
+
+
 # ------------------------------------------------------------------ 8. allocator history
 
 
@@ -763,7 +892,7 @@ def check_memory_history(env: Env, tmp: Path) -> Callable[[Item], Any]:
             run_name="history",
             torch=False,
             sample_hz=0,
-            memory_history=fastprof.MemoryHistory(max_entries=bound, html=True),
+            memory_history=fastprof.MemoryHistory(max_entries=bound, html=True, state_every=3),
             schedule=fastprof.schedule.epoch(skip_first=2, wait=1, warmup=1, active=2, repeat=1),
         )
         with prof:
@@ -797,13 +926,31 @@ def check_memory_history(env: Env, tmp: Path) -> Callable[[Item], Any]:
             html = Path(w.get("html") or "")
             if not html.is_file() or html.stat().st_size < 1000:
                 problems.append("no memory_viz HTML beside the dump")
+            if w.get("dropped") is None or w.get("events") is None:
+                problems.append(f"no dropped-entries estimate for window {w['first_step']}-{w['last_step']}")
         if torch.cuda.memory._snapshot().get("device_traces", [[]])[0]:
             problems.append("history still on after the last window")
+        # State-only snapshots every 3 steps between the windows (3-5, 7-9): steps 2 and 11.
+        state = hist.get("state") or {}
+        shots = state.get("snapshots") or []
+        it.figures["state"] = {k: state.get(k) for k in ("count", "busy", "stall_s_max", "bytes_total")}
+        if [s.get("step") for s in shots] != [2, 11]:
+            problems.append(f"state-only snapshots at steps {[s.get('step') for s in shots]}, expected [2, 11]")
+        for shot in shots:
+            if shot.get("error"):
+                problems.append(str(shot["error"]))
+                continue
+            with open(shot["path"], "rb") as f:
+                snap = pickle.load(f)
+            if not snap.get("segments") or any(snap.get("device_traces") or []):
+                problems.append(f"{shot['path']}: not a state-only snapshot (segments, no history)")
         stall = max((w.get("snapshot_s") or 0 for w in windows), default=0)
         return it.verdict(
             not problems,
             f"{len(windows)} windows, entries {[w.get('entries') for w in windows]} (bound {bound}), "
-            f"largest stall {stall * 1e3:.1f} ms" + ("; " + "; ".join(problems) if problems else ""),
+            f"dropped {[w.get('dropped') for w in windows]}, largest stall {stall * 1e3:.1f} ms; "
+            f"{len(shots)} state-only snapshots, largest stall {(state.get('stall_s_max') or 0) * 1e3:.2f} ms"
+            + ("; " + "; ".join(problems) if problems else ""),
         )
 
     return fn
@@ -854,6 +1001,8 @@ def main() -> int:
             run_item("step_memory", check_step_memory(env, tmp)),
             run_item("memory_history", check_memory_history(env, tmp)),
             run_item("oom_capture", check_oom(env, tmp)),
+            run_item("oom_observer", check_oom_observer(env, tmp)),
+            run_item("collect_snapshots", check_collect_snapshots(env, tmp)),
             run_item("triggered_window", check_later(env, "issue #17", "fastprof.always_on", "trigger")),
         ]
     out = {

@@ -25,6 +25,8 @@ GPU_ITEMS = (
     "step_memory",
     "oom_capture",
     "memory_history",
+    "oom_observer",
+    "collect_snapshots",
 )
 
 torch = pytest.importorskip("torch")

@@ -116,3 +116,75 @@ def test_lightning_training_step_is_collected(tmp_path: Path) -> None:
     assert sorted(doc) == ["0.training_step.1.end", "0.training_step.1.start"]
     # batch (4x8, 128 B) and relu's output (4x2, 32 B).
     assert doc["0.training_step.1.end"]["npp_diff"] == 128 + 32
+
+
+class _Allocator:
+    """A stand-in CUDA allocator (none can exist here; gpu_check runs the real one)."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+    def available(self) -> str | None:
+        return None
+
+    def initialized(self) -> bool:
+        return True
+
+    def snapshot(self) -> dict[str, Any]:
+        self.taken += 1
+        return {"segments": [{"total_size": self.taken << 20, "blocks": []}], "device_traces": [[]]}
+
+
+def _collected_run(tmp_path: Path, **options: Any) -> fastprof.Profiler:
+    @collect("training_step", iterations=(0, 2), snapshots=True, **options)
+    def training_step(x: Any) -> Any:
+        return (x * 2).sum()
+
+    prof = fastprof.Profiler(out_dir=tmp_path, run_name="run", torch=False, sample_hz=0)
+    with prof:
+        for x in prof.loader([torch.ones(3) for _ in range(3)]):
+            training_step(x)
+            prof.step()
+    return prof
+
+
+def test_allocator_snapshots_at_start_and_end_named_as_fts_names_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pickle
+
+    from fastprof.memory import collector
+
+    alloc = _Allocator()
+    monkeypatch.setattr(collector, "_allocator", lambda: alloc)
+    prof = _collected_run(tmp_path)
+    mem = prof.rank_dir / "memory"
+    names = [f"cuda_alloc_rank0.training_step.{i}.{w}.pickle" for i in (0, 2) for w in ("start", "end")]
+    assert sorted(p.name for p in mem.glob("cuda_alloc_*")) == sorted(names)
+    # In the order taken: start, end of iteration 0, then of iteration 2.
+    for n, name in enumerate(names, 1):
+        with open(mem / name, "rb") as f:
+            assert pickle.load(f)["segments"][0]["total_size"] == n << 20
+    doc = json.loads((prof.rank_dir / "profiler.json").read_text())["memory"]["collect"]
+    assert doc["snapshot_reason"] is None
+    assert [Path(s["path"]).name for s in doc["snapshots"]] == names
+    assert all(
+        s["bytes"] == (mem / Path(s["path"]).name).stat().st_size and s["snapshot_s"] >= 0 for s in doc["snapshots"]
+    )
+    cols = fastprof.read_columns(prof.trace_path, kinds=["spans"], names=["memory.collect.snapshot"])
+    assert len(cols.spans["ts"]) == 4
+    # Elsewhere when asked.
+    other = tmp_path / "elsewhere"
+    _collected_run(tmp_path / "b", snapshot_dir=other)
+    assert sorted(p.name for p in other.iterdir()) == sorted(names)
+
+
+def test_allocator_snapshots_without_cuda_say_why_once(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    prof = _collected_run(tmp_path)
+    doc = json.loads((prof.rank_dir / "profiler.json").read_text())["memory"]["collect"]
+    assert doc["snapshots"] == [] and doc["snapshot_reason"] == "no CUDA device (torch.cuda.is_available() is False)"
+    # The rest of the collection is whole.
+    assert len(doc["entries"]) == 4 and (prof.rank_dir / "memory" / "collected.json").is_file()
+    assert not list((prof.rank_dir / "memory").glob("cuda_alloc_*"))

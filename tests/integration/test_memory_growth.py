@@ -147,3 +147,52 @@ def test_diff_compares_the_cuda_allocator_peak_when_both_reports_have_it(
     base.write_text(json.dumps(d))
     assert main(["diff", str(base), str(new), "--max-memory-growth", "25%"]) == 0
     assert "process RSS, peak (B)" in capsys.readouterr().out
+
+
+def test_the_profilers_own_windows_are_not_judged_as_a_leak() -> None:
+    """A torch.profiler window's steps (and the step after, its export)
+    are cut out and the rest stitched: jumps there neither fire on a flat
+    series nor hide a real leak, and the growth's start maps back to the
+    run's step numbers."""
+    rng = np.random.default_rng(3)
+    steps = 60
+    windows = {s for first in (5, 20, 35) for s in range(first, first + 4)}
+    jumps = np.zeros(steps)
+    for first in (5, 20, 35):
+        jumps[first + 1] = 100 * MIB  # the window's buffers, kept
+    flat = 800 * MIB + np.cumsum(jumps) + rng.normal(0, 64 * 1024, steps)
+    assert growth(flat)["leak"] is True  # judged whole, the windows look like a leak
+    quiet = growth(flat, 0, windows)
+    assert quiet["leak"] is False and quiet["steps"] == steps and quiet["steps_judged"] == steps - len(windows)
+    r = growth(flat + 2 * MIB * np.arange(steps), 0, windows)
+    assert r["leak"] is True and r["growth_b_per_step"] == pytest.approx(2 * MIB, rel=0.05)
+    late = growth(flat + 2 * MIB * np.maximum(0, np.arange(steps) - 26), 0, windows)
+    assert late["leak"] is True and 24 <= late["began_at_step"] <= 28, late
+    # Mostly windows: too few steps left to judge, and said so.
+    short = growth(flat[:10], 0, windows)
+    assert short["leak"] is False and short["verdict"].startswith("too few steps outside the profiler's windows")
+
+
+def test_the_demo_with_torch_windows_does_not_fire(tmp_path: Path) -> None:
+    """The 24-step CPU demo: torch.profiler windows grow RSS by hundreds of
+    MB, which is the profiler's, not the job's."""
+    subprocess.run(
+        [sys.executable, "-m", "fastprof", "demo", "-o", str(tmp_path), "--run-name", "d", "--steps", "24", "-q"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    doc = fastprof.report(tmp_path / "d", out_dir=tmp_path / "reports", formats=("json",)).data
+    (r,) = doc["memory"]["per_rank"]
+    assert r["series"] == "mem.rss [B]" and r["window_steps_excluded"] > 0
+    # The raw series does grow across the windows (what fired before)...
+    from fastprof.reports.data import load
+
+    _, values = load(tmp_path / "d").counter("mem.rss [B]", 0)
+    skip = r["warmup_steps_excluded"]
+    assert growth(values[skip:], skip)["leak"] is True
+    # ... and the judgement leaves the windows out.
+    assert r["leak"] is False
+    check = _memory_check(doc)
+    assert check["status"] in ("ok", "not_evaluated") and "rank 0" in check["message"]
+    assert not any(i["rule"] == "memory_growth" for i in doc["recommendations"]["items"])

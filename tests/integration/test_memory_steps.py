@@ -192,10 +192,85 @@ def test_memory_history_follows_the_schedule_windows(tmp_path: Path, monkeypatch
     fastprof.merge(prof.run_dir, prof.run_dir / "trace.json.gz", force=True)
 
 
+def _events(rank_dir: Path) -> list[dict[str, Any]]:
+    import gzip
+
+    out: list[dict[str, Any]] = []
+    for seg in sorted(rank_dir.glob("fastprof.*.json.gz")):
+        with gzip.open(seg, "rt") as f:
+            out += json.load(f)["traceEvents"]
+    return out
+
+
+def test_state_only_snapshots_and_the_windows_on_the_timeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """state_every=2: a state-only snapshot at every 2nd step's end outside
+    the windows (3..5, 7..9), quiet steps of the schedule included (the core's step
+    loop calls back with the step's numbers); the window is a counter track
+    (1 while the history records), the dump a span with what it kept, each
+    snapshot and write a span; all in profiler.json."""
+    import fastprof.profiler.loop as loop
+    from fastprof.memory.history import HISTORY_COUNTER, HistoryDriver
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+    try:
+        from test_memory_history import Allocator
+    finally:
+        sys.path.pop(0)
+    alloc = Allocator(events_per_step=100)
+    monkeypatch.setattr(loop, "history_driver", lambda cfg: HistoryDriver(cfg, alloc))
+    monkeypatch.setenv("FASTPROF_MEMORY_HISTORY_STATE_EVERY", "2")
+    prof = fastprof.Profiler(
+        out_dir=tmp_path,
+        run_name="run",
+        torch=False,
+        sample_hz=0,
+        memory_history=fastprof.MemoryHistory(max_entries=250),
+        schedule=fastprof.schedule.epoch(skip_first=2, wait=1, warmup=1, active=2),
+    )
+    with prof:
+        for _ in prof.loader(range(12)):
+            alloc.step()
+            prof.step()
+            writer = prof._history._state_writer if prof._history is not None else None
+            if writer is not None:
+                writer.join(10)  # else a snapshot while the last is written is skipped (counted as busy)
+    hist = json.loads((prof.rank_dir / "profiler.json").read_text())["memory"]["history"]
+    state = hist["state"]
+    assert state["busy"] == 0
+    assert [e["step"] for e in state["snapshots"]] == [1, 11] and state["count"] == 2, state
+    for e in state["snapshots"]:
+        assert e["path"] == str(prof.rank_dir / "memory" / f"ep0-ba{e['step']}.state.pickle")
+        assert Path(e["path"]).stat().st_size == e["bytes"] > 0
+    w, _ = hist["windows"]
+    assert (w["events"], w["dropped"]) == (300, 50)
+    events = _events(prof.rank_dir)
+    on = [e["args"]["value"] for e in events if e["ph"] == "C" and e["name"] == HISTORY_COUNTER]
+    assert on == [1, 0, 1, 0]
+    dump, _ = sorted(
+        (e for e in events if e["ph"] == "X" and e["name"] == "memory.history.dump"), key=lambda e: e["ts"]
+    )
+    assert dump["args"] == {"first_step": 3, "last_step": 5, "entries": 250, "max_entries": 250, "dropped": 50}
+    write, _ = sorted(
+        (e for e in events if e["ph"] == "X" and e["name"] == "memory.history.write"), key=lambda e: e["ts"]
+    )
+    assert write["args"]["bytes"] == w["bytes"] and write["tid"] != dump["tid"]  # off the training thread
+    snaps = [e for e in events if e["ph"] == "X" and e["name"] == "memory.state.snapshot"]
+    assert [e["args"]["step"] for e in snaps] == [1, 11] and all(e["tid"] == dump["tid"] for e in snaps)
+    writes = [e for e in events if e["ph"] == "X" and e["name"] == "memory.state.write"]
+    assert sorted(e["args"]["bytes"] for e in writes) == sorted(e["bytes"] for e in state["snapshots"])
+    # The report's page shades the history windows on its Memory plot.
+    fastprof.report(prof.run_dir, out_dir=tmp_path / "page", formats=("html",))
+    html = (tmp_path / "page" / "report.html").read_text()
+    section = html.split('<section id="memory">', 1)[1].split("</section>", 1)[0]
+    assert "Shaded: allocator history windows (steps 3-5, steps 7-9)." in section
+    assert section.count('"type":"rect"') == 2 and '"x0":2.5' in section and '"x1":9.5' in section
+
+
 def test_memory_history_without_cuda_says_why_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
     monkeypatch.setenv("FASTPROF_MEMORY_HISTORY", "1")
+    monkeypatch.setenv("FASTPROF_MEMORY_HISTORY_STATE_EVERY", "2")  # the state-only snapshots: the same reason
     prof, _ = fastprof.Profiler(out_dir=tmp_path, run_name="run", torch=False, sample_hz=0), None
     assert isinstance(prof.memory_history, fastprof.MemoryHistory)
     with prof:
@@ -204,6 +279,7 @@ def test_memory_history_without_cuda_says_why_once(tmp_path: Path, monkeypatch: 
     hist = json.loads((prof.rank_dir / "profiler.json").read_text())["memory"]["history"]
     assert hist["available"] is False and hist["windows"] == []
     assert hist["reason"] == "no CUDA device (torch.cuda.is_available() is False)"
+    assert hist["state"]["every"] == 2 and hist["state"]["count"] == 0 and hist["state"]["snapshots"] == []
     assert not (prof.rank_dir / "memory").exists() or not list((prof.rank_dir / "memory").glob("*.pickle"))
     with pytest.raises(ConfigError, match="memory_history"):
         fastprof.Profiler(out_dir=tmp_path / "bad", memory_history="yes please")

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,8 +41,14 @@ SCRIPT = textwrap.dedent(
         def backward(ctx, g):
             raise torch.OutOfMemoryError("CUDA out of memory in backward")
 
+    class Greedy(torch.optim.SGD):
+        def step(self, closure=None):
+            if phase == "optimizer" and step == 3:
+                raise torch.OutOfMemoryError("CUDA out of memory in the optimizer's step")
+            return super().step(closure)
+
     net = Net()
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    opt = Greedy(net.parameters(), lr=0.1)
     def train(loader):
         global step
         for step, x in enumerate(loader):
@@ -89,7 +96,7 @@ def _traceback(stderr: str) -> list[str]:
     return lines[next(i for i, ln in enumerate(lines) if ln.endswith(", in train")) :]
 
 
-@pytest.mark.parametrize("phase", ["forward", "backward"])
+@pytest.mark.parametrize("phase", ["forward", "backward", "optimizer"])
 def test_an_oom_is_captured_and_the_job_fails_as_it_would_without_fastprof(tmp_path: Path, phase: str) -> None:
     bare = _run(tmp_path, phase, with_fastprof=False)
     prof = _run(tmp_path, phase, with_fastprof=True)
@@ -104,7 +111,7 @@ def test_an_oom_is_captured_and_the_job_fails_as_it_would_without_fastprof(tmp_p
     doc = json.loads(oom_path.read_text())
     assert doc["step"] == 3 and doc["epoch"] == 0 and doc["phase"] == phase
     assert doc["exception"].startswith("OutOfMemoryError: CUDA out of memory")
-    culprit = "forward" if phase == "forward" else "backward"
+    culprit = {"forward": "forward", "backward": "backward", "optimizer": "step"}[phase]
     assert doc["where"][0].startswith(str(tmp_path / "train.py")) and culprit in doc["where"][0]
     if not __import__("torch").cuda.is_available():
         assert doc["cuda"] == {"available": False, "reason": "no CUDA device (torch.cuda.is_available() is False)"}
@@ -153,3 +160,61 @@ def test_an_exception_that_is_not_an_oom_writes_nothing(tmp_path: Path) -> None:
     except RuntimeError as e:
         phase, where = phase_and_where(e.__traceback__)
     assert phase == "other" and where[0].startswith(__file__)
+
+
+def test_an_oom_the_job_catches_is_captured_once_per_step_by_the_observer(tmp_path: Path) -> None:
+    """torch's OOM observer (no CUDA here: called as the allocator calls it,
+    from inside the allocating forward): captured with its step and phase,
+    at most once per step; the job that catches the OOM goes on; an OOM
+    leaving the Profiler in a step the observer captured adds its text only;
+    listeners hear of each capture, a failing one is a warning."""
+    import warnings as _warnings
+
+    torch = __import__("torch")
+    import fastprof
+    from fastprof.memory import add_oom_listener, oom, remove_oom_listener
+
+    heard: list[tuple[int, str | None]] = []
+
+    def listener(prof: Any, exc: BaseException | None) -> None:
+        heard.append((prof.batch, None if exc is None else type(exc).__name__))
+
+    def broken(prof: Any, exc: BaseException | None) -> None:
+        raise RuntimeError("listener bug")
+
+    class Net(torch.nn.Module):
+        def forward(self, x: Any, calls: int) -> Any:
+            for _ in range(calls):
+                oom._on_oom(0, 1 << 40, 0, 0)  # as torch's allocator does, before it raises
+            return x
+
+    net = Net()
+    add_oom_listener(listener)
+    add_oom_listener(broken)
+    prof = fastprof.Profiler(out_dir=tmp_path, run_name="run", torch=False, sample_hz=0)
+    try:
+        with _warnings.catch_warnings(record=True) as caught:
+            _warnings.simplefilter("always")
+            with pytest.raises(torch.OutOfMemoryError), prof:
+                for step in prof.loader(range(6)):
+                    net(torch.ones(1), {2: 1, 4: 2}.get(step, 0))  # the job caught the OOM at 2; twice at 4
+                    if step == 4:
+                        raise torch.OutOfMemoryError("CUDA out of memory at step 4")
+                    prof.step()
+    finally:
+        remove_oom_listener(listener)
+        remove_oom_listener(broken)
+    assert heard == [(2, None), (4, None)]
+    bugs = [w for w in caught if "listener" in str(w.message)]
+    assert len(bugs) == 2 and "listener bug" in str(bugs[0].message)
+    doc = json.loads((prof.rank_dir / "memory" / "oom.json").read_text())
+    assert (doc["step"], doc["phase"], doc["source"]) == (4, "forward", "observer")
+    assert doc["exception"] == "OutOfMemoryError: CUDA out of memory at step 4"  # the exception's text, added
+    assert doc["where"][0].startswith(__file__) and "in forward" in doc["where"][0]
+    assert doc["earlier"] == [{"step": 2, "phase": "forward", "source": "observer", "exception": None}]
+    summary = json.loads((prof.rank_dir / "profiler.json").read_text())["memory"]["oom"]
+    assert summary["captures"] == 2 and summary["last"]["oom"] == str(prof.rank_dir / "memory" / "oom.json")
+    if not torch.cuda.is_available():
+        assert summary["observer"] == "unavailable: no CUDA device (torch.cuda.is_available() is False)"
+    cols = fastprof.read_columns(prof.rank_dir, kinds=["instants"], names=["memory.oom"])
+    assert len(cols.instants["ts"]) == 2

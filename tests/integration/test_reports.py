@@ -330,8 +330,12 @@ def test_breakdown_csv_is_written_as_the_rows_are_computed(loader_run: Path, tmp
         assert (int(g["step"]), int(g["rank"]), g["source"]) == (r["step"], r["rank"], r["source"])
         assert int(g["duration_ns"]) == r["duration_ns"] == sum(int(g[k]) for k in ROLES)
     only_json = fastprof.report(loader_run, out_dir=tmp_path / "json", formats=("json",))
-    # JSON only: report.json and the JSON beside it (the window's operator table).
-    assert sorted(p.name for p in (tmp_path / "json").iterdir()) == ["operators.json", "report.json"]
+    # JSON only: report.json and the JSON beside it (the operator tables: the last window's, and each window's).
+    per_window = [f for w in only_json["memory"]["operators"]["windows"] for f in w["files"] if f.endswith(".json")]
+    assert per_window
+    assert sorted(p.name for p in (tmp_path / "json").iterdir()) == sorted(
+        ["operators.json", "report.json", *per_window]
+    )
     assert only_json["breakdown"] == rep["breakdown"]
     assert not list(tmp_path.glob(".*tmp-*")), "a staging folder was left behind"
 
@@ -350,5 +354,21 @@ def test_the_report_carries_the_last_window_s_operator_table(loader_run: Path, t
     assert json.loads((tmp_path / "operators.json").read_text())["memory_recorded"] is False
     with open(tmp_path / "operators.csv", newline="") as f:
         assert list(csv.DictReader(f))
+    # One table per window (every saved one), each as operator_table reads that window.
+    from fastprof.memory import operator_table
+
+    saved = [w for w in windows if w["saved"]]
+    assert [w["window"] for w in ops["windows"]] == [w["path"] for w in saved] and len(saved) >= 2
+    for w, win in zip(ops["windows"], saved, strict=True):
+        assert (w["rank"], w["first_step"], w["last_step"]) == (0, win["first_step"], win["last_step"])
+        stem = "operators.rank0." + Path(win["path"]).name.removesuffix(".pt.trace.json.gz")
+        assert w["files"] == [f"{stem}.json", f"{stem}.csv"] and w["reason"] is None
+        assert json.loads((tmp_path / f"{stem}.json").read_text()) == operator_table(win["path"], top=10).to_dict()
+        with open(tmp_path / f"{stem}.csv", newline="") as f:
+            assert list(csv.DictReader(f))
+    # The last window's table is also operators.json, and report.json stays small: its top rows only.
+    assert json.loads((tmp_path / "operators.json").read_text()) == json.loads(
+        (tmp_path / f"{ops['windows'][-1]['files'][0]}").read_text()
+    )
     schema = json.loads(SCHEMA_PATH.read_text())
     jsonschema.Draft202012Validator(schema).validate(json.loads((tmp_path / "report.json").read_text()))

@@ -29,28 +29,39 @@ class Allocator:
         self.calls: list[tuple[Any, ...]] = []
         self.on = False
         self.bound = 0
-        self.events = 0
+        self.recorded = 0
         self.per_step = events_per_step
         self.fail = fail
         self.writer_threads: set[str] = set()
+        self.total = 0  # every event, recorded or not (the allocator's own counts)
 
     def available(self) -> str | None:
         return None
 
+    def initialized(self) -> bool:
+        return True
+
+    def events(self) -> int:
+        return self.total
+
     def start(self, max_entries: int, stacks: str, context: str) -> None:
         self.calls.append(("start", max_entries, stacks, context))
-        self.on, self.bound, self.events = True, max_entries, 0
+        self.on, self.bound, self.recorded = True, max_entries, 0
 
     def step(self) -> None:
+        self.total += self.per_step
         if self.on:
-            self.events += self.per_step
+            self.recorded += self.per_step
 
     def snapshot(self) -> dict[str, Any]:
-        self.calls.append(("snapshot",))
+        self.calls.append(("snapshot",) if self.on else ("state",))
         if self.fail == "snapshot":
             raise RuntimeError("allocator busy")
-        kept = min(self.events, self.bound)
-        return {"segments": [], "device_traces": [[{"action": "alloc", "size": 512}] * kept]}
+        segments = [{"total_size": 2 << 20, "allocated_size": 1 << 20, "blocks": []}]
+        if not self.on:  # history off: the state alone
+            return {"segments": segments, "device_traces": []}
+        kept = min(self.recorded, self.bound)
+        return {"segments": segments, "device_traces": [[{"action": "alloc", "size": 512}] * kept]}
 
     def stop(self) -> None:
         self.calls.append(("stop",))
@@ -95,6 +106,8 @@ def test_the_bound_holds_and_is_reported(tmp_path: Path) -> None:
     (w,) = drv.summary()["windows"]
     assert alloc.calls[0] == ("start", 1500, "python", "all")
     assert (w["entries"], w["max_entries"], w["at_bound"]) == (1500, 1500, True)
+    # The allocator's own counts say how many the bound dropped.
+    assert (w["events"], w["dropped"]) == (3000, 1500)
 
 
 def test_a_window_open_at_the_end_is_dumped_and_failures_are_kept_not_raised(tmp_path: Path) -> None:
@@ -139,8 +152,73 @@ def test_options_from_arguments_environment_and_their_errors() -> None:
         ({"max_entries": -1}, "max_entries"),
         ({"filename": "a/b.pickle"}, "filename"),
         ({"filename": "{nope}.pickle"}, "unknown format variable"),
+        ({"state_every": -1}, "state_every"),
+        ({"state_filename": "x/{batch}.pickle"}, "state_filename"),
     ):
         with pytest.raises(ConfigError, match=match):
             MemoryHistory(env={}, **bad)
+    assert MemoryHistory(env={"FASTPROF_MEMORY_HISTORY_STATE_EVERY": "50"}).state_every == 50
     with pytest.raises(ConfigError, match="FASTPROF_MEMORY_HISTORY_MAX_ENTRIES"):
         MemoryHistory(env={"FASTPROF_MEMORY_HISTORY_MAX_ENTRIES": "many"})
+
+
+def test_state_only_snapshots_every_n_steps_between_windows(tmp_path: Path) -> None:
+    """Every 3rd step's end outside the window (4..6): steps 2, 8 and 11;
+    step 5's falls in the window (whose own dump holds the state). Pickled
+    off the training thread, the stall measured, everything in the summary."""
+    alloc = Allocator(events_per_step=10)
+    drv = HistoryDriver(MemoryHistory(state_every=3, env={}), alloc)
+    assert MemoryHistory(env={}).state_every == 0  # off unless asked
+    taken = []
+    for b in range(12):
+        drv.begin(4 <= b <= 6, 3, b, 0)
+        alloc.step()
+        if drv.state_due(b):
+            taken.append(b)
+            drv.state(tmp_path / f"ep0-ba{b}.state.pickle", b, 0)
+            drv.close(None, b)  # the writer done before the next (else a busy skip)
+        drv.end(b == 6, tmp_path / f"ep0-ba{b}.history.pickle", b)
+    drv.close(None, 11)
+    assert taken == [2, 8, 11]
+    assert [c[0] for c in alloc.calls] == ["state", "start", "snapshot", "stop", "state", "state"]
+    s = drv.summary()["state"]
+    assert (s["every"], s["count"], s["busy"]) == (3, 3, 0)
+    assert [e["step"] for e in s["snapshots"]] == [2, 8, 11]
+    for e in s["snapshots"]:
+        path = Path(e["path"])
+        with open(path, "rb") as f:
+            snap = pickle.load(f)
+        assert snap["device_traces"] == [] and e["bytes"] == path.stat().st_size
+        assert (e["segments"], e["reserved_b"], e["allocated_b"]) == (1, 2 << 20, 1 << 20)
+        assert e["snapshot_s"] >= 0 and e["write_s"] >= 0 and "error" not in e
+    assert s["bytes_total"] == sum(e["bytes"] for e in s["snapshots"])
+    assert s["stall_s_max"] == max(e["snapshot_s"] for e in s["snapshots"])
+
+
+def test_a_state_snapshot_while_the_last_is_still_written_is_skipped_and_counted(tmp_path: Path) -> None:
+    gate = threading.Event()
+
+    class Slow(Allocator):
+        def snapshot(self) -> dict[str, Any]:
+            return {"segments": [], "device_traces": [], "_wait": _Wait(gate)}
+
+    alloc = Slow()
+    drv = HistoryDriver(MemoryHistory(state_every=1, env={}), alloc)
+    drv.state(tmp_path / "a.pickle", 0, 0)
+    drv.state(tmp_path / "b.pickle", 1, 0)  # the first is still pickling
+    gate.set()
+    drv.close(None, 1)
+    s = drv.summary()["state"]
+    assert (s["count"], s["busy"]) == (1, 1) and (tmp_path / "a.pickle").is_file()
+    assert not (tmp_path / "b.pickle").exists()
+
+
+class _Wait:
+    """Pickling this waits for ``gate``: a slow disk, in the writer thread."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        self.gate = gate
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        self.gate.wait(10)
+        return (int, (0,))

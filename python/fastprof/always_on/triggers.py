@@ -390,6 +390,9 @@ class TriggerDriver:
                 "the segments on disk hold the run"
             )
         self._install_signal()
+        from fastprof.memory.oom import add_oom_listener
+
+        add_oom_listener(self._on_oom)
         if self.world > 1:
             from fastprof.profiler.outputs import _store
 
@@ -408,6 +411,9 @@ class TriggerDriver:
         the poller joined (bounded), the dumps waited for (bounded)."""
         self._stopping = True
         self._uninstall_signal()
+        from fastprof.memory.oom import remove_oom_listener
+
+        remove_oom_listener(self._on_oom)
         self._stop.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -523,6 +529,13 @@ class TriggerDriver:
             if signal.getsignal(num) == self._on_signal:
                 signal.signal(num, self._previous)
         self._installed = None
+
+    def _on_oom(self, prof: Any, exc: BaseException | None) -> None:
+        """fastprof.memory captured an OOM: one the job caught (torch's
+        observer, ``exc`` None) gets a flight dump at the next boundary; one
+        leaving the Profiler is dumped by :meth:`on_exit_event`."""
+        if prof is self.prof and exc is None and not self._stopping:
+            self._queue_request({"source": "oom", "scope": "rank", "capture": False, "flight": True})
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         # Only record and flag: the step boundary does the work.
@@ -692,7 +705,7 @@ class TriggerDriver:
             return False
         source = str(req.get("source"))
         want_flight = bool(req.get("flight", cfg.flight))
-        kind = "anomaly" if source == "anomaly" else "trigger"
+        kind = source if source in ("anomaly", "oom") else "trigger"
         capture = bool(req.get("capture", True))
         n_steps = int(req.get("steps", cfg.steps))
         if not remote:

@@ -20,6 +20,16 @@ and, when the Profiler stops (or :func:`write` is called),
 ``rank{R}/memory/collected.yaml`` and ``collected.json``. Collection never
 raises into the wrapped function: a failure is a warning and the call runs
 unmeasured.
+
+``snapshots=True`` also takes the CUDA allocator's snapshot
+(``torch.cuda.memory._snapshot()``, what ``memory_viz`` loads; with its
+history where allocator history is on) at the start and end of each
+collected call, on the calling thread (the stall is measured), and pickles
+it off that thread as ``cuda_alloc_rank{R}.{function}.{iteration}.{start|end}.pickle``
+(FTS's names) into the running Profiler's ``rank{R}/memory/`` (or
+``snapshot_dir``). Without CUDA (or before the job used it) no snapshot is
+taken and the reason is kept once; :func:`summary` (``profiler.json``'s
+``memory.collect``) lists the snapshots or says why there are none.
 """
 
 from __future__ import annotations
@@ -27,16 +37,18 @@ from __future__ import annotations
 import functools
 import json
 import os
+import pickle
 import resource
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from fastprof._dist import dist_info
-from fastprof.memory._files import write_atomic
+from fastprof.memory._files import atomic, write_atomic
 from fastprof.memory.step_stats import CUDA_COUNTERS
 
 #: ``torch.cuda.memory_stats()`` keys kept per entry where CUDA is in use:
@@ -48,6 +60,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 _lock = threading.Lock()
 _entries: dict[str, dict[str, Any]] = {}
 _PAGE = resource.getpagesize()
+#: The running Profiler's memory folder (set by :func:`reset`).
+_directory: Path | None = None
+_unwritable: str | None = None
+_snapshots: list[dict[str, Any]] = []
+_snapshot_reason: list[str] = []
+_writers: list[threading.Thread] = []
 
 
 def _statm() -> tuple[int, int]:
@@ -81,10 +99,18 @@ class _Packed:
         return t
 
 
-def collect(name: str | None = None, *, iterations: Iterable[int] = (1,)) -> Callable[[F], F]:
+def collect(
+    name: str | None = None,
+    *,
+    iterations: Iterable[int] = (1,),
+    snapshots: bool = False,
+    snapshot_dir: str | os.PathLike[str] | None = None,
+) -> Callable[[F], F]:
     """Decorate a function so that its calls numbered ``iterations`` are
     collected (see the module documentation). ``name``: the key's function
-    part (default: the function's ``__name__``)."""
+    part (default: the function's ``__name__``); ``snapshots``: the CUDA
+    allocator's snapshot at the start and end of each collected call, into
+    ``snapshot_dir`` (default: the running Profiler's ``rank{R}/memory/``)."""
     wanted = frozenset(int(i) for i in iterations)
     if any(i < 0 for i in wanted):
         from fastprof._core import ConfigError
@@ -101,11 +127,17 @@ def collect(name: str | None = None, *, iterations: Iterable[int] = (1,)) -> Cal
             calls[0] += 1
             if it not in wanted:
                 return fn(*args, **kwargs)
+            if snapshots:
+                _snapshot(label, it, "start", snapshot_dir)
             try:
                 state = _start(label, it)
             except Exception as e:  # noqa: BLE001 - the job's function runs whatever happens here
                 warnings.warn(f"fastprof: memory collection of {label} skipped: {e}", stacklevel=2)
-                return fn(*args, **kwargs)
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    if snapshots:
+                        _snapshot(label, it, "end", snapshot_dir)
             torch, packed, hooks = state[2], state[3], state[4]
             try:
                 if hooks is not None:
@@ -117,6 +149,8 @@ def collect(name: str | None = None, *, iterations: Iterable[int] = (1,)) -> Cal
                     _end(label, it, state[0], state[1], torch, packed)
                 except Exception as e:  # noqa: BLE001
                     warnings.warn(f"fastprof: memory collection of {label} incomplete: {e}", stacklevel=2)
+                if snapshots:
+                    _snapshot(label, it, "end", snapshot_dir)
 
         return wrapper  # type: ignore[return-value]
 
@@ -163,6 +197,88 @@ def _end(label: str, it: int, rss0: int, vms0: int, torch: Any, packed: _Packed 
     _record(label, rss, npp or 0)
 
 
+def _allocator() -> Any:
+    """The allocator snapshots come from (a stand-in in tests)."""
+    from fastprof.memory.history import CudaAllocator
+
+    return CudaAllocator(sys.modules.get("torch"))
+
+
+def snapshot_name(label: str, it: int, when: str) -> str:
+    """FTS's file name of an allocator snapshot."""
+    return f"cuda_alloc_rank{dist_info().rank}.{label}.{it}.{when}.pickle"
+
+
+def _snapshot(label: str, it: int, when: str, directory: str | os.PathLike[str] | None) -> None:
+    """Take the allocator's snapshot now (measured) and pickle it off this
+    thread; or keep, once, why none can be taken. Never raises."""
+    try:
+        alloc = _allocator()
+        why = alloc.available()
+        if why is None and not alloc.initialized():
+            why = "CUDA was not initialised by the job when the collected call ran"
+        d = Path(directory) if directory is not None else _directory
+        if why is None and d is None:
+            why = (
+                f"the memory folder cannot be written ({_unwritable})"
+                if _unwritable
+                else "no Profiler running and no snapshot_dir given"
+            )
+        if why is not None:
+            with _lock:
+                if why not in _snapshot_reason:
+                    _snapshot_reason.append(why)
+            return
+        assert d is not None
+        from fastprof.memory.history import _mark, _ticks
+
+        ticks = _ticks()
+        t0 = time.perf_counter()
+        snap = alloc.snapshot()
+        stall = time.perf_counter() - t0
+        key = f"{dist_info().rank}.{label}.{it}.{when}"
+        _mark("memory.collect.snapshot", ticks, key=key)
+        entry: dict[str, Any] = {"key": key, "path": str(d / snapshot_name(label, it, when)), "snapshot_s": stall}
+        with _lock:
+            _snapshots.append(entry)
+        t = threading.Thread(target=_write_snapshot, args=(snap, entry), name="fastprof-collect-snapshot", daemon=True)
+        t.start()
+        _writers.append(t)
+    except Exception as e:  # noqa: BLE001 - the job's function runs whatever happens here
+        warnings.warn(f"fastprof: no allocator snapshot at the {when} of {label}: {e}", stacklevel=3)
+
+
+def _write_snapshot(snap: dict[str, Any], entry: dict[str, Any]) -> None:
+    path = Path(entry["path"])
+    try:
+        with atomic(path) as f:
+            pickle.dump(snap, f, protocol=pickle.HIGHEST_PROTOCOL)
+        size = path.stat().st_size
+        with _lock:
+            entry["bytes"] = size
+    except Exception as e:  # noqa: BLE001 - listed in profiler.json, one warning at the end
+        with _lock:
+            entry["error"] = f"write failed: {type(e).__name__}: {e}"
+
+
+def wait(timeout: float = 60.0) -> None:
+    """Let the snapshot writers finish (the Profiler calls this as it stops)."""
+    deadline = time.monotonic() + timeout
+    for t in list(_writers):
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
+def summary() -> dict[str, Any]:
+    """``profiler.json``'s ``memory.collect``: the entries' keys, the
+    allocator snapshots taken, and why none were where they were asked for."""
+    with _lock:
+        return {
+            "entries": list(_entries),
+            "snapshots": [dict(e) for e in _snapshots],
+            "snapshot_reason": "; ".join(_snapshot_reason) or None,
+        }
+
+
 def _record(label: str, rss: int, npp: int) -> None:
     from fastprof import _core
 
@@ -200,7 +316,16 @@ def write(directory: str | os.PathLike[str]) -> list[Path]:
     ]
 
 
-def reset() -> None:
-    """Forget the entries (a new run in the same process)."""
+def reset(directory: str | os.PathLike[str] | None = None, unwritable: str | None = None) -> None:
+    """Forget the entries and snapshots (a new run in the same process);
+    ``directory``: where allocator snapshots go by default (the Profiler's
+    ``rank{R}/memory/``); ``unwritable``: why it cannot be written (then
+    snapshots go nowhere by default)."""
+    global _directory, _unwritable
     with _lock:
         _entries.clear()
+        _snapshots.clear()
+        _snapshot_reason.clear()
+        _writers.clear()
+        _directory = None if directory is None or unwritable else Path(directory)
+        _unwritable = unwritable

@@ -17,11 +17,20 @@ steps mostly differ by nothing, has a slope of zero inside an interval that
 holds zero. Where the growth began is the step that best splits the run into
 a flat part and a rising one (a hinge ``a + b * max(0, step - k)`` fitted by
 least squares at up to :data:`MAX_HINGES` candidate ``k``).
+
+Steps that a profiler makes grow are not the job's: a ``torch.profiler``
+window (its warm-up and active steps, and the step after it, while its
+export runs on a thread) keeps its events and the profiler's buffers in
+host memory, hundreds of MB on a small CNN. Such ``excluded`` steps are cut
+out of the series: the series is rebuilt from the step-over-step changes of
+the steps kept (a window's jump is not carried over), the slope is per
+judged step, and at least :data:`MIN_STEPS` steps must remain.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -82,16 +91,29 @@ def hinge_start(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> int:
     return int(cand[int(np.argmin(sse))])
 
 
-def growth(values: npt.ArrayLike, first_step: int = 0) -> dict[str, Any]:
+def growth(values: npt.ArrayLike, first_step: int = 0, excluded: Iterable[int] = ()) -> dict[str, Any]:
     """The growth of one per-step series (bytes at each step's end, in step
-    order; step ``k`` of it is step ``first_step + k`` of the run)."""
-    y = np.asarray(values, dtype=np.float64)
+    order; step ``k`` of it is step ``first_step + k`` of the run), judged
+    on the steps not ``excluded`` (run step numbers; see the module
+    documentation)."""
+    raw = np.asarray(values, dtype=np.float64)
+    n_all = len(raw)
+    steps = first_step + np.arange(n_all)
+    drop = np.isin(steps, np.fromiter((int(s) for s in excluded), dtype=np.int64))
+    kept = np.flatnonzero(~drop)
+    if n_all and drop.any():
+        # Stitch: the kept steps' changes only, from the first value on.
+        d = np.diff(raw, prepend=raw[0])
+        y = raw[0] + np.cumsum(np.where(drop, 0.0, d))[kept]
+    else:
+        y = raw
     n = len(y)
     out: dict[str, Any] = {
-        "steps": n,
-        "start_b": float(y[0]) if n else None,
-        "end_b": float(y[-1]) if n else None,
-        "peak_b": float(y.max()) if n else None,
+        "steps": n_all,
+        "steps_judged": n,
+        "start_b": float(raw[0]) if n_all else None,
+        "end_b": float(raw[-1]) if n_all else None,
+        "peak_b": float(raw.max()) if n_all else None,
         "growth_b_per_step": None,
         "growth_ci_b_per_step": None,
         "growth_total_b": None,
@@ -99,6 +121,10 @@ def growth(values: npt.ArrayLike, first_step: int = 0) -> dict[str, Any]:
         "leak": False,
         "verdict": f"too few steps (fewer than {MIN_STEPS})",
     }
+    if n < MIN_STEPS <= n_all:
+        out["verdict"] = (
+            f"too few steps outside the profiler's windows ({n} of {n_all}; fewer than {MIN_STEPS}): not judged"
+        )
     if n < MIN_STEPS or not np.isfinite(y).all():
         if n >= MIN_STEPS:
             out["verdict"] = "not judged: the series holds non-finite values"
@@ -125,5 +151,5 @@ def growth(values: npt.ArrayLike, first_step: int = 0) -> dict[str, Any]:
         ),
     )
     if leak:
-        out["began_at_step"] = first_step + int(idx[hinge_start(x, y[idx])])
+        out["began_at_step"] = first_step + int(kept[idx[hinge_start(x, y[idx])]])
     return out

@@ -19,6 +19,22 @@ Lightning's fit with ``FastprofProfiler``), before the Profiler closes:
 
 The exception then propagates unchanged (same object, same traceback).
 Nothing here raises: a failure to capture is a warning.
+
+An OOM the job catches itself (a retry with a smaller batch) never leaves
+the Profiler; torch's OOM observer
+(``torch._C._cuda_attach_out_of_memory_observer``, called by the allocator
+before it raises) captures it too, with the phase and frames of the stack
+that allocated. The observer is attached once per process, at the first
+step's end after the job initialised CUDA (attaching earlier would create
+a CUDA context for a job that may not use one), and routes to the running
+Profilers. Captures are rate-limited: at most one per step (an exception
+leaving the Profiler in a step the observer already captured only adds its
+text to oom.json) and :data:`MAX_CAPTURES` per run; oom.json holds the
+latest and lists the earlier ones.
+
+:func:`add_oom_listener` registers ``fn(profiler, exc_or_None)``, called
+after each capture (``None`` from the observer); a listener's exception is
+a warning.
 """
 
 from __future__ import annotations
@@ -27,19 +43,24 @@ import json
 import os
 import pickle
 import sys
+import threading
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from fastprof._core import FastprofWarning
 from fastprof.memory._files import atomic, write_atomic
 
 #: Top groups of live allocations kept in oom.json.
 TOP_GROUPS = 10
 #: User frames kept in ``where``.
 WHERE_FRAMES = 5
+#: Captures per run (one per step at most); later OOMs are only counted.
+MAX_CAPTURES = 5
 
 _TORCH_DIR = os.sep + "torch" + os.sep
 _FASTPROF_DIR = str(Path(__file__).resolve().parents[1])
@@ -58,10 +79,11 @@ def is_oom(exc: BaseException | None) -> bool:
     return bool(kinds) and isinstance(exc, kinds)
 
 
-def phase_and_where(tb: TracebackType | None) -> tuple[str, list[str]]:
-    """The training phase of a traceback's stack, and its innermost user
-    frames (``file:line in function``, innermost first)."""
-    frames = traceback.extract_tb(tb)
+def phase_and_where(tb: TracebackType | list[traceback.FrameSummary] | None) -> tuple[str, list[str]]:
+    """The training phase of a traceback's stack (or of a stack's frames,
+    outermost first, as ``traceback.extract_stack`` gives them), and its
+    innermost user frames (``file:line in function``, innermost first)."""
+    frames = list(tb) if isinstance(tb, list) else traceback.extract_tb(tb)
     files = [f.filename.replace("\\", "/") for f in frames]
     if any(
         "/torch/autograd/" in f or (f.endswith("/torch/_tensor.py") and fr.name == "backward")
@@ -134,11 +156,17 @@ def _cuda_part(torch: Any, mem_dir: Path) -> dict[str, Any]:
         part["device_total_b"] = total
     except Exception:  # noqa: BLE001 - a figure less, not a failure
         pass
+    from fastprof.memory.history import _mark, _ticks
+
+    ticks = _ticks()
     snap = torch.cuda.memory._snapshot()
     path = mem_dir / "oom_snapshot.pickle"
     with atomic(path) as f:
         pickle.dump(snap, f)
     part["snapshot"] = str(path)
+    part["snapshot_bytes"] = path.stat().st_size
+    part["snapshot_entries"] = sum(len(t) for t in snap.get("device_traces") or [])
+    _mark("memory.oom.dump", ticks, path=str(path), bytes=part["snapshot_bytes"], entries=part["snapshot_entries"])
     groups, with_frames = largest_live(snap)
     part["largest"] = groups
     part["largest_by"] = (
@@ -150,45 +178,191 @@ def _cuda_part(torch: Any, mem_dir: Path) -> dict[str, Any]:
     return part
 
 
-def capture(prof: Any, exc: BaseException) -> Path | None:
+def capture(prof: Any, exc: BaseException | None, stack: list[traceback.FrameSummary] | None = None) -> Path | None:
     """Write ``rank{R}/memory/oom.json`` (and the allocator snapshot) for an
-    out-of-memory error leaving the Profiler; say where on stderr. Returns
-    the oom.json path, None when it could not be written (a warning says
-    why). Never raises."""
+    out-of-memory error: ``exc`` leaving the Profiler, or (``exc`` None)
+    torch's OOM observer with the allocating ``stack``; say where on stderr;
+    then call the listeners. Returns the oom.json path, None when nothing
+    was written (a warning says why, or the rate limit held it). Never
+    raises."""
     try:
-        phase, where = phase_and_where(exc.__traceback__)
+        state = _state(prof)
+        step = prof.batch
         mem_dir = Path(prof.rank_dir) / "memory"
+        if state["step"] == step and state["doc"] is not None:
+            # Captured in this step already (the observer, then the exception
+            # it raised leaving the Profiler): the exception's text, no new snapshot.
+            if exc is not None and state["doc"].get("exception") is None:
+                state["doc"]["exception"] = _exception(exc)
+                write_atomic(mem_dir / "oom.json", json.dumps(state["doc"], indent=1, default=str))
+            return None
+        if state["captures"] >= MAX_CAPTURES:
+            state["skipped"] += 1
+            return None
+        phase, where = phase_and_where(stack if exc is None else exc.__traceback__)
         mem_dir.mkdir(parents=True, exist_ok=True)
         doc: dict[str, Any] = {
-            "exception": f"{type(exc).__name__}: {str(exc)[:1000]}",
+            "exception": None if exc is None else _exception(exc),
+            "source": "observer" if exc is None else "exception",
             "time_ns": time.time_ns(),
             "rank": prof.rank,
-            "step": prof.batch,
+            "step": step,
             "epoch": prof.epoch,
             "phase": phase,
             "where": where,
         }
         torch = sys.modules.get("torch")
+        t0 = time.perf_counter()
         try:
             doc["cuda"] = _cuda_part(torch, mem_dir)
         except Exception as e:  # noqa: BLE001 - the rest of the capture still counts
             doc["cuda"] = {"available": False, "reason": f"allocator state unreadable: {type(e).__name__}: {e}"}
+        doc["capture_s"] = time.perf_counter() - t0
+        if state["doc"] is not None:
+            earlier = state["doc"].pop("earlier", [])
+            doc["earlier"] = [*earlier, {k: state["doc"].get(k) for k in ("step", "phase", "source", "exception")}]
         try:
             from fastprof import _core
 
-            _core.instant("memory.oom", step=prof.batch, phase=phase)
+            _core.instant("memory.oom", step=step, phase=phase, source=doc["source"])
         except Exception:  # noqa: BLE001 - the instant is a nicety
             pass
         path = write_atomic(mem_dir / "oom.json", json.dumps(doc, indent=1, default=str))
+        state.update(step=step, doc=doc, captures=state["captures"] + 1)
+        state["paths"] = {"oom": str(path), "snapshot": doc["cuda"].get("snapshot")}
         cuda = doc["cuda"]
         snap = cuda.get("snapshot") if cuda.get("available") else f"no allocator snapshot ({cuda.get('reason')})"
         at = f", {where[0]}" if where else ""
+        caught = "" if exc is not None else " (seen by torch's OOM observer)"
         print(
-            f"fastprof: out of memory at step {prof.batch} ({phase}{at}): {path}; allocator snapshot: {snap}",
+            f"fastprof: out of memory at step {step} ({phase}{at}){caught}: {path}; allocator snapshot: {snap}",
             file=sys.stderr,
             flush=True,
         )
-        return path
     except Exception as e:  # noqa: BLE001 - profiling never takes the job down, nor changes its error
         warnings.warn(f"fastprof: could not capture the out-of-memory state: {type(e).__name__}: {e}", stacklevel=2)
         return None
+    _notify(prof, exc)
+    return path
+
+
+def _exception(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:1000]}"
+
+
+def _state(prof: Any) -> dict[str, Any]:
+    """A Profiler's capture state (kept on it: one per run)."""
+    st = getattr(prof, "_oom_state", None)
+    if st is None:
+        st = {"step": None, "doc": None, "captures": 0, "skipped": 0, "paths": None}
+        prof._oom_state = st
+    return st
+
+
+def summary(prof: Any) -> dict[str, Any]:
+    """``profiler.json``'s ``memory.oom``: the captures, and the observer."""
+    st = _state(prof)
+    return {
+        "captures": st["captures"],
+        "skipped_over_limit": st["skipped"],
+        "last": st["paths"],
+        "observer": _observer["status"],
+    }
+
+
+# ------------------------------------------------------------------ listeners
+
+_listeners: list[Callable[[Any, BaseException | None], Any]] = []
+
+
+def add_oom_listener(fn: Callable[[Any, BaseException | None], Any]) -> None:
+    """Call ``fn(profiler, exc_or_None)`` after each out-of-memory capture
+    (``exc`` None when torch's OOM observer saw it). A listener's exception
+    is a warning; the job and the other listeners go on."""
+    if fn not in _listeners:
+        _listeners.append(fn)
+
+
+def remove_oom_listener(fn: Callable[[Any, BaseException | None], Any]) -> None:
+    """Stop calling ``fn``; nothing when it was not registered."""
+    if fn in _listeners:
+        _listeners.remove(fn)
+
+
+def _notify(prof: Any, exc: BaseException | None) -> None:
+    for fn in list(_listeners):
+        try:
+            fn(prof, exc)
+        except Exception as e:  # noqa: BLE001 - a listener never takes the job down
+            warnings.warn(
+                f"fastprof: out-of-memory listener {getattr(fn, '__qualname__', fn)!r} failed: {type(e).__name__}: {e}",
+                FastprofWarning,
+                stacklevel=2,
+            )
+
+
+# ------------------------------------------------------------------ torch's OOM observer
+
+_observer: dict[str, Any] = {"status": "not attached", "attached": False}
+_watched: list[Any] = []
+_lock = threading.Lock()
+
+
+def watch(prof: Any) -> bool:
+    """``prof`` started: route the observer's calls to it. Returns True when
+    the observer is still to be attached (at a step's end once the job has
+    initialised CUDA: call :func:`poll` then), False when it is attached or
+    cannot be (the reason is the observer's status)."""
+    with _lock:
+        _watched.append(prof)
+    if _observer["attached"]:
+        return False
+    torch = sys.modules.get("torch")
+    if torch is None:
+        _observer["status"] = "unavailable: torch is not imported"
+        return False
+    if not hasattr(torch._C, "_cuda_attach_out_of_memory_observer"):
+        _observer["status"] = f"unavailable: torch {torch.__version__} has no OOM observer"
+        return False
+    try:
+        available = bool(torch.cuda.is_available())
+    except Exception as e:  # noqa: BLE001
+        available, _observer["status"] = False, f"unavailable: torch.cuda.is_available() raised {e}"
+    if not available:
+        _observer["status"] = "unavailable: no CUDA device (torch.cuda.is_available() is False)"
+        return False
+    _observer["status"] = "waiting for the job to initialise CUDA"
+    return True
+
+
+def unwatch(prof: Any) -> None:
+    """``prof`` stopped."""
+    with _lock:
+        if prof in _watched:
+            _watched.remove(prof)
+
+
+def poll() -> bool:
+    """At a step's end: attach the observer once the job has initialised
+    CUDA. Returns True while still waiting."""
+    if _observer["attached"]:
+        return False
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return True
+        torch._C._cuda_attach_out_of_memory_observer(_on_oom)
+    except Exception as e:  # noqa: BLE001 - the exception path still captures
+        _observer["status"] = f"unavailable: attaching failed: {type(e).__name__}: {e}"
+        return False
+    _observer.update(attached=True, status="attached")
+    return False
+
+
+def _on_oom(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+    """torch's allocator is about to raise an OOM (on the allocating thread)."""
+    stack = traceback.extract_stack(sys._getframe(1))
+    with _lock:
+        profs = [p for p in _watched if getattr(p, "_state", None) == "running"]
+    for prof in profs:
+        capture(prof, None, stack)

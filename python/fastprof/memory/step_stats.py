@@ -46,6 +46,8 @@ class StepMemory:
         self.host: str = "off (memory_stats=False)"
         self.cuda: str = "off (memory_stats=False)"
         self.cuda_steps = 0
+        #: The step loop calls on_step_end (CUDA is there to read).
+        self.hooked = False
         self._torch: Any = None
         self._names = [_core.name_id(name) for _, name in CUDA_COUNTERS] if enabled else []
 
@@ -69,6 +71,7 @@ class StepMemory:
             self.cuda = "unavailable: no CUDA device (torch.cuda.is_available() is False)"
             return
         self._torch = torch
+        self.hooked = True
         self.cuda = "waiting for the job to initialise CUDA"
         steps.memory_hook(True)
 

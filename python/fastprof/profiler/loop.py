@@ -70,6 +70,7 @@ from fastprof._options import _value
 from fastprof._recorder import Recorder, current
 from fastprof.always_on.triggers import DEFAULT_FLIGHT_SECONDS, TriggerDriver, Triggers
 from fastprof.memory import collector as _collect
+from fastprof.memory import oom as _oom
 from fastprof.memory.history import HistoryDriver, MemoryHistory
 from fastprof.memory.history import driver as history_driver
 from fastprof.memory.oom import capture as capture_oom
@@ -101,6 +102,14 @@ _ACTION_LEVEL = {
 _QUIET = frozenset((Action.SKIP_FIRST, Action.WAIT, Action.DISABLED))
 #: The steps of a window (the allocator history records during them).
 _RECORDING = frozenset((Action.WARMUP, Action.ACTIVE, Action.ACTIVE_AND_SAVE))
+
+
+def _warn_first(what: str, errors: list[str]) -> None:
+    """One warning for a part's failures: the first, and how many more
+    (all in profiler.json)."""
+    if errors:
+        more = f" (and {len(errors) - 1} more: see profiler.json)" if len(errors) > 1 else ""
+        warnings.warn(f"fastprof: {what}: {errors[0]}{more}; training went on", FastprofWarning, stacklevel=4)
 
 
 class _LoaderNames:
@@ -173,6 +182,8 @@ class Profiler:
         self._triggers: TriggerDriver | None = None
         self._history: HistoryDriver | None = None
         self._history_due: tuple[int, int, int] | None = None
+        self._oom_pending = False
+        self._memory_dir_error: str | None = None
         self._model = model
         self.model_summary_path: Path | None = None
         self._memory = StepMemory(self.memory_stats)
@@ -351,9 +362,21 @@ class Profiler:
         self._memory.start(self._steps)
         if self.memory_history is not None:
             self._history = history_driver(self.memory_history)
-        _collect.reset()
-        if self._model is not None:
+        self._memory_dir_error = None
+        if self._model is not None or (self._history is not None and self._history.available):
+            self._memory_dir_error = self._check_memory_folders()
+        if self._history is not None:
+            if self._memory_dir_error is not None and self._history.available:
+                self._history.reason = f"the memory folder cannot be written: {self._memory_dir_error}"
+            if self._history.state_every and self._history.available:
+                self._steps.memory_hook(True)  # the state-only snapshots are taken at step ends
+        self._oom_pending = _oom.watch(self)
+        if self._oom_pending:
+            self._steps.memory_hook(True)  # torch's OOM observer is attached at a step's end
+        _collect.reset(self.rank_dir / "memory", unwritable=self._memory_dir_error)
+        if self._model is not None and self._memory_dir_error is None:
             self._write_model_summary()
+        self._model = None  # the Profiler keeps no reference to the model
         if self.triggers is not None:
             try:
                 self._triggers = TriggerDriver(self.triggers, self)
@@ -427,23 +450,35 @@ class Profiler:
                     FastprofWarning,
                     stacklevel=3,
                 )
+            if self._history is not None:
+                # Before the recorder stops: the last dumps' writes are on the timeline.
+                self._history.close(
+                    self._history_path(self.epoch, self.batch, self.batch_in_epoch), self.batch, 5.0 if abrupt else 60.0
+                )
+                _warn_first("allocator history", self._history.errors())
             self._stop_persistent_workers()
             if self._triggers is not None:
                 self._triggers.stop()
             if self._owns_recorder and self.recorder.active:
                 self.recorder.stop()
-            if self._history is not None:
-                self._history.close(
-                    self._history_path(self.epoch, self.batch, self.batch_in_epoch), self.batch, 5.0 if abrupt else 60.0
-                )
+            _collect.wait(5.0 if abrupt else 60.0)
+            _warn_first(
+                "allocator snapshots of collected calls",
+                [f"{e['path']}: {e['error']}" for e in _collect.summary()["snapshots"] if e.get("error")],
+            )
             _outputs.write_summary(self)
-            _collect.write(self.rank_dir / "memory")
+            try:
+                if self._memory_dir_error is None:
+                    _collect.write(self.rank_dir / "memory")
+            except OSError as e:  # the rest of the run (summary, merge) is written all the same
+                _warn_first("memory collection", [f"{self.rank_dir / 'memory'}: {type(e).__name__}: {e}"])
             _outputs.finish(self, wait=reason is None, merged=reason != "SIGTERM")
         except Exception as e:  # noqa: BLE001 - profiling never takes the job down
             warnings.warn(f"fastprof: Profiler.stop failed: {type(e).__name__}: {e}", FastprofWarning, stacklevel=3)
         finally:
             self._state = "stopped"
             _exits.unregister(self)
+            _oom.unwatch(self)
         return self.trace_path
 
     def __enter__(self) -> Profiler:
@@ -534,12 +569,40 @@ class Profiler:
         if self._history is not None and self._state != "stopped":
             self._history.end(self._action.saves, self._history_path(epoch, batch, batch_in_epoch), batch)
 
-    def _history_path(self, epoch: int, batch: int, batch_in_epoch: int) -> Path:
-        """Where the allocator history of the window ending at this step goes."""
+    def _history_path(self, epoch: int, batch: int, batch_in_epoch: int, state: bool = False) -> Path:
+        """Where the allocator history of the window ending at this step goes
+        (``state``: the state-only snapshot taken at this step's end)."""
         cfg = self.memory_history
         assert cfg is not None
         v = {**self._variables(), "epoch": epoch, "batch": batch, "batch_in_epoch": batch_in_epoch}
-        return self.run_dir / str(cfg.folder).format(**v) / str(cfg.filename).format(**v)
+        name = cfg.state_filename if state else cfg.filename
+        return self.run_dir / str(cfg.folder).format(**v) / str(name).format(**v)
+
+    def _check_memory_folders(self) -> str | None:
+        """Before training: the folders memory files go to can be written
+        (``rank{R}/memory`` and the history's folder, at epoch and batch 0).
+        None when they can; else what failed, said in one warning, and the
+        allocator history, model summary and collection files are skipped."""
+        folders = {self.rank_dir / "memory"}
+        if self.memory_history is not None:
+            v = {**self._variables(), "epoch": 0, "batch": 0, "batch_in_epoch": 0}
+            folders.add(self.run_dir / str(self.memory_history.folder).format(**v))
+        for d in sorted(folders):
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                probe = d / f".fastprof-probe.tmp-{os.getpid()}"
+                probe.write_bytes(b"")
+                probe.unlink()
+            except OSError as e:
+                why = f"{d}: {type(e).__name__}: {e.strerror or e}"
+                warnings.warn(
+                    f"fastprof: cannot write the memory folder {why}; no allocator history, model summary or "
+                    "memory collection files this run; training goes on",
+                    FastprofWarning,
+                    stacklevel=3,
+                )
+                return why
+        return None
 
     def _write_model_summary(self) -> None:
         """``Profiler(model=...)``: the model's summary to ``model_depth``
@@ -555,9 +618,17 @@ class Profiler:
         finally:
             self._model = None  # the Profiler keeps no reference to the model
 
-    def _on_memory(self) -> None:
-        """The step loop, at a step's end: the CUDA allocator's statistics."""
-        self._memory.on_step_end()
+    def _on_memory(self, epoch: int, batch: int, batch_in_epoch: int) -> None:
+        """The step loop, at step ``batch``'s end (quiet steps too): the CUDA
+        allocator's statistics, and a state-only allocator snapshot when one
+        is due."""
+        if self._memory.hooked:
+            self._memory.on_step_end()
+        if self._oom_pending:
+            self._oom_pending = _oom.poll()
+        h = self._history
+        if h is not None and self._state != "stopped" and h.state_due(batch):
+            h.state(self._history_path(epoch, batch, batch_in_epoch, state=True), batch, epoch)
 
     def _on_fetched(self) -> bool:
         """A batch came for a step whose torch step was held back: step torch

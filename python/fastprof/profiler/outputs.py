@@ -43,6 +43,8 @@ def write_summary(prof: Profiler) -> None:
         "memory": {
             **prof._memory.summary(),
             "history": None if prof._history is None else prof._history.summary(),
+            "collect": _collect_summary(),
+            "oom": _oom_summary(prof),
         },
         "torch": None
         if prof._driver is None
@@ -59,6 +61,18 @@ def write_summary(prof: Profiler) -> None:
         os.replace(tmp, prof.rank_dir / "profiler.json")
     finally:
         tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file
+
+
+def _collect_summary() -> dict[str, Any]:
+    from fastprof.memory import collector
+
+    return collector.summary()
+
+
+def _oom_summary(prof: Profiler) -> dict[str, Any]:
+    from fastprof.memory import oom
+
+    return oom.summary(prof)
 
 
 def finish(prof: Profiler, wait: bool = True, merged: bool = True) -> None:

@@ -101,6 +101,9 @@ class RunData:
     #: The operator table of the report's memory section (a
     #: ``fastprof.memory.OperatorTable``), written beside the report.
     operator_table: Any = None
+    #: Every window's operator table, by the file stem written beside the
+    #: report (``operators.rank{R}.<window>``): (stem, OperatorTable).
+    operator_tables: list[tuple[str, Any]] = field(default_factory=list)
     #: The step-time breakdown's columns (a ``reports.breakdown.Breakdown``),
     #: once the report has computed it: breakdown.csv and the page's bars.
     breakdown: Any = None

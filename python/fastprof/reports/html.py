@@ -412,7 +412,10 @@ def _memory(page: _Page, doc: dict[str, Any], data: RunData) -> None:
         for o in mem.get("oom") or []:
             if o.get("step") is not None:
                 fig.add_vline(x=o["step"], line_color="#000000")
+        marked = _mark_windows(fig, data, [int(r["rank"]) for r in ranks])
         page.plot(fig)
+        for what, spans in marked.items():
+            page.note(f"Shaded: {what} ({', '.join(spans)}).")
         for r in ranks:
             g = r["growth_b_per_step"]
             said = f"{human_bytes(g)} per step" if g is not None and g >= 0 else "-"
@@ -443,6 +446,41 @@ def _memory(page: _Page, doc: dict[str, Any], data: RunData) -> None:
             f"the layers to depth {model['depth']} are in {model['file']}."
         )
     page.add("</section>")
+
+
+#: What the Memory plot shades: profiler.json's windows, with their colours.
+_WINDOW_SHADES = (
+    (("memory", "history"), "allocator history windows", "#8e44ad", 0.18),
+    (("torch",), "torch.profiler windows, left out of the growth judgement", "#7f8c8d", 0.10),
+)
+
+
+def _mark_windows(fig: go.Figure, data: RunData, ranks: list[int]) -> dict[str, list[str]]:
+    """Shade each window of the plotted ranks (steps first..last) on the
+    Memory plot; returns what was shaded, for the note under it."""
+    marked: dict[str, list[str]] = {}
+    for keys, what, colour, opacity in _WINDOW_SHADES:
+        seen: set[tuple[int, int]] = set()
+        for rank in ranks:
+            for w in _windows_of(data.profiler.get(rank), keys):
+                try:
+                    first, last = int(w["first_step"]), int(w["last_step"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if (first, last) not in seen:
+                    seen.add((first, last))
+                    fig.add_vrect(x0=first - 0.5, x1=last + 0.5, fillcolor=colour, opacity=opacity, line_width=0)
+                    marked.setdefault(what, []).append(f"steps {first}-{last}")
+    return marked
+
+
+def _windows_of(profiler: Any, keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """profiler.json's ``<keys...>.windows`` (empty when absent)."""
+    part = profiler
+    for k in keys:
+        part = part.get(k) if isinstance(part, dict) else None
+    windows = part.get("windows") if isinstance(part, dict) else None
+    return [w for w in windows if isinstance(w, dict)] if isinstance(windows, list) else []
 
 
 def _top_spans(page: _Page, doc: dict[str, Any]) -> None:

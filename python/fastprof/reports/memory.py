@@ -2,7 +2,10 @@
 step (:mod:`fastprof.memory.leaks`), from the Profiler's per-step counters
 (:mod:`fastprof.memory.step_stats`): the CUDA allocator's bytes allocated at
 each step's end where the job used CUDA, else the process's resident memory.
-Warm-up steps are left out, as from the rates."""
+Warm-up steps are left out, as from the rates, and so are the steps of the
+profiler's own windows (torch.profiler and allocator history: their steps
+and the step after each, while its export runs), whose growth is the
+profiler's (:func:`fastprof.memory.leaks.growth`)."""
 
 from __future__ import annotations
 
@@ -35,12 +38,14 @@ def memory_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | No
             continue
         skip = warmup_steps if len(values) > warmup_steps else 0
         _, peaks = data.counter(CUDA_PEAK, r)
+        windows = window_steps(data.profiler.get(r) or {})
         per_rank.append(
             {
                 "rank": r,
                 "series": name,
                 "warmup_steps_excluded": skip,
-                **growth(values[skip:], skip),
+                "window_steps_excluded": len(windows & set(range(skip, len(values)))),
+                **growth(values[skip:], skip, windows),
                 # The highest per-step peak of the allocator (all steps):
                 # what `fastprof diff --max-memory-growth` compares first.
                 "cuda_allocated_peak_b": float(peaks.max()) if len(peaks) else None,
@@ -56,12 +61,28 @@ def memory_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | No
         "model": model,
         "oom": ooms,
         "method": (
-            "Theil-Sen slope of the per-step series with Sen's 95% interval; a leak when the interval is "
+            "Theil-Sen slope of the per-step series (warm-up and the profiler's window steps left out, "
+            "the rest stitched by their step-over-step changes) with Sen's 95% interval; a leak when the interval is "
             f"above zero and the run adds at least {MIN_GROWTH_BYTES >> 20} MiB and "
             f"{100 * MIN_GROWTH_SHARE:g}% of the median"
         ),
         "per_rank": per_rank,
     }, None
+
+
+def window_steps(profiler: dict[str, Any]) -> set[int]:
+    """The steps a rank's profiler windows touched (``profiler.json``): each
+    torch.profiler and allocator-history window's steps, and the step after
+    it (its export or dump runs on a thread then)."""
+    steps: set[int] = set()
+    for part in ((profiler.get("torch") or {}), ((profiler.get("memory") or {}).get("history") or {})):
+        for w in part.get("windows") or []:
+            try:
+                first, last = int(w["first_step"]), int(w["last_step"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            steps.update(range(first, last + 2))
+    return steps
 
 
 def _oom_row(rank: int, doc: dict[str, Any]) -> dict[str, Any]:
@@ -108,52 +129,103 @@ TOP_OPERATORS = 10
 MAX_OPERATOR_TRACE_BYTES = 64 << 20
 
 
+#: Windows whose operator tables a report writes (the latest first kept).
+MAX_OPERATOR_WINDOWS = 64
+
+
+def _window_stem(rank: int, path: str) -> str:
+    """``operators.rank{R}.<window file name without its trace suffix>``."""
+    name = os.path.basename(path)
+    for suffix in (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return f"operators.rank{rank}.{name}"
+
+
 def _operators(data: RunData) -> dict[str, Any] | None:
-    """The last saved torch window of the lowest rank with one, read by
+    """Every saved torch window of every rank, each read by
     :func:`fastprof.memory.operator_table` (its trace, never torch's printed
-    table): the top operators by self CPU memory; the whole table goes to
-    operators.json / operators.csv beside the report."""
+    table) into its own table beside the report
+    (``operators.rank{R}.<window>.json`` / ``.csv``); report.json keeps the
+    top operators by self CPU memory of the lowest rank's last window
+    (also ``operators.json`` / ``operators.csv``) and the list of windows."""
     from fastprof.memory.operators import operator_table
 
+    per_rank: dict[int, list[dict[str, Any]]] = {}
     for rank in sorted(data.profiler):
         torch_doc = data.profiler[rank].get("torch") or {}
-        saved = [w for w in torch_doc.get("windows") or [] if w.get("saved") and w.get("path")]
-        if not saved:
-            continue
-        path = str(saved[-1]["path"])
-        try:
-            size = os.path.getsize(path)
-        except OSError as e:
-            data.cols.warnings.append(f"{path}: no operator table ({e})")
-            return None
-        if size > MAX_OPERATOR_TRACE_BYTES:
-            data.cols.warnings.append(
-                f"{path}: no operator table in the report ({size / 2**20:.0f} MB: over "
-                f"{MAX_OPERATOR_TRACE_BYTES >> 20} MB, it is read whole); fastprof.memory.operator_table(path) reads it"
-            )
-            return None
-        try:
-            table = operator_table(path, top=TOP_OPERATORS)
-        except (OSError, ValueError) as e:
-            data.cols.warnings.append(f"{path}: no operator table ({e})")
-            return None
-        data.operator_table = table
-        return {
+        kept = [w for w in torch_doc.get("windows") or [] if w.get("saved") and w.get("path")]
+        if kept:
+            per_rank[rank] = kept
+    if not per_rank:
+        return None
+    # At most MAX_OPERATOR_WINDOWS tables: each rank's latest windows.
+    each = max(1, MAX_OPERATOR_WINDOWS // len(per_rank))
+    saved = [(rank, w) for rank, ws in per_rank.items() for w in ws[-each:]]
+    left_out = sum(len(ws) for ws in per_rank.values()) - len(saved)
+    if left_out:
+        data.cols.warnings.append(
+            f"{left_out} earlier torch window(s) without an operator table in the report (it reads each rank's "
+            f"latest {each}); fastprof.memory.operator_table(path) reads one"
+        )
+    windows: list[dict[str, Any]] = []
+    last_of_first: tuple[int, str, Any] | None = None
+    lowest = saved[0][0]
+    for rank, w in saved:
+        path = str(w["path"])
+        row: dict[str, Any] = {
             "rank": rank,
             "window": path,
-            "memory_recorded": bool(table.memory_recorded),
-            "note": table.note,
-            "top_self_cpu_memory": [
-                {
-                    "name": r.name,
-                    "count": int(r.count),
-                    "self_cpu_memory_b": int(r.self_cpu_memory),
-                    "allocated_b": None if r.cpu_allocated is None else int(r.cpu_allocated),
-                    "freed_b": None if r.cpu_freed is None else int(r.cpu_freed),
-                    "self_cpu_time_us": float(r.self_cpu_time_us),
-                }
-                for r in table.top.get("self_cpu_memory", [])
-            ],
-            "files": ["operators.json", "operators.csv"],
+            "first_step": w.get("first_step"),
+            "last_step": w.get("last_step"),
+            "memory_recorded": None,
+            "files": [],
+            "reason": None,
         }
-    return None
+        windows.append(row)
+        try:
+            size = os.path.getsize(path)
+            if size > MAX_OPERATOR_TRACE_BYTES:
+                row["reason"] = (
+                    f"{size / 2**20:.0f} MB on disk: over {MAX_OPERATOR_TRACE_BYTES >> 20} MB, it is read whole"
+                )
+                data.cols.warnings.append(
+                    f"{path}: no operator table in the report ({row['reason']}); "
+                    "fastprof.memory.operator_table(path) reads it"
+                )
+                continue
+            table = operator_table(path, top=TOP_OPERATORS)
+        except (OSError, ValueError) as e:
+            row["reason"] = str(e)
+            data.cols.warnings.append(f"{path}: no operator table ({e})")
+            continue
+        stem = _window_stem(rank, path)
+        data.operator_tables.append((stem, table))
+        row["memory_recorded"] = bool(table.memory_recorded)
+        row["files"] = [f"{stem}.json", f"{stem}.csv"]
+        if rank == lowest:
+            last_of_first = (rank, path, table)
+    if last_of_first is None:
+        return None
+    rank, path, table = last_of_first
+    data.operator_table = table
+    return {
+        "rank": rank,
+        "window": path,
+        "memory_recorded": bool(table.memory_recorded),
+        "note": table.note,
+        "top_self_cpu_memory": [
+            {
+                "name": r.name,
+                "count": int(r.count),
+                "self_cpu_memory_b": int(r.self_cpu_memory),
+                "allocated_b": None if r.cpu_allocated is None else int(r.cpu_allocated),
+                "freed_b": None if r.cpu_freed is None else int(r.cpu_freed),
+                "self_cpu_time_us": float(r.self_cpu_time_us),
+            }
+            for r in table.top.get("self_cpu_memory", [])
+        ],
+        "files": ["operators.json", "operators.csv"],
+        "windows": windows,
+    }

@@ -195,9 +195,11 @@ def _memory_growth(memory: dict[str, Any] | None) -> dict[str, Any]:
     from fastprof.memory.leaks import MIN_GROWTH_BYTES
 
     threshold = float(MIN_GROWTH_BYTES)
-    ranks = [r for r in (memory or {}).get("per_rank") or [] if r.get("growth_b_per_step") is not None]
+    every = (memory or {}).get("per_rank") or []
+    ranks = [r for r in every if r.get("growth_b_per_step") is not None]
     if not ranks:
-        return _check("memory_growth", "not_evaluated", None, threshold, "needs per-step memory statistics")
+        why = f"rank {every[0]['rank']}: {every[0]['verdict']}" if every else "needs per-step memory statistics"
+        return _check("memory_growth", "not_evaluated", None, threshold, why)
     worst = max(ranks, key=lambda r: float(r["growth_total_b"]))
     total = float(worst["growth_total_b"])
     if worst["leak"]:

@@ -304,11 +304,17 @@ def _write(
             if data.operator_table is not None:
                 (tmp / "operators.json").write_text(json.dumps(data.operator_table.to_dict(), indent=1) + "\n")
                 names.append("operators.json")
+            for stem, table in data.operator_tables:  # one table per torch window
+                (tmp / f"{stem}.json").write_text(json.dumps(table.to_dict(), indent=1) + "\n")
+                names.append(f"{stem}.json")
         if "csv" in fmts:
             names.extend(p.name for p in write_csv(doc, tmp, data.breakdown))
             if data.operator_table is not None:
                 (tmp / "operators.csv").write_text(data.operator_table.csv_text())
                 names.append("operators.csv")
+            for stem, table in data.operator_tables:
+                (tmp / f"{stem}.csv").write_text(table.csv_text())
+                names.append(f"{stem}.csv")
         if "html" in fmts:
             names.append(write_html(doc, data, tmp).name)
             tick("report.html")

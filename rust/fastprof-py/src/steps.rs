@@ -243,8 +243,9 @@ pub struct _StepLoop {
     pending: Option<PyErr>,
     /// Per-step host memory (issue #16), when on.
     rss: Option<RssAtStepEnd>,
-    /// Call the hooks' `_on_memory()` at every step's end, quiet ones too
-    /// (the CUDA allocator's per-step statistics, read in Python).
+    /// Call the hooks' `_on_memory(epoch, batch, batch_in_epoch)` at every
+    /// step's end, quiet ones too (the CUDA allocator's per-step statistics
+    /// and state-only snapshots, read in Python).
     memory_hook: bool,
     /// The anomaly trigger's step times, when on.
     times: Option<StepTimes>,
@@ -395,7 +396,7 @@ impl _StepLoop {
             }
         }
         if self.memory_hook {
-            self.call(py, "_on_memory", ());
+            self.call(py, "_on_memory", (epoch, batch, bie));
         }
         if !self.quiet {
             self.call(py, "_on_end_annotation", ());
@@ -554,7 +555,7 @@ impl _StepLoop {
         }
     }
 
-    /// Call the hooks' `_on_memory()` at every step's end (or stop).
+    /// Call the hooks' `_on_memory(epoch, batch, batch_in_epoch)` at every step's end (or stop).
     fn memory_hook(&mut self, on: bool) {
         self.memory_hook = on;
     }
