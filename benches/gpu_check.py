@@ -44,10 +44,13 @@ Items (each PASS, FAIL or SKIP with the reason; figures beside):
 10. ``collect_snapshots``: ``collect(..., snapshots=True)``: FTS-named
     allocator snapshots at a collected call's start and end, the call's
     32 MiB in the end one.
-11. ``triggered_window``: the always-on (#17) path, skipped while not built.
+11. ``triggered_window``: the always-on path (#17): SIGUSR2 at a step arms
+    a torch window of 3 steps from the next boundary (its kernels counted),
+    a flight dump is written; the always-on Profiler's step time against
+    none, interleaved.
 
 Without a GPU every item is skipped with the reason and the script exits 0.
-``--dry-run-cpu`` runs items 3 and 4 on the CPU (no GPU verdict: it checks
+``--dry-run-cpu`` runs items 3, 4 and 11 on the CPU (no GPU verdict: it checks
 this script's own logic, as the test suite does). ``--quick`` shortens
 everything (a 10 s sampler run, fewer steps and rounds).
 
@@ -959,20 +962,84 @@ def check_memory_history(env: Env, tmp: Path) -> Callable[[Item], Any]:
 # ------------------------------------------------------------------ 9. later work
 
 
-def check_later(env: Env, what: str, module: str, attr: str) -> Callable[[Item], Any]:
-    def fn(it: Item) -> Any:
-        import importlib
+def check_triggered_window(env: Env, tmp: Path, quick: bool) -> Callable[[Item], Any]:
+    """Issue #17 on a real CUDA step: SIGUSR2 at a step arms a torch window
+    of 3 steps from the next boundary (kernels in it), a flight dump is
+    written, and the always-on Profiler's step time against none."""
 
-        try:
-            mod = importlib.import_module(module)
-            built = hasattr(mod, attr)
-        except ImportError:
-            built = False
-        if not built:
-            return it.skip(f"not built yet ({what}: {module}.{attr} is missing)")
-        if not env.cuda:
+    def fn(it: Item) -> Any:
+        if not env.cuda and not env.dry:
             return it.skip(f"no GPU: {env.cuda_reason}")
-        return it.skip(f"{module}.{attr} exists but this script has no check for it yet")
+        import signal
+
+        torch, dev = env.torch, env.device
+        step = env.step()
+        n = 30 if quick else 60
+        trig = fastprof.Triggers(min_interval_s=0, steps=3, anomaly=False)
+        prof = fastprof.Profiler(
+            out_dir=tmp, run_name="triggered", schedule="never", torch=True, triggers=trig, sample_hz=100
+        )
+        sent = None
+        with prof:
+            for i in prof.loader(range(n)):
+                step()
+                if i == n // 3:
+                    sent = prof.batch
+                    os.kill(os.getpid(), signal.SIGUSR2)
+                prof.step()
+        sync(torch, dev)
+        st = _load_json(prof.rank_dir / "triggers.json")
+        caps = st["captures"]
+        problems = []
+        if len(caps) != 1 or caps[0]["status"] != "done":
+            return it.verdict(False, f"captures: {caps}")
+        cap = caps[0]
+        latency = cap["first_step"] - int(sent or 0)
+        w = cap.get("window") or {}
+        it.figures.update(latency_steps=latency, window=w, flight_dumps=st["flight_dumps"])
+        if latency > 1:
+            problems.append(f"capture began {latency} steps after the signal")
+        if not w.get("path"):
+            problems.append(f"no window file ({w.get('error')})")
+        kernels = 0
+        if w.get("path"):
+            events = _load_json(Path(w["path"]))["traceEvents"]
+            kernels = sum(1 for e in events if e.get("cat") == "kernel")
+        it.figures["kernels_in_window"] = kernels
+        if not env.dry and kernels == 0:
+            problems.append("no kernels in the triggered window")
+        if not st["flight_dumps"] or st["flight_dumps"][0].get("error"):
+            problems.append(f"flight dump: {st['flight_dumps']}")
+        # The always-on Profiler (never schedule, triggers armed, flight
+        # window) against no fastprof on the same step, interleaved blocks.
+        blocks: dict[str, list[float]] = {"none": [], "always-on": []}
+        for r in range(3 if quick else 5):
+            for case in ("none", "always-on") if r % 2 == 0 else ("always-on", "none"):
+                p = None
+                if case == "always-on":
+                    p = fastprof.Profiler(
+                        out_dir=tmp, run_name=f"aon-{r}", schedule="never", merge=False, sync_clocks=False
+                    ).start()
+                times = []
+                for _ in range(20 if quick else 50):
+                    t0 = time.perf_counter()
+                    step()
+                    sync(torch, dev)
+                    times.append(time.perf_counter() - t0)
+                    if p is not None:
+                        p.step()
+                if p is not None:
+                    p.stop()
+                blocks[case].append(statistics.median(times))
+        base, aon = statistics.median(blocks["none"]), statistics.median(blocks["always-on"])
+        it.figures.update(step_ms_none=base * 1e3, step_ms_always_on=aon * 1e3, overhead_pct=(aon / base - 1) * 100)
+        detail = (
+            f"capture {latency} step(s) after SIGUSR2, {kernels} kernels in it; always-on step "
+            f"{aon * 1e3:.2f} ms vs {base * 1e3:.2f} ms ({(aon / base - 1) * 100:+.2f} %)"
+        )
+        if env.dry:
+            return it.verdict(not problems, "dry run on CPU (no GPU verdict): " + ("; ".join(problems) or detail))
+        return it.verdict(not problems, detail + ("; " + "; ".join(problems) if problems else ""))
 
     return fn
 
@@ -1003,7 +1070,7 @@ def main() -> int:
             run_item("oom_capture", check_oom(env, tmp)),
             run_item("oom_observer", check_oom_observer(env, tmp)),
             run_item("collect_snapshots", check_collect_snapshots(env, tmp)),
-            run_item("triggered_window", check_later(env, "issue #17", "fastprof.always_on", "trigger")),
+            run_item("triggered_window", check_triggered_window(env, tmp, args.quick)),
         ]
     out = {
         "machine": machine(),

@@ -27,6 +27,7 @@ GPU_ITEMS = (
     "memory_history",
     "oom_observer",
     "collect_snapshots",
+    "triggered_window",
 )
 
 torch = pytest.importorskip("torch")
@@ -55,8 +56,6 @@ def test_without_a_gpu_every_gpu_item_is_skipped_with_its_reason(tmp_path: Path)
         assert items[name]["status"] == "SKIP" and items[name]["detail"].startswith("no GPU"), items[name]
     # NVML's own reason, as the sampler's probe gives it.
     assert doc["nvml"]["available"] is False and doc["nvml"]["reason"] in items["nvml_sampler"]["detail"]
-    for name in ("triggered_window",):
-        assert items[name]["status"] == "SKIP", items[name]
     assert "0 failed" in p.stdout and list(tmp_path.iterdir()) == [tmp_path / "gpu_check.json"]
 
 
@@ -70,6 +69,9 @@ def test_the_cpu_dry_run_exercises_the_window_and_overhead_checks(tmp_path: Path
     assert window["figures"]["breakdown_steps"] > 0 and window["figures"]["parts_sum_to_step"] is True
     assert overhead["status"] == "PASS" and len(overhead["figures"]["overhead_pct_rounds"]) == 3, overhead
     assert items["nvml_sampler"]["status"] == "SKIP" and items["energy"]["status"] == "SKIP"
+    trig = items["triggered_window"]
+    assert trig["status"] == "PASS" and trig["figures"]["latency_steps"] <= 1, trig
+    assert trig["figures"]["window"]["active_steps"] == 3 and trig["figures"]["flight_dumps"], trig
 
 
 def test_gpu_events_outside_their_step_are_counted() -> None:

@@ -25,6 +25,7 @@ from fastprof.reports.recommendations import recommend
 from fastprof.reports.speed import speed_report
 from fastprof.reports.system import system_report
 from fastprof.reports.time import time_report
+from fastprof.reports.triggers import triggers_report
 
 SCHEMA_ID = "fastprof.report"
 SCHEMA_VERSION = 3
@@ -165,6 +166,7 @@ def _build_from(
         "breakdown_reason": reason,
         "memory": memory,
         "memory_reason": memory_reason,
+        "triggers": triggers_report(data),
         "recommendations": recs,
     }
 

@@ -126,6 +126,20 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None) -> None
                 f"MiB, growth {_s(g and g / 2**20, '{:+.3f}')} MiB/step: {r['verdict']}"
                 + (f" from step {r['began_at_step']}" if r["leak"] else "")
             )
+    for r in (doc.get("triggers") or {}).get("per_rank") or []:
+        for a in r["anomalies"]:
+            con.print(
+                f"Slow step on rank {r['rank']}: step {a['step']} took {a['duration_ms']:.1f} ms, "
+                f"{_s(a['factor'], '{:.1f}')}x the median {a['median_ms']:.1f} ms ({a['action']})"
+            )
+        for c in r["captures"]:
+            last = c["first_step"] + c["steps"] - 1
+            con.print(
+                f"Capture on rank {r['rank']} ({c['source']}): steps {c['first_step']}..{last}, {c['status']}"
+                + (f": {c['file']}" if c["file"] else "")
+            )
+        for d in r["flight_dumps"]:
+            con.print(f"Flight dump on rank {r['rank']} ({d['reason']}, step {d['step']}): {d['file'] or d['error']}")
     recs = doc["recommendations"]["items"]
     con.print("[bold]Recommendations[/bold]" if recs else "Recommendations: none fired")
     for r in recs:
