@@ -1,0 +1,158 @@
+"""``fastprof run``: profile a training script with no change to it. The
+script runs in this process as ``python script.py`` (or ``python -m
+module``) would run it, under a ``fastprof.Profiler``: host sampling, steps
+from ``optimizer.step()``, DataLoader passes timed, the run directory
+written; at the end the report command is printed on stderr. The script's
+stdout, stderr and exit status are its own.
+
+Examples:
+  fastprof run train.py --epochs 3
+  fastprof run -o runs --run-name baseline -m mypkg.train --lr 0.1
+  fastprof run --schedule epoch:warmup=1,active=4 train.py     # with a torch.profiler window
+  torchrun --nproc-per-node 2 -m fastprof run --run-name job train.py
+
+Long-run defaults: no torch.profiler window (a fixed window costs Kineto's
+start-up and memory, and writes to stderr: --torch-window or --schedule ask
+for one); sampling at the options table's rate (--sample-hz, FASTPROF_SAMPLE_HZ).
+Every other option comes from its FASTPROF_* variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from typing import Any
+
+from fastprof.cli.errors import CommandError
+
+
+def add_parser(verbs: Any) -> None:
+    p = verbs.add_parser(
+        "run",
+        help="profile a script or module with no change to it (script.py | -m module [args...])",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="fastprof run [options] (script.py | -m module) [args ...]",
+    )
+    p.add_argument(
+        "-o",
+        "--out-dir",
+        "--out",
+        dest="out_dir",
+        default=None,
+        help="parent of the run directory (default: fastprof_runs)",
+    )
+    p.add_argument(
+        "--run-name",
+        default=None,
+        help="run directory name (default: run-<timestamp>; torchrun: run-<rdzv id>, give one when the id is 'none')",
+    )
+    p.add_argument("--sample-hz", type=float, default=None, help="sampler ticks per second, 0 = off (default: 10)")
+    p.add_argument(
+        "--schedule",
+        default=None,
+        help="torch.profiler windows on this schedule, e.g. epoch:warmup=1,active=4 or cyclic:wait=10,active=2",
+    )
+    p.add_argument(
+        "--torch-window",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.profiler windows on the schedule (default: off; --schedule turns them on)",
+    )
+    p.add_argument(
+        "-m",
+        dest="module",
+        nargs=argparse.REMAINDER,
+        metavar="module",
+        help="run a library module as a script, as python -m does (the rest are its arguments)",
+    )
+    p.add_argument("script", nargs=argparse.REMAINDER, help="the script and its arguments")
+    p.set_defaults(run=run)
+
+
+def _profiler_options(args: argparse.Namespace) -> dict[str, Any]:
+    from fastprof._options import BY_NAME, _value
+
+    env = os.environ
+    # Absolute: a script that changes directory must not move the run's files.
+    out_dir = os.path.abspath(os.fspath(_value(BY_NAME["out_dir"], args.out_dir, env)))
+    kw: dict[str, Any] = {"out_dir": out_dir, "run_name": args.run_name, "sample_hz": args.sample_hz}
+    if args.schedule is not None:
+        kw["schedule"] = args.schedule
+    if args.torch_window is False:
+        kw["torch"] = False
+    elif args.torch_window or args.schedule is not None:
+        kw["torch"] = True
+    elif not (env.get("FASTPROF_TORCH", "").strip() or env.get("FASTPROF_SCHEDULE", "").strip()):
+        kw["torch"] = False  # the long-run default; the variables, when set, decide
+    return kw
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastprof.always_on import run as zero
+
+    if args.module is not None:
+        if not args.module:
+            raise CommandError("-m: give the module to run (-m module [args ...])", exit_code=2)
+        name, rest = args.module[0], args.module[1:]
+        if args.script:
+            raise CommandError(f"give either a script or -m module, not both ({args.script[0]} and -m {name})", 2)
+    else:
+        words = list(args.script)
+        if words[:1] == ["--"]:
+            words = words[1:]
+        if not words:
+            raise CommandError("nothing to run: fastprof run [options] (script.py | -m module) [args ...]", 2)
+        name, rest = words[0], words[1:]
+    kw = _profiler_options(args)
+    try:
+        target = zero.module_target(name) if args.module is not None else zero.script_target(name)
+    except zero.TargetError as e:
+        raise CommandError(str(e), e.exit_code) from None
+    except zero.CompileFailed as e:
+        zero.print_exception(e.error)  # as Python prints a SyntaxError: no traceback
+        return 1
+
+    from fastprof.profiler.loop import Profiler
+
+    prof = Profiler(**kw)  # a bad option: ConfigError, one line, before the script runs
+    ended = zero.run(target, rest, prof)
+    _next_command(prof, target.label)
+    if ended is None:
+        return 0
+    if isinstance(ended, SystemExit):
+        code = ended.code
+        if code is None or isinstance(code, int):
+            raise SystemExit(code)  # Python's own handling: None is 0, an int that status
+        return 1  # a message: printed already (zero.run), and Python exits 1
+    if type(ended) is KeyboardInterrupt:
+        # Python ends an uncaught Ctrl-C by SIGINT once the interpreter is
+        # finalised (the shell sees 130): an uncaught KeyboardInterrupt out
+        # of here does exactly that. Its traceback is already printed.
+        sys.excepthook = _silent
+        ended.fastprof_script = True  # type: ignore[attr-defined]
+        raise ended
+    return 1
+
+
+def _silent(*_: Any) -> None:
+    pass
+
+
+def _next_command(prof: Any, label: str) -> None:
+    """Rank 0 says where the run is and which command reads it (stderr)."""
+    if prof._state != "stopped" or prof.rank != 0:
+        return
+    run_dir = str(prof.run_dir)
+    rel = os.path.relpath(run_dir)
+    shown = rel if not rel.startswith("..") else run_dir
+    world = int(prof.recorder.options.world_size)
+    ranks = f", {world} ranks" if world > 1 else ""
+    print(
+        f"fastprof run: {label}: {prof.batch} steps{ranks} recorded in {shown}\n"
+        f"fastprof run: next: fastprof report {shlex.quote(shown)}",
+        file=sys.stderr,
+        flush=True,
+    )
