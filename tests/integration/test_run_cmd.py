@@ -157,6 +157,83 @@ def test_the_report_reads_the_run(trained: dict[str, Any]) -> None:
     assert [v["passes"] for v in speed["validation"]] == [2]
 
 
+# Loops written other ways, one epoch each: a pass over the validation
+# loader with autograd on before training (a sanity check: not an epoch);
+# epoch 0 steps two optimizers per batch (one step per batch); epoch 1 makes
+# a new DataLoader and leaves it with break after 5 batches; epoch 2
+# accumulates gradients over 2 batches per optimizer step. Validation after
+# each epoch opens its pass with autograd on (no_grad inside the loop).
+PATTERNS = textwrap.dedent(
+    """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    g, d = torch.nn.Linear(8, 2), torch.nn.Linear(8, 2)
+    opt_g = torch.optim.SGD(g.parameters(), lr=0.1)
+    opt_d = torch.optim.SGD(d.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(32, 8))
+    val = DataLoader(TensorDataset(torch.randn(8, 8)), batch_size=4)
+
+    def validate():
+        for (x,) in val:
+            with torch.no_grad():
+                g(x)
+
+    validate()
+    train = DataLoader(data, batch_size=4)
+    for (x,) in train:
+        g(x).sum().backward()
+        opt_g.step()
+        d(x).sum().backward()
+        opt_d.step()
+    validate()
+    train = DataLoader(data, batch_size=4, shuffle=True)
+    for i, (x,) in enumerate(train):
+        if i == 5:
+            break
+        g(x).sum().backward()
+        opt_g.step()
+    validate()
+    for i, (x,) in enumerate(train):
+        g(x).sum().backward()
+        if i % 2 == 1:
+            opt_g.step()
+            opt_g.zero_grad()
+    validate()
+    """
+)
+
+
+def test_loop_patterns_give_one_step_per_optimizer_batch_and_one_epoch_per_training_pass(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    (tmp_path / "loops.py").write_text(PATTERNS)
+    r = _run([*RUN, "-o", str(tmp_path / "out"), "--run-name", "loops", "loops.py"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    run = tmp_path / "out" / "loops"
+    prof = json.loads((run / "rank0" / "profiler.json").read_text())
+    assert (prof["steps"], prof["epochs"]) == (17, 3)
+    events = _events(run / "trace.json.gz")
+    steps = sorted((e for e in events if e.get("ph") == "X" and e["name"] == "step"), key=lambda e: e["ts"])
+    assert [(s["args"]["epoch"], s["args"]["batch_in_epoch"]) for s in steps] == [
+        *((0, b) for b in range(8)),
+        *((1, b) for b in range(5)),
+        *((2, b) for b in range(4)),
+    ]
+    fetches = [e for e in events if e.get("ph") == "X" and e["name"] == "loader.train.next"]
+
+    def fetched(s: dict[str, Any]) -> int:
+        return sum(s["ts"] <= f["ts"] and f["ts"] + f["dur"] <= s["ts"] + s["dur"] + 0.002 for f in fetches)
+
+    # The sanity pass before training may open step 0 (its batches are
+    # fetched with autograd on); every later step holds its own batches.
+    assert [fetched(s) for s in steps[1:]] == [1] * 12 + [2] * 4
+    # The validation passes after training are val's; the sanity pass came
+    # before any optimizer step, when any autograd pass might be training's.
+    val = [e for e in events if e.get("ph") == "X" and e["name"] == "loader.val.iter"]
+    assert len(val) == 3
+
+
 # ------------------------------------------------- as python would run it
 
 PROBE = textwrap.dedent(

@@ -17,16 +17,22 @@ keeps, in this process, not a child):
   the code is compiled without fastprof's ``__future__`` flags.
 
 What the script never says is inferred (:class:`ZeroCode`): steps end at
-``optimizer.step()`` (torch's global post hook), and every pass over a
+``optimizer.step()`` (torch's global post hook; a second optimizer stepped
+in the same batch ends no second step), and every pass over a
 ``torch.utils.data.DataLoader`` is timed, with ``DataLoader.__iter__``
-patched for the run's duration. The **train** pass is the one the steps run
-in: a pass opened with autograd enabled, while no other train pass is open,
-over the loader whose passes hold optimizer steps once one has (until then
-the first such pass is taken for it). Its batches begin the steps
-(:meth:`fastprof.Profiler.begin_step`), each pass is an epoch; the others
-are timed as ``loader.val.next`` (``val2``, ... for more loaders) outside
-the steps. A loader class that overrides ``__iter__`` is left alone (its
-iterator may be more than an iterator).
+patched for the run's duration. The **train** loader is the one the steps
+run in: its passes begin a step at each batch
+(:meth:`fastprof.Profiler.begin_step`) and each is an epoch
+(``begin_epoch`` / ``end_epoch``, the framework-loop calls). Until it is
+known, any pass opened with autograd enabled may be it: it begins steps at
+its batches, and its epoch begins at its first optimizer step (so a
+``sanity`` pass before training, with autograd on, shifts no epoch). Once
+known: its own passes, a pass over its dataset (a DataLoader made anew each
+epoch), or any autograd pass once it is gone; never a pass opened inside a
+train pass or under ``no_grad``. Other passes are timed as
+``loader.val.next`` (``val2``, ... for more loaders) outside the steps. A
+loader class that overrides ``__iter__`` is left alone (its iterator may be
+more than an iterator).
 
 torch is not imported up front: a script may set ``TORCH_*`` / ``OMP_*``
 variables or ``sys.path`` before its own ``import torch``, and a script
@@ -277,8 +283,13 @@ class ZeroCode:
         self._hook: Any = None
         #: Optimizer steps on the training thread so far.
         self.optimizer_steps = 0
-        #: The open train pass, and the loader the steps run in (once known).
-        self._train_pass: _Pass | None = None
+        #: The open train pass (its serial; 0: none), its loader, whether its
+        #: epoch has begun (a first pass's begins at its first optimizer step).
+        self._serial = 0
+        self._train = 0
+        self._train_of: weakref.ref[Any] | None = None
+        self._epoch_begun = False
+        #: The loader the steps ran in, once known.
         self._train_loader: weakref.ref[Any] | None = None
         self._names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         #: A batch was fetched in the train pass since the last boundary.
@@ -347,12 +358,21 @@ class ZeroCode:
         if not self._live():
             return
         self.optimizer_steps += 1
-        if self._train_pass is not None:
+        if self._train:
             if not self.fetched:
                 # A second optimizer in the same batch (a GAN's two): the
                 # step already ended at the first.
                 return
             self.fetched = False
+            if not self._epoch_begun:
+                # The first pass with an optimizer step in it: the train
+                # loader is found, and its epoch (epoch 0: the first step,
+                # open since the pass's first batch, keeps its start) begins.
+                loader = None if self._train_of is None else self._train_of()
+                if loader is not None:
+                    self._epoch_begun = True
+                    self._train_loader = weakref.ref(loader)
+                    self.prof.begin_epoch(_length(loader))
         self.prof.steps_by_optimizer += 1
         self.prof.step()
 
@@ -371,17 +391,26 @@ class ZeroCode:
         except Exception as e:  # noqa: BLE001 - never in the way of the job's data
             self._warn("DataLoader timing failed", e)
             return original(loader)
-        return _Pass(self, loader, name, train)
+        self._serial += 1
+        return _Pass(self, loader, name, train, self._serial)
 
     def _is_train(self, loader: Any) -> bool:
-        if self._train_pass is not None:
-            return False  # a pass inside the train pass (validation mid-epoch)
+        """Is a pass over ``loader`` opened now the train pass? Not inside
+        another train pass (validation mid-epoch), nor without autograd.
+        Before the train loader is known, any other pass may be (its epoch
+        waits for its first optimizer step); then the train loader's own
+        passes are, or one over its dataset (a DataLoader made anew each
+        epoch), or any once it is gone."""
+        if self._train:
+            return False
         import torch
 
         if not torch.is_grad_enabled():
             return False
-        known = None if self._train_loader is None else self._train_loader()
-        return known is None or known is loader
+        if self._train_loader is None:
+            return True
+        known = self._train_loader()
+        return known is None or known is loader or getattr(known, "dataset", None) is getattr(loader, "dataset", ())
 
     def _name(self, loader: Any) -> str:
         name = self._names.get(loader)
@@ -391,18 +420,24 @@ class ZeroCode:
         return name
 
     def pass_began(self, p: _Pass) -> None:
-        if p.train:
-            self._train_pass = p
-            self.fetched = False
+        if not p.train:
+            return
+        self._train, self._train_of, self.fetched = p.serial, weakref.ref(p.loader), False
+        self._epoch_begun = self._train_loader is not None
+        if self._epoch_begun:
             self.prof.begin_epoch(_length(p.loader))
 
     def pass_ended(self, p: _Pass, loader: Any) -> None:
-        if self.optimizer_steps > p.opt0:
-            # The steps ran in this loader's pass: it is the train loader.
+        train = p.serial == self._train
+        if train:
+            self._train, self._train_of = 0, None
+            if self._epoch_begun:
+                self._epoch_begun = False
+                self.prof.end_epoch()
+        if self.optimizer_steps > p.opt0 and not self._train:
+            # Steps ran in this pass (and in no train pass around it): its
+            # loader is the train loader from now on.
             self._train_loader = weakref.ref(loader)
-        if p.train and self._train_pass is p:
-            self._train_pass = None
-            self.prof.end_epoch()
 
 
 class _Pass:
@@ -413,10 +448,13 @@ class _Pass:
     loader is exhausted, or when the loop leaves it (``break``: the pass is
     dropped)."""
 
-    __slots__ = ("_it", "_loader", "_zero", "done", "name", "opt0", "train")
+    __slots__ = ("_it", "_loader", "_zero", "done", "name", "opt0", "serial", "train")
 
-    def __init__(self, zero: ZeroCode, loader: Any, name: str, train: bool) -> None:
+    def __init__(self, zero: ZeroCode, loader: Any, name: str, train: bool, serial: int) -> None:
+        # The ZeroCode holds no reference back (the serial names the pass):
+        # a pass the loop left is freed at once, and its epoch ends then.
         self._zero = zero
+        self.serial = serial
         self._loader: Any = loader
         self.name = name
         self.train = train
