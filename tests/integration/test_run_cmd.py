@@ -128,6 +128,20 @@ def test_unmodified_script_gets_steps_from_its_optimizer_and_epochs_from_its_loa
     assert {"proc.rss [B]", "proc.cpu_user [%]", "children.count"} <= names, names
 
 
+def test_torch_window_on_request_only(trained: dict[str, Any], tmp_path: Path) -> None:
+    # The long-run default: no fixed torch.profiler window.
+    assert not (trained["run"] / "rank0" / "torch").exists()
+    assert json.loads((trained["run"] / "rank0" / "profiler.json").read_text())["torch"] is None
+    (tmp_path / "train.py").write_text(TRAIN)
+    schedule = "cyclic:wait=1,warmup=1,active=2,repeat=1"
+    r = _run([*RUN, "-o", "out", "--run-name", "w", "--schedule", schedule, "train.py", "0"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    (window,) = (tmp_path / "out" / "w" / "rank0" / "torch").iterdir()
+    with gzip.open(window, "rt") as f:
+        marks = sorted(e["name"] for e in json.load(f)["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
+    assert marks == ["ProfilerStep#2", "ProfilerStep#3"]
+
+
 def test_dataloader_workers_still_work_and_record_their_fetches(trained: dict[str, Any]) -> None:
     workers = sorted(p.name for p in (trained["run"] / "rank0" / "workers").iterdir())
     assert len(workers) == 4 and all(w.startswith("train-w") for w in workers), workers  # 2 workers x 2 epochs
@@ -444,13 +458,14 @@ def test_torchrun_two_ranks_each_write_their_rank(tmp_path: Path) -> None:
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT"):
         env.pop(k, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-    cmd += ["--master-port", str(_free_port()), "-m", "fastprof", "run", "-o", str(out), "--run-name", "job"]
-    cmd.append("train.py")
+    # No run name, and torchrun's rendezvous id is its default 'none': the
+    # ranks still agree on one run directory.
+    cmd += ["--master-port", str(_free_port()), "-m", "fastprof", "run", "-o", str(out), "train.py"]
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)
     assert r.returncode == 0, r.stderr
     # (the ranks' prints interleave: unbuffered, the text and its newline are two writes)
     assert "rank 0 done" in r.stdout and "rank 1 done" in r.stdout, r.stdout
-    run = out / "job"
+    (run,) = _runs(out)
     for rank in (0, 1):
         prof = json.loads((run / f"rank{rank}" / "profiler.json").read_text())
         assert (prof["rank"], prof["world_size"], prof["steps"], prof["exit"]) == (rank, 2, 6, "stop")

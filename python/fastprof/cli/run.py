@@ -9,7 +9,7 @@ Examples:
   fastprof run train.py --epochs 3
   fastprof run -o runs --run-name baseline -m mypkg.train --lr 0.1
   fastprof run --schedule epoch:warmup=1,active=4 train.py     # with a torch.profiler window
-  torchrun --nproc-per-node 2 -m fastprof run --run-name job train.py
+  torchrun --nproc-per-node 2 -m fastprof run train.py      # every rank in one run directory
 
 Long-run defaults: no torch.profiler window (a fixed window costs Kineto's
 start-up and memory, and writes to stderr: --torch-window or --schedule ask
@@ -23,6 +23,7 @@ import argparse
 import os
 import shlex
 import sys
+import time
 from typing import Any
 
 from fastprof.cli.errors import CommandError
@@ -47,7 +48,8 @@ def add_parser(verbs: Any) -> None:
     p.add_argument(
         "--run-name",
         default=None,
-        help="run directory name (default: run-<timestamp>; torchrun: run-<rdzv id>, give one when the id is 'none')",
+        help="run directory name (default: run-<timestamp>; torchrun: run-<rdzv id>, or from the torchrun agent "
+        "when the id is 'none' on one node; give one across nodes)",
     )
     p.add_argument("--sample-hz", type=float, default=None, help="sampler ticks per second, 0 = off (default: 10)")
     p.add_argument(
@@ -78,7 +80,8 @@ def _profiler_options(args: argparse.Namespace) -> dict[str, Any]:
     env = os.environ
     # Absolute: a script that changes directory must not move the run's files.
     out_dir = os.path.abspath(os.fspath(_value(BY_NAME["out_dir"], args.out_dir, env)))
-    kw: dict[str, Any] = {"out_dir": out_dir, "run_name": args.run_name, "sample_hz": args.sample_hz}
+    run_name = args.run_name if args.run_name is not None else _torchrun_run_name(env)
+    kw: dict[str, Any] = {"out_dir": out_dir, "run_name": run_name, "sample_hz": args.sample_hz}
     if args.schedule is not None:
         kw["schedule"] = args.schedule
     if args.torch_window is False:
@@ -88,6 +91,47 @@ def _profiler_options(args: argparse.Namespace) -> dict[str, Any]:
     elif not (env.get("FASTPROF_TORCH", "").strip() or env.get("FASTPROF_SCHEDULE", "").strip()):
         kw["torch"] = False  # the long-run default; the variables, when set, decide
     return kw
+
+
+def _torchrun_run_name(env: Any) -> str | None:
+    """The run name every rank of a one-node torchrun job agrees on when
+    torchrun's rendezvous id is ``none`` (its default; the recorder names a
+    run ``run-<id>`` otherwise): ``run-<agent start>-<agent pid>``, from the
+    torchrun agent, the parent of every local rank. None when not under
+    torchrun, or a name was given; across nodes nothing local is shared,
+    so a name must be."""
+    if "TORCHELASTIC_RUN_ID" not in env or env.get("FASTPROF_RUN_NAME", "").strip():
+        return None
+    if env["TORCHELASTIC_RUN_ID"] not in ("", "none"):
+        return None
+    try:
+        world, local = int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        return None
+    if world < 2:
+        return None
+    if local != world:
+        raise CommandError(
+            f"torchrun across nodes ({world} ranks, {local} here) with rendezvous id 'none': the ranks cannot "
+            "agree on a run directory; give --run-name NAME (or FASTPROF_RUN_NAME, or torchrun --rdzv-id)",
+            exit_code=2,
+        )
+    agent = os.getppid()
+    started = _started(agent)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started)) if started is not None else "torchrun"
+    return f"run-{stamp}-{agent}"
+
+
+def _started(pid: int) -> float | None:
+    """When process ``pid`` started (epoch seconds), from /proc; None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
