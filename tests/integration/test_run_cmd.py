@@ -371,6 +371,9 @@ LOOP = textwrap.dedent(
     import signal, sys
     import torch
 
+    # Python's own SIGINT handler (as in a terminal, even where the test
+    # runner started this process with SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if sys.argv[1] == "handler":
         def on_term(signum, frame):
             print("script's handler", flush=True)
@@ -389,8 +392,8 @@ LOOP = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("mode", ["default", "handler"])
-def test_sigterm_ends_as_the_script_decides_after_the_run_is_saved(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize("mode", ["default", "handler", "sigint"])
+def test_signals_end_the_run_as_the_script_decides_after_it_is_saved(tmp_path: Path, mode: str) -> None:
     pytest.importorskip("torch")
     (tmp_path / "loop.py").write_text(LOOP)
     out = tmp_path / "out"
@@ -404,7 +407,7 @@ def test_sigterm_ends_as_the_script_decides_after_the_run_is_saved(tmp_path: Pat
     )
     try:
         assert p.stdout is not None and p.stdout.readline() == "ready\n"
-        p.send_signal(signal.SIGTERM)
+        p.send_signal(signal.SIGINT if mode == "sigint" else signal.SIGTERM)
         stdout, stderr = p.communicate(timeout=60)
     finally:
         p.kill()
@@ -414,10 +417,18 @@ def test_sigterm_ends_as_the_script_decides_after_the_run_is_saved(tmp_path: Pat
         assert p.returncode == -signal.SIGTERM, stderr
         assert prof["exit"] == "SIGTERM"
         assert "fastprof: SIGTERM: rank 0's data is saved" in stderr
-    else:
+    elif mode == "handler":
         assert p.returncode == 7, stderr
         assert stdout == "script's handler\n"
         assert prof["exit"] == "exception: SystemExit"
+    else:
+        # Ctrl-C: Python's traceback from the script's frame, then death by
+        # SIGINT (a shell shows 130), once the run is saved.
+        assert p.returncode == -signal.SIGINT, stderr
+        assert prof["exit"] == "exception: KeyboardInterrupt"
+        tb = stderr[stderr.index("Traceback (most recent call last):") :]
+        assert tb.splitlines()[1].startswith(f'  File "{tmp_path / "loop.py"}", line ')
+        assert "\nKeyboardInterrupt\n" in tb and "fastprof run: next: fastprof report " in tb
 
 
 # ------------------------------------------------------------- torchrun
