@@ -364,6 +364,15 @@ def test_missing_script_or_module_is_one_line(tmp_path: Path, args: list[str], s
     assert _runs(tmp_path / "out") == []
 
 
+def test_unwritable_run_directory_runs_the_script_unprofiled(tmp_path: Path) -> None:
+    (tmp_path / "s.py").write_text("import sys\nprint('ran')\nsys.exit(4)\n")
+    (tmp_path / "taken").write_text("a file where the run directory should go")
+    r = _run([*RUN, "-o", "taken", "s.py"], tmp_path)
+    assert (r.returncode, r.stdout) == (4, "ran\n")
+    assert "training goes on without profiling" in r.stderr and "FastprofWarning" in r.stderr
+    assert _fastprof_lines(r.stderr) == []
+
+
 # ------------------------------------------------------------- signals
 
 LOOP = textwrap.dedent(
