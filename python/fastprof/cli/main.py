@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from fastprof import __version__
 from fastprof._core import FastprofError
-from fastprof.cli import demo, diff, doctor, merge, report, summary, trigger
+from fastprof.cli import demo, diff, doctor, merge, report, run, summary, trigger
 from fastprof.cli.errors import CommandError, describe
 
 __all__ = ["CommandError", "build_parser", "describe", "main"]
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_parser(verbs)
     diff.add_parser(verbs)
     doctor.add_parser(verbs)
+    run.add_parser(verbs)
     trigger.add_parser(verbs)
     return parser
 
@@ -47,7 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FastprofError as e:
         print(f"fastprof {args.verb}: error: {describe(e)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        if getattr(e, "fastprof_script", False):
+            raise  # `fastprof run`: the script's own Ctrl-C ends the process as Python would (SIGINT)
         print(f"fastprof {args.verb}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:

@@ -730,19 +730,37 @@ class Profiler:
         def setup(it: Iterable[T]) -> Iterator[T]:
             # At the first next(), as a generator would: a loader made but
             # never iterated starts no epoch.
-            self._instrument_workers(it, name)
-            bs = getattr(it, "batch_size", None)
-            if isinstance(bs, int) and not isinstance(bs, bool) and bs > 0 and self._state == "running":
-                # Samples per batch, for the reports' samples/s.
-                _core.counter(f"loader.{name}.batch_size", bs)
-            if train and self._state == "running":
-                self._new_epoch(it)
-            with _core.span(f"loader.{name}.iter"):
-                iterator = iter(it)
-            return iterator
+            return self._open_pass(it, name, train)
 
         steps = self._steps if train and self._state == "running" else None
         return _core._LoaderIter(iterable, setup, steps, names.next, names.wait)
+
+    def _open_pass(
+        self, it: Iterable[T], name: str, train: bool, opener: Callable[[Iterable[T]], Iterator[T]] = iter
+    ) -> Iterator[T]:
+        """A pass over ``it`` begins: its workers record, its batch size is
+        counted, a train pass starts an epoch, and ``opener(it)`` (``iter``,
+        or ``fastprof run``'s unpatched ``DataLoader.__iter__``) is timed as
+        ``loader.<name>.iter``. Returns the pass's iterator."""
+        self._instrument_workers(it, name)
+        bs = getattr(it, "batch_size", None)
+        if isinstance(bs, int) and not isinstance(bs, bool) and bs > 0 and self._state == "running":
+            # Samples per batch, for the reports' samples/s.
+            _core.counter(f"loader.{name}.batch_size", bs)
+        if train and self._state == "running":
+            self._new_epoch(it)
+        with _core.span(f"loader.{name}.iter"):
+            iterator = opener(it)
+        return iterator
+
+    def _timed(self, iterator: Iterator[T], name: str) -> Iterator[T]:
+        """Time each ``next()`` of an iterator already opened (by
+        :meth:`_open_pass`) as ``loader.<name>.next`` (no step bookkeeping:
+        the caller says where steps begin)."""
+        names = self._loader_names.get(name)
+        if names is None:
+            names = self._loader_names[name] = _LoaderNames(name)
+        return _core._LoaderIter(iterator, _same, None, names.next, names.wait)
 
     def _new_epoch(self, iterable: Iterable[Any]) -> None:
         try:
@@ -807,6 +825,10 @@ class Profiler:
         if self.recorder.active:
             _dist.apply_to_recorder(self.recorder, sync)
             _core.instant("fastprof.clock_sync", phase=phase, **entry)
+
+
+def _same(it: T) -> T:
+    return it
 
 
 def _exception_reason(exc: BaseException | None) -> str | None:
