@@ -487,6 +487,18 @@ def _parsed(opt: Option, raw: object) -> tuple[bool, Any]:
         return False, None
 
 
+def prefixed(prefix: str) -> Callable[..., Option]:
+    """The maker of a config object's options (``TorchWindows``,
+    ``MemoryHistory``, ``Triggers``): each one's variable is
+    ``FASTPROF_<PREFIX>_<NAME>`` and its documented default its repr."""
+
+    def make(name: str, kind: str, default: Any, expect: str, doc: str, parse: Any, check: Any = None) -> Option:
+        args = (name, kind, default, (f"FASTPROF_{prefix}_{name.upper()}",), expect, doc, repr(default), parse)
+        return Option(*args) if check is None else Option(*args, check)
+
+    return make
+
+
 def _value(opt: Option, given: object, env: Mapping[str, str]) -> Any:
     """Explicit argument > first set environment variable > default, checked."""
     if given is not None:

@@ -129,9 +129,12 @@ def test_unmodified_script_gets_steps_from_its_optimizer_and_epochs_from_its_loa
 
 
 def test_torch_window_on_request_only(trained: dict[str, Any], tmp_path: Path) -> None:
-    # The long-run default: no fixed torch.profiler window.
+    # The long-run default: no fixed torch.profiler window (the "never"
+    # schedule), torch.profiler kept for the windows triggers ask for.
     assert not (trained["run"] / "rank0" / "torch").exists()
-    assert json.loads((trained["run"] / "rank0" / "profiler.json").read_text())["torch"] is None
+    summary = json.loads((trained["run"] / "rank0" / "profiler.json").read_text())
+    assert summary["torch"]["windows"] == [] and "NeverSchedule" in summary["schedule"]
+    assert summary["triggers"]["signal"] == "SIGUSR2"
     (tmp_path / "train.py").write_text(TRAIN)
     schedule = "cyclic:wait=1,warmup=1,active=2,repeat=1"
     r = _run([*RUN, "-o", "out", "--run-name", "w", "--schedule", schedule, "train.py", "0"], tmp_path)

@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastprof import _core
 from fastprof._core import ConfigError, FastprofWarning
-from fastprof._options import Option, _bool, _float, _int, _str, _value
+from fastprof._options import Option, _bool, _float, _int, _str, _value, prefixed
 from fastprof.memory._files import write_atomic
 
 if TYPE_CHECKING:
@@ -103,12 +103,7 @@ _ANOMALY_MIN_EXCESS_NS = 1_000_000
 _FLIGHT_MIN_INTERVAL_S = 2.0
 
 
-def _opt(name: str, kind: str, default: Any, expect: str, doc: str, parse: Any, check: Any = None) -> Option:
-    env = (f"FASTPROF_TRIGGERS_{name.upper()}",)
-    if check is None:
-        return Option(name, kind, default, env, expect, doc, repr(default), parse)
-    return Option(name, kind, default, env, expect, doc, repr(default), parse, check)
-
+_opt = prefixed("TRIGGERS")
 
 #: Triggers' options; each has a FASTPROF_TRIGGERS_<NAME> variable.
 OPTIONS: tuple[Option, ...] = (
@@ -238,18 +233,20 @@ class Triggers:
     ``FASTPROF_TRIGGERS_<NAME>`` variables, then defaults; a bad value is a
     :class:`fastprof.ConfigError` here, before training."""
 
-    signal: str | int | None = None
-    file: bool | None = None
-    poll_s: float | None = None
-    steps: int | None = None
-    flight: bool | None = None
-    flight_on: str | None = None
-    min_interval_s: float | None = None
-    anomaly: bool | None = None
-    anomaly_factor: float | None = None
-    anomaly_window: int | None = None
-    anomaly_max: int | None = None
-    folder: str | None = None
+    # Each None here is resolved in __post_init__ (its variable, then its
+    # default), so every field holds a checked value of its option's type.
+    signal: Any = None
+    file: Any = None
+    poll_s: Any = None
+    steps: Any = None
+    flight: Any = None
+    flight_on: Any = None
+    min_interval_s: Any = None
+    anomaly: Any = None
+    anomaly_factor: Any = None
+    anomaly_window: Any = None
+    anomaly_max: Any = None
+    folder: Any = None
     env: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -410,6 +407,10 @@ class TriggerDriver:
         """The Profiler is closing: no more requests; the handler given back,
         the poller joined (bounded), the dumps waited for (bounded)."""
         self._stopping = True
+        # live.json first: `fastprof trigger --signal` must not send a signal
+        # whose handler is about to be given back (SIGUSR2's default kills).
+        with contextlib.suppress(OSError):
+            (self.rank_dir / LIVE_FILE).unlink()
         self._uninstall_signal()
         from fastprof.memory.oom import remove_oom_listener
 
@@ -424,8 +425,6 @@ class TriggerDriver:
             self.pending.status = "not started: the run ended first"
             self.captures.append(self.pending)
             self.pending = None
-        with contextlib.suppress(OSError):
-            (self.rank_dir / LIVE_FILE).unlink()
         self._write_state()
 
     def summary(self) -> dict[str, Any]:
@@ -668,7 +667,7 @@ class TriggerDriver:
         self._write_state()
 
     def _on_anomaly(self, batch_seen: int, batch: int, dur_ns: int, median_ns: int, mad_ns: int) -> None:
-        rec = {
+        rec: dict[str, Any] = {
             "step": batch,
             "duration_ms": round(dur_ns / 1e6, 3),
             "median_ms": round(median_ns / 1e6, 3),

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from fastprof._core import ConfigError
-from fastprof._options import Option, _bool, _int, _str, _value
+from fastprof._options import Option, _bool, _int, _str, _value, prefixed
 from fastprof.memory._files import atomic, write_atomic
 
 #: Default bound: entries per step of a window...
@@ -58,12 +58,7 @@ _STACKS = ("python", "all")
 _CONTEXTS = ("all", "alloc", "state")
 
 
-def _opt(name: str, kind: str, default: Any, expect: str, doc: str, parse: Any, check: Any = None) -> Option:
-    env = (f"FASTPROF_MEMORY_HISTORY_{name.upper()}",)
-    if check is None:
-        return Option(name, kind, default, env, expect, doc, repr(default), parse)
-    return Option(name, kind, default, env, expect, doc, repr(default), parse, check)
-
+_opt = prefixed("MEMORY_HISTORY")
 
 #: MemoryHistory's options; each has a FASTPROF_MEMORY_HISTORY_<NAME> variable.
 OPTIONS: tuple[Option, ...] = (

@@ -158,27 +158,9 @@ class Profiler:
         self.gate_spans: bool = _value(_BY_NAME["gate_spans"], gate_spans, env)
         self.memory_stats: bool = _value(_BY_NAME["memory_stats"], memory_stats, env)
         self.model_depth: int = _value(_BY_NAME["model_depth"], model_depth, env)
-        if memory_history is None:
-            memory_history = _value(_BY_NAME["memory_history"], None, env)
-        if memory_history is True:
-            memory_history = MemoryHistory()
-        elif memory_history is False:
-            memory_history = None
-        elif not isinstance(memory_history, MemoryHistory):
-            raise ConfigError(
-                f"invalid option memory_history: expected a fastprof.MemoryHistory, True or False, "
-                f"got {memory_history!r}"
-            )
-        self.memory_history: MemoryHistory | None = memory_history
-        if triggers is None:
-            triggers = _value(_BY_NAME["triggers"], None, env)
-        if triggers is True:
-            triggers = Triggers()
-        elif triggers is False:
-            triggers = None
-        elif not isinstance(triggers, Triggers):
-            raise ConfigError(f"invalid option triggers: expected a fastprof.Triggers, True or False, got {triggers!r}")
-        self.triggers: Triggers | None = triggers
+        self.memory_history: MemoryHistory | None = _config_object("memory_history", memory_history, MemoryHistory)
+        self.triggers: Triggers | None = _config_object("triggers", triggers, Triggers)
+        triggers = self.triggers
         self._triggers: TriggerDriver | None = None
         self._history: HistoryDriver | None = None
         self._history_due: tuple[int, int, int] | None = None
@@ -829,6 +811,20 @@ class Profiler:
 
 def _same(it: T) -> T:
     return it
+
+
+def _config_object(name: str, value: Any, cls: type[T]) -> T | None:
+    """An option that is a config object or a switch (``memory_history``,
+    ``triggers``): None takes its variable, True the defaults, False none."""
+    if value is None:
+        value = _value(_BY_NAME[name], None, os.environ)
+    if value is True:
+        return cls()
+    if value is False:
+        return None
+    if not isinstance(value, cls):
+        raise ConfigError(f"invalid option {name}: expected a fastprof.{cls.__name__}, True or False, got {value!r}")
+    return value
 
 
 def _exception_reason(exc: BaseException | None) -> str | None:

@@ -32,7 +32,7 @@ from typing import Any
 
 from fastprof import _core
 from fastprof._core import ConfigError, FastprofWarning
-from fastprof._options import Option, _bool, _int, _str, _value
+from fastprof._options import Option, _bool, _int, _str, _value, prefixed
 from fastprof.profiler.schedule import Action, to_torch
 
 __all__ = ["FORMAT_VARIABLES", "TorchWindows"]
@@ -80,9 +80,7 @@ def _timeline(v: object) -> str:
     return text
 
 
-def _opt(name: str, kind: str, default: Any, expect: str, doc: str, parse: Any) -> Option:
-    return Option(name, kind, default, (f"FASTPROF_TORCH_{name.upper()}",), expect, doc, repr(default), parse)
-
+_opt = prefixed("TORCH")
 
 #: TorchWindows' options; each has a FASTPROF_TORCH_<NAME> variable.
 OPTIONS: tuple[Option, ...] = (
