@@ -396,3 +396,55 @@ def test_torchrun_a_trigger_while_rank1_is_dead_does_not_hang_rank0(tmp_path: Pa
     assert cap["status"] == "done"
     job0 = json.loads((tmp_path / "out" / "job0.json").read_text())
     assert job0["steps"] == 700
+
+
+PLAIN = textwrap.dedent(
+    """
+    import time, torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    ds = TensorDataset(torch.randn(2400, 16), torch.randn(2400, 1))
+    m = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    for epoch in range(2):
+        for x, y in DataLoader(ds, batch_size=8):
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(0.004)
+    print("trained")
+    """
+)
+
+
+def test_fastprof_run_with_no_code_change_answers_fastprof_trigger(tmp_path: Path) -> None:
+    (tmp_path / "plain.py").write_text(PLAIN)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastprof", "run", "-o", "out", "--run-name", "zc", "plain.py"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    run = tmp_path / "out" / "zc"
+    _wait_live(run / "rank0", proc)
+    time.sleep(1.0)
+    cli = subprocess.run(
+        [sys.executable, "-m", "fastprof", "trigger", str(run), "--steps", "3"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=180,
+    )
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    rc, out, err = _finish(proc)
+    assert rc == 0 and out == "trained\n", err
+    [cap] = [c for c in _state(run / "rank0")["captures"] if c["source"] == "file"]
+    assert cap["status"] == "done" and cap["window"]["active_steps"] == 3
+    marks = [
+        int(e["name"].split("#")[1])
+        for e in _trace(cap["window"]["path"])["traceEvents"]
+        if str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
+    assert sorted(marks) == [cap["first_step"] + i for i in range(3)], marks
