@@ -610,11 +610,11 @@ def resolve(
         raise ConfigError(f"invalid {origin}: expected {BY_NAME['run_name'].expect}, got {name!r}")
     if v["max_disk"] and v["max_disk"] < 2 * v["segment_size"]:
         origin = _origin(BY_NAME["max_disk"], given.get("max_disk"), env)
+        seg = v["segment_size"]
         raise ConfigError(
-            f"invalid {origin}: {v['max_disk']} bytes is less than two segments of segment_size "
-            f"({v['segment_size']} bytes each): max_disk must leave room for the open segment and at "
-            f"least one closed one, so at least {2 * v['segment_size']} bytes; raise max_disk or lower "
-            "segment_size (or 0 for no cap)"
+            f"invalid {origin}: expected 0 (no cap) or room for at least two segments of segment_size "
+            f"({seg} bytes each: the open one and a closed one), so at least {2 * seg} bytes, got "
+            f"{v['max_disk']}; raise max_disk or lower segment_size"
         )
     v["out_dir"] = Path(_format("out_dir", v["out_dir"], fmt, given, env))
     v["sample_gpus"] = resolve_gpus(v["sample_gpus"], env, v["local_rank"], v["world_size"])
