@@ -122,9 +122,7 @@ def test_keep_segments_keeps_that_many_closed_beside_the_open_one(tmp_path: Path
 def test_merge_and_report_of_a_rotated_run_say_what_was_rotated_away(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    prof = fastprof.Profiler(
-        out_dir=tmp_path, run_name="run", segment_size="64KiB", max_disk=CAP, flush_interval=0.01
-    )
+    prof = fastprof.Profiler(out_dir=tmp_path, run_name="run", segment_size="64KiB", max_disk=CAP, flush_interval=0.01)
     with prof:
         rank_dir = prof.recorder.trace_dir
         step = 0

@@ -177,8 +177,8 @@ def run(args: argparse.Namespace) -> int:
     for w in caught:
         print(f"fastprof merge: warning: {w.message}", file=sys.stderr)
     # A rotated run is missing its oldest part: said even with -q.
-    for e in s["rotated"]:
-        print(f"fastprof merge: rotated away: {describe_rotated(e, 'the merged trace')}", file=sys.stderr)
+    for gone in s["rotated"]:
+        print(f"fastprof merge: rotated away: {describe_rotated(gone, 'the merged trace')}", file=sys.stderr)
     if args.quiet:
         print(output)
         return 0
