@@ -173,6 +173,18 @@ def test_merge_and_report_of_a_rotated_run_say_what_was_rotated_away(
     assert r["end_ns"] <= rep["wall"]["end_ns"]
     assert f"rotated away: rank 0: the disk cap deleted {deleted} segment(s)" in printed, printed
 
+    # Without the unified trace the report reads the segments left, whose
+    # ledgers say the same (in their own trace time, placed on the wall clock).
+    (run / "trace.json.gz").unlink()
+    assert main(["report", str(run), "-o", str(tmp_path / "rep2"), "-q"]) == 0
+    rep2 = json.loads((tmp_path / "rep2" / "report.json").read_text())
+    jsonschema.validate(rep2, json.loads(SCHEMA_PATH.read_text()))
+    assert "merged" not in {f["kind"] for f in rep2["source"]["inputs"]}
+    (r2,) = rep2["source"]["rotated"]
+    assert {k: r2[k] for k in ("rank", "segments", "bytes", "events", "start_ns", "end_ns")} == {
+        k: r[k] for k in ("rank", "segments", "bytes", "events", "start_ns", "end_ns")
+    }
+
 
 def test_a_run_that_rotated_nothing_says_nothing(tmp_path: Path) -> None:
     rec = fastprof.Recorder(tmp_path, "calm", segment_size="64KiB", max_disk=CAP)
