@@ -218,9 +218,6 @@ pub const STEP_COUNTER: &str = "fastprof.step";
 
 /// Seconds between periodic clock anchors.
 const ANCHOR_EVERY_NS: u64 = 60_000_000_000;
-/// Formatted bytes collected before a batch goes to the sinks (at most;
-/// smaller with small segments, see `Collector::batch_limit`).
-pub(crate) const CHUNK: usize = 256 * 1024;
 
 /// What the writer says when the session stops.
 #[derive(Debug, Clone, Default)]
@@ -305,9 +302,7 @@ pub(crate) struct Collector {
     segments: Vec<PathBuf>,
     bytes_compressed: u64,
     rotated: Option<Value>,
-    /// Formatted bytes per batch: a quarter of the segment size (16 KiB to
-    /// [`CHUNK`]), so a segment overshoots its size by little more than one
-    /// compressed batch.
+    /// Formatted bytes per batch ([`crate::sink::batch_limit`]).
     batch_limit: usize,
     /// Test-only fault injection (`FASTPROF_TEST_FAULT=writer_panic`).
     panic_at_flush: bool,
@@ -451,7 +446,7 @@ impl Collector {
             segments: Vec::new(),
             bytes_compressed: 0,
             rotated: None,
-            batch_limit: ((cfg.segment_size / 4) as usize).clamp(16 * 1024, CHUNK),
+            batch_limit: crate::sink::batch_limit(cfg.segment_size),
             panic_at_flush: std::env::var("FASTPROF_TEST_FAULT").is_ok_and(|v| v == "writer_panic"),
         })
     }

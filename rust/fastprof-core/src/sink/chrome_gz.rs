@@ -115,9 +115,9 @@ impl ChromeGz {
             finished: Vec::new(),
             bytes_compressed: 0,
             rotation: Rotation::new(max_disk, keep_segments, header.start_mono_ns),
-            // Until measured: a quarter segment, the most one batch formats
-            // (see `Collector::batch_limit`), which compresses to less.
-            max_step: segment_size / 4,
+            // Until measured: the most one batch formats, which compresses
+            // to less.
+            max_step: super::batch_limit(segment_size) as u64,
             header,
         };
         if let Err(e) = s.open_segment() {
@@ -205,6 +205,9 @@ impl ChromeGz {
 
     fn rotate(&mut self, meta: &dyn MetaSource) -> io::Result<()> {
         self.close_segment(meta, false)?;
+        // Delete before the next segment exists: never more than
+        // `keep_segments` closed files beside an open one.
+        self.enforce_cap();
         self.open_segment().map_err(|e| match e {
             CoreError::Io { source, .. } => source,
             other => io::Error::other(other.to_string()),

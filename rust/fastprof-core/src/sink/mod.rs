@@ -111,6 +111,17 @@ impl Batch {
     }
 }
 
+/// Formatted bytes collected before a batch goes to the sinks (at most;
+/// smaller with small segments, see [`batch_limit`]).
+pub(crate) const CHUNK: usize = 256 * 1024;
+
+/// Formatted bytes per batch for a segment size: a quarter of it (16 KiB to
+/// [`CHUNK`]), so a segment overshoots its size by little more than one
+/// compressed batch.
+pub(crate) fn batch_limit(segment_size: u64) -> usize {
+    (segment_size / 4).clamp(16 * 1024, CHUNK as u64) as usize
+}
+
 /// One output of a session.
 pub trait Sink: Send {
     /// Where this sink writes, for messages.
