@@ -176,6 +176,8 @@ def test_merge_and_report_of_a_rotated_run_say_what_was_rotated_away(
     assert r["start_s"] is not None and r["start_s"] <= r["end_s"]
     assert r["end_ns"] <= rep["wall"]["end_ns"]
     assert f"rotated away: rank 0: the disk cap deleted {deleted} segment(s)" in printed, printed
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert f"rotated away: rank 0: the disk cap deleted {deleted} segment(s)" in page
 
     # Without the unified trace the report reads the segments left, whose
     # ledgers say the same (in their own trace time, placed on the wall clock).
