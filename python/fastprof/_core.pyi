@@ -188,6 +188,8 @@ class Session:
         sample_system_hz: float = 10.0,
         window_seconds: float = 0.0,
         window_bytes: int = 67108864,
+        max_disk: int = 0,
+        keep_segments: int = 0,
     ) -> Session: ...
     def stop(self) -> dict[str, Any]: ...
     @property

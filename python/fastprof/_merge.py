@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fastprof import _core
@@ -68,3 +68,18 @@ def merge(
     for message in summary["warnings"]:
         warnings.warn(message, _core.FastprofWarning, stacklevel=2)
     return summary
+
+
+def describe_rotated(e: Mapping[str, Any], timeline: str) -> str:
+    """One line for a rank's deletions, as the report and the merge print
+    them; ``start_s``/``end_s`` are seconds from the start of ``timeline``."""
+    text = (
+        f"rank {e['rank']}: the disk cap deleted {e['segments']} segment(s) "
+        f"({e['bytes'] / 1e6:.1f} MB, {e['events']} events) while recording"
+    )
+    if e.get("start_s") is not None and e.get("end_s") is not None:
+        text += (
+            f"; the time they held, {e['start_s']:+.3f} s to {e['end_s']:+.3f} s from the start of "
+            f"{timeline}, is missing"
+        )
+    return text

@@ -271,6 +271,30 @@ OPTIONS: tuple[Option, ...] = (
         lambda v: math.isfinite(v) and v >= 0,
     ),
     Option(
+        "max_disk",
+        "size",
+        0,
+        ("FASTPROF_MAX_DISK",),
+        "0 (unbounded) or a size in bytes of at least two segments (2 x segment_size; accepts 10GiB)",
+        "Most bytes this rank's segment files take together: beyond it the oldest closed segments "
+        "are deleted (never the open one), so a long job keeps its newest data in bounded disk; "
+        "each deletion is recorded in the metadata and said by merge and report.",
+        "0 (unbounded)",
+        _size,
+        _between(0, U64_MAX),
+    ),
+    Option(
+        "keep_segments",
+        "int",
+        0,
+        ("FASTPROF_KEEP_SEGMENTS",),
+        f"0 (all) or a number of segments between 1 and {U32_MAX}",
+        "Most closed segments kept besides the open one; older ones are deleted first, as for `max_disk`.",
+        "0 (all)",
+        _int,
+        _between(0, U32_MAX),
+    ),
+    Option(
         "compression_level",
         "int",
         1,
@@ -442,6 +466,9 @@ class Options:
     flush_interval: float
     segment_size: int
     segment_seconds: float
+    #: Disk cap of this rank's segments in bytes (0 = unbounded), and most closed segments kept (0 = all).
+    max_disk: int
+    keep_segments: int
     compression_level: int
     sample_hz: float
     #: System-wide CPU, load, memory and swap reads per second (<= sample_hz).
@@ -593,6 +620,14 @@ def resolve(
     if not name or "/" in name or "\0" in name or name in (".", ".."):
         origin = _origin(BY_NAME["run_name"], given["run_name"], env)
         raise ConfigError(f"invalid {origin}: expected {BY_NAME['run_name'].expect}, got {name!r}")
+    if v["max_disk"] and v["max_disk"] < 2 * v["segment_size"]:
+        origin = _origin(BY_NAME["max_disk"], given.get("max_disk"), env)
+        seg = v["segment_size"]
+        raise ConfigError(
+            f"invalid {origin}: expected 0 (no cap) or room for at least two segments of segment_size "
+            f"({seg} bytes each: the open one and a closed one), so at least {2 * seg} bytes, got "
+            f"{v['max_disk']}; raise max_disk or lower segment_size"
+        )
     v["out_dir"] = Path(_format("out_dir", v["out_dir"], fmt, given, env))
     v["sample_gpus"] = resolve_gpus(v["sample_gpus"], env, v["local_rank"], v["world_size"])
     if v["host_sampler"] == "auto":

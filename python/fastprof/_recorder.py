@@ -50,6 +50,10 @@ class RunStats:
     sampler_error: str | None = None
     #: Of ``dropped``: events whose args or name found the payload budget spent.
     payload_dropped: int = 0
+    #: What the disk cap (``max_disk``, ``keep_segments``) deleted: ``segments``,
+    #: ``bytes``, ``events``, the time range ``ts_start``/``ts_end`` (µs of trace
+    #: time) and the newest deletions one by one (``deleted``); None when nothing was.
+    rotated: dict[str, Any] | None = None
 
 
 def _distributed_info(rank: int, world_size: int) -> dict[str, Any]:
@@ -88,6 +92,8 @@ class Recorder:
         flush_interval: float | None = None,
         segment_size: int | str | None = None,
         segment_seconds: float | None = None,
+        max_disk: int | str | None = None,
+        keep_segments: int | None = None,
         compression_level: int | None = None,
         sample_hz: float | None = None,
         sample_system_hz: float | None = None,
@@ -172,6 +178,8 @@ class Recorder:
                 sample_system_hz=o.sample_system_hz,
                 window_seconds=o.window_seconds,
                 window_bytes=o.window_bytes,
+                max_disk=o.max_disk,
+                keep_segments=o.keep_segments,
             )
             self._pid = os.getpid()
             self._started = True
@@ -224,6 +232,7 @@ class Recorder:
             run_dir=self.run_dir,
             sampler_error=raw["sampler_error"],
             payload_dropped=raw["payload_dropped"],
+            rotated=raw["rotated"],
         )
         self.stats = stats
         if stats.error:

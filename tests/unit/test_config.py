@@ -133,6 +133,9 @@ GOOD = {
     "flush_interval": ("0.25", 0.25, 2, 2.0),
     "segment_size": ("1MiB", 1 << 20, "64KiB", 65536),
     "segment_seconds": ("30", 30.0, 1.5, 1.5),
+    # Explicit values beside the default segment_size (256 MiB): two segments at least.
+    "max_disk": ("1GiB", 1 << 30, "512MiB", 512 << 20),
+    "keep_segments": ("5", 5, 2, 2),
     "compression_level": ("6", 6, 9, 9),
     "sample_hz": ("100", 100.0, 0, 0.0),
     "sample_system_hz": ("0.5", 0.5, 1, 1.0),
@@ -196,6 +199,9 @@ BAD = {
     "flush_interval": [0, -1.0, math.nan, math.inf, 3601, True, "soon", 10**400],
     "segment_size": [1024, 64 * 1024 - 1, -1, 2**64, 2**70, False, "1.5x", "1.3", 1.5],
     "segment_seconds": [-1.0, math.nan, math.inf, True, "never"],
+    # 256 MiB: less than two segments of the default segment_size.
+    "max_disk": [-1, 2**64, True, 1.5, "lots", "256MiB", 1],
+    "keep_segments": [-1, 2**32, True, 1.5, "two"],
     "compression_level": [0, 10, -1, 2**40, True, 1.5, "fast"],
     "sample_hz": [0.5, 1001, -1, math.nan, math.inf, True, "often"],
     "sample_system_hz": [0, 0.05, 1001, math.nan, True],
@@ -248,6 +254,9 @@ BAD_ENV = [
     ("FASTPROF_SEGMENT_SIZE", "10"),
     ("FASTPROF_SEGMENT_SIZE", "17179869184TiB"),
     ("FASTPROF_SEGMENT_SECONDS", "-5"),
+    ("FASTPROF_MAX_DISK", "-1"),
+    ("FASTPROF_MAX_DISK", "100MiB"),
+    ("FASTPROF_KEEP_SEGMENTS", "some"),
     ("FASTPROF_COMPRESSION_LEVEL", "fast"),
     ("FASTPROF_COMPRESSION_LEVEL", "0"),
     ("FASTPROF_SAMPLE_HZ", "2000"),
@@ -306,7 +315,16 @@ def test_widest_accepted_values_start_in_the_core(tmp_path):
     fastprof.instant("x")
     stats = fastprof.stop()
     assert stats.error is None and stats.events_written >= 1
-    rec = fastprof.start(tmp_path, "wide2", buffer_size=2**26, sample_hz=1, sample_history=2, flush_interval=0.001)
+    rec = fastprof.start(
+        tmp_path,
+        "wide2",
+        buffer_size=2**26,
+        sample_hz=1,
+        sample_history=2,
+        flush_interval=0.001,
+        max_disk=2**64 - 1,
+        keep_segments=2**32 - 1,
+    )
     fastprof.instant("x")
     assert fastprof.stop().error is None
     assert rec.trace_dir.is_dir()

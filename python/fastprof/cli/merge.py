@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from fastprof._merge import MAX_THREADS, merge
+from fastprof._merge import MAX_THREADS, describe_rotated, merge
 from fastprof._options import parse_size
 from fastprof.cli.errors import CommandError
 
@@ -176,6 +176,9 @@ def run(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     for w in caught:
         print(f"fastprof merge: warning: {w.message}", file=sys.stderr)
+    # A rotated run is missing its oldest part: said even with -q.
+    for gone in s["rotated"]:
+        print(f"fastprof merge: rotated away: {describe_rotated(gone, 'the merged trace')}", file=sys.stderr)
     if args.quiet:
         print(output)
         return 0

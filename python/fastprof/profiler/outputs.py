@@ -51,6 +51,7 @@ def write_summary(prof: Profiler) -> None:
         else {"config": repr(prof.torch_windows), "failed": prof._driver.failed, "windows": prof.windows},
         "triggers": None if prof._triggers is None else prof._triggers.summary(),
         "clock_sync": prof._syncs,
+        "rotation": _rotation(prof),
         # How the run ended: "stop", "exception: <type>", "exit" or "SIGTERM".
         "exit": prof._exit_reason or "stop",
     }
@@ -73,6 +74,26 @@ def _oom_summary(prof: Profiler) -> dict[str, Any]:
     from fastprof.memory import oom
 
     return oom.summary(prof)
+
+
+def _rotation(prof: Profiler) -> dict[str, Any]:
+    """The disk cap and what it deleted from this rank's segments (known once
+    the recorder has stopped: ``recorder_stopped`` says whether it had)."""
+    o = prof.recorder.options
+    stats = prof.recorder.stats
+    led = (stats.rotated if stats is not None else None) or {}
+    return {
+        "max_disk": o.max_disk,
+        "keep_segments": o.keep_segments,
+        "recorder_stopped": stats is not None,
+        "segments_deleted": int(led.get("segments", 0)),
+        "bytes_deleted": int(led.get("bytes", 0)),
+        "events_deleted": int(led.get("events", 0)),
+        # Trace time (µs from the segments' baseTimeNanoseconds) of what they held.
+        "ts_start": led.get("ts_start"),
+        "ts_end": led.get("ts_end"),
+        "deleted": led.get("deleted", []),
+    }
 
 
 def finish(prof: Profiler, wait: bool = True, merged: bool = True) -> None:

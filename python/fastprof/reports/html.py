@@ -25,6 +25,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
+from fastprof._merge import describe_rotated
 from fastprof.reports.data import _CHUNK, F64, HOST_COLUMNS, I64, RunData, host_rows, human_bytes, step_spans
 from fastprof.reports.finite import encode
 
@@ -665,6 +666,8 @@ def _render(doc: dict[str, Any], data: RunData) -> list[str]:
     page.add(f"fastprof {_esc(doc['fastprof_version'])} · schema v{_esc(doc['schema_version'])}</div>")
     for w in src["warnings"]:
         page.note("warning: " + w)
+    for gone in src.get("rotated") or []:
+        page.note("rotated away: " + describe_rotated(gone, "the report wall time"))
     _headline(page, doc, data)
     _recommendations(page, doc)
     _step_times(page, doc, data)

@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from fastprof._merge import describe_rotated
 from fastprof.reports.data import HOST_COLUMNS, host_rows, human_bytes
 
 
@@ -20,6 +21,8 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None) -> None
     con.print(
         f"[bold]fastprof report[/bold] {src['path']}  ranks {src['ranks']}  wall {doc['wall']['duration_s']:.3f} s"
     )
+    for e in src.get("rotated") or []:
+        con.print(f"[yellow]rotated away:[/yellow] {describe_rotated(e, 'the report wall time')}", markup=True)
 
     rows = doc["time"]["rows"]
     t = Table(title="Time (seconds)" + (" - every span" if doc["time"]["verbose"] else " - training loop"))

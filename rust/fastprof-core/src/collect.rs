@@ -218,9 +218,6 @@ pub const STEP_COUNTER: &str = "fastprof.step";
 
 /// Seconds between periodic clock anchors.
 const ANCHOR_EVERY_NS: u64 = 60_000_000_000;
-/// Formatted bytes collected before a batch goes to the sinks (at most;
-/// smaller with small segments, see `Collector::batch_limit`).
-pub(crate) const CHUNK: usize = 256 * 1024;
 
 /// What the writer says when the session stops.
 #[derive(Debug, Clone, Default)]
@@ -239,6 +236,9 @@ pub struct StopReport {
     pub payload_dropped: u64,
     /// Warnings for the user gathered during the session.
     pub notices: Vec<String>,
+    /// What the disk cap deleted (the last segment's `otherData.rotated`):
+    /// None when nothing was.
+    pub rotated: Option<Value>,
 }
 
 #[derive(Clone)]
@@ -301,9 +301,8 @@ pub(crate) struct Collector {
     last_anchor_ns: u64,
     segments: Vec<PathBuf>,
     bytes_compressed: u64,
-    /// Formatted bytes per batch: a quarter of the segment size (16 KiB to
-    /// [`CHUNK`]), so a segment overshoots its size by little more than one
-    /// compressed batch.
+    rotated: Option<Value>,
+    /// Formatted bytes per batch ([`crate::sink::batch_limit`]).
     batch_limit: usize,
     /// Test-only fault injection (`FASTPROF_TEST_FAULT=writer_panic`).
     panic_at_flush: bool,
@@ -358,6 +357,8 @@ impl Collector {
             "flush_interval_s": cfg.flush_interval_s,
             "segment_size": cfg.segment_size,
             "segment_seconds": cfg.segment_seconds,
+            "max_disk": cfg.max_disk,
+            "keep_segments": cfg.keep_segments,
             "compression_level": cfg.compression_level,
             "window_seconds": cfg.window_seconds,
             "window_bytes": cfg.window_bytes,
@@ -403,6 +404,8 @@ impl Collector {
             cfg.segment_size,
             cfg.segment_seconds,
             cfg.compression_level,
+            cfg.max_disk,
+            cfg.keep_segments,
         )?;
         if let Some(msg) = segments.shared_with() {
             shared.notice(msg.to_string());
@@ -442,7 +445,8 @@ impl Collector {
             last_anchor_ns: start.monotonic_ns,
             segments: Vec::new(),
             bytes_compressed: 0,
-            batch_limit: ((cfg.segment_size / 4) as usize).clamp(16 * 1024, CHUNK),
+            rotated: None,
+            batch_limit: crate::sink::batch_limit(cfg.segment_size),
             panic_at_flush: std::env::var("FASTPROF_TEST_FAULT").is_ok_and(|v| v == "writer_panic"),
         })
     }
@@ -493,6 +497,7 @@ impl Collector {
             sampler_error: None,
             payload_dropped: self.st.shared.payload_drops.load(Ordering::Relaxed),
             notices: Vec::new(),
+            rotated: self.rotated,
         }
     }
 
@@ -541,7 +546,7 @@ impl Collector {
             self.st
                 .async_head(&mut self.batch, ti, b"e", &open.name, open.id, stop_ns);
             write_args(&mut self.batch.bytes, None, &[("unclosed", "true")]);
-            self.batch.event_done(stop_ns);
+            self.batch.event_done(stop_ns, stop_ns);
             self.st.unclosed_spans += 1;
             self.end_chunk(ti);
         }
@@ -600,6 +605,9 @@ impl Collector {
         let (files, bytes) = s.outputs();
         self.segments.extend(files);
         self.bytes_compressed += bytes;
+        if let Some(r) = s.rotated() {
+            self.rotated = Some(r);
+        }
     }
 
     fn close_sinks(&mut self) -> io::Result<()> {
@@ -790,12 +798,12 @@ impl State {
                 self.event_head(batch, ti, b"i", &name, ns);
                 batch.bytes.extend_from_slice(b",\"s\":\"t\"");
                 write_args(&mut batch.bytes, args.as_deref(), &[]);
-                batch.event_done(ns);
+                batch.event_done(ns, ns);
             }
             Kind::AsyncBegin => {
                 self.async_head(batch, ti, b"b", &name, async_id, ns);
                 write_args(&mut batch.bytes, args.as_deref(), &[]);
-                batch.event_done(ns);
+                batch.event_done(ns, ns);
                 self.open_async.push(OpenAsync {
                     id: async_id,
                     name,
@@ -810,7 +818,7 @@ impl State {
                     self.async_head(batch, ti, b"e", &open.name, async_id, ns);
                     // The end's own args: `exception` when the body raised.
                     write_args(&mut batch.bytes, args.as_deref(), &[]);
-                    batch.event_done(ns);
+                    batch.event_done(ns, ns);
                 }
             }
             Kind::Counter => {
@@ -823,7 +831,7 @@ impl State {
                         batch.bytes.push(b'}');
                     }
                 }
-                batch.event_done(ns);
+                batch.event_done(ns, ns);
             }
         }
     }
@@ -841,7 +849,7 @@ impl State {
         batch.bytes.extend_from_slice(b",\"dur\":");
         json::write_us(&mut batch.bytes, end_ns.saturating_sub(open.ns) as i64);
         write_args(&mut batch.bytes, open.args.as_deref(), flags);
-        batch.event_done(end_ns);
+        batch.event_done(open.ns, end_ns);
     }
 
     /// An async event's head: `cat` "async" and the key as a hex `id`.

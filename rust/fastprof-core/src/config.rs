@@ -30,6 +30,14 @@ pub struct Config {
     pub segment_size: u64,
     /// Seconds after which a segment is closed regardless of size (0 = never).
     pub segment_seconds: f64,
+    /// Most bytes this session's segment files may take on disk together (0
+    /// = unbounded). Over it, the oldest closed segments are deleted (never
+    /// the open one): a long job keeps its newest data in bounded disk and
+    /// loses its oldest. At least two segments' worth: one open, one closed.
+    pub max_disk: u64,
+    /// Most closed segments kept besides the open one (0 = all); the oldest
+    /// are deleted first, as for `max_disk`.
+    pub keep_segments: u32,
     /// gzip level (1 = fastest, 9 = smallest). The writer runs on its own
     /// thread, so this trades that thread's CPU against disk.
     pub compression_level: u32,
@@ -66,6 +74,8 @@ impl Default for Config {
             flush_interval_s: 1.0,
             segment_size: 256 << 20,
             segment_seconds: 0.0,
+            max_disk: 0,
+            keep_segments: 0,
             compression_level: 1,
             extra_config_json: "{}".into(),
             sampler: None,
@@ -112,6 +122,19 @@ impl Config {
             return Err(CoreError::config(
                 "segment_seconds",
                 format!("must be >= 0 (0 = off), got {}", self.segment_seconds),
+            ));
+        }
+        if self.max_disk != 0 && self.max_disk < self.segment_size.saturating_mul(2) {
+            return Err(CoreError::config(
+                "max_disk",
+                format!(
+                    "must be 0 (unbounded) or room for at least two segments of segment_size \
+                     ({} bytes each, so at least {} bytes), got {}; raise max_disk or lower \
+                     segment_size",
+                    self.segment_size,
+                    self.segment_size.saturating_mul(2),
+                    self.max_disk
+                ),
             ));
         }
         if !(1..=9).contains(&self.compression_level) {
@@ -231,6 +254,13 @@ mod tests {
                     ..Default::default()
                 },
                 "segment_seconds",
+            ),
+            (
+                Config {
+                    max_disk: 256 << 20,
+                    ..Default::default()
+                },
+                "max_disk",
             ),
             (
                 Config {

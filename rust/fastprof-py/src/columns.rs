@@ -94,6 +94,11 @@ pub(crate) fn file_dicts(py: Python<'_>, files: Vec<FileInfo>) -> PyResult<Vec<B
             fd.set_item("cut", f.cut)?;
             fd.set_item("bad_dur", f.bad_dur)?;
             fd.set_item("skipped", f.skipped)?;
+            let rotated = match &f.rotated {
+                Some(v) => crate::convert::to_py(py, v)?,
+                None => py.None().into_bound(py),
+            };
+            fd.set_item("rotated", rotated)?;
             Ok(fd)
         })
         .collect()

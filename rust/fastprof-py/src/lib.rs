@@ -138,6 +138,10 @@ fn merge(
     d.set_item("start_ns", s.start_ns)?;
     d.set_item("end_ns", s.end_ns)?;
     d.set_item("uncertainty_ns", s.uncertainty_ns)?;
+    d.set_item(
+        "rotated",
+        convert::to_py(py, &serde_json::Value::Array(s.rotated.clone()))?,
+    )?;
     d.set_item("bytes_uncompressed", s.bytes_uncompressed)?;
     d.set_item("bytes_written", s.bytes_written)?;
     d.set_item("warnings", s.warnings)?;

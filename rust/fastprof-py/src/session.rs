@@ -146,6 +146,11 @@ fn report_dict<'py>(py: Python<'py>, r: &StopReport) -> PyResult<Bound<'py, PyDi
     d.set_item("sampler_error", r.sampler_error.clone())?;
     d.set_item("payload_dropped", r.payload_dropped)?;
     d.set_item("notices", r.notices.clone())?;
+    let rotated = match &r.rotated {
+        Some(v) => convert::to_py(py, v)?,
+        None => py.None().into_bound(py),
+    };
+    d.set_item("rotated", rotated)?;
     Ok(d)
 }
 
@@ -158,7 +163,8 @@ impl Session {
                         flush_interval, segment_size, segment_seconds, compression_level,
                         extra_config_json, sample_hz=0.0, sample_per_cpu=false, sample_gpus=None,
                         sample_history=65536, sample_host=true, sample_system_hz=10.0,
-                        window_seconds=0.0, window_bytes=67108864))]
+                        window_seconds=0.0, window_bytes=67108864, max_disk=0,
+                        keep_segments=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -181,6 +187,8 @@ impl Session {
         sample_system_hz: f64,
         window_seconds: f64,
         window_bytes: u64,
+        max_disk: u64,
+        keep_segments: u32,
     ) -> PyResult<Self> {
         let gpus = gpu_select(sample_gpus);
         let sampler = (sample_hz != 0.0).then(|| SamplerConfig {
@@ -202,6 +210,8 @@ impl Session {
             flush_interval_s: flush_interval,
             segment_size,
             segment_seconds,
+            max_disk,
+            keep_segments,
             compression_level,
             extra_config_json,
             sampler,

@@ -22,6 +22,7 @@ mod names;
 pub mod nest;
 pub mod plan;
 mod rewrite;
+pub mod rotated;
 
 use crate::error::{CoreError, Result};
 use crate::json;
@@ -156,6 +157,9 @@ pub struct MergeSummary {
     pub warnings: Vec<String>,
     /// One JSON object per input: path, kind, rank, base, offset, counts.
     pub inputs_json: Vec<Value>,
+    /// Per rank, what the recording's disk cap deleted before the merge
+    /// (see [`rotated`]); empty when nothing was.
+    pub rotated: Vec<Value>,
 }
 
 enum Sink {
@@ -694,6 +698,7 @@ fn plan_all(
     let distributed = distributed_info(&kept, &summary.ranks);
     let out_base = window.map_or(start, |w| w.0.max(start));
     summary.base_ns = out_base;
+    summary.rotated = rotated::by_rank(&kept, out_base);
     summary.start_ns = window.map_or(start, |w| w.0.max(start));
     summary.end_ns = window.map_or(end, |w| w.1.min(end));
     summary.uncertainty_ns = kept
@@ -967,6 +972,7 @@ fn write_all(
             "moved": summary.nest_moved,
             "clipped_to_window": summary.nest_clipped,
         },
+        "rotated": summary.rotated,
         "warnings": summary.warnings,
     });
     let mut tail = b"\n],\"otherData\":".to_vec();

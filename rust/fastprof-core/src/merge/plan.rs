@@ -82,6 +82,11 @@ pub struct InputInfo {
     pub warnings: Vec<String>,
     /// A previous `fastprof merge` output: skipped.
     pub merged_output: bool,
+    /// What the recording's disk cap had deleted when this segment closed
+    /// (its `otherData.rotated`), and the recording's pid, which tells its
+    /// segments from another recording's in the same directory.
+    pub rotated: Option<Value>,
+    pub recording_pid: Option<u64>,
 }
 
 impl InputInfo {
@@ -175,6 +180,8 @@ pub fn scan_input(
         salvaged_bytes: 0,
         warnings: Vec::new(),
         merged_output: false,
+        rotated: None,
+        recording_pid: None,
     };
     let mut rank_from_meta = false;
     let mut other_data_seen = false;
@@ -214,6 +221,8 @@ pub fn scan_input(
                             info.merged_output = true;
                         }
                         if v.get("producer").and_then(Value::as_str) == Some("fastprof") {
+                            info.rotated = v.get("rotated").filter(|r| r.is_object()).cloned();
+                            info.recording_pid = v.get("pid").and_then(Value::as_u64);
                             apply_fastprof_meta(&mut info, &v);
                             rank_from_meta = true;
                             other_data_seen = true;

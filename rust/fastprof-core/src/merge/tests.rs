@@ -265,3 +265,67 @@ fn an_unwritable_output_directory_is_named() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A fastprof segment as the recorder closes it, with a disk-cap ledger.
+fn rotated_segment(dir: &Path, index: u32, pid: u32, base: i64, ts: f64, ledger: &str) {
+    use flate2::write::GzEncoder;
+    let doc = format!(
+        "{{\"baseTimeNanoseconds\":{base},\"traceEvents\":[\n\
+         {{\"ph\":\"M\",\"name\":\"fastprof_info\",\"pid\":{pid},\"tid\":0,\"args\":{{\"producer\":\"fastprof\",\"rank\":0}}}},\n\
+         {{\"ph\":\"i\",\"s\":\"t\",\"name\":\"tick\",\"pid\":{pid},\"tid\":1,\"ts\":{ts:.3}}}\n\
+         ],\"otherData\":{{\"producer\":\"fastprof\",\"rank\":0,\"pid\":{pid},\"rotated\":{ledger}}}}}"
+    );
+    let f = File::create(dir.join(format!("fastprof.{index}.json.gz"))).unwrap();
+    let mut gz = GzEncoder::new(f, flate2::Compression::fast());
+    gz.write_all(doc.as_bytes()).unwrap();
+    gz.finish().unwrap();
+}
+
+#[test]
+fn gaps_in_segment_numbering_and_two_rotated_recordings_of_a_rank() {
+    let d = tmpdir("rotated");
+    let rank = d.join("rank0");
+    std::fs::create_dir_all(&rank).unwrap();
+    const B1: i64 = 1_700_000_000_000_000_000;
+    const B2: i64 = B1 + 3_600_000_000_000;
+    let ledger = |n: u64, s: f64, e: f64| {
+        format!(
+            r#"{{"segments":{n},"bytes":{},"events":{},"ts_start":{s},"ts_end":{e},"deleted":[]}}"#,
+            n * 100,
+            n * 10
+        )
+    };
+    // Recording 1 (pid 11): segments 0..=6 deleted by the time 9 closed;
+    // 7 says 5 were (an older ledger, superseded by 9's).
+    rotated_segment(&rank, 7, 11, B1, 5_000_000.0, &ledger(5, 1.5, 4_000_000.0));
+    rotated_segment(&rank, 9, 11, B1, 6_000_000.0, &ledger(7, 1.5, 4_500_000.0));
+    // Recording 2 (pid 22, a resumed job in the same directory): 2 deleted.
+    rotated_segment(
+        &rank,
+        12,
+        22,
+        B2,
+        2_000_000.0,
+        &ledger(2, 10.0, 1_000_000.0),
+    );
+    let out = d.join("merged.json");
+    let s = merge(&opts(vec![d.clone()], out.clone())).unwrap();
+    assert_eq!(s.files, 3, "every segment is read whatever the gaps");
+    assert_eq!(s.events_in, 6);
+    let [r] = &s.rotated[..] else {
+        panic!("one rank: {:?}", s.rotated)
+    };
+    assert_eq!(r["rank"], 0);
+    assert_eq!(r["segments"], 9);
+    assert_eq!(r["bytes"], 900);
+    assert_eq!(r["events"], 90);
+    assert_eq!(r["start_ns"], B1 + 1_500);
+    assert_eq!(r["end_ns"], B2 + 1_000_000_000);
+    assert_eq!(r["recordings"].as_array().unwrap().len(), 2);
+    // The merged trace starts at its first event (B1 + 5 s): the range lies before it.
+    assert_eq!(s.base_ns, B1 + 5_000_000_000);
+    assert!(r["start_s"].as_f64().unwrap() < 0.0);
+    let doc = parse_output(&out);
+    assert_eq!(doc["otherData"]["rotated"][0]["segments"], 9);
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -7,6 +7,11 @@
 //! batch, so a busy thread cannot overshoot by a whole flush interval) and by
 //! age; each repeats the head metadata and names its threads again.
 //!
+//! With a disk cap (`max_disk`, `keep_segments`) the oldest closed segments
+//! are deleted to stay under it ([`super::rotation`]), checked after every
+//! write, so the files never take more than the cap; every segment closed
+//! afterwards says what was deleted in `otherData.rotated`.
+//!
 //! Several processes may write into one rank directory by mistake (no RANK
 //! in the environment and a shared run name: `mp.spawn`, custom launchers).
 //! Segment files are therefore created exclusively (`O_EXCL`) and renamed
@@ -14,6 +19,7 @@
 //! overwrites another's segment. A lock file (`.fastprof.lock`, `flock`)
 //! detects the sharing, which the session reports once.
 
+use super::rotation::Rotation;
 use super::{write_head, write_tail, write_thread_name, Batch, Header, MetaSource, Sink};
 use crate::clock;
 use crate::error::{CoreError, Result};
@@ -50,6 +56,8 @@ struct Segment {
     gz: GzEncoder<Counting>,
     opened_ns: u64,
     events: u64,
+    /// CLOCK_MONOTONIC ns of the oldest event start and newest event end written.
+    range: Option<(u64, u64)>,
 }
 
 pub struct ChromeGz {
@@ -69,6 +77,10 @@ pub struct ChromeGz {
     buf: Vec<u8>,
     finished: Vec<PathBuf>,
     bytes_compressed: u64,
+    rotation: Rotation,
+    /// Most compressed bytes one write, flush or close has added to a file:
+    /// what the next may add, reserved under the disk cap.
+    max_step: u64,
 }
 
 impl ChromeGz {
@@ -80,6 +92,8 @@ impl ChromeGz {
         segment_size: u64,
         segment_seconds: f64,
         compression_level: u32,
+        max_disk: u64,
+        keep_segments: u32,
     ) -> Result<ChromeGz> {
         let existed = dir.is_dir();
         std::fs::create_dir_all(&dir).map_err(|e| CoreError::io(&dir, e))?;
@@ -88,7 +102,6 @@ impl ChromeGz {
         let next_index = next_free_index(&dir)?;
         let (lock, shared_with) = lock_dir(&dir, header.pid);
         let mut s = ChromeGz {
-            header,
             _lock: lock,
             shared_with,
             dir: dir.clone(),
@@ -101,6 +114,11 @@ impl ChromeGz {
             buf: Vec::with_capacity(4096),
             finished: Vec::new(),
             bytes_compressed: 0,
+            rotation: Rotation::new(max_disk, keep_segments, header.start_mono_ns),
+            // Until measured: the most one batch formats, which compresses
+            // to less.
+            max_step: super::batch_limit(segment_size) as u64,
+            header,
         };
         if let Err(e) = s.open_segment() {
             // Leave nothing half-made: no empty `.part`, no directory we made.
@@ -145,6 +163,7 @@ impl ChromeGz {
             gz,
             opened_ns: clock::monotonic_ns(),
             events: 0,
+            range: None,
         };
         self.buf.clear();
         write_head(&mut self.buf, &self.header);
@@ -186,10 +205,15 @@ impl ChromeGz {
 
     fn rotate(&mut self, meta: &dyn MetaSource) -> io::Result<()> {
         self.close_segment(meta, false)?;
+        // Delete before the next segment exists: never more than
+        // `keep_segments` closed files beside an open one.
+        self.enforce_cap();
         self.open_segment().map_err(|e| match e {
             CoreError::Io { source, .. } => source,
             other => io::Error::other(other.to_string()),
-        })
+        })?;
+        self.enforce_cap();
+        Ok(())
     }
 
     fn close_segment(&mut self, meta: &dyn MetaSource, last: bool) -> io::Result<()> {
@@ -200,15 +224,35 @@ impl ChromeGz {
         other.insert("segment".into(), json!(seg.index));
         other.insert("final".into(), json!(last));
         other.insert("segment_events".into(), json!(seg.events));
+        if let Some(r) = self.rotation.to_json() {
+            other.insert("rotated".into(), r);
+        }
         self.buf.clear();
         write_tail(&mut self.buf, &other);
+        let before = seg.gz.get_ref().bytes;
         seg.gz.write_all(&self.buf)?;
         let counting = seg.gz.finish()?;
+        self.max_step = self.max_step.max(counting.bytes - before);
         self.bytes_compressed += counting.bytes;
+        let bytes = counting.bytes;
         drop(counting);
         let done = rename_noreplace_free(&seg.part, seg.done, &self.dir, &mut self.next_index)?;
+        self.rotation
+            .closed(seg.index, done.clone(), bytes, seg.events, seg.range);
         self.finished.push(done);
         Ok(())
+    }
+
+    /// Keep under the disk cap: delete the oldest closed segments while the
+    /// files and what the next write may add exceed it.
+    fn enforce_cap(&mut self) {
+        if !self.rotation.is_on() {
+            return;
+        }
+        let open = self.seg.as_ref().map_or(0, |s| s.gz.get_ref().bytes);
+        for gone in self.rotation.enforce(open, self.max_step) {
+            self.finished.retain(|p| *p != gone);
+        }
     }
 }
 
@@ -225,6 +269,7 @@ impl Sink for ChromeGz {
             let Some(seg) = self.seg.as_mut() else {
                 return Ok(());
             };
+            let before = seg.gz.get_ref().bytes;
             if self.named_in.get(&c.tid) != Some(&seg.index) {
                 self.named_in.insert(c.tid, seg.index);
                 self.buf.clear();
@@ -233,8 +278,16 @@ impl Sink for ChromeGz {
             }
             seg.gz.write_all(&batch.bytes[c.range.clone()])?;
             seg.events += c.events as u64;
-            if seg.gz.get_ref().bytes >= self.segment_size {
+            seg.range = Some(match seg.range {
+                Some((s, e)) => (s.min(c.start_ns), e.max(c.end_ns)),
+                None => (c.start_ns, c.end_ns),
+            });
+            let after = seg.gz.get_ref().bytes;
+            self.max_step = self.max_step.max(after - before);
+            if after >= self.segment_size {
                 self.rotate(meta)?;
+            } else {
+                self.enforce_cap();
             }
         }
         Ok(())
@@ -243,11 +296,15 @@ impl Sink for ChromeGz {
     fn flush(&mut self, meta: &dyn MetaSource, now_ns: u64) -> io::Result<()> {
         if let Some(s) = self.seg.as_mut() {
             // A zlib sync flush, then the file: everything so far decodes.
+            let before = s.gz.get_ref().bytes;
             s.gz.flush()?;
+            self.max_step = self.max_step.max(s.gz.get_ref().bytes - before);
         }
         self.check_still_there()?;
         if self.rotation_due(now_ns) {
             self.rotate(meta)?;
+        } else {
+            self.enforce_cap();
         }
         Ok(())
     }
@@ -261,6 +318,10 @@ impl Sink for ChromeGz {
             std::mem::take(&mut self.finished),
             std::mem::take(&mut self.bytes_compressed),
         )
+    }
+
+    fn rotated(&self) -> Option<serde_json::Value> {
+        self.rotation.to_json()
     }
 }
 

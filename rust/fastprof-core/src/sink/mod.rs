@@ -3,6 +3,7 @@
 //! through one trait: events in, flush, close with metadata.
 //!
 //! * [`chrome_gz`]: gzip segment files on disk (`fastprof.{N}.json.gz`).
+//! * [`rotation`]: the segment sink's disk cap (`max_disk`, `keep_segments`).
 //! * [`window`]: the last T seconds (at most M bytes) in memory, compressed,
 //!   overwrite-oldest, dumped on request as a complete trace.
 //!
@@ -10,6 +11,7 @@
 //! so anything that reads one reads the other.
 
 pub mod chrome_gz;
+pub mod rotation;
 pub mod window;
 
 use crate::json;
@@ -47,6 +49,8 @@ pub struct Chunk {
     pub thread_name: Arc<str>,
     pub range: Range<usize>,
     pub events: u32,
+    /// CLOCK_MONOTONIC ns at which the oldest event of the chunk begins.
+    pub start_ns: u64,
     /// CLOCK_MONOTONIC ns at which the newest event of the chunk ends.
     pub end_ns: u64,
 }
@@ -58,14 +62,20 @@ pub struct Batch {
     pub chunks: Vec<Chunk>,
     open_from: usize,
     open_events: u32,
+    open_start_ns: u64,
     open_end_ns: u64,
 }
 
 impl Batch {
-    /// Close the event being formatted (its `}`) and count it.
-    pub(crate) fn event_done(&mut self, end_ns: u64) {
+    /// Close the event being formatted (its `}`) and count it; it spans
+    /// `start_ns..end_ns` (CLOCK_MONOTONIC).
+    pub(crate) fn event_done(&mut self, start_ns: u64, end_ns: u64) {
         self.bytes.push(b'}');
+        if self.open_events == 0 {
+            self.open_start_ns = start_ns;
+        }
         self.open_events += 1;
+        self.open_start_ns = self.open_start_ns.min(start_ns);
         self.open_end_ns = self.open_end_ns.max(end_ns);
     }
 
@@ -77,11 +87,13 @@ impl Batch {
                 thread_name: meta.name.clone(),
                 range: self.open_from..self.bytes.len(),
                 events: self.open_events,
+                start_ns: self.open_start_ns,
                 end_ns: self.open_end_ns,
             });
         }
         self.open_from = self.bytes.len();
         self.open_events = 0;
+        self.open_start_ns = 0;
         self.open_end_ns = 0;
     }
 
@@ -94,8 +106,20 @@ impl Batch {
         self.chunks.clear();
         self.open_from = 0;
         self.open_events = 0;
+        self.open_start_ns = 0;
         self.open_end_ns = 0;
     }
+}
+
+/// Formatted bytes collected before a batch goes to the sinks (at most;
+/// smaller with small segments, see [`batch_limit`]).
+pub(crate) const CHUNK: usize = 256 * 1024;
+
+/// Formatted bytes per batch for a segment size: a quarter of it (16 KiB to
+/// [`CHUNK`]), so a segment overshoots its size by little more than one
+/// compressed batch.
+pub(crate) fn batch_limit(segment_size: u64) -> usize {
+    (segment_size / 4).clamp(16 * 1024, CHUNK as u64) as usize
 }
 
 /// One output of a session.
@@ -112,6 +136,10 @@ pub trait Sink: Send {
     /// Files finished and compressed bytes written, taken once at the end.
     fn outputs(&mut self) -> (Vec<PathBuf>, u64) {
         (Vec::new(), 0)
+    }
+    /// What the disk cap deleted (`otherData.rotated`), if anything.
+    fn rotated(&self) -> Option<serde_json::Value> {
+        None
     }
     /// The window sink, for dumps.
     fn as_window(&mut self) -> Option<&mut window::Window> {

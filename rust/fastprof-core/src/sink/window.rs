@@ -307,7 +307,7 @@ mod tests {
                 )
                 .as_bytes(),
             );
-            b.event_done(end_ns);
+            b.event_done(end_ns, end_ns);
         }
         b.end_chunk(meta);
         b

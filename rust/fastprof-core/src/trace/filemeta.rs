@@ -48,6 +48,10 @@ pub struct FileInfo {
     /// Why the file was not used (a previous merge output next to its
     /// inputs, or a file in a directory that is not a trace).
     pub skipped: Option<String>,
+    /// What a recording's disk cap had deleted (`otherData.rotated`): a
+    /// fastprof segment's ledger (an object, times in its own trace time),
+    /// or a merged trace's per-rank list (epoch ns).
+    pub rotated: Option<Value>,
 }
 
 pub(crate) struct FileMeta {
@@ -109,6 +113,10 @@ impl FileMeta {
                 let Ok(v) = serde_json::from_slice::<Value>(raw) else {
                     return;
                 };
+                self.info.rotated = v
+                    .get("rotated")
+                    .filter(|r| r.is_object() || r.as_array().is_some_and(|a| !a.is_empty()))
+                    .cloned();
                 if v.get("merged") == Some(&Value::Bool(true)) {
                     self.info.kind = "merged";
                 } else if v.get("producer").and_then(Value::as_str) == Some("fastprof") {

@@ -312,6 +312,7 @@ impl FileInfo {
             cut: None,
             bad_dur: Vec::new(),
             skipped: None,
+            rotated: None,
         }
     }
 }

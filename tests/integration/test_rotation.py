@@ -1,0 +1,231 @@
+"""Long-run mode: the recorder's disk cap (``max_disk``, ``keep_segments``).
+
+Real recordings with small segments rotate for real: the rank's segment
+files are summed on disk while recording, what is left is read back with
+gzip + json, and the merge and the report of the rotated run are run through
+the CLI and their outputs parsed with ``json``."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+import fastprof
+from fastprof import ConfigError
+from fastprof.cli.main import main
+from fastprof.reports import SCHEMA_PATH
+
+SEGMENT = 64 << 10
+CAP = 4 * SEGMENT
+SEG_RE = re.compile(r"^fastprof\.(\d+)\.json\.gz(\.part)?$")
+
+
+def _disk(rank_dir: Path) -> int:
+    """Bytes of the rank's segment files now (a file renamed or deleted
+    between the listing and its stat is skipped; one listed under both its
+    names, `.part` and final, counts once)."""
+    sizes: dict[int, int] = {}
+    for e in os.scandir(rank_dir):
+        if SEG_RE.match(e.name):
+            try:
+                st = e.stat()
+            except FileNotFoundError:
+                continue
+            sizes[st.st_ino] = st.st_size
+    return sum(sizes.values())
+
+
+def _indices(rank_dir: Path) -> list[int]:
+    return sorted(int(m.group(1)) for p in rank_dir.iterdir() if (m := SEG_RE.match(p.name)) and not m.group(2))
+
+
+def _load(path: Path) -> dict[str, Any]:
+    with gzip.open(path, "rt") as f:
+        doc: dict[str, Any] = json.load(f)
+    return doc
+
+
+def _record(rec: fastprof.Recorder, until_deleted: int, cap: int | None = CAP) -> tuple[int, int]:
+    """Numbered instants (args that compress poorly) until the cap has
+    deleted ``until_deleted`` segments, summing the disk after every batch
+    (never above ``cap``). Returns (instants recorded, most bytes seen on disk)."""
+    i = 0
+    most = 0
+    rank_dir = rec.trace_dir
+    while True:
+        for _ in range(500):
+            fastprof.instant("tick", i=i, noise=f"{(i * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFF:x}")
+            i += 1
+        disk = _disk(rank_dir)
+        most = max(most, disk)
+        assert cap is None or disk <= cap, f"{disk} bytes on disk after {i} instants, cap {cap}"
+        present = _indices(rank_dir)
+        if present and present[0] >= until_deleted:
+            return i, most
+        assert i < 2_000_000, "the cap never deleted a segment"
+
+
+def test_disk_stays_under_the_cap_and_the_newest_data_is_kept(tmp_path: Path) -> None:
+    rec = fastprof.Recorder(tmp_path, "rot", segment_size="64KiB", max_disk=CAP, flush_interval=0.01)
+    with rec:
+        n, most = _record(rec, until_deleted=6)
+    stats = rec.stats
+    assert stats is not None and stats.rotated is not None
+    rank_dir = rec.trace_dir
+    assert _disk(rank_dir) <= CAP
+    left = _indices(rank_dir)
+    assert not list(rank_dir.glob("*.part"))
+    # A fresh directory: this recording wrote 0..max; the others are the deleted ones.
+    deleted = sorted(set(range(max(left) + 1)) - set(left))
+    assert deleted == list(range(left[0])), "only the oldest segments go"
+    assert stats.rotated["segments"] == len(deleted) >= 6
+    listed = [d["segment"] for d in stats.rotated["deleted"]]
+    assert listed == deleted[-len(listed) :]
+    assert stats.rotated["bytes"] > 0 and stats.rotated["max_disk"] == CAP
+    assert sorted(stats.segments) == sorted(rank_dir / f"fastprof.{k}.json.gz" for k in left)
+    assert most <= CAP
+
+    segs = [_load(rank_dir / f"fastprof.{k}.json.gz") for k in left]
+    ticks = [e["args"]["i"] for s in segs for e in s["traceEvents"] if e.get("name") == "tick"]
+    # The newest data is all there, with no hole; the oldest is gone.
+    assert ticks == list(range(ticks[0], n)), "kept instants are a contiguous suffix"
+    assert ticks[0] > 0
+    # Every deleted event is counted: deleted + kept = written.
+    kept_events = sum(s["otherData"]["segment_events"] for s in segs)
+    assert stats.rotated["events"] + kept_events == stats.events_written
+    assert stats.rotated["events"] == ticks[0]
+    # Each later segment's metadata counts what was deleted before it closed.
+    counts = [s["otherData"].get("rotated", {}).get("segments", 0) for s in segs]
+    assert counts == sorted(counts) and counts[-1] == len(deleted)
+    # The deleted time range ends before the first kept instant (one thread, in order).
+    first_kept = min(e["ts"] for s in segs for e in s["traceEvents"] if e.get("name") == "tick")
+    assert 0 <= stats.rotated["ts_start"] <= stats.rotated["ts_end"] <= first_kept
+
+
+def test_keep_segments_keeps_that_many_closed_beside_the_open_one(tmp_path: Path) -> None:
+    rec = fastprof.Recorder(tmp_path, "keep", segment_size="64KiB", keep_segments=2, flush_interval=0.01)
+    with rec:
+        _record(rec, until_deleted=3, cap=None)
+        # Two closed beside the open one (three for the instant between a
+        # segment's close and the deletion it makes due, before the next opens).
+        assert len(_indices(rec.trace_dir)) <= 3
+    left = _indices(rec.trace_dir)
+    # At stop the open segment closed too: the two closed ones and it.
+    assert len(left) == 3
+    assert rec.stats is not None and rec.stats.rotated is not None
+    assert rec.stats.rotated["segments"] == left[0] >= 3
+
+
+def test_merge_and_report_of_a_rotated_run_say_what_was_rotated_away(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prof = fastprof.Profiler(out_dir=tmp_path, run_name="run", segment_size="64KiB", max_disk=CAP, flush_interval=0.01)
+    with prof:
+        rank_dir = prof.recorder.trace_dir
+        step = 0
+        while not _indices(rank_dir) or _indices(rank_dir)[0] < 4:
+            with fastprof.span("work"):
+                for i in range(2000):
+                    fastprof.instant("tick", i=i, step=step, noise=f"{(i * 0x9E3779B97F4A7C15 + step) & 0xFFFFFFFF:x}")
+            prof.step()
+            step += 1
+            assert _disk(rank_dir) <= CAP
+            assert step < 500
+    run = tmp_path / "run"
+    left = _indices(rank_dir)
+    deleted = left[0]
+    # profiler.json counts what the disk cap deleted.
+    summary = json.loads((rank_dir / "profiler.json").read_text())
+    rot = summary["rotation"]
+    assert rot["recorder_stopped"] and rot["max_disk"] == CAP
+    assert rot["segments_deleted"] == deleted >= 4
+    assert rot["ts_start"] is not None and rot["ts_end"] >= rot["ts_start"]
+
+    # The Profiler's own merge, then the CLI's: both say it in otherData.
+    capsys.readouterr()
+    out = tmp_path / "merged.json.gz"
+    assert main(["merge", str(run), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert re.search(rf"rotated away: rank 0: the disk cap deleted {deleted} segment\(s\)", err), err
+    for trace in (run / "trace.json.gz", out):
+        doc = _load(trace)
+        (r,) = doc["otherData"]["rotated"]
+        assert r["rank"] == 0 and r["segments"] == deleted
+        assert r["events"] == rot["events_deleted"] and r["bytes"] == rot["bytes_deleted"]
+        # Epoch ns of the range: the recording's base + trace time.
+        kept_ticks = [e for e in doc["traceEvents"] if e.get("name") == "tick"]
+        first_kept = doc["baseTimeNanoseconds"] + min(round(float(e["ts"]) * 1000) for e in kept_ticks)
+        assert r["start_ns"] <= r["end_ns"] <= first_kept
+        assert r["end_s"] == pytest.approx((r["end_ns"] - doc["baseTimeNanoseconds"]) / 1e9)
+
+    # The report: report.json (valid against its schema) and the terminal.
+    capsys.readouterr()
+    assert main(["report", str(run), "-o", str(tmp_path / "rep")]) == 0
+    printed = capsys.readouterr().out
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    jsonschema.validate(rep, json.loads(SCHEMA_PATH.read_text()))
+    (r,) = rep["source"]["rotated"]
+    assert r["rank"] == 0 and r["segments"] == deleted and r["events"] == rot["events_deleted"]
+    assert r["start_s"] is not None and r["start_s"] <= r["end_s"]
+    assert r["end_ns"] <= rep["wall"]["end_ns"]
+    assert f"rotated away: rank 0: the disk cap deleted {deleted} segment(s)" in printed, printed
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert f"rotated away: rank 0: the disk cap deleted {deleted} segment(s)" in page
+
+    # Without the unified trace the report reads the segments left, whose
+    # ledgers say the same (in their own trace time, placed on the wall clock).
+    (run / "trace.json.gz").unlink()
+    assert main(["report", str(run), "-o", str(tmp_path / "rep2"), "-q"]) == 0
+    rep2 = json.loads((tmp_path / "rep2" / "report.json").read_text())
+    jsonschema.validate(rep2, json.loads(SCHEMA_PATH.read_text()))
+    assert "merged" not in {f["kind"] for f in rep2["source"]["inputs"]}
+    (r2,) = rep2["source"]["rotated"]
+    assert {k: r2[k] for k in ("rank", "segments", "bytes", "events", "start_ns", "end_ns")} == {
+        k: r[k] for k in ("rank", "segments", "bytes", "events", "start_ns", "end_ns")
+    }
+
+
+def test_a_run_that_rotated_nothing_says_nothing(tmp_path: Path) -> None:
+    rec = fastprof.Recorder(tmp_path, "calm", segment_size="64KiB", max_disk=CAP)
+    with rec:
+        fastprof.instant("one")
+    assert rec.stats is not None and rec.stats.rotated is None
+    (seg,) = rec.trace_dir.glob("fastprof.*.json.gz")
+    other = _load(seg)["otherData"]
+    assert "rotated" not in other
+    assert other["config"]["max_disk"] == CAP and other["config"]["keep_segments"] == 0
+
+
+@pytest.mark.parametrize(
+    ("given", "env", "says"),
+    [
+        ({"max_disk": -1}, {}, "invalid option max_disk: expected 0 (unbounded)"),
+        ({"max_disk": "lots"}, {}, "invalid option max_disk"),
+        (
+            {"segment_size": "64KiB", "max_disk": "100KiB"},
+            {},
+            "invalid option max_disk: expected 0 (no cap) or room for at least two segments of segment_size "
+            "(65536 bytes each: the open one and a closed one), so at least 131072 bytes, got 102400",
+        ),
+        ({}, {"FASTPROF_MAX_DISK": "1KiB"}, "environment variable FASTPROF_MAX_DISK='1KiB' (option max_disk)"),
+        ({"keep_segments": -2}, {}, "invalid option keep_segments"),
+        ({}, {"FASTPROF_KEEP_SEGMENTS": "two"}, "FASTPROF_KEEP_SEGMENTS='two'"),
+    ],
+)
+def test_a_bad_cap_is_one_config_error_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: dict[str, Any], env: dict[str, str], says: str
+) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError) as e:
+        fastprof.Profiler(out_dir=tmp_path, run_name="bad", **given)
+    assert says in str(e.value)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "bad").exists(), "nothing is created before the options are checked"
