@@ -9,7 +9,8 @@ Every ``--every`` seconds (default 60) it prints one line of the curve: RSS, the
 rank's segment files take (and the most seen since the last line: the files are summed
 every second), the segment files on disk and how many the cap has deleted so far, the spans
 recorded. The curve is rewritten as JSON after every line (``--curve``, default
-``soak_curve.json`` in the run directory), so a run cut short still leaves its part.
+``soak_curve.json`` beside the run directory, out of the merge's way), so a run cut short
+still leaves its part.
 
 Verdicts at the end: RSS after the warm-up stays within ``--rss-slack`` (10 MB); the disk
 never exceeded ``max_disk``. The warm-up is what fills by design, then stays: each recording
@@ -86,7 +87,7 @@ def main() -> None:
     ap.add_argument("--segment-size", default="1MiB")
     ap.add_argument("--rss-slack", type=float, default=10, help="MB RSS may move after the warm-up (default 10)")
     ap.add_argument("--out", default=None, help="parent of the run directory (default: a temporary directory)")
-    ap.add_argument("--curve", default=None, help="curve JSON path (default: soak_curve.json in the run directory)")
+    ap.add_argument("--curve", default=None, help="curve JSON path (default: soak_curve.json beside the run directory)")
     a = ap.parse_args()
 
     out = Path(a.out or tempfile.mkdtemp(prefix="fastprof-soak-"))
@@ -104,7 +105,7 @@ def main() -> None:
     # This loop's ring: a begin and an end per span, a step marker per 100.
     loop_rate = 2 * a.spans_per_s + a.spans_per_s / 100
     warmup = min(max(history_s, ring_slots / loop_rate) + a.window_seconds + 60, a.seconds / 2)
-    curve_path = Path(a.curve) if a.curve else o.run_dir / "soak_curve.json"
+    curve_path = Path(a.curve) if a.curve else o.out_dir / "soak_curve.json"
     print(f"machine: {machine()}")
     print(
         f"soak: {a.seconds:g} s, sampler {a.sample_hz:g} Hz, {a.spans_per_s:g} spans/s, flight window "
@@ -206,7 +207,8 @@ def main() -> None:
         sleep = t0 + (spans / a.spans_per_s) - time.monotonic()
         if sleep > 0:
             time.sleep(min(sleep, tick))
-    dump = rec.dump(o.run_dir / "flight.json.gz")
+    # Beside the run directory: a trace inside it would be merged as the rank's own.
+    dump = rec.dump(o.out_dir / "soak_flight.json.gz")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         stats = rec.stop()
