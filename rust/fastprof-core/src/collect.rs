@@ -216,6 +216,10 @@ impl Target for SessionShared {
 /// The name of the counter that `Session::mark_step` records.
 pub const STEP_COUNTER: &str = "fastprof.step";
 
+/// Clock anchors kept in the metadata: the start anchor and the newest
+/// periodic ones (an hour's worth at one a minute).
+const MAX_ANCHORS: usize = 64;
+
 /// Seconds between periodic clock anchors.
 const ANCHOR_EVERY_NS: u64 = 60_000_000_000;
 
@@ -279,6 +283,8 @@ pub(crate) struct State {
     /// Drop counts of threads that exited and were forgotten.
     retired_drops: BTreeMap<u64, u64>,
     anchors: Vec<(Anchor, &'static str)>,
+    /// Periodic anchors dropped to keep [`MAX_ANCHORS`].
+    anchors_dropped: u64,
     /// Escaped JSON of every interned name, by id.
     names: Vec<Vec<u8>>,
     /// Async spans begun and not yet ended, oldest first.
@@ -423,6 +429,7 @@ impl Collector {
         Ok(Collector {
             st: State {
                 anchors: vec![(start, "start")],
+                anchors_dropped: 0,
                 header,
                 shared: shared.clone(),
                 threads: Vec::new(),
@@ -517,6 +524,13 @@ impl Collector {
             if now.saturating_sub(self.last_anchor_ns) >= ANCHOR_EVERY_NS {
                 self.last_anchor_ns = now;
                 self.st.anchors.push((Anchor::take(), "periodic"));
+                if self.st.anchors.len() > MAX_ANCHORS {
+                    // The start anchor stays (the merge reads it); the
+                    // oldest periodic one goes: every segment repeats the
+                    // list, and a week's run would carry 10,000 of them.
+                    self.st.anchors.remove(1);
+                    self.st.anchors_dropped += 1;
+                }
             }
             self.each_sink(|s, st| s.flush(st, now))?;
             self.st.forget_exited_threads();
@@ -929,6 +943,9 @@ impl MetaSource for State {
             .cloned()
             .unwrap_or_default();
         clock.insert("anchors".into(), Value::Array(anchors));
+        if self.anchors_dropped > 0 {
+            clock.insert("anchors_dropped".into(), Value::from(self.anchors_dropped));
+        }
         if let Some((off, unc)) = *self
             .shared
             .clock_offset
