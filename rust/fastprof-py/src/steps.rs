@@ -355,10 +355,10 @@ impl _StepLoop {
     /// Python calls they fall in (merge/nest.rs).
     fn end_step(&mut self, py: Python<'_>) {
         let (epoch, batch, bie) = self.args;
-        if self.times.is_some() && self.last_level <= 1 && bie > 0 {
+        let origin = self.origin;
+        let judged = self.last_level <= 1 && bie > 0;
+        if let Some(t) = self.times.as_mut().filter(|_| judged) {
             let d = clock::ticks().saturating_sub(self.t0);
-            let origin = self.origin;
-            let t = self.times.as_mut().expect("checked");
             let min_excess = t.min_excess_ns;
             let found = t.observe(d, |m| {
                 MEDIAN_NS.store(ticks_to_ns(origin, m), Ordering::Relaxed);
