@@ -57,13 +57,17 @@ pub fn is_own_non_trace(name: &str) -> bool {
 /// dump (`flight-*.json.gz`, issue #17): a copy of the last seconds the
 /// rank's segments also hold, which a merge of the run must not take twice
 /// (name the dump itself to read it).
+/// The report's folder (`<run>/reports/`: report.json, its CSVs, the
+/// operator tables per window `operators.rank{R}.<window>.json`, the model
+/// summary) holds no trace either.
 pub fn is_own_path(path: &Path, name: &str) -> bool {
     is_own_non_trace(name)
         || name.starts_with("flight-")
+        || (name.starts_with("operators.") && name.ends_with(".json"))
         || path
             .parent()
             .and_then(Path::file_name)
-            .is_some_and(|d| d == "memory")
+            .is_some_and(|d| d == "memory" || d == "reports")
 }
 
 /// The pid in a temporary file's name `.anything.tmp-PID[.suffix]`.
@@ -432,6 +436,14 @@ mod tests {
         assert!(is_own_path(
             Path::new("run/rank0/memory/window-3.json"),
             "window-3.json"
+        ));
+        assert!(is_own_path(
+            Path::new("run/reports/operators.rank0.ep0-ba1.json"),
+            "operators.rank0.ep0-ba1.json"
+        ));
+        assert!(is_own_path(
+            Path::new("run/reports/anything.json"),
+            "anything.json"
         ));
         assert!(is_own_path(
             Path::new("run/rank0/flight/flight-001-trigger-ba7.json.gz"),
