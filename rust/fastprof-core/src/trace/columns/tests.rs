@@ -280,7 +280,12 @@ fn run_directory_with_two_ranks_torch_traces_and_a_merged_output() {
     );
     write(&run.join("trace.json.gz"), &merged);
     // Not a trace, found by the walk: skipped with a warning.
-    write(&run.join("reports/summary.json"), r#"{"steps": 3}"#);
+    write(&run.join("notes/summary.json"), r#"{"steps": 3}"#);
+    // The report's folder holds none: skipped without one.
+    write(
+        &run.join("reports/operators.rank0.ep0-ba1.json"),
+        r#"{"rows": []}"#,
+    );
 
     let opts = ColumnsOptions {
         names: Some(vec!["forward".into(), "gemm".into()]),
@@ -309,6 +314,11 @@ fn run_directory_with_two_ranks_torch_traces_and_a_merged_output() {
         .warnings
         .iter()
         .any(|w| w.starts_with("skipped, not a trace:") && w.contains("summary.json")));
+    assert!(
+        !c.warnings.iter().any(|w| w.contains("operators.rank0")),
+        "{:?}",
+        c.warnings
+    );
     let s = &c.spans;
     let mut rows: Vec<(String, i32, i64, i64)> = (0..s.len())
         .map(|r| {
