@@ -166,7 +166,11 @@ def test_a_snapshot_dump_that_fails_on_a_full_disk_is_one_warning(tmp_path: Path
     rank_dir = tmp_path / "run" / "rank0"
     hist = json.loads((rank_dir / "profiler.json").read_text())["memory"]["history"]
     assert len(hist["windows"]) == 2 and all(w["error"].startswith("dump failed: OSError") for w in hist["windows"])
-    assert [s["step"] for s in hist["state"]["snapshots"]] == [1, 11]
+    # Due at steps 1 and 11 (outside the windows); one still being written
+    # (a slow, loaded machine) when the next is due is skipped and counted.
+    steps = [s["step"] for s in hist["state"]["snapshots"]]
+    assert steps[:1] == [1] and set(steps) <= {1, 11}, steps
+    assert len(steps) + hist["state"]["busy"] == 2, hist["state"]
     assert all(s["error"].startswith("write failed") for s in hist["state"]["snapshots"])
     # No half-written dump is left (the atomic writes' temporaries are gone); the run itself is whole.
     assert list((rank_dir / "memory").iterdir()) == []
