@@ -151,7 +151,7 @@ def test_options_from_arguments_environment_and_their_errors() -> None:
         ({"context": "everything"}, "context"),
         ({"max_entries": -1}, "max_entries"),
         ({"filename": "a/b.pickle"}, "filename"),
-        ({"filename": "{nope}.pickle"}, "unknown format variable"),
+        ({"filename": "{nope}.pickle"}, r"^MemoryHistory: invalid filename .*unknown format variable"),
         ({"state_every": -1}, "state_every"),
         ({"state_filename": "x/{batch}.pickle"}, "state_filename"),
     ):

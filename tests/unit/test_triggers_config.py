@@ -43,7 +43,7 @@ def test_defaults_and_variables() -> None:
         ({"anomaly_factor": 1.0}, "anomaly_factor"),
         ({"anomaly_window": 2}, "anomaly_window"),
         ({"flight_on": "trigger,lunch"}, "unknown lunch"),
-        ({"folder": "rank{nope}/flight"}, "nope"),
+        ({"folder": "rank{nope}/flight"}, r"^Triggers: invalid folder .*nope"),
     ],
 )
 def test_bad_options_are_one_config_error(kwargs: dict, match: str) -> None:

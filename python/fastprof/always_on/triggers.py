@@ -266,7 +266,7 @@ class Triggers:
             )
         from fastprof.profiler.torch_windows import _check_format
 
-        _check_format("folder", str(self.folder))
+        _check_format("folder", str(self.folder), "Triggers")
 
     @property
     def signal_number(self) -> int | None:

@@ -133,12 +133,12 @@ class MemoryHistory:
             )
         from fastprof.profiler.torch_windows import _check_format
 
-        _check_format("folder", str(self.folder))
+        _check_format("folder", str(self.folder), "MemoryHistory")
         for key in ("filename", "state_filename"):
             name = str(getattr(self, key))
             if "/" in name or name in (".", ".."):
                 raise ConfigError(f"MemoryHistory: invalid {key} {name!r}: a file name, not a path (use folder)")
-            _check_format(key, name)
+            _check_format(key, name, "MemoryHistory")
 
     def entries_for(self, window_steps: int) -> int:
         """The bound for a window of ``window_steps`` steps."""

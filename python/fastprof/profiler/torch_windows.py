@@ -100,17 +100,16 @@ OPTIONS: tuple[Option, ...] = (
 _BY_NAME = {o.name: o for o in OPTIONS}
 
 
-def _check_format(option: str, text: str) -> None:
+def _check_format(option: str, text: str, owner: str = "TorchWindows") -> None:
+    """Check a format-string option; errors name ``owner`` (the config object), the option and the text."""
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
     except ValueError as e:
-        raise ConfigError(f"TorchWindows: invalid {option} {text!r}: {e}") from None
+        raise ConfigError(f"{owner}: invalid {option} {text!r}: {e}") from None
     for f in fields:
         if f not in FORMAT_VARIABLES:
             known = ", ".join("{" + k + "}" for k in FORMAT_VARIABLES)
-            raise ConfigError(
-                f"TorchWindows: invalid {option} {text!r}: unknown format variable {{{f}}} (known: {known})"
-            )
+            raise ConfigError(f"{owner}: invalid {option} {text!r}: unknown format variable {{{f}}} (known: {known})")
 
 
 @dataclass(frozen=True)

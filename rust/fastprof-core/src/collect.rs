@@ -325,6 +325,18 @@ pub(crate) fn hostname() -> String {
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
+/// Keep a periodic anchor: the start anchor (first) stays, as the merge
+/// reads it; past [`MAX_ANCHORS`] the oldest periodic one goes and
+/// `dropped` counts it (every segment repeats the list, and a week's run
+/// would carry 10,000 of them).
+fn push_anchor(anchors: &mut Vec<(Anchor, &'static str)>, dropped: &mut u64, a: Anchor) {
+    anchors.push((a, "periodic"));
+    if anchors.len() > MAX_ANCHORS {
+        anchors.remove(1);
+        *dropped += 1;
+    }
+}
+
 pub(crate) fn anchor_json(a: &Anchor, label: &str) -> Value {
     json!({
         "label": label,
@@ -523,14 +535,11 @@ impl Collector {
             self.last_flush_ns = now;
             if now.saturating_sub(self.last_anchor_ns) >= ANCHOR_EVERY_NS {
                 self.last_anchor_ns = now;
-                self.st.anchors.push((Anchor::take(), "periodic"));
-                if self.st.anchors.len() > MAX_ANCHORS {
-                    // The start anchor stays (the merge reads it); the
-                    // oldest periodic one goes: every segment repeats the
-                    // list, and a week's run would carry 10,000 of them.
-                    self.st.anchors.remove(1);
-                    self.st.anchors_dropped += 1;
-                }
+                push_anchor(
+                    &mut self.st.anchors,
+                    &mut self.st.anchors_dropped,
+                    Anchor::take(),
+                );
             }
             self.each_sink(|s, st| s.flush(st, now))?;
             self.st.forget_exited_threads();
@@ -1046,4 +1055,38 @@ fn write_args(out: &mut Vec<u8>, user: Option<&str>, flags: &[(&str, &str)]) {
         out.extend_from_slice(&u.as_bytes()[1..u.len() - 1]);
     }
     out.push(b'}');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn anchor(n: u64) -> Anchor {
+        Anchor {
+            realtime_ns: 1_000_000 + n,
+            monotonic_ns: n,
+            uncertainty_ns: 1,
+        }
+    }
+
+    #[test]
+    fn anchors_keep_the_start_and_the_newest_periodic_ones() {
+        let mut anchors = vec![(anchor(0), "start")];
+        let mut dropped = 0;
+        for n in 1..=(MAX_ANCHORS as u64 - 1) {
+            push_anchor(&mut anchors, &mut dropped, anchor(n));
+        }
+        assert_eq!((anchors.len(), dropped), (MAX_ANCHORS, 0));
+        let extra = 1000;
+        for n in MAX_ANCHORS as u64..MAX_ANCHORS as u64 + extra {
+            push_anchor(&mut anchors, &mut dropped, anchor(n));
+        }
+        assert_eq!((anchors.len(), dropped), (MAX_ANCHORS, extra));
+        assert_eq!(anchors[0], (anchor(0), "start"));
+        // The periodic ones left are the newest, in order.
+        let kept: Vec<u64> = anchors[1..].iter().map(|(a, _)| a.monotonic_ns).collect();
+        let newest: Vec<u64> = (extra + 1..MAX_ANCHORS as u64 + extra).collect();
+        assert_eq!(kept, newest);
+        assert!(anchors[1..].iter().all(|(_, l)| *l == "periodic"));
+    }
 }
