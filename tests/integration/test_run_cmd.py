@@ -6,6 +6,7 @@ DataLoader workers, and a real ``torchrun`` job."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 import signal
@@ -443,6 +444,69 @@ def test_signals_end_the_run_as_the_script_decides_after_it_is_saved(tmp_path: P
         assert "\nKeyboardInterrupt\n" in tb and "fastprof run: next: fastprof report " in tb
 
 
+# A script that already profiles itself: its own Profiler (with an out_dir
+# and run_name of its own) started after some setup steps of its own.
+OWN = textwrap.dedent(
+    """
+    import sys
+    import torch
+    import fastprof
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train = DataLoader(TensorDataset(torch.randn(64, 16), torch.randint(0, 4, (64,))), batch_size=8)
+
+    def batch(x, y):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    for i, (x, y) in enumerate(train):  # a warm-up pass before the script's Profiler: 3 steps
+        batch(x, y)
+        if i == 2:
+            break
+    with fastprof.Profiler("elsewhere", run_name="mine", torch=False) as prof:
+        for epoch in range(2):
+            for x, y in prof.loader(train):
+                batch(x, y)
+    print("script steps", prof.batch)
+    """
+)
+
+
+def test_a_scripts_own_profiler_takes_the_loop_and_nothing_is_recorded_twice(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    (tmp_path / "own.py").write_text(OWN)
+    r = _run([*RUN, "-o", str(tmp_path / "out"), "--run-name", "own", "own.py"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["script steps 16"]
+    assert not (tmp_path / "elsewhere").exists()  # the command line decides where the run records
+    assert "this Profiler's options out_dir, run_name are not used: the run records in" in r.stderr
+    run = tmp_path / "out" / "own"
+    assert _fastprof_lines(r.stderr) == [
+        "fastprof run: the script starts its own fastprof.Profiler: its steps are the run's (3 inferred before it)",
+        "fastprof run: own.py: 16 steps recorded in out/own",
+        "fastprof run: next: fastprof report out/own",
+    ]
+    prof = json.loads((run / "rank0" / "profiler.json").read_text())  # the script's Profiler's
+    assert (prof["steps"], prof["epochs"], prof["exit"]) == (16, 2, "stop")
+    events = _events(run / "trace.json.gz")
+    steps = sorted((e for e in events if e.get("ph") == "X" and e["name"] == "step"), key=lambda e: e["ts"])
+    # The 3 inferred warm-up steps, then the script's 16, each once: none overlaps another.
+    assert len(steps) == 3 + 16
+    assert all(a["ts"] + a["dur"] <= b["ts"] for a, b in itertools.pairwise(steps))
+    assert [(s["args"]["epoch"], s["args"]["batch_in_epoch"]) for s in steps[3:]] == [
+        (e, b) for e in range(2) for b in range(8)
+    ]
+    passes = [e for e in events if e.get("ph") == "X" and e["name"] == "loader.train.iter"]
+    assert len(passes) == 3  # the warm-up pass (fastprof run's), then the script's two
+    rep = _run([sys.executable, "-m", "fastprof", "report", str(run), "-q"], tmp_path)
+    assert rep.returncode == 0, rep.stderr
+
+
 # ------------------------------------------------------------- torchrun
 
 DIST = textwrap.dedent(
@@ -472,10 +536,34 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# The same job with the script's own Profiler around its loop.
+DIST_OWN = textwrap.dedent(
+    """
+    import fastprof, torch, torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(48, 8), torch.randint(0, 2, (48,)))
+    loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data))
+    with fastprof.Profiler(torch=False) as prof:
+        for x, y in prof.loader(loader):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    print(f"rank {dist.get_rank()} done")
+    dist.destroy_process_group()
+    """
+)
+
+
 @pytest.mark.slow
-def test_torchrun_two_ranks_each_write_their_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("script", ["unmodified", "own profiler"])
+def test_torchrun_two_ranks_each_write_their_rank(tmp_path: Path, script: str) -> None:
     pytest.importorskip("torch")
-    (tmp_path / "train.py").write_text(DIST)
+    (tmp_path / "train.py").write_text(DIST if script == "unmodified" else DIST_OWN)
     out = tmp_path / "out"
     env = _env(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo")
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT"):

@@ -34,6 +34,13 @@ train pass or under ``no_grad``. Other passes are timed as
 loader class that overrides ``__iter__`` is left alone (its iterator may be
 more than an iterator).
 
+A script that starts its own :class:`fastprof.Profiler` says what its
+steps are: that Profiler records in the run (its ``out_dir`` / ``run_name``
+/ recorder options are not used, with a warning), and from its start the
+inferred steps, the DataLoader patch, ``fastprof run``'s torch windows and
+triggers are off, so nothing is recorded twice. Its ``profiler.json`` is the
+rank's; ``fastprof run`` still finishes the run (done marker, merge).
+
 torch is not imported up front: a script may set ``TORCH_*`` / ``OMP_*``
 variables or ``sys.path`` before its own ``import torch``, and a script
 without torch should not pay for it. A finder on ``sys.meta_path`` waits for
@@ -211,6 +218,9 @@ def run(target: Target, args: Sequence[str], prof: Profiler) -> BaseException | 
     zero = ZeroCode(prof)
     prof.start()
     zero.install()
+    # A Profiler the script starts itself takes the loop (its steps are the
+    # run's): the inferred steps are unhooked then, not counted twice.
+    prof._host_run(zero.uninstall)
     ended: BaseException | None = None
     try:
         exec(target.code, main.__dict__)
@@ -295,6 +305,8 @@ class ZeroCode:
         #: A batch was fetched in the train pass since the last boundary.
         self.fetched = False
         self._failed = False
+        #: Unhooked: the run ended, or the script's own Profiler took the loop.
+        self.off = False
 
     def install(self) -> None:
         if self.prof._state != "running":
@@ -306,6 +318,7 @@ class ZeroCode:
             sys.meta_path.insert(0, self._finder)
 
     def uninstall(self) -> None:
+        self.off = True
         if self._finder is not None:
             self._finder.remove()
             self._finder = None
@@ -350,7 +363,7 @@ class ZeroCode:
 
     def _live(self) -> bool:
         prof = self.prof
-        return prof._state == "running" and threading.get_ident() == prof._thread_id
+        return not self.off and prof._state == "running" and threading.get_ident() == prof._thread_id
 
     # ------------------------------------------------------------ steps
 
@@ -479,7 +492,7 @@ class _Pass:
                 raise StopIteration
             it = self._open()
         zero = self._zero
-        if self.train:
+        if self.train and not zero.off:
             zero.prof.begin_step()
             zero.fetched = True
         try:

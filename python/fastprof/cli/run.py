@@ -195,13 +195,14 @@ def _next_command(prof: Any, label: str) -> None:
     """Rank 0 says where the run is and which command reads it (stderr)."""
     if prof._state != "stopped" or prof.rank != 0:
         return
+    steps = prof._successors[-1].batch if prof._successors else prof.batch  # the script's own Profiler's
     run_dir = str(prof.run_dir)
     rel = os.path.relpath(run_dir)
     shown = rel if not rel.startswith("..") else run_dir
     world = int(prof.recorder.options.world_size)
     ranks = f", {world} ranks" if world > 1 else ""
     print(
-        f"fastprof run: {label}: {prof.batch} steps{ranks} recorded in {shown}\n"
+        f"fastprof run: {label}: {steps} steps{ranks} recorded in {shown}\n"
         f"fastprof run: next: fastprof report {shlex.quote(shown)}",
         file=sys.stderr,
         flush=True,

@@ -86,6 +86,10 @@ __all__ = ["OPTIONS", "Profiler"]
 
 T = TypeVar("T")
 _UNSET: Any = object()
+
+#: ``fastprof run``'s Profiler while it runs (see :meth:`Profiler._host_run`):
+#: a Profiler the script starts on its recorder takes the loop from it.
+_host: Profiler | None = None
 #: Seconds the closing clock sync may wait for the other ranks (the start sync
 #: alone is enough to merge; a rank that never arrives costs this, not 60 s).
 END_SYNC_TIMEOUT_S = 5.0
@@ -132,6 +136,9 @@ class Profiler:
     then defaults; a bad value raises :class:`fastprof.ConfigError` here,
     before training.
     """
+
+    #: The recorder it records into (its own, or one already running).
+    recorder: Recorder
 
     def __init__(
         self,
@@ -189,7 +196,19 @@ class Profiler:
         running = current() if recorder is None else recorder
         if running is not None and running.active:
             given = {k: v for k, v in recorder_options.items() if v is not None}
-            if out_dir is not None or run_name is not None or sample_hz is not None or given:
+            named = {"out_dir": out_dir, "run_name": run_name, "sample_hz": sample_hz, **given}
+            unused = [k for k, v in named.items() if v is not None]
+            host = _host
+            if unused and recorder is None and host is not None and host.recorder is running:
+                # The script's own Profiler under fastprof run: the command
+                # line chose where the run records; the script still runs.
+                warnings.warn(
+                    f"fastprof run: this Profiler's options {', '.join(unused)} are not used: the run records in "
+                    f"{running.run_dir} (fastprof run's options decide)",
+                    FastprofWarning,
+                    stacklevel=2,
+                )
+            elif unused:
                 raise ConfigError(
                     f"a fastprof Recorder is already running ({running.run_dir}); "
                     "drop out_dir/run_name/recorder options, or stop it first"
@@ -230,6 +249,11 @@ class Profiler:
         self.trace_path: Path | None = None
         self.merge_summary: dict[str, Any] | None = None
         self.steps_by_optimizer = 0
+        #: fastprof run's Profiler: what to undo when a script's own Profiler
+        #: takes the loop, the Profilers that took it, the steps inferred before.
+        self._on_step_aside: Callable[[], None] | None = None
+        self._successors: list[Profiler] = []
+        self.steps_before_script_profiler: int | None = None
 
     # ----------------------------------------------------------- properties
 
@@ -336,6 +360,9 @@ class Profiler:
             return self
         self._state = "running"
         self._thread_id = threading.get_ident()
+        host = _host
+        if host is not None and host is not self and host.recorder is self.recorder and host._state == "running":
+            host._step_aside(self)  # before this one's hooks and signal handlers go in
         _exits.register(self)
         if self.sync_clocks_enabled:
             self._sync("start")
@@ -394,9 +421,14 @@ class Profiler:
         the exports get a bounded wait, and on SIGTERM nothing is merged."""
         if self._state != "running":
             return self.trace_path
+        for other in self._successors:
+            # A script's Profiler still open when the script ended: it closes
+            # first, as the script's own ``with`` would have.
+            other._close(reason)
         self._state = "stopping"
         self._exit_reason = reason
         abrupt = reason in ("exit", "SIGTERM")
+        hosted = self._hosted()
         try:
             if self._opt_handle is not None:
                 self._opt_handle.remove()
@@ -448,20 +480,82 @@ class Profiler:
                 "allocator snapshots of collected calls",
                 [f"{e['path']}: {e['error']}" for e in _collect.summary()["snapshots"] if e.get("error")],
             )
-            _outputs.write_summary(self)
-            try:
-                if self._memory_dir_error is None:
-                    _collect.write(self.rank_dir / "memory")
-            except OSError as e:  # the rest of the run (summary, merge) is written all the same
-                _warn_first("memory collection", [f"{self.rank_dir / 'memory'}: {type(e).__name__}: {e}"])
-            _outputs.finish(self, wait=reason is None, merged=reason != "SIGTERM")
+            if not self._successors:  # else the script's Profiler wrote the summary of the loop
+                _outputs.write_summary(self)
+                try:
+                    if self._memory_dir_error is None:
+                        _collect.write(self.rank_dir / "memory")
+                except OSError as e:  # the rest of the run (summary, merge) is written all the same
+                    _warn_first("memory collection", [f"{self.rank_dir / 'memory'}: {type(e).__name__}: {e}"])
+            if not hosted:  # under fastprof run, its Profiler says the rank is done, once recorded
+                _outputs.finish(self, wait=reason is None, merged=reason != "SIGTERM")
         except Exception as e:  # noqa: BLE001 - profiling never takes the job down
             warnings.warn(f"fastprof: Profiler.stop failed: {type(e).__name__}: {e}", FastprofWarning, stacklevel=3)
         finally:
+            global _host
             self._state = "stopped"
             _exits.unregister(self)
             _oom.unwatch(self)
+            if _host is self:
+                _host = None
         return self.trace_path
+
+    # ----------------------------------------------------- under fastprof run
+
+    def _host_run(self, on_step_aside: Callable[[], None]) -> None:
+        """Make this (started) Profiler ``fastprof run``'s: a Profiler the
+        script itself starts on the same recorder takes the loop from it
+        (:meth:`_step_aside`, which calls ``on_step_aside`` to unhook the
+        inferred steps); this one keeps the recorder, and at its close
+        finishes the run (the rank's done marker, the merge)."""
+        global _host
+        self._on_step_aside = on_step_aside
+        _host = self
+
+    def _hosted(self) -> bool:
+        """A script's Profiler under fastprof run (whose Profiler still runs)."""
+        host = _host
+        return host is not None and host is not self and host.recorder is self.recorder and host._state == "running"
+
+    def _step_aside(self, other: Profiler) -> None:
+        """The script started its own Profiler ``other``: its steps are the
+        run's. The inferred steps, torch windows, history and triggers of
+        this one end here (once), so that nothing is recorded twice and the
+        script's signal handlers are the ones in place."""
+        self._successors.append(other)
+        if len(self._successors) > 1:
+            return
+        self.steps_before_script_profiler = self.batch
+        try:
+            if self._on_step_aside is not None:
+                self._on_step_aside()
+            if self._opt_handle is not None:
+                self._opt_handle.remove()
+                self._opt_handle = None
+            try:
+                self._steps.stop()
+            except RuntimeError:  # started from inside a callback of this loop: nothing more is recorded
+                pass
+            if self._driver is not None:
+                self._driver.close()
+            if self._history is not None:
+                self._history.close(self._history_path(self.epoch, self.batch, self.batch_in_epoch), self.batch, 60.0)
+                self._history = None
+            if self._triggers is not None:
+                self._triggers.stop()
+                self._triggers = None
+            _oom.unwatch(self)
+            if self._paused_by_gate and self.recorder.active:
+                self.recorder.resume()
+                self._paused_by_gate = False
+        except Exception as e:  # noqa: BLE001 - profiling never takes the job down
+            print(f"fastprof run: handing the loop to the script's Profiler: {type(e).__name__}: {e}", file=sys.stderr)
+        print(
+            "fastprof run: the script starts its own fastprof.Profiler: its steps are the run's "
+            f"({self.steps_before_script_profiler} inferred before it)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def __enter__(self) -> Profiler:
         return self.start()
