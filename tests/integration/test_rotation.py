@@ -192,6 +192,42 @@ def test_merge_and_report_of_a_rotated_run_say_what_was_rotated_away(
     }
 
 
+class _NoisyData:
+    """A dataset whose every item records poorly compressing instants (in
+    the DataLoader worker that fetches it)."""
+
+    def __len__(self) -> int:
+        return 60
+
+    def __getitem__(self, item: int) -> int:
+        for i in range(1000):
+            fastprof.instant("fetch.tick", i=i, noise=f"{(i * 0x9E3779B97F4A7C15 + item) & 0xFFFFFFFFFFFF:x}")
+        return item
+
+
+def test_dataloader_workers_keep_the_cap_given_in_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker records as long as it lives (a persistent one, as long as
+    the job): the cap given to the Profiler in code, not only through
+    FASTPROF_MAX_DISK, holds its recording too."""
+    torch = pytest.importorskip("torch")
+    for name in ("FASTPROF_MAX_DISK", "FASTPROF_KEEP_SEGMENTS", "FASTPROF_SEGMENT_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    loader = torch.utils.data.DataLoader(_NoisyData(), batch_size=None, num_workers=1)
+    prof = fastprof.Profiler(tmp_path, "workers", torch=False, segment_size="64KiB", max_disk=CAP, sample_hz=0)
+    with prof:
+        for _ in prof.loader(loader):
+            pass
+    (worker,) = (prof.rank_dir / "workers").iterdir()
+    left = _indices(worker)
+    assert left and left[0] >= 1, f"the worker's recording rotated nothing: {sorted(os.listdir(worker))}"
+    assert _disk(worker) <= CAP
+    last = _load(worker / f"fastprof.{left[-1]}.json.gz")["otherData"]
+    assert last["config"]["max_disk"] == CAP and last["config"]["segment_size"] == SEGMENT
+    assert last["rotated"]["segments"] == left[0]
+    ticks = [e for e in _load(worker / f"fastprof.{left[-1]}.json.gz")["traceEvents"] if e["name"] == "fetch.tick"]
+    assert ticks, "the newest segment holds the newest fetches"
+
+
 def test_a_run_that_rotated_nothing_says_nothing(tmp_path: Path) -> None:
     rec = fastprof.Recorder(tmp_path, "calm", segment_size="64KiB", max_disk=CAP)
     with rec:

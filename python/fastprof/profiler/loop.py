@@ -874,7 +874,13 @@ class Profiler:
         try:
             o = self.recorder.options
             workers.instrument(
-                iterable, name=name, rank_dir=self.rank_dir, run_name=o.run_name, rank=o.rank, world_size=o.world_size
+                iterable,
+                name=name,
+                rank_dir=self.rank_dir,
+                run_name=o.run_name,
+                rank=o.rank,
+                world_size=o.world_size,
+                disk=(int(o.segment_size), int(o.max_disk), int(o.keep_segments)),
             )
             if getattr(iterable, "persistent_workers", False):
                 self._persistent.add(iterable)

@@ -58,8 +58,13 @@ def instrument(
     run_name: str,
     rank: int,
     world_size: int,
+    disk: tuple[int, int, int] = (0, 0, 0),
 ) -> bool:
     """Make the worker processes of ``loader`` record their own traces.
+
+    ``disk``: the parent recorder's ``(segment_size, max_disk,
+    keep_segments)``, each worker's recording held to the same disk cap (0:
+    its own options, from ``FASTPROF_*`` or the defaults).
 
     Returns False, and changes nothing, unless ``loader`` is a
     ``torch.utils.data.DataLoader`` with ``num_workers > 0``. Otherwise sets
@@ -83,6 +88,7 @@ def instrument(
         run_name=run_name,
         rank=rank,
         world_size=world_size,
+        disk=disk,
     )
     return True
 
@@ -101,8 +107,10 @@ class _WorkerInit:
         run_name: str,
         rank: int,
         world_size: int,
+        disk: tuple[int, int, int] = (0, 0, 0),
     ) -> None:
         self.user_fn = user_fn
+        self.disk = disk
         self.name = name
         self.rank_dir = rank_dir
         self.run_name = run_name
@@ -136,6 +144,9 @@ class _WorkerInit:
         # forkserver, getppid() is the fork server).
         parent_pid = parent.pid if parent is not None and parent.pid is not None else os.getppid()
         rank_dir = Path(self.rank_dir)
+        # The parent's disk cap, not only what FASTPROF_* says: a persistent
+        # worker records for as long as the job runs. 0: the worker's own option.
+        segment_size, max_disk, keep = (v or None for v in self.disk)
         rec = fastprof.Recorder(
             # Resolved already: braces are the names' own, not format variables.
             out_dir=_literal(str(rank_dir.parent.parent)),
@@ -145,6 +156,9 @@ class _WorkerInit:
             flush_interval=WORKER_FLUSH_INTERVAL,
             buffer_size=WORKER_BUFFER_SIZE,
             window_seconds=0,
+            segment_size=segment_size,
+            max_disk=max_disk,
+            keep_segments=keep,
         )
         rec.options = dataclasses.replace(rec.options, world_size=max(self.world_size, self.rank + 1))
         rec.trace_dir = rank_dir / "workers" / f"{_safe(self.name)}-w{worker_id}-pid{pid}"
