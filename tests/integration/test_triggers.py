@@ -50,7 +50,8 @@ JOB = textwrap.dedent(
         signal.signal(signal.SIGTERM, lambda s, f: sys.exit(7))
     if mode == "ign":
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    trig = fastprof.Triggers(poll_s=0.1, min_interval_s=float(os.environ.get("MIN_INTERVAL", "0")), steps=3)
+    poll_s = float(os.environ.get("POLL_S", "0.1"))
+    trig = fastprof.Triggers(poll_s=poll_s, min_interval_s=float(os.environ.get("MIN_INTERVAL", "0")), steps=3)
     prof = fastprof.Profiler(out, "run", schedule="never", sync_clocks=False, merge=not dist, triggers=trig)
     state["prof"] = prof
     rank = int(os.environ.get("RANK", "0"))
@@ -228,6 +229,34 @@ def test_trigger_file_and_the_cli_capture_and_wait_for_the_files(tmp_path: Path)
     )
     assert after.returncode == 1
     assert after.stderr.count("\n") == 1 and "has finished" in after.stderr and "Traceback" not in after.stderr
+
+
+def test_cli_signal_wakes_the_job_for_the_files_request(tmp_path: Path) -> None:
+    """``fastprof trigger --signal`` writes its request, then signals: the
+    job takes the file's request (its id and steps) at the next boundary,
+    without waiting for its poller (5 s here), and makes no second,
+    signal-only request of the default 3 steps."""
+    proc = _start(tmp_path, "plain", 4000, POLL_S="5")
+    run = tmp_path / "out" / "run"
+    rank0 = run / "rank0"
+    _wait_live(rank0, proc)
+    _wait_steps(rank0, 20, proc)
+    cli = subprocess.run(
+        [sys.executable, "-m", "fastprof", "trigger", str(run), "--steps", "4", "--signal", "--wait", "120"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=180,
+    )
+    assert cli.returncode == 0, cli.stderr + cli.stdout
+    rc, _out, err = _finish(proc)
+    assert rc == 0, err
+    st = _state(rank0)
+    # (a loaded machine may also make slow-step anomaly requests: not asked here)
+    asked = [(r["source"], r.get("steps")) for r in st["requests"] if r["source"] != "anomaly"]
+    assert asked == [("file", 4)], st["requests"]
+    (cap,) = [c for c in st["captures"] if c["request_id"]]
+    assert cap["steps"] == 4 and cap["window"]["active_steps"] == 4
 
 
 def test_cli_bad_input_is_one_line(tmp_path: Path) -> None:

@@ -342,6 +342,7 @@ class TriggerDriver:
         self.run_dir = prof.run_dir
         self.folder = prof.run_dir / str(cfg.folder).format(**prof._variables())
         self._lock = threading.Lock()
+        self._files_lock = threading.Lock()  # the poller and a signalled boundary both read the files
         self._state_lock = threading.RLock()  # a signal may land while the thread writes
         self._exported: set[int] = set()  # captures whose window's file is in triggers.json
         self._queue: list[dict[str, Any]] = []  # requests from the handler, the poller
@@ -577,16 +578,22 @@ class TriggerDriver:
         if fresh:
             self._write_state()
 
-    def _queue_request(self, req: dict[str, Any]) -> None:
+    def _queue_request(self, req: dict[str, Any], flag: bool = True) -> None:
         with self._lock:
             if len(self._queue) < 16:
                 self._queue.append(req)
             else:
                 self.coalesced += 1
-        if not self._stopping:
+        if flag and not self._stopping:
             _core._attention_set()
 
-    def _read_files(self) -> None:
+    def _read_files(self, flag: bool = True) -> None:
+        """Queue the request of each trigger file there is, and consume it
+        (``flag``: set the core's flag for the next boundary)."""
+        with self._files_lock:
+            self._read_files_locked(flag)
+
+    def _read_files_locked(self, flag: bool) -> None:
         for p in self._trigger_paths():
             path = Path(p)
             try:
@@ -605,7 +612,7 @@ class TriggerDriver:
                 self._warn_once(f"{e}; ignored (write {{}} or use: fastprof trigger {self.run_dir})")
                 self.requests.append({"source": "file", "file": str(path), "error": str(e), "time": time.time()})
                 continue
-            self._queue_request({**req, "source": "file", "scope": scope, "file": str(path)})
+            self._queue_request({**req, "source": "file", "scope": scope, "file": str(path)}, flag)
 
     def _warn_once(self, text: str) -> None:
         if text in self.notes:
@@ -657,10 +664,15 @@ class TriggerDriver:
         found = _core._anomaly_take()
         if found is not None:
             self._on_anomaly(batch, *found)
+        signals, self._signals = self._signals, 0
+        if signals and self.cfg.file:
+            # `fastprof trigger --signal` writes its request, then signals:
+            # the signal is its wake-up (no wait for the poller), and the
+            # file's request (its id, steps) is the one taken.
+            self._read_files(flag=False)
         with self._lock:
             queued, self._queue = self._queue, []
-        signals, self._signals = self._signals, 0
-        if signals:
+        if signals and not any(q.get("source") == "file" for q in queued):
             queued.insert(0, {"source": "signal", "scope": "run", "count": signals})
         for req in queued:
             self._take(req, batch)
