@@ -296,11 +296,10 @@ def merge_thread_runs(pid: int) -> bool:
     return "fastprof-merge" in names
 
 
-@pytest.mark.parametrize(("sig", "code", "phase"), [(signal.SIGINT, 130, "plan"), (signal.SIGTERM, 143, "write")])
-def test_signals_stop_a_merge_promptly_and_leave_nothing(tmp_path, sig, code, phase):
-    src = big_input(tmp_path / "rank0.json", 400)
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
+def _merge_then_signal(src, out_dir, sig, phase):
+    """Start a merge of ``src`` into ``out_dir``, signal it once it reached
+    ``phase``: (return code, stderr, seconds it ran before the signal,
+    seconds it took to stop after)."""
     out = out_dir / "merged.json.gz"
     p = subprocess.Popen(
         [sys.executable, "-m", "fastprof", "merge", str(src), "-o", str(out), "-j", "2"],
@@ -327,7 +326,27 @@ def test_signals_stop_a_merge_promptly_and_leave_nothing(tmp_path, sig, code, ph
         if p.poll() is None:
             p.kill()
             p.wait()
-    assert p.returncode == code, stderr
+    return p.returncode, stderr, running_for, stopped_in
+
+
+@pytest.mark.parametrize(("sig", "code", "phase"), [(signal.SIGINT, 130, "plan"), (signal.SIGTERM, 143, "write")])
+def test_signals_stop_a_merge_promptly_and_leave_nothing(tmp_path, sig, code, phase):
+    src = big_input(tmp_path / "rank0.json", 400)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    for _attempt in range(3):
+        rc, stderr, running_for, stopped_in = _merge_then_signal(src, out_dir, sig, phase)
+        if rc != 0:
+            break
+        # A starved test process (a loaded machine) can see the merge thread
+        # only when the merge is done: the signal then lands while the
+        # process exits, after it wrote its output (a fresh-clone CI run on a
+        # loaded machine got exit 0 and no error, likely this). Only
+        # that case is tried again; a merge that ignores signals fails 3 times.
+        assert (out_dir / "merged.json.gz").is_file(), (rc, stderr)
+        for f in out_dir.iterdir():
+            f.unlink()
+    assert rc == code, stderr
     assert stopped_in < 5 and stopped_in < running_for + 1, (stopped_in, running_for)
     assert not any(out_dir.iterdir()), list(out_dir.iterdir())
     assert "nothing written" in one_error_line(stderr)
