@@ -580,6 +580,10 @@ def test_torchrun_two_ranks_each_write_their_rank(tmp_path: Path, script: str) -
     for rank in (0, 1):
         prof = json.loads((run / f"rank{rank}" / "profiler.json").read_text())
         assert (prof["rank"], prof["world_size"], prof["steps"], prof["exit"]) == (rank, 2, 6, "stop")
+        # The clocks were synced once the script made its process group (the
+        # Profiler started before it; the script destroys it before the end).
+        start = prof["clock_sync"]["start"]
+        assert start["uncertainty_ns"] == 0 and start["offset_ns"] == 0, start  # one host: one clock
     # Rank 0 merged both ranks, and only rank 0 printed the next command.
     steps = [e for e in _events(run / "trace.json.gz") if e.get("ph") == "X" and e["name"] == "step"]
     assert len(steps) == 12 and len({e["pid"] for e in steps}) == 2

@@ -51,6 +51,7 @@ DataLoader (at once when torch is already imported).
 from __future__ import annotations
 
 import builtins
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -291,6 +292,8 @@ class ZeroCode:
         self._original: Callable[[Any], Iterator[Any]] | None = None
         self._patched: Callable[[Any], Iterator[Any]] | None = None
         self._hook: Any = None
+        #: (torch.distributed, its init_process_group, ours) while patched.
+        self._dist_patch: tuple[Any, Any, Any] | None = None
         #: Optimizer steps on the training thread so far.
         self.optimizer_steps = 0
         #: The open train pass (its serial; 0: none), its loader, whether its
@@ -329,6 +332,11 @@ class ZeroCode:
         if cls is not None and cls.__dict__.get("__iter__") is self._patched:
             cls.__iter__ = self._original  # a patch made on top of ours stays
         self._loader_cls = None
+        if self._dist_patch is not None:
+            td, original, ours = self._dist_patch
+            if getattr(td, "init_process_group", None) is ours:
+                td.init_process_group = original
+            self._dist_patch = None
 
     def _on_torch(self) -> None:
         """torch is imported: hook its optimizer steps and DataLoader passes."""
@@ -355,6 +363,43 @@ class ZeroCode:
         __iter__.__doc__ = original.__doc__
         self._loader_cls, self._original, self._patched = DataLoader, original, __iter__
         DataLoader.__iter__ = __iter__  # type: ignore[method-assign,assignment]
+        self._patch_init_process_group()
+
+    def _patch_init_process_group(self) -> None:
+        """The clock sync at start: the Profiler started before the script
+        made its process group, so it runs right after the script's
+        ``torch.distributed.init_process_group`` returns on every rank (a
+        collective where all ranks already meet). Without it a run across
+        nodes had only an end sync, skipped when the script destroys its
+        group first, and the merge fell back on the hosts' NTP clocks."""
+        try:
+            import torch.distributed as td
+
+            if not td.is_available():
+                return
+            original = td.init_process_group
+        except Exception as e:  # noqa: BLE001 - the run goes on without the start sync
+            self._warn("cannot hook torch.distributed.init_process_group", e)
+            return
+        zero = self
+
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            zero._after_init_process_group()
+            return out
+
+        functools.update_wrapper(init_process_group, original)
+        self._dist_patch = (td, original, init_process_group)
+        td.init_process_group = init_process_group
+
+    def _after_init_process_group(self) -> None:
+        prof = self.prof
+        if self.off or prof._state != "running" or not prof.sync_clocks_enabled or "start" in prof._syncs:
+            return
+        try:
+            prof._sync("start")
+        except Exception as e:  # noqa: BLE001 - never in the way of the job's process group
+            self._warn("clock sync after init_process_group failed", e)
 
     def _warn(self, what: str, e: BaseException) -> None:
         if not self._failed:
