@@ -296,16 +296,22 @@ def merge_thread_runs(pid: int) -> bool:
     return "fastprof-merge" in names
 
 
-def _merge_then_signal(src, out_dir, sig, phase):
-    """Start a merge of ``src`` into ``out_dir``, signal it once it reached
-    ``phase``: (return code, stderr, seconds it ran before the signal,
-    seconds it took to stop after)."""
+@pytest.mark.parametrize(("sig", "code", "phase"), [(signal.SIGINT, 130, "plan"), (signal.SIGTERM, 143, "write")])
+def test_signals_stop_a_merge_promptly_and_leave_nothing(tmp_path, sig, code, phase):
+    src = big_input(tmp_path / "rank0.json", 400)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
     out = out_dir / "merged.json.gz"
     p = subprocess.Popen(
         [sys.executable, "-m", "fastprof", "merge", str(src), "-o", str(out), "-j", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # SIGINT as in a terminal: a runner started in the background without
+        # job control (`nohup cmd &` in a script) has it ignored, Python then
+        # leaves it ignored, and Ctrl-C could not be tested (a fresh-clone CI
+        # run started that way got exit 0 here, twice).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     t_start = time.monotonic()
     try:
@@ -326,27 +332,7 @@ def _merge_then_signal(src, out_dir, sig, phase):
         if p.poll() is None:
             p.kill()
             p.wait()
-    return p.returncode, stderr, running_for, stopped_in
-
-
-@pytest.mark.parametrize(("sig", "code", "phase"), [(signal.SIGINT, 130, "plan"), (signal.SIGTERM, 143, "write")])
-def test_signals_stop_a_merge_promptly_and_leave_nothing(tmp_path, sig, code, phase):
-    src = big_input(tmp_path / "rank0.json", 400)
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
-    for _attempt in range(3):
-        rc, stderr, running_for, stopped_in = _merge_then_signal(src, out_dir, sig, phase)
-        if rc != 0:
-            break
-        # A starved test process (a loaded machine) can see the merge thread
-        # only when the merge is done: the signal then lands while the
-        # process exits, after it wrote its output (a fresh-clone CI run on a
-        # loaded machine got exit 0 and no error, likely this). Only
-        # that case is tried again; a merge that ignores signals fails 3 times.
-        assert (out_dir / "merged.json.gz").is_file(), (rc, stderr)
-        for f in out_dir.iterdir():
-            f.unlink()
-    assert rc == code, stderr
+    assert p.returncode == code, stderr
     assert stopped_in < 5 and stopped_in < running_for + 1, (stopped_in, running_for)
     assert not any(out_dir.iterdir()), list(out_dir.iterdir())
     assert "nothing written" in one_error_line(stderr)
