@@ -80,6 +80,11 @@ def main() -> None:
         times = interleaved({"baseline": baseline, "explicit": explicit, "fastprof run": zero_code}, a.rounds)
         steps = prof.batch
         prof.stop()
+    if steps < 2 * a.rounds * a.steps:
+        # Each explicit and zero-code pass records its steps: fewer means a
+        # case timed doing nothing (as when a reinstalled ZeroCode stayed off).
+        want = 2 * a.rounds * a.steps
+        raise SystemExit(f"bench_run: {steps} steps recorded, expected {want}: a case recorded nothing")
     base = best(times["baseline"])
     print(f"machine: {machine()}")
     print(f"{a.steps} steps per round, best of {a.rounds} rounds; {steps} steps recorded in all")

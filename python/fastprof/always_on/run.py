@@ -314,6 +314,7 @@ class ZeroCode:
     def install(self) -> None:
         if self.prof._state != "running":
             return  # the run directory could not be written: nothing to time
+        self.off = False
         if "torch" in sys.modules:
             self._on_torch()
         else:
