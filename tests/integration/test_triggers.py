@@ -134,6 +134,13 @@ def _finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str
     return proc.returncode, out, err
 
 
+def _trigger(*args: str) -> subprocess.CompletedProcess[str]:
+    """``fastprof trigger ARGS`` in a subprocess, as a user runs it from another shell."""
+    return subprocess.run(
+        [sys.executable, "-m", "fastprof", "trigger", *args], capture_output=True, text=True, env=_env(), timeout=180
+    )
+
+
 def test_sigusr2_dumps_and_captures_within_a_step_and_the_users_handler_still_runs(tmp_path: Path) -> None:
     proc = _start(tmp_path, "usr2_before", 400)
     rank0 = tmp_path / "out" / "run" / "rank0"
@@ -199,13 +206,7 @@ def test_trigger_file_and_the_cli_capture_and_wait_for_the_files(tmp_path: Path)
     # Garbage in the trigger file: one line on stderr, nothing else changes.
     (run / "TRIGGER").write_text("steps=banana\n")
     time.sleep(0.5)
-    cli = subprocess.run(
-        [sys.executable, "-m", "fastprof", "trigger", str(run), "--steps", "4", "--wait", "120"],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=180,
-    )
+    cli = _trigger(str(run), "--steps", "4", "--wait", "120")
     assert cli.returncode == 0, cli.stderr + cli.stdout
     assert "asked rank(s) 0" in cli.stdout
     listed = [
@@ -224,9 +225,7 @@ def test_trigger_file_and_the_cli_capture_and_wait_for_the_files(tmp_path: Path)
     caps = [c for c in st["captures"] if c["request_id"]]
     assert len(caps) == 1 and caps[0]["steps"] == 4 and caps[0]["window"]["active_steps"] == 4
     # After the run: the CLI says it is over, in one line.
-    after = subprocess.run(
-        [sys.executable, "-m", "fastprof", "trigger", str(run)], capture_output=True, text=True, env=_env()
-    )
+    after = _trigger(str(run))
     assert after.returncode == 1
     assert after.stderr.count("\n") == 1 and "has finished" in after.stderr and "Traceback" not in after.stderr
 
@@ -241,13 +240,7 @@ def test_cli_signal_wakes_the_job_for_the_files_request(tmp_path: Path) -> None:
     rank0 = run / "rank0"
     _wait_live(rank0, proc)
     _wait_steps(rank0, 20, proc)
-    cli = subprocess.run(
-        [sys.executable, "-m", "fastprof", "trigger", str(run), "--steps", "4", "--signal", "--wait", "120"],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=180,
-    )
+    cli = _trigger(str(run), "--steps", "4", "--signal", "--wait", "120")
     assert cli.returncode == 0, cli.stderr + cli.stdout
     rc, _out, err = _finish(proc)
     assert rc == 0, err
@@ -264,9 +257,7 @@ def test_cli_bad_input_is_one_line(tmp_path: Path) -> None:
         ([str(tmp_path / "nope")], "no such run directory"),
         ([str(tmp_path)], "not a fastprof run directory"),
     ):
-        r = subprocess.run(
-            [sys.executable, "-m", "fastprof", "trigger", *args], capture_output=True, text=True, env=_env()
-        )
+        r = _trigger(*args)
         assert r.returncode == 1 and want in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
@@ -459,13 +450,7 @@ def test_fastprof_run_with_no_code_change_answers_fastprof_trigger(tmp_path: Pat
     run = tmp_path / "out" / "zc"
     _wait_live(run / "rank0", proc)
     time.sleep(1.0)
-    cli = subprocess.run(
-        [sys.executable, "-m", "fastprof", "trigger", str(run), "--steps", "3"],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=180,
-    )
+    cli = _trigger(str(run), "--steps", "3")
     assert cli.returncode == 0, cli.stdout + cli.stderr
     rc, out, err = _finish(proc)
     assert rc == 0 and out == "trained\n", err
