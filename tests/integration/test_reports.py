@@ -372,3 +372,13 @@ def test_the_report_carries_the_last_window_s_operator_table(loader_run: Path, t
     )
     schema = json.loads(SCHEMA_PATH.read_text())
     jsonschema.Draft202012Validator(schema).validate(json.loads((tmp_path / "report.json").read_text()))
+    # Reported again into the same folder: a table of a window this report
+    # has none for (here a made-up one) is stale and goes; the user's other
+    # files, and this report's tables, stay.
+    (tmp_path / "operators.rank0.ep9-ba999.json").write_text("{}")
+    (tmp_path / "operators.rank1.ep0-ba1.csv").write_text("x\n")
+    (tmp_path / "notes.txt").write_text("mine")
+    fastprof.report(loader_run, out_dir=tmp_path)
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("operators."))
+    assert left == sorted(["operators.json", "operators.csv", *(f for w in ops["windows"] for f in w["files"])])
+    assert (tmp_path / "notes.txt").read_text() == "mine"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -277,6 +278,11 @@ def _copy_model_summary(doc: dict[str, Any], data: _data.RunData, tmp: Path) -> 
     return names
 
 
+#: The operator tables a report writes: ``operators.json``/``.csv`` and one
+#: ``operators.rank{R}.<window>.json``/``.csv`` per torch window.
+_OPERATOR_FILE = re.compile(r"^operators(\.rank\d+\..+)?\.(json|csv)$")
+
+
 def _staging(out: Path) -> Path:
     """A hidden folder beside ``out`` that the report is written into and
     then moved from (named as every fastprof temporary, ``.tmp-PID`` last)."""
@@ -334,6 +340,13 @@ def _write(
             for t in TABLES:
                 if f"{t}.csv" not in names:
                     (out / f"{t}.csv").unlink(missing_ok=True)
+        if earlier:
+            # Operator tables of windows this report has none for (their
+            # traces gone, or past the latest MAX_OPERATOR_WINDOWS) are stale.
+            kinds = tuple(f".{k}" for k in ("json", "csv") if k in fmts)
+            for p in out.iterdir():
+                if p.name not in names and p.name.endswith(kinds) and _OPERATOR_FILE.match(p.name):
+                    p.unlink(missing_ok=True)
         return [out / n for n in names]
     except OSError as e:
         # Named by the folder asked for (a write error has no file name, and
