@@ -32,6 +32,11 @@ from fastprof._psutil_sampler import PsutilHostSampler
 _lock = threading.Lock()
 _current: Recorder | None = None
 _atexit_registered = False
+#: ``fastprof run``'s recorder while it records (set by the Profiler it
+#: runs): a Recorder the script starts joins it instead of failing.
+_run_host: Recorder | None = None
+#: The script's Recorders that joined it and still run, newest last.
+_joined: list[Recorder] = []
 
 
 @dataclass
@@ -114,6 +119,8 @@ class Recorder:
         self._session: _core.Session | None = None
         self._pid = os.getpid()
         self._trace_dir: Path | None = None
+        #: fastprof run's recorder, when this one joined it (see :meth:`start`).
+        self._host: Recorder | None = None
         #: Extra keys for the trace's ``otherData`` (set before :meth:`start`);
         #: a ``"distributedInfo"`` entry is written at the top level, as Kineto does.
         self.metadata: dict[str, Any] = {}
@@ -149,6 +156,9 @@ class Recorder:
         :class:`fastprof.AlreadyRunningError` or an ``OSError`` subclass of
         :class:`fastprof.FastprofError` before anything is recorded."""
         global _current, _atexit_registered
+        host = _run_host
+        if host is not None and host is not self and host.active and os.getpid() == host._pid and not self._started:
+            return self._join(host)
         o = self.options
         extra: dict[str, Any] = {**self.metadata, "out_dir": str(o.out_dir), "local_world_size": o.local_world_size}
         if o.sample_hz and o.sample_gpus != []:
@@ -197,12 +207,35 @@ class Recorder:
                 _atexit_registered = True
         return self
 
+    def _join(self, host: Recorder) -> Recorder:
+        """Under ``fastprof run``: the script's own Recorder records into the
+        run's (one recorder per process), which the command line placed and
+        configured; this one's options are not used, and its :meth:`stop`
+        leaves the run's recording going."""
+        given = self.options
+        self._host = host
+        self._session = host._session
+        self._trace_dir = host.trace_dir
+        self.options = host.options
+        self._started = True
+        _joined.append(self)
+        if given.run_dir != host.run_dir:
+            print(
+                f"fastprof run: the script's Recorder records in the run, {host.trace_dir} "
+                f"(its own directory, {given.run_dir}, is not used)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return self
+
     def stop(self) -> RunStats:
         """Stop recording, close the last segment and return the report.
 
         Warns (:class:`fastprof.FastprofWarning`) when events were dropped or
         when a failure stopped recording early; never raises for those."""
         global _current
+        if self._host is not None:
+            return self._leave()
         with _lock:
             if not self._started:
                 if self.stats is not None:
@@ -261,6 +294,29 @@ class Recorder:
                 stacklevel=2,
             )
         return stats
+
+    def _leave(self) -> RunStats:
+        """:meth:`stop` of a Recorder that joined fastprof run's: the run
+        records on (fastprof run stops it, and reports it); this one is done,
+        with nothing of its own written."""
+        if self.stats is None:
+            if self in _joined:
+                _joined.remove(self)
+            self._started = False
+            self.stats = RunStats(
+                events_written=0,
+                dropped=0,
+                dropped_per_thread={},
+                segments=[],
+                unclosed_spans=0,
+                bytes_compressed=0,
+                error=None,
+                run_dir=self.run_dir,
+                sampler_error=None,
+                payload_dropped=0,
+                rotated=None,
+            )
+        return self.stats
 
     def counters(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The sampler's readings as numpy arrays, by metric name (units in the
@@ -351,7 +407,7 @@ def start(
 
 def stop() -> RunStats | None:
     """Stop the running recorder and return its report (``None`` if none runs)."""
-    rec = _current
+    rec = _joined[-1] if _joined else _current  # under fastprof run: the script's, never the run's
     if rec is None:
         return None
     return rec.stop()

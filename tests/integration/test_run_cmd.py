@@ -484,9 +484,10 @@ def test_a_scripts_own_profiler_takes_the_loop_and_nothing_is_recorded_twice(tmp
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["script steps 16"]
     assert not (tmp_path / "elsewhere").exists()  # the command line decides where the run records
-    assert "this Profiler's options out_dir, run_name are not used: the run records in" in r.stderr
     run = tmp_path / "out" / "own"
     assert _fastprof_lines(r.stderr) == [
+        "fastprof run: this Profiler's options out_dir, run_name are not used: the run records in "
+        f"{run} (fastprof run's options decide)",
         "fastprof run: the script starts its own fastprof.Profiler: its steps are the run's (3 inferred before it)",
         "fastprof run: own.py: 16 steps recorded in out/own",
         "fastprof run: next: fastprof report out/own",
@@ -505,6 +506,40 @@ def test_a_scripts_own_profiler_takes_the_loop_and_nothing_is_recorded_twice(tmp
     assert len(passes) == 3  # the warm-up pass (fastprof run's), then the script's two
     rep = _run([sys.executable, "-m", "fastprof", "report", str(run), "-q"], tmp_path)
     assert rep.returncode == 0, rep.stderr
+
+
+# A script that records with the bare Recorder API, started and stopped twice.
+OWN_RECORDER = textwrap.dedent(
+    """
+    import time
+    import fastprof
+
+    rec = fastprof.start("elsewhere", "mine", sample_hz=0)
+    with fastprof.span("work", n=1):
+        time.sleep(0.01)
+    stats = fastprof.stop()  # the script's own, never the run's
+    print("stopped", stats.events_written, rec.active)
+    with fastprof.span("after.stop"):  # still recorded: the run goes on
+        time.sleep(0.01)
+    with fastprof.Recorder("elsewhere", "again") as rec2:
+        with fastprof.span("work", n=2):
+            time.sleep(0.01)
+    print("done", rec2.active)
+    """
+)
+
+
+def test_a_scripts_own_recorder_joins_the_runs_recording(tmp_path: Path) -> None:
+    (tmp_path / "rec.py").write_text(OWN_RECORDER)
+    r = _run([*RUN, "-o", str(tmp_path / "out"), "--run-name", "rec", "rec.py"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["stopped 0 False", "done False"]
+    assert not (tmp_path / "elsewhere").exists()
+    run = tmp_path / "out" / "rec"
+    joined = [line for line in _fastprof_lines(r.stderr) if "the script's Recorder records in the run" in line]
+    assert len(joined) == 2 and all(str(run / "rank0") in line for line in joined), r.stderr
+    names = [e["name"] for e in _events(run / "trace.json.gz") if e.get("ph") == "X"]
+    assert names.count("work") == 2 and names.count("after.stop") == 1
 
 
 # ------------------------------------------------------------- torchrun

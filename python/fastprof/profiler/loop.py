@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fastprof import _core, _dist
+from fastprof import _recorder as _rec
 from fastprof._core import ConfigError, FastprofWarning
 from fastprof._options import _value
 from fastprof._recorder import Recorder, current
@@ -201,12 +202,13 @@ class Profiler:
             host = _host
             if unused and recorder is None and host is not None and host.recorder is running:
                 # The script's own Profiler under fastprof run: the command
-                # line chose where the run records; the script still runs.
-                warnings.warn(
+                # line chose where the run records; the script still runs
+                # (a line, not a warning: -W error must not end the job).
+                print(
                     f"fastprof run: this Profiler's options {', '.join(unused)} are not used: the run records in "
                     f"{running.run_dir} (fastprof run's options decide)",
-                    FastprofWarning,
-                    stacklevel=2,
+                    file=sys.stderr,
+                    flush=True,
                 )
             elif unused:
                 raise ConfigError(
@@ -498,6 +500,8 @@ class Profiler:
             _oom.unwatch(self)
             if _host is self:
                 _host = None
+                _rec._run_host = None
+                _rec._joined.clear()
         return self.trace_path
 
     # ----------------------------------------------------- under fastprof run
@@ -511,6 +515,7 @@ class Profiler:
         global _host
         self._on_step_aside = on_step_aside
         _host = self
+        _rec._run_host = self.recorder  # a Recorder the script starts joins this one
 
     def _hosted(self) -> bool:
         """A script's Profiler under fastprof run (whose Profiler still runs)."""
