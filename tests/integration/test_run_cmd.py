@@ -544,24 +544,44 @@ def test_a_scripts_own_recorder_joins_the_runs_recording(tmp_path: Path) -> None
 
 # ------------------------------------------------------------- torchrun
 
-DIST = textwrap.dedent(
-    """
-    import torch, torch.distributed as dist
-    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+# One DDP job on gloo: setup, a train loop (unmodified, or inside the
+# script's own Profiler), then the end.
+_DIST_SETUP = """
+import torch, torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-    dist.init_process_group("gloo")
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    data = TensorDataset(torch.randn(48, 8), torch.randint(0, 2, (48,)))
-    loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data))
-    for x, y in loader:
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = TensorDataset(torch.randn(48, 8), torch.randint(0, 2, (48,)))
+loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data))
+"""
+_DIST_END = """
+print(f"rank {dist.get_rank()} done")
+dist.destroy_process_group()
+"""
+DIST = (
+    _DIST_SETUP
+    + """
+for x, y in loader:
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+"""
+    + _DIST_END
+)
+DIST_OWN = (
+    _DIST_SETUP
+    + """
+import fastprof
+with fastprof.Profiler(torch=False) as prof:
+    for x, y in prof.loader(loader):
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-    print(f"rank {dist.get_rank()} done")
-    dist.destroy_process_group()
-    """
+"""
+    + _DIST_END
 )
 
 
@@ -569,29 +589,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-# The same job with the script's own Profiler around its loop.
-DIST_OWN = textwrap.dedent(
-    """
-    import fastprof, torch, torch.distributed as dist
-    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-    dist.init_process_group("gloo")
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    data = TensorDataset(torch.randn(48, 8), torch.randint(0, 2, (48,)))
-    loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data))
-    with fastprof.Profiler(torch=False) as prof:
-        for x, y in prof.loader(loader):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-    print(f"rank {dist.get_rank()} done")
-    dist.destroy_process_group()
-    """
-)
 
 
 @pytest.mark.slow
