@@ -303,19 +303,7 @@ class Recorder:
             if self in _joined:
                 _joined.remove(self)
             self._started = False
-            self.stats = RunStats(
-                events_written=0,
-                dropped=0,
-                dropped_per_thread={},
-                segments=[],
-                unclosed_spans=0,
-                bytes_compressed=0,
-                error=None,
-                run_dir=self.run_dir,
-                sampler_error=None,
-                payload_dropped=0,
-                rotated=None,
-            )
+            self.stats = RunStats(0, 0, {}, [], 0, 0, run_dir=self.run_dir)
         return self.stats
 
     def counters(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:

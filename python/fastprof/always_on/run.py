@@ -36,7 +36,7 @@ more than an iterator).
 
 A script that starts its own :class:`fastprof.Profiler` says what its
 steps are: that Profiler records in the run (its ``out_dir`` / ``run_name``
-/ recorder options are not used, with a warning), and from its start the
+/ recorder options are not used, as a stderr line says), and from its start the
 inferred steps, the DataLoader patch, ``fastprof run``'s torch windows and
 triggers are off, so nothing is recorded twice. Its ``profiler.json`` is the
 rank's; ``fastprof run`` still finishes the run (done marker, merge).

@@ -591,28 +591,25 @@ class TriggerDriver:
         """Queue the request of each trigger file there is, and consume it
         (``flag``: set the core's flag for the next boundary)."""
         with self._files_lock:
-            self._read_files_locked(flag)
-
-    def _read_files_locked(self, flag: bool) -> None:
-        for p in self._trigger_paths():
-            path = Path(p)
-            try:
-                text = path.read_text(errors="replace")
-            except FileNotFoundError:
-                continue
-            except OSError as e:
-                self._warn_once(f"trigger file {path}: {e}")
-                continue
-            with contextlib.suppress(OSError):
-                path.unlink()  # consumed: one request per file written
-            scope = "run" if path.parent == self.run_dir else "rank"
-            try:
-                req = parse_request(text, str(path))
-            except ValueError as e:
-                self._warn_once(f"{e}; ignored (write {{}} or use: fastprof trigger {self.run_dir})")
-                self.requests.append({"source": "file", "file": str(path), "error": str(e), "time": time.time()})
-                continue
-            self._queue_request({**req, "source": "file", "scope": scope, "file": str(path)}, flag)
+            for p in self._trigger_paths():
+                path = Path(p)
+                try:
+                    text = path.read_text(errors="replace")
+                except FileNotFoundError:
+                    continue
+                except OSError as e:
+                    self._warn_once(f"trigger file {path}: {e}")
+                    continue
+                with contextlib.suppress(OSError):
+                    path.unlink()  # consumed: one request per file written
+                scope = "run" if path.parent == self.run_dir else "rank"
+                try:
+                    req = parse_request(text, str(path))
+                except ValueError as e:
+                    self._warn_once(f"{e}; ignored (write {{}} or use: fastprof trigger {self.run_dir})")
+                    self.requests.append({"source": "file", "file": str(path), "error": str(e), "time": time.time()})
+                    continue
+                self._queue_request({**req, "source": "file", "scope": scope, "file": str(path)}, flag)
 
     def _warn_once(self, text: str) -> None:
         if text in self.notes:

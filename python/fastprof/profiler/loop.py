@@ -252,10 +252,9 @@ class Profiler:
         self.merge_summary: dict[str, Any] | None = None
         self.steps_by_optimizer = 0
         #: fastprof run's Profiler: what to undo when a script's own Profiler
-        #: takes the loop, the Profilers that took it, the steps inferred before.
+        #: takes the loop, and the Profilers that took it.
         self._on_step_aside: Callable[[], None] | None = None
         self._successors: list[Profiler] = []
-        self.steps_before_script_profiler: int | None = None
 
     # ----------------------------------------------------------- properties
 
@@ -362,8 +361,8 @@ class Profiler:
             return self
         self._state = "running"
         self._thread_id = threading.get_ident()
-        host = _host
-        if host is not None and host is not self and host.recorder is self.recorder and host._state == "running":
+        host = self._running_host()
+        if host is not None:
             host._step_aside(self)  # before this one's hooks and signal handlers go in
         _exits.register(self)
         if self.sync_clocks_enabled:
@@ -430,22 +429,9 @@ class Profiler:
         self._state = "stopping"
         self._exit_reason = reason
         abrupt = reason in ("exit", "SIGTERM")
-        hosted = self._hosted()
+        hosted = self._running_host() is not None
         try:
-            if self._opt_handle is not None:
-                self._opt_handle.remove()
-                self._opt_handle = None
-            # The last step, if anything was fetched into it: one that a
-            # boundary opened and nothing fetched into is the time after the
-            # loop, and a run of no iterations has no step.
-            try:
-                self._steps.stop()
-            except RuntimeError:
-                # Already borrowed: a signal landed in a callback of the step
-                # loop (in the job's schedule function, or torch's step). The
-                # step in progress goes unrecorded; the rest is saved, and the
-                # callbacks pass through from now on (state "stopped").
-                pass
+            self._end_steps()
             if self._driver is not None:
                 self._driver.close()
             if self._paused_by_gate and self.recorder.active:
@@ -504,6 +490,23 @@ class Profiler:
                 _rec._joined.clear()
         return self.trace_path
 
+    def _end_steps(self) -> None:
+        """No more steps: the optimizer hook goes, and the step loop closes
+        the last step, if anything was fetched into it (one that a boundary
+        opened and nothing fetched into is the time after the loop, and a
+        run of no iterations has no step)."""
+        if self._opt_handle is not None:
+            self._opt_handle.remove()
+            self._opt_handle = None
+        try:
+            self._steps.stop()
+        except RuntimeError:
+            # Already borrowed: a signal landed in a callback of the step
+            # loop (in the job's schedule function, or torch's step). The
+            # step in progress goes unrecorded; the rest is saved, and the
+            # callbacks pass through from now on (state "stopped").
+            pass
+
     # ----------------------------------------------------- under fastprof run
 
     def _host_run(self, on_step_aside: Callable[[], None]) -> None:
@@ -517,10 +520,13 @@ class Profiler:
         _host = self
         _rec._run_host = self.recorder  # a Recorder the script starts joins this one
 
-    def _hosted(self) -> bool:
-        """A script's Profiler under fastprof run (whose Profiler still runs)."""
+    def _running_host(self) -> Profiler | None:
+        """fastprof run's Profiler, when this is a script's Profiler on its
+        recorder and it still runs."""
         host = _host
-        return host is not None and host is not self and host.recorder is self.recorder and host._state == "running"
+        if host is not None and host is not self and host.recorder is self.recorder and host._state == "running":
+            return host
+        return None
 
     def _step_aside(self, other: Profiler) -> None:
         """The script started its own Profiler ``other``: its steps are the
@@ -530,17 +536,11 @@ class Profiler:
         self._successors.append(other)
         if len(self._successors) > 1:
             return
-        self.steps_before_script_profiler = self.batch
+        inferred = self.batch
         try:
             if self._on_step_aside is not None:
                 self._on_step_aside()
-            if self._opt_handle is not None:
-                self._opt_handle.remove()
-                self._opt_handle = None
-            try:
-                self._steps.stop()
-            except RuntimeError:  # started from inside a callback of this loop: nothing more is recorded
-                pass
+            self._end_steps()
             if self._driver is not None:
                 self._driver.close()
             if self._history is not None:
@@ -557,7 +557,7 @@ class Profiler:
             print(f"fastprof run: handing the loop to the script's Profiler: {type(e).__name__}: {e}", file=sys.stderr)
         print(
             "fastprof run: the script starts its own fastprof.Profiler: its steps are the run's "
-            f"({self.steps_before_script_profiler} inferred before it)",
+            f"({inferred} inferred before it)",
             file=sys.stderr,
             flush=True,
         )
