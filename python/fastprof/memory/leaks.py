@@ -10,13 +10,27 @@ the pairwise slopes ranked ``(N ∓ C) / 2``, with ``N`` the number of pairs
 and ``C = 1.96 * sqrt(n (n - 1) (2n + 5) / 18)`` (Kendall's S under no
 trend).
 
-Growth is reported as a leak when the whole interval lies above zero *and*
-the slope over the run adds at least :data:`MIN_GROWTH_BYTES` and
-:data:`MIN_GROWTH_SHARE` of the series' median: a steady run, whose pairs of
-steps mostly differ by nothing, has a slope of zero inside an interval that
-holds zero. Where the growth began is the step that best splits the run into
-a flat part and a rising one (a hinge ``a + b * max(0, step - k)`` fitted by
-least squares at up to :data:`MAX_HINGES` candidate ``k``).
+A leak is growth that is still going on at the end of the run. It is
+reported when an interval lies above zero *and* the growth adds at least
+:data:`MIN_GROWTH_BYTES` and :data:`MIN_GROWTH_SHARE` of the series' median
+(the floor): the whole run's interval, or that of the rising part at its end
+(a leak that began late, whose run is mostly flat, so that most pairs of
+steps differ by nothing), when that part takes the series at least the floor
+above anything it held before (not one more tooth of a saw). A steady run
+has a slope of zero inside an interval that holds zero. Where the growth
+began is the step that best splits the run (or the part judged) into a flat
+part and a rising one (a hinge ``a + b * max(0, step - k)`` fitted by least
+squares at up to :data:`MAX_HINGES` candidate ``k``).
+
+Growth that ended is not a leak: a cache that fills, a pool that grows once,
+then stays. The step where it ended is the one that best splits the run into
+a rising part and a flat one (the mirrored hinge ``a + b * min(step, k)``);
+when the part after it is long enough to judge (at least :data:`MIN_STEPS`
+steps and :data:`MIN_FLAT_SHARE` of the run), does not grow at a rate that
+would add the floor over the run, and the series rose by at least the floor
+before it, the verdict is "grew until step N, flat since" and nothing fires,
+however long the fill took (a fill over most of the run has a Theil-Sen
+slope above zero over the whole run).
 
 Steps that a profiler makes grow are not the job's: a ``torch.profiler``
 window (its warm-up and active steps, and the step after it, while its
@@ -46,6 +60,8 @@ MIN_STEPS = 8
 MIN_GROWTH_BYTES = 16 * 2**20
 #: ... nor below this share of the series' median.
 MIN_GROWTH_SHARE = 0.05
+#: The flat part after growth that ended, as a share of the steps judged.
+MIN_FLAT_SHARE = 0.1
 Z95 = 1.959963984540054
 
 
@@ -91,6 +107,64 @@ def hinge_start(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> int:
     return int(cand[int(np.argmin(sse))])
 
 
+def plateau_start(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> int:
+    """Index into ``x`` where a rising-then-flat fit puts the end of the
+    rise (``len(x) - 1`` when a straight line fits best)."""
+    n = len(x)
+    if n < 4:
+        return n - 1
+    cand = np.unique(np.linspace(2, n - 1, min(MAX_HINGES, n - 2)).astype(np.int64))
+    z = np.minimum(x[None, :], x[cand][:, None])  # (candidates, n)
+    zc = z - z.mean(axis=1, keepdims=True)
+    yc = y - y.mean()
+    szz = (zc * zc).sum(axis=1)
+    szy = zc @ yc
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sse = (yc @ yc) - np.where(szz > 0, szy * szy / szz, 0.0)
+    return int(cand[int(np.argmin(sse))])
+
+
+def _ended(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64], n: int, floor: float) -> int | None:
+    """Index into ``x`` where growth of at least ``floor`` ended, the rest
+    of the run flat (see the module documentation); None when it did not."""
+    k = plateau_start(x, y)
+    # A flat stretch before the rise pulls the one-hinge fit late: fit again
+    # from where the rise began.
+    b = hinge_start(x[: k + 1], y[: k + 1])
+    k = b + plateau_start(x[b:], y[b:])
+    tail = x >= x[k]
+    if n - x[k] < max(MIN_STEPS, MIN_FLAT_SHARE * n) or tail.sum() < MIN_STEPS:
+        return None
+    slope, lo, _ = theil_sen(x[tail], y[tail])
+    if lo > 0 and slope * (n - 1) >= floor:
+        return None  # still growing
+    q1, q3 = np.percentile(y[tail], [25, 75])
+    if _rise(y, k, tail) < max(floor, 2 * float(q3 - q1)):
+        return None  # no growth worth the name before it (or a saw, not a plateau)
+    return k
+
+
+def _rise(y: npt.NDArray[np.float64], k: int, tail: npt.NDArray[np.bool_]) -> float:
+    """How far the series rose before its flat part (``tail``, from ``k``):
+    the flat part's median over that of the run's first steps."""
+    return float(np.median(y[tail]) - np.median(y[: max(2, min(k, MIN_STEPS))]))
+
+
+def _late(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64], floor: float) -> int | None:
+    """Index into ``x`` where growth still going on at the end began, when
+    the rising part at the end of the run is a leak on its own (see the
+    module documentation)."""
+    k = hinge_start(x, y)
+    part = x >= x[k]
+    if part.sum() < MIN_STEPS:
+        return None
+    slope, lo, _ = theil_sen(x[part], y[part])
+    end = float(np.median(y[-max(2, MIN_STEPS // 2) :]))
+    if lo > 0 and slope * (x[-1] - x[k]) >= floor and end - float(y[: k + 1].max()) >= floor:
+        return k
+    return None
+
+
 def growth(values: npt.ArrayLike, first_step: int = 0, excluded: Iterable[int] = ()) -> dict[str, Any]:
     """The growth of one per-step series (bytes at each step's end, in step
     order; step ``k`` of it is step ``first_step + k`` of the run), judged
@@ -118,6 +192,7 @@ def growth(values: npt.ArrayLike, first_step: int = 0, excluded: Iterable[int] =
         "growth_ci_b_per_step": None,
         "growth_total_b": None,
         "began_at_step": None,
+        "ended_at_step": None,
         "leak": False,
         "verdict": f"too few steps (fewer than {MIN_STEPS})",
     }
@@ -131,25 +206,39 @@ def growth(values: npt.ArrayLike, first_step: int = 0, excluded: Iterable[int] =
         return out
     idx = np.unique(np.linspace(0, n - 1, min(n, MAX_POINTS)).astype(np.int64))
     x = idx.astype(np.float64)
-    slope, lo, hi = theil_sen(x, y[idx])
+    ys = y[idx]
+    slope, lo, hi = theil_sen(x, ys)
     total = slope * (n - 1)
     floor = max(MIN_GROWTH_BYTES, MIN_GROWTH_SHARE * float(np.median(y)))
-    leak = bool(lo > 0 and total >= floor)
-    out.update(
-        growth_b_per_step=slope,
-        growth_ci_b_per_step=[lo, hi],
-        growth_total_b=total,
-        leak=leak,
-        verdict=(
-            "grows"
-            if leak
-            else (
-                "steady: the 95% interval of the slope holds zero"
-                if lo <= 0
-                else f"grows less than {floor / 2**20:.1f} MiB over the run"
-            )
-        ),
+
+    def step_of(i: int) -> int:
+        return first_step + int(kept[idx[i]])
+
+    out.update(growth_b_per_step=slope, growth_ci_b_per_step=[lo, hi], growth_total_b=total)
+    ended = _ended(x, ys, n, floor)
+    if ended is not None:
+        began = hinge_start(x[: ended + 1], ys[: ended + 1])
+        rise = _rise(ys, ended, x >= x[ended])
+        out.update(
+            began_at_step=step_of(began),
+            ended_at_step=step_of(ended),
+            verdict=(
+                f"grew until step {step_of(ended)}, flat since "
+                f"(+{rise / 2**20:.1f} MiB from step {step_of(began)}; not a leak)"
+            ),
+        )
+        return out
+    start: int | None = None
+    if lo > 0 and total >= floor:
+        start = hinge_start(x, ys)
+    else:
+        start = _late(x, ys, floor)
+    if start is not None:
+        out.update(leak=True, verdict="grows", began_at_step=step_of(start))
+        return out
+    out["verdict"] = (
+        "steady: the 95% interval of the slope holds zero"
+        if lo <= 0
+        else f"grows less than {floor / 2**20:.1f} MiB over the run"
     )
-    if leak:
-        out["began_at_step"] = first_step + int(kept[idx[hinge_start(x, y[idx])]])
     return out

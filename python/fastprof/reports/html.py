@@ -410,6 +410,8 @@ def _memory(page: _Page, doc: dict[str, Any], data: RunData) -> None:
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"rank {r['rank']} {r['series']}"))
             if r["leak"] and r["began_at_step"] is not None:
                 fig.add_vline(x=r["began_at_step"], line_dash="dash", line_color="#c0392b")
+            if r.get("ended_at_step") is not None:
+                fig.add_vline(x=r["ended_at_step"], line_dash="dot", line_color="#1a7f37")
         for o in mem.get("oom") or []:
             if o.get("step") is not None:
                 fig.add_vline(x=o["step"], line_color="#000000")
@@ -420,6 +422,9 @@ def _memory(page: _Page, doc: dict[str, Any], data: RunData) -> None:
         for r in ranks:
             g = r["growth_b_per_step"]
             said = f"{human_bytes(g)} per step" if g is not None and g >= 0 else "-"
+            if r.get("ended_at_step") is not None:
+                page.note(f"Rank {r['rank']} ({r['series']}): {r['verdict']} (dotted line).")
+                continue
             page.note(
                 f"Rank {r['rank']} ({r['series']}): {r['verdict']}; growth {said}"
                 + (f", from step {r['began_at_step']} (dashed line)" if r["leak"] else "")

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from fastprof.memory.leaks import MIN_GROWTH_BYTES, MIN_GROWTH_SHARE, growth
+from fastprof.memory.leaks import MIN_FLAT_SHARE, MIN_GROWTH_BYTES, MIN_GROWTH_SHARE, growth
 from fastprof.reports.data import RunData
 
 #: The allocator's per-step peak.
@@ -62,9 +62,11 @@ def memory_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | No
         "oom": ooms,
         "method": (
             "Theil-Sen slope of the per-step series (warm-up and the profiler's window steps left out, "
-            "the rest stitched by their step-over-step changes) with Sen's 95% interval; a leak when the interval is "
-            f"above zero and the run adds at least {MIN_GROWTH_BYTES >> 20} MiB and "
-            f"{100 * MIN_GROWTH_SHARE:g}% of the median"
+            "the rest stitched by their step-over-step changes) with Sen's 95% interval; a leak when growth still goes "
+            "on at the end: the interval (of the run, or of its rising part at the end) above zero and adding at least "
+            f"{MIN_GROWTH_BYTES >> 20} MiB and {100 * MIN_GROWTH_SHARE:g}% of the median; growth that ended (a rise "
+            f"of that much, then flat for at least {100 * MIN_FLAT_SHARE:g}% of the steps judged) is "
+            "'grew until step N, flat since', not a leak"
         ),
         "per_rank": per_rank,
     }, None

@@ -200,7 +200,8 @@ def _memory_growth(memory: dict[str, Any] | None) -> dict[str, Any]:
     if not ranks:
         why = f"rank {every[0]['rank']}: {every[0]['verdict']}" if every else "needs per-step memory statistics"
         return _check("memory_growth", "not_evaluated", None, threshold, why)
-    worst = max(ranks, key=lambda r: float(r["growth_total_b"]))
+    # A rank still growing outranks one whose larger growth ended (a filled cache).
+    worst = max([r for r in ranks if r["leak"]] or ranks, key=lambda r: float(r["growth_total_b"]))
     total = float(worst["growth_total_b"])
     if worst["leak"]:
         return _check(

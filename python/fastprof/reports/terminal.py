@@ -124,10 +124,11 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None) -> None
                 con.print(f"  no allocator snapshot: {o['cuda_reason']}")
         for r in mem.get("per_rank") or []:
             g = r["growth_b_per_step"]
+            # Growth that ended has no rate worth quoting: its verdict says how much, and until when.
+            rate = "" if r.get("ended_at_step") is not None else f", growth {_s(g and g / 2**20, '{:+.3f}')} MiB/step"
             con.print(
                 f"Memory, rank {r['rank']} ({r['series']}): peak {_s(r['peak_b'] and r['peak_b'] / 2**20, '{:.1f}')} "
-                f"MiB, growth {_s(g and g / 2**20, '{:+.3f}')} MiB/step: {r['verdict']}"
-                + (f" from step {r['began_at_step']}" if r["leak"] else "")
+                f"MiB{rate}: {r['verdict']}" + (f" from step {r['began_at_step']}" if r["leak"] else "")
             )
     for r in (doc.get("triggers") or {}).get("per_rank") or []:
         for a in r["anomalies"]:
