@@ -47,7 +47,10 @@ storms aborted jobs, kineto#1408):
   still called (after the request is recorded); one installed after
   replaces fastprof's, as Python's semantics say. A signal already handled
   outside Python (a C handler) or ignored (SIG_IGN) is left alone, said
-  once; the trigger file still works.
+  once; the trigger file still works. When the Profiler stops, the job's
+  handler is given back; a signal the job left at its default (which
+  kills) stays harmless for the rest of the process instead, so that a
+  trigger sent while the job finishes never ends it (``fastprof._signals``).
 
 Every request, capture, dump and anomaly is in ``rank{R}/triggers.json``
 (rewritten as they happen; ``fastprof trigger`` waits on it and the report
@@ -73,7 +76,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastprof import _core
+from fastprof import _core, _signals
 from fastprof._core import ConfigError, FastprofWarning
 from fastprof._options import Option, _bool, _float, _int, _str, _value, prefixed
 from fastprof.memory._files import write_atomic
@@ -501,7 +504,7 @@ class TriggerDriver:
             self.notes.append(f"{signal.Signals(num).name} not handled: the Profiler started off the main thread")
             return
         try:
-            current = signal.getsignal(num)
+            current = _signals.job_disposition(num)
         except (ValueError, OSError) as e:
             self.notes.append(f"{signal.Signals(num).name} not handled: {e}")
             return
@@ -525,9 +528,12 @@ class TriggerDriver:
         num = self._installed
         if num is None or threading.current_thread() is not threading.main_thread():
             return
+        # The job's handler goes back as it was; the default does not (a
+        # trigger sent while the job finishes would kill it): the signal
+        # stays harmless for the rest of the process (fastprof._signals).
         with contextlib.suppress(ValueError, OSError, TypeError):
             if signal.getsignal(num) == self._on_signal:
-                signal.signal(num, self._previous)
+                _signals.give_back(num, self._previous)
         self._installed = None
 
     def _on_oom(self, prof: Any, exc: BaseException | None) -> None:

@@ -23,7 +23,11 @@ integration's business):
   the default action (SIG_DFL restored and the signal raised again: the
   process dies by SIGTERM). A handler installed after fastprof's replaces
   it, as Python's semantics say; when that handler exits the interpreter,
-  the ``atexit`` hook still saves the data.
+  the ``atexit`` hook still saves the data. A handler installed after
+  fastprof's that calls the one it replaced (a library's chain) stays in
+  place when the Profiler stops, so fastprof's under it stays too: each
+  installation is its own handler that remembers the job's, and passes the
+  signal on to it for the rest of the process.
 
 The handler runs on the main thread between two bytecodes of whatever it
 interrupted; everything it does is caught (it never raises its own error),
@@ -33,6 +37,7 @@ and a Profiler already stopping when the signal lands is left alone.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -51,9 +56,9 @@ SIGNAL_EXPORT_WAIT_S = 10.0
 _live: list[Profiler] = []
 _lock = threading.Lock()
 _atexit_registered = False
-#: The SIGTERM disposition fastprof replaced (None while its handler is not installed).
-_previous: Any = None
-_installed = False
+#: fastprof's SIGTERM handler now installed (None while it is not): each
+#: installation is a new handler that remembers the disposition it replaced.
+_handler: Any = None
 
 
 def register(prof: Profiler) -> None:
@@ -78,8 +83,8 @@ def unregister(prof: Profiler) -> None:
 
 
 def _install() -> None:
-    global _previous, _installed
-    if _installed or threading.current_thread() is not threading.main_thread():
+    global _handler
+    if _handler is not None or threading.current_thread() is not threading.main_thread():
         return  # signal handlers can only be set from the main thread
     try:
         current = signal.getsignal(signal.SIGTERM)
@@ -87,23 +92,45 @@ def _install() -> None:
         # from C that Python cannot call on. Both are left alone.
         if current is signal.SIG_IGN or current is None:
             return
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        handler = _chained(current)
+        signal.signal(signal.SIGTERM, handler)
     except (ValueError, OSError):
         return
-    _previous, _installed = current, True
+    _handler = handler
 
 
 def _uninstall() -> None:
-    global _previous, _installed
-    if not _installed or threading.current_thread() is not threading.main_thread():
+    global _handler
+    handler = _handler
+    if handler is None or threading.current_thread() is not threading.main_thread():
         return
-    try:
-        # A handler the job installed after fastprof's stays where it is.
-        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
-            signal.signal(signal.SIGTERM, _previous)
-    except (ValueError, OSError, TypeError):
-        return
-    _previous, _installed = None, False
+    _handler = None
+    # A handler installed on top of fastprof's (a library's that calls the
+    # one it replaced) stays where it is; fastprof's under it still passes
+    # the signal on to the job's own (it remembers it), with nothing left
+    # to save. Only when fastprof's is on top is the job's put back.
+    with contextlib.suppress(ValueError, OSError, TypeError):
+        if signal.getsignal(signal.SIGTERM) is handler:
+            signal.signal(signal.SIGTERM, handler.previous)
+
+
+def _chained(previous: Any) -> Any:
+    """A SIGTERM handler that saves every live Profiler, then does what
+    ``previous`` (the disposition it replaces) would have done. A new one
+    per installation: a handler that a library chained on top of an earlier
+    one keeps calling that one, which still knows the job's own handler."""
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        _save_all_at_sigterm()
+        if callable(previous):
+            previous(signum, frame)  # the job's own handler decides (its exit, its exception)
+            return
+        # The default action: die by the signal, as without fastprof.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    on_sigterm.previous = previous  # type: ignore[attr-defined]
+    return on_sigterm
 
 
 def _close_all(reason: str) -> list[tuple[Profiler, bool]]:
@@ -132,8 +159,7 @@ def _at_exit() -> None:
     _close_all("exit")
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    previous = _previous
+def _save_all_at_sigterm() -> None:
     try:
         from fastprof.profiler.outputs import merge_command
 
@@ -160,9 +186,3 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         sys.stderr.flush()
     except BaseException:  # noqa: BLE001 - a signal handler must not raise its own error
         pass
-    if callable(previous) and previous is not _on_sigterm:
-        previous(signum, frame)  # the job's own handler decides (its exit, its exception)
-        return
-    # The default action: die by the signal, as without fastprof.
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)

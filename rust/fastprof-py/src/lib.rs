@@ -9,6 +9,7 @@ mod convert;
 mod errors;
 mod recording;
 mod session;
+mod signals;
 mod steps;
 
 use errors::Error;
@@ -240,6 +241,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(steps::_anomaly_take, m)?)?;
     m.add_function(wrap_pyfunction!(steps::_anomaly_hold, m)?)?;
     m.add_function(wrap_pyfunction!(steps::_median_step_ns, m)?)?;
+    m.add_function(wrap_pyfunction!(signals::_signal_harmless, m)?)?;
     m.add_function(wrap_pyfunction!(is_active, m)?)?;
     m.add_function(wrap_pyfunction!(_noop, m)?)?;
     m.add_function(wrap_pyfunction!(_span_depth, m)?)?;

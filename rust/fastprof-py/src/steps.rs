@@ -967,7 +967,46 @@ impl _LoaderIter {
 impl Drop for _LoaderIter {
     fn drop(&mut self) {
         if !self.done && self.entered {
-            Python::attach(|py| self.finish(py));
+            // Dropped by the interpreter: often while the job's exception
+            // unwinds the frame that held this iterator (the loop body
+            // raised), with that exception set. Finishing the pass may end
+            // the step and call the Profiler back; Python must not run with
+            // an exception set (it took that exception for the callback's,
+            // reported it as unraisable and crashed), so it is set aside
+            // for the callbacks and given back unchanged.
+            Python::attach(|py| {
+                let _job = PendingException::set_aside(py);
+                self.finish(py);
+            });
+        }
+    }
+}
+
+/// The exception the interpreter has set on this thread, taken off for
+/// the life of the guard and restored when it drops (see
+/// `_LoaderIter::drop`). Rust code that may run while one is set (a
+/// `tp_dealloc`) calls into Python only under this guard.
+struct PendingException<'py> {
+    py: Python<'py>,
+    err: Option<PyErr>,
+}
+
+impl<'py> PendingException<'py> {
+    fn set_aside(py: Python<'py>) -> Self {
+        PendingException {
+            py,
+            err: PyErr::take(py),
+        }
+    }
+}
+
+impl Drop for PendingException<'_> {
+    fn drop(&mut self) {
+        if let Some(e) = self.err.take() {
+            // A failure under the guard was reported (unraisable); whatever
+            // a callback left set is cleared so the job's own comes back.
+            let _ = PyErr::take(self.py);
+            e.restore(self.py);
         }
     }
 }
