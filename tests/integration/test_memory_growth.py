@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -175,30 +176,79 @@ def test_the_profilers_own_windows_are_not_judged_as_a_leak() -> None:
     assert short["leak"] is False and short["verdict"].startswith("too few steps outside the profiler's windows")
 
 
-def test_the_demo_with_torch_windows_does_not_fire(tmp_path: Path) -> None:
-    """The 24-step CPU demo: torch.profiler windows grow RSS by hundreds of
-    MB, which is the profiler's, not the job's."""
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The CPU demo, 32 steps: four torch.profiler windows, 15 steps judged."""
+    tmp = tmp_path_factory.mktemp("demo")
     subprocess.run(
-        [sys.executable, "-m", "fastprof", "demo", "-o", str(tmp_path), "--run-name", "d", "--steps", "24", "-q"],
+        [sys.executable, "-m", "fastprof", "demo", "-o", str(tmp), "--run-name", "d", "--steps", "32", "-q"],
         check=True,
         capture_output=True,
-        timeout=120,
+        timeout=280,
     )
-    doc = fastprof.report(tmp_path / "d", out_dir=tmp_path / "reports", formats=("json",)).data
+    return tmp / "d"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_demo_with_torch_windows_does_not_fire(demo: Path, tmp_path: Path) -> None:
+    """The CPU demo: torch.profiler windows grow RSS by hundreds of MB,
+    which is the profiler's, not the job's."""
+    doc = fastprof.report(demo, out_dir=tmp_path / "reports", formats=("json",)).data
     (r,) = doc["memory"]["per_rank"]
     assert r["series"] == "mem.rss [B]" and r["window_steps_excluded"] > 0
     # The raw series does grow across the windows (what fired before)...
     from fastprof.reports.data import load
 
-    _, values = load(tmp_path / "d").counter("mem.rss [B]", 0)
+    _, values = load(demo).counter("mem.rss [B]", 0)
     skip = r["warmup_steps_excluded"]
     whole = growth(values[skip:], skip)
     assert whole["leak"] is True or whole["ended_at_step"] is not None, whole
     # ... and the judgement leaves the windows out.
     assert r["leak"] is False and r["ended_at_step"] is None, r
+    assert r["steps_judged"] >= 8, r  # judged, not "too few steps"
     check = _memory_check(doc)
-    assert check["status"] in ("ok", "not_evaluated") and "rank 0" in check["message"]
+    assert check["status"] == "ok" and "rank 0" in check["message"], check
     assert not any(i["rule"] == "memory_growth" for i in doc["recommendations"]["items"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_segment_gets_the_verdict_of_its_run_directory(
+    demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`fastprof summary <run>/rank0/fastprof.0.json.gz` (the form its --help
+    shows) judges as the run directory does: it reads its recording's
+    profiler.json beside it for the steps the torch windows took. Moved
+    away alone, it says that it cannot judge, and why."""
+    from fastprof.cli.main import main
+
+    seg = demo / "rank0" / "fastprof.0.json.gz"
+    whole = fastprof.report(demo, formats=()).data
+    alone = fastprof.report(seg, formats=()).data
+    keys = ("series", "warmup_steps_excluded", "window_steps_excluded", "steps_judged", "leak", "verdict")
+    (w,), (a,) = whole["memory"]["per_rank"], alone["memory"]["per_rank"]
+    assert {k: a[k] for k in keys} == {k: w[k] for k in keys}, (a, w)
+    assert a["growth_b_per_step"] == pytest.approx(w["growth_b_per_step"])
+    assert _memory_check(alone) == _memory_check(whole)
+    lines = {}
+    for path in (demo, seg):
+        assert main(["summary", str(path)]) == 0
+        out = capsys.readouterr().out
+        lines[path] = [x for x in out.splitlines() if x.startswith(("Memory, rank 0", "Recommendations"))]
+    assert lines[seg] == lines[demo] and len(lines[seg]) == 2, lines
+    # Alone, without its recording's profiler.json: not judged, and said so.
+    lone = tmp_path / "lone" / seg.name
+    lone.parent.mkdir()
+    shutil.copyfile(seg, lone)
+    doc = fastprof.report(lone, formats=()).data
+    (r,) = doc["memory"]["per_rank"]
+    assert r["leak"] is False and r["growth_b_per_step"] is None, r
+    assert r["verdict"].startswith("not judged: a segment alone does not say which steps"), r
+    check = _memory_check(doc)
+    assert check["status"] == "not_evaluated" and "profiler.json" in check["message"], check
+    assert main(["summary", str(lone)]) == 0
+    assert "not judged: a segment alone" in " ".join(capsys.readouterr().out.split())
 
 
 # Per-step RSS of a real process: a Profiler loop that keeps (or drops) 1 MiB

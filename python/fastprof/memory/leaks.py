@@ -165,11 +165,14 @@ def _late(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64], floor: float) 
     return None
 
 
-def growth(values: npt.ArrayLike, first_step: int = 0, excluded: Iterable[int] = ()) -> dict[str, Any]:
+def growth(
+    values: npt.ArrayLike, first_step: int = 0, excluded: Iterable[int] = (), not_judged: str | None = None
+) -> dict[str, Any]:
     """The growth of one per-step series (bytes at each step's end, in step
     order; step ``k`` of it is step ``first_step + k`` of the run), judged
     on the steps not ``excluded`` (run step numbers; see the module
-    documentation)."""
+    documentation). ``not_judged``: why the series cannot be judged (the
+    steps to leave out are unknown); it is described, and that is its verdict."""
     raw = np.asarray(values, dtype=np.float64)
     n_all = len(raw)
     steps = first_step + np.arange(n_all)
@@ -196,6 +199,9 @@ def growth(values: npt.ArrayLike, first_step: int = 0, excluded: Iterable[int] =
         "leak": False,
         "verdict": f"too few steps (fewer than {MIN_STEPS})",
     }
+    if not_judged is not None:
+        out["verdict"] = not_judged
+        return out
     if n < MIN_STEPS <= n_all:
         out["verdict"] = (
             f"too few steps outside the profiler's windows ({n} of {n_all}; fewer than {MIN_STEPS}): not judged"

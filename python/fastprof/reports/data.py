@@ -88,8 +88,12 @@ class RunData:
     path: Path
     run_dir: Path | None
     cols: Columns
-    #: rank -> parsed rank{R}/profiler.json
+    #: rank -> parsed rank{R}/profiler.json (of a segment read alone: the
+    #: one beside it, when it is that recording's, see :func:`load`)
     profiler: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: The fastprof segment read alone (a report of one segment file; None
+    #: for a run directory or any other trace).
+    alone: Path | None = None
     #: rank -> otherData of that rank's main fastprof recording (last segment)
     other: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: rank -> otherData of DataLoader workers' recordings (last segment each)
@@ -256,10 +260,37 @@ def load(path: str | os.PathLike[str], fold: bool = True, resolved: tuple[Path, 
     if run_dir is not None:
         _read_side_documents(data, run_dir)
     elif p.name.startswith("fastprof.") and p.name.endswith(".json.gz"):
+        data.alone = p
         other = read_other_data(p)
         if other is not None:
             data.other[int(other.get("rank", 0) or 0)] = other
+        _read_own_profiler(data, p, other)
     return data
+
+
+def _read_own_profiler(data: RunData, segment: Path, other: dict[str, Any] | None) -> None:
+    """A segment read alone: the ``profiler.json`` beside it, when it is the
+    account of that segment's recording (same run name and rank; without
+    the segment's metadata, a rank folder's own), read as a run directory's
+    is. What a report judges with it (the steps of the profiler's windows,
+    the schedule's warm-up) is then what the run directory's report judges."""
+    summary = segment.parent / "profiler.json"
+    if not summary.is_file():
+        return
+    try:
+        doc = json.loads(summary.read_text())
+    except (OSError, ValueError):
+        data.cols.warnings.append(f"{summary}: not valid JSON; its schedule and windows are left out")
+        return
+    if not isinstance(doc, dict):
+        return
+    m = _RANK_DIR.match(segment.parent.name)
+    if other is not None:
+        same = doc.get("run_name") == other.get("run_name") and doc.get("rank") == other.get("rank")
+    else:
+        same = m is not None and doc.get("rank") == int(m.group(1))
+    if same:
+        data.profiler[int(doc.get("rank") or 0)] = doc
 
 
 def _read_side_documents(data: RunData, run_dir: Path) -> None:

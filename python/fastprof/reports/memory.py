@@ -38,14 +38,14 @@ def memory_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | No
             continue
         skip = warmup_steps if len(values) > warmup_steps else 0
         _, peaks = data.counter(CUDA_PEAK, r)
-        windows = window_steps(data.profiler.get(r) or {})
+        windows, why = _windows(data, r)
         per_rank.append(
             {
                 "rank": r,
                 "series": name,
                 "warmup_steps_excluded": skip,
                 "window_steps_excluded": len(windows & set(range(skip, len(values)))),
-                **growth(values[skip:], skip, windows),
+                **growth(values[skip:], skip, windows, not_judged=why),
                 # The highest per-step peak of the allocator (all steps):
                 # what `fastprof diff --max-memory-growth` compares first.
                 "cuda_allocated_peak_b": float(peaks.max()) if len(peaks) else None,
@@ -70,6 +70,31 @@ def memory_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | No
         ),
         "per_rank": per_rank,
     }, None
+
+
+def _windows(data: RunData, rank: int) -> tuple[set[int], str | None]:
+    """The steps of a rank's profiler windows (:func:`window_steps`), or
+    why its series cannot be judged: a segment read alone numbers its steps
+    from the recording's start only when it is the first, and says which
+    steps the windows took only with its recording's ``profiler.json``
+    (read beside it by :func:`fastprof.reports.data.load`)."""
+    prof = data.profiler.get(rank)
+    if data.alone is not None:
+        seg = (data.other.get(rank) or {}).get("segment")
+        rank_dir = data.alone.parent
+        again = "report its run directory instead" + (f" ({rank_dir.parent})" if rank_dir.name == f"rank{rank}" else "")
+        if seg not in (None, 0):
+            return set(), (
+                f"not judged: {data.alone.name} is segment {seg} of its recording, a later part of the run whose "
+                f"steps cannot be numbered alone; {again}"
+            )
+        if prof is None:
+            return set(), (
+                f"not judged: a segment alone does not say which steps the profiler's torch.profiler and allocator "
+                f"history windows took (their memory is the profiler's, left out of the judgement), and no "
+                f"profiler.json of its recording is beside {data.alone.name}; {again}"
+            )
+    return window_steps(prof or {}), None
 
 
 def window_steps(profiler: dict[str, Any]) -> set[int]:
