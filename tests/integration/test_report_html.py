@@ -10,6 +10,7 @@ as root); without it this test fails and says how to install it."""
 from __future__ import annotations
 
 import base64
+import gzip
 import io
 import json
 import os
@@ -20,6 +21,7 @@ import sys
 import textwrap
 import time
 import urllib.request
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -350,3 +352,189 @@ def test_downsample_keeps_peaks_within_the_point_budget() -> None:
     assert 77_777.0 in dx and 12_345.0 in dx
     short = np.arange(10, dtype=np.float64)
     assert downsample(short, short)[0] is short
+
+
+TRIGGERED = textwrap.dedent(
+    """
+    import sys, time, torch, fastprof
+
+    torch.manual_seed(0)
+    m = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    x = torch.randn(8, 16)
+    trig = fastprof.Triggers(poll_s=0.1, min_interval_s=0, steps=3)
+    prof = fastprof.Profiler(sys.argv[1], "run", schedule="never", sync_clocks=False, triggers=trig, sample_hz=20)
+    with prof:
+        for i in range(200):
+            loss = m(x).pow(2).mean()
+            loss.backward()
+            time.sleep(0.08 if i == 120 else 0.004)  # step 120: ~20x the others
+            opt.step()  # ends step i
+            opt.zero_grad()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def triggered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run whose anomaly trigger flagged a slow step, captured the steps
+    after it with torch.profiler and dumped the flight recorder."""
+    tmp = tmp_path_factory.mktemp("triggered")
+    (tmp / "train.py").write_text(TRIGGERED)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
+    env["PYTHONPATH"] = str(PYTHON)
+    subprocess.run(
+        [sys.executable, str(tmp / "train.py"), str(tmp / "out")], check=True, env=env, capture_output=True, timeout=100
+    )
+    return tmp / "out" / "run"
+
+
+TRIGGERS_JS = """
+(() => {
+  const sec = document.getElementById('triggers');
+  const rows = cls => Array.from(sec.querySelectorAll('table.' + cls + ' tbody tr'))
+    .map(tr => Array.from(tr.cells).map(td => td.textContent));
+  const links = cls => Array.from(sec.querySelectorAll('table.' + cls + ' a'))
+    .map(a => ({attr: a.getAttribute('href'), url: a.href, text: a.textContent}));
+  const gd = document.querySelector('#steps .js-plotly-plot');
+  return {
+    heading: sec.querySelector('h2').textContent,
+    captures: rows('captures'), dumps: rows('flight-dumps'), slow: rows('slow-steps'),
+    captureLinks: links('captures'), dumpLinks: links('flight-dumps'),
+    plot: {
+      title: gd.layout.title.text,
+      shapes: (gd.layout.shapes || []).map(s => ({type: s.type, x0: s.x0, x1: s.x1, fill: s.fillcolor || null,
+                                                  dash: (s.line || {}).dash || null})),
+      traces: gd.data.map(t => ({name: t.name, x: Array.from(t.x || [])})),
+      drawnMarkers: gd.querySelectorAll('.scatterlayer .trace .points path').length,
+    },
+  };
+})()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["reports", "elsewhere/out"])
+def test_the_page_lists_the_triggers_links_each_capture_and_marks_the_plot(
+    triggered: Path, tmp_path: Path, where: str
+) -> None:
+    """report.html's Triggers section, in headless Chromium: every capture,
+    flight dump and slow step report.json lists, each capture's trace linked
+    by a relative link that reaches the file (from the run's reports/ and
+    from a folder elsewhere), and each capture shaded, each slow step marked
+    and each flight dump drawn on the step-time plot."""
+    from fastprof.reports.html_triggers import CAPTURE_COLOUR
+
+    out = triggered / "reports" if where == "reports" else tmp_path / where
+    fastprof.report(triggered, out_dir=out, formats=("json", "html"))
+    doc = json.loads((out / "report.json").read_text())
+    (t,) = doc["triggers"]["per_rank"]
+    assert t["captures"] and t["flight_dumps"] and any(a["step"] == 120 for a in t["anomalies"]), t
+    page = out / "report.html"
+    b = Browser(tmp_path)
+    try:
+        for domain in ("Runtime", "Log", "Page"):
+            b.call(f"{domain}.enable")
+        b.call("Page.navigate", url=page.resolve().as_uri())
+        b.wait_event("Page.loadEventFired")
+        deadline = time.monotonic() + 15
+        while not b.js(
+            "(() => { const g = document.querySelector('#steps .js-plotly-plot'); "
+            "return !!(g && g.data && g.querySelector('.scatterlayer .trace')); })()"
+        ):
+            assert time.monotonic() < deadline, "the step-time plot was not drawn"
+            time.sleep(0.2)
+        got = b.js(TRIGGERS_JS)
+        b.call("Runtime.evaluate", expression="0")
+    finally:
+        b.close()
+    errors = [
+        e["params"]
+        for e in b.events
+        if e["method"] == "Runtime.exceptionThrown"
+        or (e["method"] == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
+        or (e["method"] == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
+    ]
+    assert not errors, errors
+    assert got["heading"] == "Triggers"
+
+    # Listed: one row per capture, flight dump and slow step of report.json.
+    assert [r[2] for r in got["captures"]] == [
+        f"{c['first_step']}..{c['first_step'] + c['steps'] - 1}" for c in t["captures"]
+    ]
+    assert [r[2] for r in got["dumps"]] == [str(d["step"]) for d in t["flight_dumps"]]
+    assert [r[1] for r in got["slow"]] == [str(a["step"]) for a in t["anomalies"]]
+
+    # Each capture's trace and each dump linked relatively, reaching the file.
+    for links, items in ((got["captureLinks"], t["captures"]), (got["dumpLinks"], t["flight_dumps"])):
+        assert len(links) == len(items), (links, items)
+        for link, item in zip(links, items, strict=True):
+            assert not link["attr"].startswith(("/", "file:")) and "://" not in link["attr"], link
+            target = (page.parent / link["attr"]).resolve()
+            assert target.is_file() and target == Path(item["file"]).resolve(), (link, item)
+            assert link["url"] == target.as_uri()
+    with gzip.open(page.parent / got["captureLinks"][0]["attr"], "rt") as f:
+        names = {e.get("name", "") for e in json.load(f)["traceEvents"]}
+    first = t["captures"][0]["first_step"]
+    assert f"ProfilerStep#{first}" in names  # the capture's own torch.profiler trace
+
+    # On the step-time plot: each capture shaded over its steps, each slow
+    # step a marker at its step, each flight dump a dotted line.
+    plot = got["plot"]
+    assert plot["title"] == "Step time per step"
+    shaded = {(s["x0"], s["x1"]) for s in plot["shapes"] if s["type"] == "rect" and s["fill"] == CAPTURE_COLOUR}
+    assert shaded == {(c["first_step"] - 0.5, c["first_step"] + c["steps"] - 0.5) for c in t["captures"]}, plot
+    dotted = {s["x0"] for s in plot["shapes"] if s["type"] == "line" and s["dash"] == "dot"}
+    assert dotted == {d["step"] for d in t["flight_dumps"]}, plot
+    (slow,) = [tr for tr in plot["traces"] if tr["name"] == "slow step (anomaly trigger)"]
+    assert slow["x"] == [a["step"] for a in t["anomalies"]]
+    assert plot["drawnMarkers"] >= len(t["anomalies"])
+
+
+class _Links(HTMLParser):
+    """The ``href`` of every ``<a>`` inside ``<section id="triggers">``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth = 0
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if self.depth:
+            self.depth += tag == "section"
+            if tag == "a":
+                self.hrefs.append(dict(attrs)["href"] or "")
+        elif tag == "section" and dict(attrs).get("id") == "triggers":
+            self.depth = 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if self.depth and tag == "section":
+            self.depth -= 1
+
+
+def test_a_moved_run_links_its_own_files_and_a_file_gone_is_named_not_linked(triggered: Path, tmp_path: Path) -> None:
+    """profiler.json records absolute paths: a run copied elsewhere links
+    the copy's files (not the original's); a capture whose trace is gone
+    (rotated away, deleted) is named and said to be missing, never linked."""
+    moved = tmp_path / "moved" / "run"
+    shutil.copytree(triggered, moved, ignore=shutil.ignore_patterns("reports"))
+    fastprof.report(moved, formats=("json", "html"))
+    page = moved / "reports" / "report.html"
+    links = _Links()
+    links.feed(page.read_text(encoding="utf-8"))
+    doc = json.loads((moved / "reports" / "report.json").read_text())
+    (t,) = doc["triggers"]["per_rank"]
+    assert len(links.hrefs) == len(t["captures"]) + len(t["flight_dumps"]), links.hrefs
+    for href in links.hrefs:
+        target = (page.parent / href).resolve()
+        assert target.is_file() and moved.resolve() in target.parents, href
+    # The capture's trace gone: named, not linked; the dump still linked.
+    gone = Path(t["captures"][0]["file"])
+    (moved / gone.relative_to(triggered)).unlink()
+    fastprof.report(moved, formats=("html",))
+    text = page.read_text(encoding="utf-8")
+    links = _Links()
+    links.feed(text)
+    assert not any(h.endswith(gone.name) for h in links.hrefs), links.hrefs
+    assert len(links.hrefs) == len(t["captures"]) - 1 + len(t["flight_dumps"])
+    assert f"{gone.relative_to(triggered)} (not there now)" in text

@@ -26,6 +26,7 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from fastprof._merge import describe_rotated
+from fastprof.reports import html_triggers
 from fastprof.reports.data import _CHUNK, F64, HOST_COLUMNS, I64, RunData, host_rows, human_bytes, step_spans
 from fastprof.reports.finite import encode
 
@@ -184,7 +185,10 @@ def _step_times(page: _Page, doc: dict[str, Any], data: RunData) -> None:
     if n_warm:
         fig.add_vrect(x0=-0.5, x1=n_warm - 0.5, fillcolor="gray", opacity=0.12, line_width=0)
         fig.add_annotation(x=(n_warm - 1) / 2, y=1, yref="paper", text="warm-up", showarrow=False)
+    marked = html_triggers.mark(fig, doc, data.ranks)
     page.plot(fig)
+    if marked:
+        page.note(marked)
     if reduced:
         page.note(
             f"More than {MAX_POINTS} steps: drawn as the shortest and longest step of each of "
@@ -656,12 +660,14 @@ td:first-child,th:first-child{text-align:left}
 """
 
 
-def render_html(doc: dict[str, Any], data: RunData) -> str:
-    """The page as one string (see the module's docstring)."""
-    return "".join(_render(doc, data))
+def render_html(doc: dict[str, Any], data: RunData, link_from: Path | None = None) -> str:
+    """The page as one string (see the module's docstring); ``link_from``:
+    the folder the page will be in, that its links to the run's files are
+    relative to (None: files named, not linked)."""
+    return "".join(_render(doc, data, link_from))
 
 
-def _render(doc: dict[str, Any], data: RunData) -> list[str]:
+def _render(doc: dict[str, Any], data: RunData, link_from: Path | None) -> list[str]:
     """The page in pieces, in order: written one by one, the page never
     exists as one string (a large trace's page is ~10 MB of text, held as
     two bytes a character in a str that holds a "·")."""
@@ -676,6 +682,8 @@ def _render(doc: dict[str, Any], data: RunData) -> list[str]:
     _headline(page, doc, data)
     _recommendations(page, doc)
     _step_times(page, doc, data)
+    for part in html_triggers.section(doc, data.run_dir, link_from):
+        page.add(part)
     _memory(page, doc, data)
     _counters(page, doc, data)
     _top_spans(page, doc)
@@ -699,11 +707,13 @@ def _render(doc: dict[str, Any], data: RunData) -> list[str]:
     ]
 
 
-def write_html(doc: dict[str, Any], data: RunData, out_dir: Path) -> Path:
+def write_html(doc: dict[str, Any], data: RunData, out_dir: Path, link_from: Path | None = None) -> Path:
     """``out_dir/report.html``, written part by part into the report's
-    staging folder (moved in whole by ``reports.report._write``)."""
+    staging folder (moved in whole by ``reports.report._write``);
+    ``link_from``: the folder the page ends up in (default ``out_dir``),
+    that its links to the run's files are relative to."""
     path = out_dir / "report.html"
     with open(path, "w", encoding="utf-8") as f:
-        for part in _render(doc, data):
+        for part in _render(doc, data, out_dir if link_from is None else link_from):
             f.write(part)
     return path

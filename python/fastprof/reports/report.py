@@ -326,7 +326,7 @@ def _write(
                 (tmp / f"{stem}.csv").write_text(table.csv_text())
                 names.append(f"{stem}.csv")
         if "html" in fmts:
-            names.append(write_html(doc, data, tmp).name)
+            names.append(write_html(doc, data, tmp, link_from=out).name)
             tick("report.html")
         if not out.exists():
             os.rename(tmp, out)

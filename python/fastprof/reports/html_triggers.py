@@ -1,0 +1,220 @@
+"""report.html's Triggers section and its marks on the step-time plot: what
+the job's triggers did (the report's ``triggers`` section, see
+:mod:`fastprof.reports.triggers`), as report.json and the terminal list it.
+
+Each capture links to its torch.profiler trace and each flight dump to its
+file, by a link relative to the folder the page is written to (the page
+opens from a file, beside the run or copied with it), and only where the
+file is there: a file rotated away, or never written, is named, not linked.
+On the step-time plot a capture shades its steps, a slow step the anomaly
+detector flagged is a marker on its step, a flight dump a dotted line."""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+
+#: At most this many rows per table (the job keeps at most 200 of each per rank).
+MAX_ROWS = 200
+#: Captures named in the step-time plot's note (the rest only shaded).
+MAX_LISTED = 20
+CAPTURE_COLOUR = "#d4a72c"
+SLOW_COLOUR = "#c0392b"
+DUMP_COLOUR = "#57606a"
+_RANK_PART = re.compile(r"^rank\d+$")
+
+
+def _esc(v: Any) -> str:
+    return html.escape(str(v), quote=True)
+
+
+def _tail(path: Path) -> Path | None:
+    """The ``rank{R}/...`` end of a path the job recorded (None without one)."""
+    parts = path.parts
+    for i in range(len(parts) - 1, -1, -1):
+        if _RANK_PART.match(parts[i]):
+            return Path(*parts[i:])
+    return None
+
+
+def locate(path: Any, run_dir: Path | None) -> Path | None:
+    """The file a trigger wrote, as this report's run holds it: the same
+    ``rank{R}/...`` under ``run_dir`` (the job recorded absolute paths; the
+    run may have been moved or copied since, and a copy's report links the
+    copy's files, never another run's); the recorded path without a run
+    directory. None when it is not a file."""
+    if not path:
+        return None
+    p = Path(str(path))
+    tail = _tail(p)
+    if run_dir is not None and tail is not None:
+        p = run_dir / tail
+    return p if p.is_file() else None
+
+
+def _link(path: Any, run_dir: Path | None, link_from: Path | None) -> str:
+    """An ``<a>`` to the file, relative to ``link_from``, shown by its path
+    in the run; its name alone, and that it is missing, when it cannot be
+    linked."""
+    if not path:
+        return "-"
+    found = locate(path, run_dir)
+    tail = _tail(Path(str(path)))
+    shown = str(tail if run_dir is not None and tail is not None else path)
+    if found is None:
+        return f"{_esc(shown)} (not there now)"
+    if link_from is None:
+        return _esc(shown)
+    href = Path(os.path.relpath(found.resolve(), link_from.resolve())).as_posix()
+    return f'<a href="{_esc(href)}">{_esc(shown)}</a>'
+
+
+def _table(header: list[str], rows: list[list[str]], cls: str) -> str:
+    """A table whose cells are HTML already (escaped by the caller)."""
+    head = "".join(f"<th>{_esc(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _note(text: str) -> str:
+    return f'<p class="note">{_esc(text)}</p>'
+
+
+def _num(v: Any, fmt: str) -> str:
+    return "-" if v is None else _esc(fmt.format(v))
+
+
+def section(doc: dict[str, Any], run_dir: Path | None, link_from: Path | None) -> list[str]:
+    """The page's ``<section id="triggers">``, in pieces."""
+    out = ['<section id="triggers"><h2>Triggers</h2>']
+    per_rank = (doc.get("triggers") or {}).get("per_rank") or []
+    if not per_rank:
+        out.append(_note("No triggers: the job ran without them (Profiler(triggers=None)), or wrote no record."))
+        out.append("</section>")
+        return out
+    captures: list[list[str]] = []
+    dumps: list[list[str]] = []
+    slow: list[list[str]] = []
+    for r in per_rank:
+        rank = _esc(r["rank"])
+        for c in r["captures"]:
+            last = int(c["first_step"]) + max(int(c["steps"]), 1) - 1
+            file = _link(c["file"], run_dir, link_from) if c["file"] else _esc(c["error"] or "-")
+            late = int(c["late_by_steps"])
+            captures.append(
+                [
+                    rank,
+                    _esc(c["source"]),
+                    f"{int(c['first_step'])}..{last}",
+                    _esc(c["status"]) + (f" ({late} steps late)" if late else ""),
+                    file,
+                ]
+            )
+        for d in r["flight_dumps"]:
+            file = _link(d["file"], run_dir, link_from) if d["file"] else _esc(d["error"] or "-")
+            dumps.append([rank, _esc(d["reason"]), _esc(d["step"]), file])
+        for a in r["anomalies"]:
+            slow.append(
+                [
+                    rank,
+                    _esc(a["step"]),
+                    _num(a["duration_ms"], "{:.1f}"),
+                    _num(a["median_ms"], "{:.1f}"),
+                    _num(a["factor"], "{:.1f}x"),
+                    _esc(a["action"]),
+                ]
+            )
+        said = [f"rank {r['rank']}: signal {r['signal'] or 'none'}", f"{r['requests']} request(s)"]
+        if r["coalesced"]:
+            said.append(f"{r['coalesced']} coalesced into another capture")
+        out.append(_note("; ".join(said) + "."))
+        out.extend(_note(f"rank {r['rank']}: {n}") for n in r["notes"])
+    for title, header, rows, cls, none in (
+        (
+            "Captures",
+            ["rank", "source", "steps", "status", "torch.profiler trace"],
+            captures,
+            "captures",
+            "No capture.",
+        ),
+        ("Flight dumps", ["rank", "reason", "step", "file"], dumps, "flight-dumps", "No flight dump."),
+        (
+            "Slow steps (the anomaly trigger)",
+            ["rank", "step", "took ms", "median ms", "factor", "what was done"],
+            slow,
+            "slow-steps",
+            "No slow step flagged.",
+        ),
+    ):
+        out.append(f"<h3>{_esc(title)}</h3>")
+        if not rows:
+            out.append(_note(none))
+            continue
+        out.append(_table(header, rows[:MAX_ROWS], cls))
+        if len(rows) > MAX_ROWS:
+            out.append(_note(f"{len(rows) - MAX_ROWS} more in report.json."))
+    out.append(
+        _note(
+            "Each capture is on the step-time plot (shaded), each slow step a marker on it, each flight dump a "
+            "dotted line. Links are relative to this page's folder."
+        )
+    )
+    out.append("</section>")
+    return out
+
+
+def mark(fig: go.Figure, doc: dict[str, Any], ranks: list[int]) -> str | None:
+    """Mark the plotted ranks' captures, slow steps and flight dumps on the
+    step-time plot ``fig`` (x: step); returns the note saying what is marked,
+    None when nothing is."""
+    per_rank = [r for r in (doc.get("triggers") or {}).get("per_rank") or [] if int(r["rank"]) in ranks]
+    shaded: set[tuple[int, int]] = set()
+    lines: set[int] = set()
+    xs: list[int] = []
+    ys: list[float] = []
+    text: list[str] = []
+    for r in per_rank:
+        for c in r["captures"][:MAX_ROWS]:
+            first, n = int(c["first_step"]), max(int(c["steps"]), 1)
+            if (first, n) not in shaded:
+                shaded.add((first, n))
+                fig.add_vrect(x0=first - 0.5, x1=first + n - 0.5, fillcolor=CAPTURE_COLOUR, opacity=0.25, line_width=0)
+        for d in r["flight_dumps"][:MAX_ROWS]:
+            step = int(d["step"])
+            if step not in lines:
+                lines.add(step)
+                fig.add_vline(x=step, line_dash="dot", line_color=DUMP_COLOUR)
+        for a in r["anomalies"][:MAX_ROWS]:
+            xs.append(int(a["step"]))
+            ys.append(float(a["duration_ms"]))
+            text.append(f"rank {r['rank']}: {a['action']}")
+    if xs:
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="markers",
+                name="slow step (anomaly trigger)",
+                marker={"symbol": "x", "size": 11, "color": SLOW_COLOUR},
+                text=text,
+            )
+        )
+    said = []
+    if shaded:
+        spans = [_span(f, n) for f, n in sorted(shaded)]
+        listed = ", ".join(spans[:MAX_LISTED]) + (", ..." if len(spans) > MAX_LISTED else "")
+        said.append(f"shaded: {len(shaded)} capture(s) (steps {listed})")
+    if xs:
+        said.append(f"x: {len(xs)} slow step(s) the anomaly trigger flagged")
+    if lines:
+        said.append(f"dotted: {len(lines)} flight dump(s)")
+    return ("Triggers on this plot: " + "; ".join(said) + " (see Triggers below).") if said else None
+
+
+def _span(first: int, n: int) -> str:
+    return f"{first}-{first + n - 1}" if n > 1 else str(first)
