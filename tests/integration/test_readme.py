@@ -167,8 +167,17 @@ def _run_python(block: Block, factory: pytest.TempPathFactory) -> tuple[Path, su
 PYTHON = [b for b in blocks() if b.lang == "python"]
 
 
+# Blocks that import torch take 10-30 s on a loaded 2-core machine (torch's
+# import, torch.profiler windows, DataLoader workers): slow; the others stay
+# in the quick loop.
+_HEAVY = re.compile(r"^(import|from) (torch|lightning)\b", re.M)
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("block", PYTHON, ids=[b.id for b in PYTHON])
+@pytest.mark.parametrize(
+    "block",
+    [pytest.param(b, id=b.id, marks=[pytest.mark.slow] if _HEAVY.search(b.text) else []) for b in PYTHON],
+)
 def test_python_block_runs_alone(block: Block, tmp_path_factory: pytest.TempPathFactory) -> None:
     if block.not_run:
         pytest.skip(f"README.md:{block.line}: not run: {block.not_run}")
