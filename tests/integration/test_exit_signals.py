@@ -159,3 +159,59 @@ def test_sigterm_chain_reaches_the_jobs_handler_after_the_profiler_stopped(mode,
     assert (out / "library").read_text() == "ran"
     assert (out / "checkpoint").read_text() == "saved"
     assert "not reached" not in proc.stdout
+
+
+# The job's own SIGUSR1 handler raises (a timeout, a stop request). It lands
+# inside fastprof's code: in the Profiler's step callback (the job's schedule
+# function, called from the core's step loop, sends it), or while the
+# Profiler closes. The exception is the job's either way: it leaves the
+# loop as it would without fastprof, and the run is still saved.
+HANDLER_RAISES = """
+import os, signal, sys
+import fastprof
+from fastprof.profiler.schedule import Action
+
+out, where = sys.argv[1], sys.argv[2]
+
+
+def handler(signum, frame):
+    raise TimeoutError("the job's handler: out of time")
+
+
+signal.signal(signal.SIGUSR1, handler)
+
+
+def sched(step):
+    if where == "callback" and step == 4:
+        os.kill(os.getpid(), signal.SIGUSR1)
+    return Action.WAIT
+
+
+try:
+    with fastprof.Profiler(out, "r", torch=None, sample_hz=0, schedule=sched) as prof:
+        for i in prof.loader(range(10)):
+            prof.step()
+        if where == "exit":
+            # The signal lands in the Profiler's own close (its first part).
+            end_steps = prof._end_steps
+
+            def first_part_of_the_close():
+                os.kill(os.getpid(), signal.SIGUSR1)
+                end_steps()
+
+            prof._end_steps = first_part_of_the_close
+    print("after", flush=True)
+finally:
+    print("finally ran", flush=True)
+"""
+
+
+@pytest.mark.parametrize("where", ["callback", "exit"])
+def test_an_exception_of_the_jobs_handler_inside_fastprof_is_the_jobs(where, tmp_path, pyscript):
+    proc = pyscript.run(HANDLER_RAISES, str(tmp_path / "out"), where, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.rstrip().splitlines()[-1] == "TimeoutError: the job's handler: out of time"
+    assert "Exception ignored" not in proc.stderr and "Profiler.stop failed" not in proc.stderr
+    assert proc.stdout == "finally ran\n"
+    summary = json.loads((tmp_path / "out" / "r" / "rank0" / "profiler.json").read_text())
+    assert summary["steps"] >= 4

@@ -550,7 +550,7 @@ class TriggerDriver:
             _core._attention_set()
         previous = self._previous
         if callable(previous) and previous is not signal.default_int_handler:
-            previous(signum, frame)
+            _signals.call_job(previous, signum, frame)
 
     # -------------------------------------------------------------- poller
 
@@ -877,3 +877,7 @@ class TriggerDriver:
 
 def new_request_id() -> str:
     return uuid.uuid4().hex[:12]
+
+
+# fastprof's own handler: never deferred nor taken for the job's (fastprof._signals).
+_signals.own(TriggerDriver._on_signal)

@@ -45,6 +45,8 @@ import threading
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from fastprof import _signals
+
 if TYPE_CHECKING:
     from fastprof.profiler.loop import Profiler
 
@@ -109,9 +111,10 @@ def _uninstall() -> None:
     # one it replaced) stays where it is; fastprof's under it still passes
     # the signal on to the job's own (it remembers it), with nothing left
     # to save. Only when fastprof's is on top is the job's put back.
+    previous = handler.previous
     with contextlib.suppress(ValueError, OSError, TypeError):
         if signal.getsignal(signal.SIGTERM) is handler:
-            signal.signal(signal.SIGTERM, handler.previous)
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _chained(previous: Any) -> Any:
@@ -123,13 +126,16 @@ def _chained(previous: Any) -> Any:
     def on_sigterm(signum: int, frame: Any) -> None:
         _save_all_at_sigterm()
         if callable(previous):
-            previous(signum, frame)  # the job's own handler decides (its exit, its exception)
+            # The job's own handler decides (its exit, its exception: marked
+            # as the job's, so that fastprof code it lands in lets it go on).
+            _signals.call_job(previous, signum, frame)
             return
         # The default action: die by the signal, as without fastprof.
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
     on_sigterm.previous = previous  # type: ignore[attr-defined]
+    _signals.own(on_sigterm)
     return on_sigterm
 
 

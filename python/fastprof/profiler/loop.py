@@ -64,7 +64,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fastprof import _core, _dist
+from fastprof import _core, _dist, _signals
 from fastprof import _recorder as _rec
 from fastprof._core import ConfigError, FastprofWarning
 from fastprof._options import _value
@@ -114,7 +114,7 @@ def _warn_first(what: str, errors: list[str]) -> None:
     (all in profiler.json)."""
     if errors:
         more = f" (and {len(errors) - 1} more: see profiler.json)" if len(errors) > 1 else ""
-        warnings.warn(f"fastprof: {what}: {errors[0]}{more}; training went on", FastprofWarning, stacklevel=4)
+        warnings.warn(f"fastprof: {what}: {errors[0]}{more}; training went on", FastprofWarning, stacklevel=5)
 
 
 class _LoaderNames:
@@ -419,9 +419,17 @@ class Profiler:
         Profiler still running), ``"SIGTERM"``. Leaving by any of those runs
         no collective (the closing clock sync is skipped: the start sync is
         enough to merge) and waits for no other rank; at exit and on SIGTERM
-        the exports get a bounded wait, and on SIGTERM nothing is merged."""
+        the exports get a bounded wait, and on SIGTERM nothing is merged.
+
+        The job's signal handlers wait while it closes (``_signals.deferred``)
+        and run once it is done; an exception a handler of the job's raises
+        in it anyway (through SIGTERM's chain) goes on as the job's."""
         if self._state != "running":
             return self.trace_path
+        with _signals.deferred():
+            return self._close_now(reason)
+
+    def _close_now(self, reason: str | None) -> Path | None:
         for other in self._successors:
             # A script's Profiler still open when the script ended: it closes
             # first, as the script's own ``with`` would have.
@@ -445,12 +453,12 @@ class Profiler:
             if self._driver is not None and self._driver.errors:
                 errors = self._driver.errors
                 more = f" (and {len(errors) - 1} more: see profiler.json)" if len(errors) > 1 else ""
-                warnings.warn(f"fastprof: {errors[0]}{more}", FastprofWarning, stacklevel=3)
+                warnings.warn(f"fastprof: {errors[0]}{more}", FastprofWarning, stacklevel=4)
             if not exports_done:
                 warnings.warn(
                     f"fastprof: torch window exports still running after {wait_s:g} s; the unified trace may miss them",
                     FastprofWarning,
-                    stacklevel=3,
+                    stacklevel=4,
                 )
             if self._history is not None:
                 # Before the recorder stops: the last dumps' writes are on the timeline.
@@ -478,7 +486,9 @@ class Profiler:
             if not hosted:  # under fastprof run, its Profiler says the rank is done, once recorded
                 _outputs.finish(self, wait=reason is None, merged=reason != "SIGTERM")
         except Exception as e:  # noqa: BLE001 - profiling never takes the job down
-            warnings.warn(f"fastprof: Profiler.stop failed: {type(e).__name__}: {e}", FastprofWarning, stacklevel=3)
+            if _signals.is_job(e):
+                raise
+            warnings.warn(f"fastprof: Profiler.stop failed: {type(e).__name__}: {e}", FastprofWarning, stacklevel=4)
         finally:
             global _host
             self._state = "stopped"

@@ -258,6 +258,19 @@ fn report(py: Python<'_>, e: PyErr, what: &str) {
     e.write_unraisable(py, Some(msg.as_any()));
 }
 
+/// A callback's exception is a profiling failure (reported, and the loop
+/// goes on) unless it is not an `Exception` (`SystemExit`,
+/// `KeyboardInterrupt`) or the job's own signal handler raised it while the
+/// callback ran (`fastprof._signals.is_job`): those are the job's outcome.
+fn profiling_failure(py: Python<'_>, e: &PyErr) -> bool {
+    e.is_instance_of::<pyo3::exceptions::PyException>(py)
+        && !py
+            .import("fastprof._signals")
+            .and_then(|m| m.call_method1("is_job", (e.value(py), e.traceback(py))))
+            .and_then(|r| r.is_truthy())
+            .unwrap_or(false)
+}
+
 fn interned(name: &Bound<'_, PyString>) -> PyResult<u32> {
     match lookup(name)? {
         Some(n) => Ok(n.get().id),
@@ -281,7 +294,7 @@ impl _StepLoop {
     /// A callback raised: a profiling failure is reported (the job goes
     /// on); anything else is kept for [`Self::raise_pending`].
     fn failed(&mut self, py: Python<'_>, e: PyErr, what: &str) {
-        if e.is_instance_of::<pyo3::exceptions::PyException>(py) {
+        if profiling_failure(py, &e) {
             report(py, e, what);
         } else if self.pending.is_none() {
             self.pending = Some(e);
@@ -947,9 +960,7 @@ impl _LoaderIter {
                             }
                         }
                         Ok(_) => {}
-                        Err(e) if e.is_instance_of::<pyo3::exceptions::PyException>(py) => {
-                            report(py, e, "loader fetch")
-                        }
+                        Err(e) if profiling_failure(py, &e) => report(py, e, "loader fetch"),
                         Err(e) => return Err(e), // the job's own (see _StepLoop::pending)
                     }
                 }
