@@ -34,7 +34,7 @@ ITEMS = (
     "cuda",
     "driver",
     "nvml",
-    "torch-windows",
+    "cuda-kernels",
     "dist.gloo",
     "dist.nccl",
     "dist.mpi",
@@ -105,9 +105,11 @@ def test_text_output_has_every_item_with_this_machines_facts(tmp_path: Path) -> 
             assert lines[f"gpu{i}"].startswith("ok"), lines[f"gpu{i}"]
             assert p.name in lines[f"gpu{i}"] and f"{p.major}.{p.minor}" in lines[f"gpu{i}"]
     else:
-        for name in ("gpu", "cuda", "torch-windows"):
+        for name in ("gpu", "cuda", "cuda-kernels"):
             assert lines[name].startswith("unavailable"), lines[name]
         assert "no GPU" in lines["gpu"]
+        # What is missing is CUDA kernels in the windows, not the windows.
+        assert "torch windows record CPU operators only" in lines["cuda-kernels"], lines["cuda-kernels"]
     # Nothing left behind where the run directory would go.
     assert list(tmp_path.iterdir()) == []
 
@@ -176,6 +178,16 @@ def test_require_what_this_machine_has_exits_0(tmp_path: Path) -> None:
     r = _doctor("--require", ",".join(present), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
+
+
+def test_require_takes_the_earlier_name_of_cuda_kernels(tmp_path: Path) -> None:
+    # "torch-windows" read as "torch windows do not work" on a CPU machine,
+    # where they do: the item is cuda-kernels, and a CI line written with the
+    # old name still means it.
+    r = _doctor("--json", "--require", "torch-windows", "--probe-timeout", "0.01", cwd=tmp_path)
+    doc = json.loads(r.stdout)
+    assert doc["required"] == ["cuda-kernels"] and doc["missing"] == ["cuda-kernels"]
+    assert r.returncode == 1 and "missing required capability: cuda-kernels (" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize(
@@ -251,7 +263,7 @@ def test_a_profiler_probe_that_hangs_is_cut_off_not_waited_for(tmp_path: Path) -
     # the way a CUPTI hang would be.
     r = _doctor("--json", "--probe-timeout", "0.01", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    win = _items(r.stdout)["torch-windows"]
+    win = _items(r.stdout)["cuda-kernels"]
     assert win["status"] == "unavailable"
     assert "did not finish in 0.01 s" in win["detail"], win
 

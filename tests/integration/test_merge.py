@@ -262,12 +262,17 @@ def test_refuses_to_overwrite_and_cli_errors_are_one_line(tmp_path, capsys):
     out = tmp_path / "o.json.gz"
     assert main(["merge", str(src), "-o", str(out), "-q"]) == 0
     before = out.read_bytes()
-    assert main(["merge", str(src), "-o", str(out), "-q"]) == 1
+    # Its inputs unchanged since: nothing to do, and said (exit 0).
+    assert main(["merge", str(src), "-o", str(out)]) == 0
+    assert capsys.readouterr().out.strip().endswith("is up to date: the merge of its 1 inputs, newer than each")
+    # An input newer than the output: not overwritten without -f (bad usage, exit 2).
+    os.utime(src, ns=(out.stat().st_mtime_ns + 10**9,) * 2)
+    assert main(["merge", str(src), "-o", str(out), "-q"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(out) in err[0] and "-f" in err[0]
     assert out.read_bytes() == before
     assert main(["merge", str(src), "-o", str(out), "-f", "-q"]) == 0
-    assert main(["merge", str(tmp_path / "missing.json"), "-o", str(tmp_path / "m.json")]) == 1
+    assert main(["merge", str(tmp_path / "missing.json"), "-o", str(tmp_path / "m.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing.json" in err[0] and "Traceback" not in err[0]
     assert main(["merge", str(src), "--steps", "3", "-o", str(tmp_path / "s.json")]) == 2
@@ -293,11 +298,11 @@ def test_bad_input_corpus(path, tmp_path, capsys):
     if rc == 0:
         load_single_member(out)
     else:
-        assert rc == 1 and not out.exists()
+        assert rc == 2 and not out.exists()
         lines = [line for line in err.strip().splitlines() if "error" in line]
         assert len(lines) == 1 and src.name in lines[0], err
     if path.name.startswith("err_"):
-        assert rc == 1, "a file the reader rejects must not merge"
+        assert rc == 2, "a file the reader rejects must not merge"
     if path.name.startswith("salvage_") and rc == 0:
         warn = [line for line in err.splitlines() if "warning" in line]
         assert warn and all(src.name in line for line in warn), err

@@ -196,7 +196,7 @@ def test_fifo_is_skipped_in_a_directory_and_refused_by_name(tmp_path):
     assert "pipe.json: skipped, a FIFO (named pipe) and not a regular file" in r.stderr
     r = fastprof_cli("merge", str(run / "pipe.json"), "-o", str(tmp_path / "p.json"), timeout=60)
     line = one_error_line(r.stderr)
-    assert r.returncode == 1 and "pipe.json" in line and "FIFO" in line and "no such file" not in line
+    assert r.returncode == 2 and "pipe.json" in line and "FIFO" in line and "no such file" not in line
 
 
 def test_glob_with_many_stars_is_linear(tmp_path):
@@ -205,7 +205,7 @@ def test_glob_with_many_stars_is_linear(tmp_path):
     write_trace(d / ("a" * 115 + ".json"), [ev(0)])
     pattern = str(d / ("*a" * 13 + "b*"))
     r = fastprof_cli("merge", pattern, "-o", str(tmp_path / "o.json"), timeout=60)
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "no file matches this pattern" in one_error_line(r.stderr)
     r = fastprof_cli("merge", str(d / ("*a" * 13 + "*.json")), "-o", str(tmp_path / "o.json"), "-q", timeout=60)
     assert r.returncode == 0, r.stderr
@@ -246,7 +246,7 @@ def test_bad_windows_are_errors(tmp_path, flags, needle):
     src = write_trace(tmp_path / "rank0.json", [ev(0), ev(1)])
     out = tmp_path / "o.json"
     r = fastprof_cli("merge", str(src), "-o", str(out), *flags)
-    assert r.returncode in (1, 2) and needle in one_error_line(r.stderr), r.stderr
+    assert r.returncode == 2 and needle in one_error_line(r.stderr), r.stderr
     assert not out.exists()
 
 
@@ -254,17 +254,17 @@ def test_nothing_selected_is_one_error_and_no_file(tmp_path):
     src = write_trace(tmp_path / "rank0.json", [ev(0)])
     out = tmp_path / "o.json"
     r = fastprof_cli("merge", str(src), "-o", str(out), "--include-cat", "nothing_has_this")
-    assert r.returncode == 1 and "nothing to merge" in one_error_line(r.stderr) and "filtered out" in r.stderr
+    assert r.returncode == 2 and "nothing to merge" in one_error_line(r.stderr) and "filtered out" in r.stderr
     assert not out.exists()
     assert fastprof_cli("merge", str(src), "-o", str(out), "-q").returncode == 0
     r = fastprof_cli("merge", str(out), "-o", str(tmp_path / "again.json"))
     line = one_error_line(r.stderr)
-    assert r.returncode == 1 and "previous merge output" in line and "o.json" in line
+    assert r.returncode == 2 and "previous merge output" in line and "o.json" in line
     empty = tmp_path / "empty"
     empty.mkdir()
     r = fastprof_cli("merge", str(empty), "-o", str(tmp_path / "e.json"))
     line = one_error_line(r.stderr)
-    assert r.returncode == 1 and "nothing to merge" in line and str(empty) in line
+    assert r.returncode == 2 and "nothing to merge" in line and str(empty) in line
     write_trace(tmp_path / "none.json", [])
     with pytest.raises(fastprof.NoEventsError, match=r"none\.json hold no events"):
         fastprof.merge(tmp_path / "none.json", tmp_path / "n.json")
@@ -360,6 +360,7 @@ def test_messages_name_the_path_and_the_cause(tmp_path):
     src = write_trace(tmp_path / "rank0.json", [ev(0)])
     out = tmp_path / "o.json"
     assert fastprof_cli("merge", str(src), "-o", str(out), "-q").returncode == 0
+    os.utime(src, ns=(out.stat().st_mtime_ns + 10**9,) * 2)  # the output is older than its input now
     cases = [
         ([str(src), "-o", str(out)], [str(out), "already exists", "-f"]),
         ([str(tmp_path / "missing.json"), "-o", str(tmp_path / "m.json")], ["missing.json", "no such file"]),
@@ -372,7 +373,7 @@ def test_messages_name_the_path_and_the_cause(tmp_path):
     for args, needles in cases:
         r = fastprof_cli("merge", *args)
         line = one_error_line(r.stderr)
-        assert r.returncode == 1, r.stderr
+        assert r.returncode == 2, r.stderr
         assert ".tmp-" not in line, line
         for n in needles:
             assert n in line, (n, line)

@@ -147,8 +147,16 @@ def test_every_command_the_demo_prints_works_on_its_run(tmp_path: Path) -> None:
     after = _events(run / "trace.json.gz")
     # The same timeline again (its previous output is no input).
     assert sorted(e.get("name", "") for e in after) == sorted(e.get("name", "") for e in before)
-    # The README's form, and after a report has written reports/report.json.
-    assert _cli("report", "runs/d", "-q", cwd=tmp_path).returncode == 0
+    # The report it prints: the command that says where a step's time goes.
+    report = [line.split(":", 1)[1].strip() for line in r.stdout.splitlines() if line.startswith("report:")]
+    assert len(report) == 1, r.stdout
+    argv = shlex.split(report[0].split("   (", 1)[0])
+    assert argv[:2] == ["fastprof", "report"] and (tmp_path / argv[2]).resolve() == run, report
+    assert _cli(*argv[1:], cwd=tmp_path).returncode == 0
+    # The README's form: nothing to do for an up-to-date trace, and said (exit 0),
+    # also after the report wrote reports/report.json.
+    r3 = _cli("merge", "runs/d", cwd=tmp_path)
+    assert r3.returncode == 0 and r3.stdout.endswith(" is up to date: the merge of its 5 inputs, newer than each\n"), r3
     r3 = _cli("merge", "runs/d", "-o", "runs/d/trace.json.gz", "--force", cwd=tmp_path)
     assert r3.returncode == 0, r3.stderr
     assert len([e for e in _events(run / "trace.json.gz") if e.get("name") == "step"]) == 8

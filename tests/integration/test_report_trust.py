@@ -165,7 +165,7 @@ def _report_with_file_limit(run: Path, limit: int) -> subprocess.CompletedProces
 def test_a_failed_report_leaves_no_reports_folder(tmp_path: Path) -> None:
     run = record(tmp_path)
     p = _report_with_file_limit(run, 1 << 20)
-    assert p.returncode == 2, p.stderr
+    assert p.returncode == 1, p.stderr  # the machine's limit, not bad input (exit 2)
     (line,) = p.stderr.strip().splitlines()
     assert f"{run / 'reports'}: File too large (nothing written)" in line
     # Not an empty or half-written reports/ (report.json and the CSVs fit
@@ -176,7 +176,7 @@ def test_a_failed_report_leaves_no_reports_folder(tmp_path: Path) -> None:
     fastprof.report(run)
     before = {f.name: f.read_bytes() for f in (run / "reports").iterdir()}
     p = _report_with_file_limit(run, 1 << 20)
-    assert p.returncode == 2, p.stderr
+    assert p.returncode == 1, p.stderr
     assert "left as it was" in p.stderr
     assert {f.name: f.read_bytes() for f in (run / "reports").iterdir()} == before
     assert sorted(x.name for x in run.iterdir()) == ["rank0", "reports"]

@@ -258,7 +258,7 @@ def test_cli_bad_input_is_one_line(tmp_path: Path) -> None:
         ([str(tmp_path)], "not a fastprof run directory"),
     ):
         r = _trigger(*args)
-        assert r.returncode == 1 and want in r.stderr and r.stderr.count("\n") == 1, r.stderr
+        assert r.returncode == 2 and want in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
 @pytest.mark.parametrize(

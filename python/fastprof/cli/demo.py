@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 from typing import Any
 
 import fastprof
+from fastprof.cli.args import integer
 from fastprof.cli.errors import CommandError
 from fastprof.workloads import make_workload, require_torch
 
@@ -31,9 +33,21 @@ def add_parser(verbs: Any) -> None:
     )
     p.add_argument("-o", "--out-dir", default=None, help="parent of the run directory (default: fastprof_runs)")
     p.add_argument("--run-name", default=None, help="run directory name (default: run-<timestamp>)")
-    p.add_argument("--steps", type=int, default=64, help="training steps over the two epochs (default: 64)")
-    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (default: 0)")
-    p.add_argument("--batch-size", type=int, default=32, help="batch size (default: 32)")
+    p.add_argument(
+        "--steps",
+        type=integer(1, 1_000_000, "a number of steps"),
+        default=64,
+        help="training steps over the two epochs (default: 64)",
+    )
+    p.add_argument(
+        "--workers",
+        type=integer(0, 256, "a number of processes"),
+        default=0,
+        help="DataLoader worker processes (default: 0)",
+    )
+    p.add_argument(
+        "--batch-size", type=integer(1, 4096, "a number of samples"), default=32, help="batch size (default: 32)"
+    )
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the trace location")
     p.set_defaults(run=run)
@@ -139,13 +153,6 @@ def train(prof: fastprof.Profiler, steps: int, batch_size: int, workers: int, de
 
 
 def run(args: argparse.Namespace) -> int:
-
-    if args.steps < 1:
-        raise CommandError("--steps must be at least 1", exit_code=2)
-    if args.batch_size < 1:
-        raise CommandError("--batch-size must be at least 1", exit_code=2)
-    if args.workers < 0:
-        raise CommandError("--workers must be 0 or more", exit_code=2)
     device = resolve_device(args.device)
     # Kineto logs each window's start and stop to stderr, and on a machine
     # without a GPU an ERROR that it found none ("gpuGetDeviceCount failed
@@ -193,5 +200,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nunified trace: {trace}")
     print("open it:  drag the file into https://ui.perfetto.dev (or chrome://tracing)")
     print(f"redo it:  fastprof merge {prof.run_dir} -o {trace} --force")
+    print(f"report:   fastprof report {shlex.quote(str(prof.run_dir))}   (where the time of a step goes)")
     sys.stdout.flush()
     return 0

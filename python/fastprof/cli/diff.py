@@ -27,9 +27,16 @@ from rich.console import Console
 from rich.table import Table
 
 from fastprof._core import FastprofError
-from fastprof.cli.errors import CommandError, describe
+from fastprof.cli.errors import CommandError, describe, exit_code
+from fastprof.cli.report import WARMUP_STEPS
 from fastprof.reports.finite import number
 from fastprof.reports.report import SCHEMA_DIR
+
+#: A threshold past 10,000x is no gate at all: a typo (1e308%), not a limit.
+MAX_PCT = 1_000_000.0
+#: A report.json is small (summaries; per-step rows go to CSV): a larger
+#: .json is read as a trace, streamed, never loaded whole to look inside.
+MAX_REPORT_BYTES = 64 << 20
 
 
 def add_parser(verbs: Any) -> None:
@@ -49,7 +56,7 @@ def add_parser(verbs: Any) -> None:
         default=None,
         help="fail when peak memory grows more, e.g. 25%% (default: off; peak RSS of identical CPU runs varies ~10%%)",
     )
-    p.add_argument("--warmup-steps", type=int, help="steps left out of the rates (both runs)")
+    p.add_argument("--warmup-steps", type=WARMUP_STEPS, help="steps left out of the rates (both runs)")
     p.set_defaults(run=run)
 
 
@@ -59,8 +66,8 @@ def parse_pct(text: str, flag: str) -> float:
         v = float(t[:-1]) if t.endswith("%") else float(t) * 100.0 if "." in t and float(t) < 1 else float(t)
     except ValueError:
         raise ValueError(f"{flag} {text!r}: expected a percentage, e.g. 10%") from None
-    if not v >= 0:
-        raise ValueError(f"{flag} {text!r}: expected a percentage >= 0")
+    if not (math.isfinite(v) and 0 <= v <= MAX_PCT):
+        raise ValueError(f"{flag} {text!r}: expected a percentage from 0 to {MAX_PCT:.0f}%, e.g. 10%")
     return v
 
 
@@ -97,7 +104,10 @@ def validate(doc: Any, path: str) -> dict[str, Any]:
         )
     validator = jsonschema.Draft202012Validator(schema)
     # The shallowest violation first (a missing section before a bad leaf), then the first in document order.
-    errors = sorted(validator.iter_errors(doc), key=lambda e: (len(e.absolute_path), [str(x) for x in e.path]))
+    try:
+        errors = sorted(validator.iter_errors(doc), key=lambda e: (len(e.absolute_path), [str(x) for x in e.path]))
+    except RecursionError:
+        raise CommandError(f"{path}: not a valid fastprof report v{version}: nested too deeply to check", 2) from None
     if errors:
         e = errors[0]
         what = " ".join(e.message.split())
@@ -115,7 +125,9 @@ def load_doc(path: str, warmup: int | None) -> dict[str, Any]:
         raise CommandError(f"{path}: no such file or directory (expected a run directory, trace or report.json)", 2)
     if p.is_file() and p.name.endswith(".json") and not p.name.endswith(".pt.trace.json"):
         try:
-            doc = json.loads(p.read_text())
+            doc = json.loads(p.read_text()) if p.stat().st_size <= MAX_REPORT_BYTES else None
+        except RecursionError:
+            doc = None  # nested deeper than any report: read as a trace, by the streaming reader
         except (OSError, ValueError) as e:
             raise CommandError(f"{path}: not a fastprof report ({describe(e)})", 2) from None
         if isinstance(doc, dict) and doc.get("schema") == "fastprof.report":
@@ -123,7 +135,7 @@ def load_doc(path: str, warmup: int | None) -> dict[str, Any]:
     try:
         return dict(report(p, formats=(), warmup_steps=warmup).data)
     except (FastprofError, ValueError, OSError) as e:
-        raise CommandError(describe(e), exit_code=2) from None
+        raise CommandError(describe(e), exit_code=exit_code(e)) from None
 
 
 def _memory_figures(doc: dict[str, Any]) -> dict[str, float | None]:

@@ -4,8 +4,9 @@ counters came out empty, before filing a bug.
 
 Items: Python, fastprof, torch, CUDA, the NVIDIA driver, each CUDA device,
 NVML (the sampler's own probe: library, driver, fields per device), whether
-torch.profiler records CUDA kernels (a one-kernel probe in a subprocess, so a
-CUPTI hang or crash cannot take doctor down), torch.distributed backends,
+torch.profiler records CUDA kernels (``cuda-kernels``: a one-kernel probe in
+a subprocess, so a CUPTI hang or crash cannot take doctor down; without it
+torch windows still record CPU operators), torch.distributed backends,
 fastprof's clocks, the FASTPROF_* environment, and the default out_dir.
 
 Exit status: 0; 1 when a --require'd capability is missing (named on
@@ -36,6 +37,7 @@ from typing import Any
 
 from fastprof import __version__, _core
 from fastprof._options import BY_NAME, ENV_VARS, resolve
+from fastprof.cli.args import seconds
 from fastprof.cli.errors import CommandError, describe
 
 OK = "ok"
@@ -44,6 +46,8 @@ UNAVAILABLE = "unavailable"
 #: Seconds the torch.profiler CUDA probe may take (importing torch and
 #: starting CUDA take a few seconds; a CUPTI hang takes forever).
 PROBE_TIMEOUT_S = 90.0
+#: Its upper bound: a thread join takes no more (1e308 s overflowed it, after the other checks).
+MAX_PROBE_TIMEOUT_S = 3600.0
 
 #: The backends ``torch.distributed`` reports on, each with its ``is_*_available``.
 BACKENDS = ("gloo", "nccl", "mpi", "ucc")
@@ -80,10 +84,14 @@ CAPABILITIES: dict[str, str] = {
     "cuda": "cuda",
     "gpu": "gpu",
     "nvml": "nvml",
-    "torch-windows": "torch-windows",
+    "cuda-kernels": "cuda-kernels",
     **{b: f"dist.{b}" for b in BACKENDS},
     "out-dir": "out_dir",
 }
+
+#: Earlier names still taken by ``--require``: "torch-windows" read as
+#: "torch windows do not work" on a CPU machine, where they do (CPU operators).
+ALIASES = {"torch-windows": "cuda-kernels"}
 
 
 def _items_of(items: list[Item], capability: str) -> list[Item]:
@@ -105,23 +113,13 @@ def missing(items: list[Item], required: list[str]) -> dict[str, str]:
 
 def _capabilities(text: str) -> list[str]:
     """``--require`` value: one or more capability names, comma-separated."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = [ALIASES.get(n.strip(), n.strip()) for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in CAPABILITIES]
     if bad or not names:
         raise argparse.ArgumentTypeError(
             f"unknown capability {', '.join(map(repr, bad)) or repr(text)} (known: {', '.join(CAPABILITIES)})"
         )
     return names
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = float("nan")
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds > 0")
-    return v
 
 
 def add_parser(verbs: Any) -> None:
@@ -143,7 +141,7 @@ def add_parser(verbs: Any) -> None:
     )
     p.add_argument(
         "--probe-timeout",
-        type=_seconds,
+        type=seconds(0.0, MAX_PROBE_TIMEOUT_S, above=True),
         default=PROBE_TIMEOUT_S,
         metavar="SECONDS",
         help=f"time the torch.profiler CUDA probe may take (default {PROBE_TIMEOUT_S:g})",
@@ -282,7 +280,8 @@ def out(ok, detail, hint=""):
 import torch
 from torch.profiler import ProfilerActivity, profile
 if not torch.cuda.is_available():
-    out(False, "no GPU: torch.cuda sees no device", "needs a CUDA device; on a machine without a GPU this is expected")
+    out(False, "no GPU: torch.cuda sees no device; torch windows record CPU operators only",
+        "needs a CUDA device; on a machine without a GPU this is expected")
 if ProfilerActivity.CUDA not in torch.profiler.supported_activities():
     out(False, "this torch's profiler offers no CUDA activity (Kineto built without CUPTI)",
         "install a CUDA build of torch from pytorch.org")
@@ -340,7 +339,7 @@ def _start_window_probe() -> _Probe:
 
 
 def _finish_window_probe(probe: _Probe, timeout: float) -> Item:
-    name = "torch-windows"
+    name = "cuda-kernels"
     if not probe.wait(timeout):
         probe.kill()
         return _off(
@@ -359,7 +358,7 @@ def _finish_window_probe(probe: _Probe, timeout: float) -> Item:
         return _off(name, f"the torch.profiler probe died ({how}): {last[:200]}", _cupti_hint(stderr))
     result = json.loads(lines[-1])
     if result["ok"]:
-        return _ok(name, f"torch.profiler records CUDA: {result['detail']}")
+        return _ok(name, f"torch.profiler records CUDA kernels: {result['detail']}")
     detail = str(result["detail"])
     if cupti:
         detail += f": {cupti[-1][:200]}"

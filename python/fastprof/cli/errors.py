@@ -1,7 +1,17 @@
 """The CLI's one error type and its one-line rendering, shared by every verb
-(``main`` catches :class:`CommandError`; the verbs raise it)."""
+(``main`` catches :class:`CommandError`; the verbs raise it).
+
+Exit status, for every verb: 0 done; 1 what was asked for failed or found a
+problem (``diff``: a threshold crossed; ``doctor --require``: a capability
+missing; a full disk); 2 bad input (a path that is missing or not what the
+verb reads, a file that is not a trace, a bad flag value) and bad usage."""
 
 from __future__ import annotations
+
+import errno
+
+#: OSErrors that are the machine's, not the input's (exit 1, not 2).
+_MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EFBIG})
 
 
 class CommandError(Exception):
@@ -18,3 +28,13 @@ def describe(e: BaseException) -> str:
     if isinstance(e, OSError) and e.filename is not None:
         return f"{e.filename}: {e.strerror or e}"
     return " ".join(str(e).split())
+
+
+def exit_code(e: BaseException) -> int:
+    """2 when ``e`` is the input's fault (a missing path, a file that is not
+    a trace, an output that already exists, a bad option: ``ConfigError``,
+    ``TraceError`` and ``NoEventsError`` are ValueErrors), 1 otherwise (a
+    full disk, an I/O error, a recorder already running)."""
+    if isinstance(e, OSError):
+        return 1 if e.errno in _MACHINE_ERRNOS else 2
+    return 2 if isinstance(e, ValueError) else 1

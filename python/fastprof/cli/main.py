@@ -11,13 +11,14 @@ from collections.abc import Sequence
 from fastprof import __version__
 from fastprof._core import FastprofError
 from fastprof.cli import demo, diff, doctor, merge, report, run, summary, trigger
-from fastprof.cli.errors import CommandError, describe
+from fastprof.cli.args import Parser, plain
+from fastprof.cli.errors import CommandError, describe, exit_code
 
 __all__ = ["CommandError", "build_parser", "describe", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="fastprof",
         description="fastprof: low-overhead profiler for PyTorch training jobs.",
     )
@@ -31,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_parser(verbs)
     run.add_parser(verbs)
     trigger.add_parser(verbs)
+    for p in verbs.choices.values():
+        p.description = plain(p.description)  # the verbs' docstrings, read in a terminal
     return parser
 
 
@@ -47,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     except FastprofError as e:
         print(f"fastprof {args.verb}: error: {describe(e)}", file=sys.stderr)
-        return 1
+        return exit_code(e)
     except KeyboardInterrupt as e:
         if getattr(e, "fastprof_script", False):
             raise  # `fastprof run`: the script's own Ctrl-C ends the process as Python would (SIGINT)

@@ -10,8 +10,10 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import gzip
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -21,11 +23,21 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fastprof import _core
+from fastprof._core import FastprofError
 from fastprof._merge import MAX_THREADS, describe_rotated, merge
 from fastprof._options import parse_size
+from fastprof.cli.args import seconds
 from fastprof.cli.errors import CommandError
 
 THREADS_ENV = "FASTPROF_MERGE_THREADS"
+
+#: Ranks are u32 in the core; a range is expanded here, so it is bounded.
+MAX_RANK = (1 << 20) - 1
+#: Step numbers as the core reads them (ProfilerStep#N, u64; JSON-exact here).
+MAX_STEP = (1 << 53) - 1
+#: --start / --end: seconds from the start of the timeline (31 years).
+WINDOW_S = seconds(0.0, 1e9, what="seconds from the start of the run")
 
 
 def add_parser(verbs: Any) -> None:
@@ -39,8 +51,8 @@ def add_parser(verbs: Any) -> None:
     p.add_argument("-o", "--output", help="output file (.json.gz, or .json for plain); default: derived from the input")
     p.add_argument("-f", "--force", action="store_true", help="overwrite the output if it exists")
     p.add_argument("--ranks", help="keep only these ranks, e.g. 0,2-3")
-    p.add_argument("--start", type=float, help="window start, seconds from the start of the timeline")
-    p.add_argument("--end", type=float, help="window end, seconds from the start of the timeline")
+    p.add_argument("--start", type=WINDOW_S, help="window start, seconds from the start of the timeline")
+    p.add_argument("--end", type=WINDOW_S, help="window end, seconds from the start of the timeline")
     p.add_argument("--steps", help="window by step markers, A:B inclusive (ProfilerStep#N or fastprof 'step' spans)")
     p.add_argument("--include-cat", action="append", default=[], help="keep only these categories (comma list)")
     p.add_argument("--exclude-cat", action="append", default=[], help="drop these categories (comma list)")
@@ -61,28 +73,49 @@ def add_parser(verbs: Any) -> None:
     p.set_defaults(run=run)
 
 
+def _number(text: str, hi: int) -> int | None:
+    t = text.strip()
+    return int(t) if t.isdecimal() and t.isascii() and len(t) < 20 and int(t) <= hi else None
+
+
 def parse_ranks(text: str) -> list[int]:
-    out: list[int] = []
+    """``--ranks 0,2-3`` -> [0, 2, 3]."""
+    bad = f"--ranks {text!r}: expected rank numbers 0..{MAX_RANK} and ranges A-B, e.g. 0,2-3"
+    out: set[int] = set()
     for part in text.split(","):
-        part = part.strip()
-        if not part:
+        if not part.strip():
             continue
-        if "-" in part:
-            a, b = part.split("-", 1)
-            out.extend(range(int(a), int(b) + 1))
-        else:
-            out.append(int(part))
-    return out
+        a, sep, b = part.partition("-")
+        lo, hi = _number(a, MAX_RANK), _number(b, MAX_RANK) if sep else _number(a, MAX_RANK)
+        if lo is None or hi is None:
+            raise ValueError(bad)
+        if hi < lo:
+            raise ValueError(f"--ranks {text!r}: the range {part.strip()} is empty ({hi} is before {lo})")
+        out.update(range(lo, hi + 1))
+    if not out:
+        raise ValueError(bad)
+    return sorted(out)
 
 
 def parse_steps(text: str) -> tuple[int, int]:
+    """``--steps 10:12`` -> (10, 12)."""
     a, sep, b = text.partition(":")
-    if not sep or not a.strip() or not b.strip():
-        raise ValueError("expected A:B, e.g. 10:12")
-    lo, hi = int(a), int(b)
+    lo, hi = _number(a, MAX_STEP), _number(b, MAX_STEP)
+    if not sep or lo is None or hi is None:
+        raise ValueError(f"--steps {text!r}: expected A:B, step numbers from 0 (inclusive), e.g. 10:12")
     if hi < lo:
-        raise ValueError(f"{hi} is before {lo}")
+        raise ValueError(f"--steps {text!r}: step {hi} is before step {lo}")
     return lo, hi
+
+
+def _max_bytes(text: str) -> int:
+    try:
+        n = parse_size(text.strip())
+    except ValueError as e:
+        raise ValueError(f"--max-bytes: {e}") from None
+    if n >= 1 << 63:
+        raise ValueError(f"--max-bytes {text!r}: expected a size below 8 EiB (e.g. 500MiB)")
+    return n
 
 
 def parse_threads(text: str, source: str) -> int:
@@ -125,12 +158,42 @@ def default_output(inputs: list[str]) -> Path:
     return first.with_name(f"{name}.merged.json.gz")
 
 
+#: The first event of a merge output (the core's merge::output): how many inputs it merged.
+_MERGE_MARKER = re.compile(
+    rb'^\{"baseTimeNanoseconds":.*?"name":"fastprof_merge","pid":0,"tid":0,"args":\{"inputs":(\d+)\}', re.S
+)
+
+
+def up_to_date(inputs: list[str], output: Path) -> int | None:
+    """The number of inputs when ``output`` is the whole merge of ``inputs``
+    as they are now (a merge output of that many inputs, none of them
+    modified after it), else None: the caller merges, or refuses to
+    overwrite. The inputs as the core's walker finds them (the merge's own)."""
+    try:
+        with open(output, "rb") as f:
+            head = f.read(1 << 16)
+        if head[:2] == b"\x1f\x8b":
+            with gzip.open(output, "rb") as g:
+                head = g.read(1 << 16)
+        done = output.stat().st_mtime_ns
+        files, _own, _removed, _warnings = _core.trace_inputs(list(inputs))
+        out = output.resolve()
+        found = [Path(f) for f in files if Path(f).resolve() != out]
+        newest = max((f.stat().st_mtime_ns for f in found), default=None)
+    except (OSError, EOFError, FastprofError):
+        return None  # the merge itself says what is wrong
+    m = _MERGE_MARKER.match(head)
+    if m is None or newest is None or newest > done or int(m.group(1)) != len(found):
+        return None
+    return len(found)
+
+
 def run(args: argparse.Namespace) -> int:
 
     try:
         ranks = parse_ranks(args.ranks) if args.ranks else None
         steps = parse_steps(args.steps) if args.steps else None
-        max_bytes = parse_size(args.max_bytes) if args.max_bytes else None
+        max_bytes = _max_bytes(args.max_bytes) if args.max_bytes else None
         if args.threads is not None:
             threads = parse_threads(args.threads, "-j/--threads")
         else:
@@ -143,6 +206,13 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else default_output(args.inputs)
     cats = [c.strip() for group in args.include_cat for c in group.split(",") if c.strip()]
     excl = [c.strip() for group in args.exclude_cat for c in group.split(",") if c.strip()]
+    whole = not (ranks or steps or cats or excl or max_bytes or args.start is not None or args.end is not None)
+    if whole and not args.force and output.is_file():
+        n = up_to_date(args.inputs, output)
+        if n is not None:
+            # The README's `fastprof merge <run>` after a run that merged itself: nothing to do.
+            print(output if args.quiet else f"{output} is up to date: the merge of its {n} inputs, newer than each")
+            return 0
     t0 = time.perf_counter()
     # Ctrl-C raises KeyboardInterrupt inside the merge call (which cancels
     # the Rust merge); SIGTERM, which would kill the process outright, is

@@ -16,16 +16,22 @@ from pathlib import Path
 from typing import Any
 
 from fastprof._core import FastprofError
-from fastprof.cli.errors import CommandError, describe
+from fastprof.cli.args import integer
+from fastprof.cli.errors import CommandError, describe, exit_code
 from fastprof.reports.csvout import tables
+
+WARMUP_STEPS = integer(0, 10**9, "a number of steps")
+BATCH_SIZE = integer(1, 10**9, "a number of samples")
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="a run directory written by fastprof.Profiler, or one fastprof / torch.profiler trace")
     p.add_argument(
-        "--warmup-steps", type=int, help="steps left out of the rates (default: schedule skip_first, else 1)"
+        "--warmup-steps", type=WARMUP_STEPS, help="steps left out of the rates (default: schedule skip_first, else 1)"
     )
-    p.add_argument("--batch-size", type=int, help="samples per step, for samples/s (default: a batch_size counter)")
+    p.add_argument(
+        "--batch-size", type=BATCH_SIZE, help="samples per step, for samples/s (default: a batch_size counter)"
+    )
     p.add_argument(
         "-v", "--verbose", action="store_true", help="every span name in the time table, not only the loop's"
     )
@@ -62,7 +68,7 @@ def build(args: argparse.Namespace, out_dir: str | None, formats: tuple[str, ...
             batch_size=args.batch_size,
         )
     except (FastprofError, ValueError, OSError) as e:
-        raise CommandError(describe(e), exit_code=2) from None
+        raise CommandError(describe(e), exit_code=exit_code(e)) from None
     # What the report could not take at face value (a salvaged file, spans or
     # counter samples with hostile numbers): one line each, even with -q.
     for w in rep.data["source"]["warnings"]:

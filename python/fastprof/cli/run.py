@@ -29,6 +29,7 @@ import sys
 import time
 from typing import Any
 
+from fastprof.cli.args import option
 from fastprof.cli.errors import CommandError
 
 
@@ -54,9 +55,12 @@ def add_parser(verbs: Any) -> None:
         help="run directory name (default: run-<timestamp>; torchrun: run-<rdzv id>, or from the torchrun agent "
         "when the id is 'none' on one node; give one across nodes)",
     )
-    p.add_argument("--sample-hz", type=float, default=None, help="sampler ticks per second, 0 = off (default: 10)")
+    p.add_argument(
+        "--sample-hz", type=option("sample_hz"), default=None, help="sampler ticks per second, 0 = off (default: 10)"
+    )
     p.add_argument(
         "--schedule",
+        type=option("schedule"),
         default=None,
         help="torch.profiler windows on this schedule, e.g. epoch:warmup=1,active=4 or cyclic:wait=10,active=2",
     )

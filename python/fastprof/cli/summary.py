@@ -27,5 +27,5 @@ def add_parser(verbs: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     rep = build(args, None, (), progress=False)
-    rep.print(verbose=args.verbose)
+    rep.print(verbose=args.verbose, title="fastprof summary")
     return 0

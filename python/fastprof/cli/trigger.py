@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fastprof.always_on.triggers import LIVE_FILE, STATE_FILE, TRIGGER_FILE, new_request_id
+from fastprof.cli.args import integer, seconds
 from fastprof.cli.errors import CommandError
 from fastprof.memory._files import write_atomic
 
@@ -39,14 +40,30 @@ def add_parser(verbs: Any) -> None:
         ),
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (<out>/<run_name>)")
-    p.add_argument("--steps", type=int, default=None, help="steps to capture (default: the job's, 5)")
-    p.add_argument("--rank", default="all", help="a rank number, or all (default)")
+    p.add_argument(
+        "--steps",
+        type=integer(1, 10_000, "a number of steps"),
+        default=None,
+        help="steps to capture (default: the job's, 5)",
+    )
+    p.add_argument("--rank", type=_rank, default="all", help="a rank number, or all (default)")
     p.add_argument("--flight", action="store_true", help="only dump the flight recorder (no torch capture)")
     p.add_argument(
         "--signal", action="store_true", help="also send the job's trigger signal to the pids live.json lists"
     )
-    p.add_argument("--wait", type=float, default=120.0, help="seconds to wait for the files (0: don't wait)")
+    p.add_argument(
+        "--wait",
+        type=seconds(0.0, 86_400.0, what="seconds"),
+        default=120.0,
+        help="seconds to wait for the files (0: don't wait)",
+    )
     p.set_defaults(run=run)
+
+
+def _rank(text: str) -> str | int:
+    if text.strip() == "all":
+        return "all"
+    return integer(0, (1 << 20) - 1, "a rank number (or all)")(text)
 
 
 def _live(run_dir: Path) -> dict[int, dict[str, Any]]:
@@ -79,12 +96,11 @@ def _alive(info: dict[str, Any]) -> bool | None:
 def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
-        raise CommandError(f"{run_dir}: no such run directory")
+        what = "not a directory" if run_dir.exists() else "no such run directory"
+        raise CommandError(f"{run_dir}: {what} (expected a run directory, <out>/<run_name>)", 2)
     ranks_dirs = [d for d in run_dir.glob("rank*") if d.is_dir()]
     if not ranks_dirs:
-        raise CommandError(f"{run_dir}: not a fastprof run directory (no rank*/ folders)")
-    if args.steps is not None and not 1 <= args.steps <= 10_000:
-        raise CommandError(f"--steps must be from 1 to 10000, got {args.steps}")
+        raise CommandError(f"{run_dir}: not a fastprof run directory (no rank*/ folders)", 2)
     live = _live(run_dir)
     for r, info in list(live.items()):
         if _alive(info) is False:
@@ -104,10 +120,7 @@ def run(args: argparse.Namespace) -> int:
         targets = sorted(live)
         where = run_dir / TRIGGER_FILE
     else:
-        try:
-            r = int(args.rank)
-        except ValueError:
-            raise CommandError(f"--rank must be a rank number or all, got {args.rank!r}") from None
+        r = args.rank
         if r not in live:
             raise CommandError(
                 f"rank {r} is not running in {run_dir} (live ranks: {', '.join(map(str, sorted(live)))})"

@@ -59,11 +59,11 @@ class Report:
         the trace spells them, see :mod:`fastprof.reports.finite`)."""
         return json.dumps(encode(self.data), indent=1, allow_nan=False)
 
-    def print(self, verbose: bool = False, file: Any = None) -> None:
-        """Print the key tables (rich) to ``file`` (stdout by default)."""
+    def print(self, verbose: bool = False, file: Any = None, title: str = "fastprof report") -> None:
+        """Print the key tables (rich) to ``file`` (stdout by default), under ``title``."""
         from fastprof.reports.terminal import render
 
-        render(self.data, verbose=verbose, file=file)
+        render(self.data, verbose=verbose, file=file, title=title)
 
 
 class _Progress:

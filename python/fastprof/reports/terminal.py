@@ -15,12 +15,10 @@ def _s(v: Any, fmt: str = "{:.4f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def render(doc: dict[str, Any], verbose: bool = False, file: Any = None) -> None:
+def render(doc: dict[str, Any], verbose: bool = False, file: Any = None, title: str = "fastprof report") -> None:
     con = Console(file=file, width=140, highlight=False)
     src = doc["source"]
-    con.print(
-        f"[bold]fastprof report[/bold] {src['path']}  ranks {src['ranks']}  wall {doc['wall']['duration_s']:.3f} s"
-    )
+    con.print(f"[bold]{title}[/bold] {src['path']}  ranks {src['ranks']}  wall {doc['wall']['duration_s']:.3f} s")
     for e in src.get("rotated") or []:
         con.print(f"[yellow]rotated away:[/yellow] {describe_rotated(e, 'the report wall time')}", markup=True)
 

@@ -116,13 +116,22 @@ impl From<Error> for PyErr {
                         _ => &OS_ERROR,
                     };
                     // OSError(errno, strerror, filename): keeps .errno and .filename.
-                    // A cause the core wrote itself ("already exists; pass -f")
-                    // has no errno of its own: take its kind's, never 0.
+                    // A cause the core wrote itself ("already exists; pass -f",
+                    // "cannot write the output in DIR: Not a directory") has no
+                    // errno of its own: take its kind's, never 0. The CLI tells
+                    // bad input (exit 2) from a failing machine (exit 1) by it.
                     let errno = source.raw_os_error().unwrap_or(match source.kind() {
                         std::io::ErrorKind::NotFound => libc::ENOENT,
                         std::io::ErrorKind::PermissionDenied => libc::EACCES,
                         std::io::ErrorKind::AlreadyExists => libc::EEXIST,
                         std::io::ErrorKind::InvalidInput => libc::EINVAL,
+                        std::io::ErrorKind::NotADirectory => libc::ENOTDIR,
+                        std::io::ErrorKind::IsADirectory => libc::EISDIR,
+                        std::io::ErrorKind::ReadOnlyFilesystem => libc::EROFS,
+                        std::io::ErrorKind::InvalidFilename => libc::ENAMETOOLONG,
+                        std::io::ErrorKind::StorageFull => libc::ENOSPC,
+                        std::io::ErrorKind::QuotaExceeded => libc::EDQUOT,
+                        std::io::ErrorKind::FileTooLarge => libc::EFBIG,
                         _ => libc::EIO,
                     });
                     let args = (errno, strerror(source), path.display().to_string());

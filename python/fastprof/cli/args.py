@@ -1,0 +1,82 @@
+"""The CLI's argument types: what each numeric flag accepts, checked when the
+command line is parsed. A bad value (letters, nan, inf, a negative count, a
+number too big for what it feeds: 1e308 seconds overflow a thread join, a
+20-digit rank a Rust ``u32``) is one line naming the flag and what it takes,
+exit 2, before anything runs: never a traceback from deep inside, nor a
+value that is silently taken (``--wait nan`` waited for nothing)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+__all__ = ["Parser", "integer", "option", "plain", "seconds"]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with its error as one line (argparse prints the
+    usage first): the flag, what is wrong, where the help is. Exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def integer(lo: int, hi: int, what: str = "an integer") -> Callable[[str], int]:
+    """An argparse type: a whole number from ``lo`` to ``hi``."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text.strip(), 10)
+        except ValueError:
+            v = None
+        if v is None or not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {what} from {lo} to {hi}")
+        return v
+
+    return parse
+
+
+def seconds(lo: float, hi: float, *, above: bool = False, what: str = "seconds") -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds from ``lo`` (excluded
+    when ``above``) to ``hi``."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        if not (math.isfinite(v) and (v > lo if above else v >= lo) and v <= hi):
+            low = f"> {lo:g}" if above else f">= {lo:g}"
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {what} {low}, at most {hi:.0f}")
+        return v
+
+    return parse
+
+
+def option(name: str) -> Callable[[str], Any]:
+    """An argparse type for a flag that sets a recorder or Profiler option:
+    the options table's own parse and check (the same rule as the option's
+    ``FASTPROF_*`` variable), its own ``expected ...`` sentence."""
+    from fastprof._options import BY_NAME, _parsed
+    from fastprof.profiler.options import _BY_NAME as PROFILER
+
+    opt = BY_NAME[name] if name in BY_NAME else PROFILER[name]
+
+    def parse(text: str) -> Any:
+        ok, v = _parsed(opt, text)
+        if not ok:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {opt.expect}")
+        return v
+
+    return parse
+
+
+_ROLE = re.compile(r"``(.+?)``", re.S)
+
+
+def plain(text: str | None) -> str | None:
+    """A module docstring as help text: without its reST markup (``x``)."""
+    return None if text is None else _ROLE.sub(r"\1", text)
