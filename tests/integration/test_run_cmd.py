@@ -9,11 +9,13 @@ import gzip
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -310,19 +312,24 @@ def test_module_argv_and_name_round_trip(tmp_path: Path, module: str) -> None:
     assert got["spec"] == (module if module != "pkg" else "pkg.__main__")
 
 
+# One optimizer step first: a run that failed after it began is recorded.
+ONE_STEP = (
+    "import torch\nm = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+    "m(torch.ones(1, 2)).sum().backward()\nopt.step()\n"
+)
+
 SCRIPTS = {
-    # case: (source, exit status, profiler.json's exit)
+    # case: (source, exit status, profiler.json's exit; None: it failed
+    # before its first step, and nothing is recorded)
     "normal end": ("print('ok')", 0, "stop"),
     "sys.exit(0)": ("import sys\nsys.exit(0)", 0, "stop"),
-    "sys.exit(3)": ("import sys\nprint('bye')\nsys.exit(3)", 3, "exception: SystemExit"),
-    "sys.exit('msg')": ("import sys\nsys.exit('it went wrong')", 1, "exception: SystemExit"),
-    "uncaught exception": ("def f():\n    raise ValueError('bad value')\n\nf()", 1, "exception: ValueError"),
-    "chained exception": (
-        "try:\n    1 / 0\nexcept ZeroDivisionError:\n    raise KeyError(1)",
-        1,
-        "exception: KeyError",
-    ),
-    "KeyboardInterrupt": ("raise KeyboardInterrupt", -signal.SIGINT, "exception: KeyboardInterrupt"),
+    "sys.exit(3)": ("import sys\nprint('bye')\nsys.exit(3)", 3, None),
+    "sys.exit('msg')": ("import sys\nsys.exit('it went wrong')", 1, None),
+    "uncaught exception": ("def f():\n    raise ValueError('bad value')\n\nf()", 1, None),
+    "chained exception": ("try:\n    1 / 0\nexcept ZeroDivisionError:\n    raise KeyError(1)", 1, None),
+    "KeyboardInterrupt": ("raise KeyboardInterrupt", -signal.SIGINT, None),
+    "sys.exit(3) after a step": (ONE_STEP + "import sys\nsys.exit(3)", 3, "exception: SystemExit"),
+    "exception after a step": (ONE_STEP + "raise ValueError('bad value')", 1, "exception: ValueError"),
 }
 
 
@@ -337,8 +344,45 @@ def test_exit_status_and_traceback_are_pythons(tmp_path: Path, case: str) -> Non
     # message), then fastprof's lines, once the trace is safe.
     assert ours.stderr.startswith(plain.stderr), ours.stderr
     assert "fastprof/" not in ours.stderr.replace("fastprof report", "")
-    assert _fastprof_lines(ours.stderr[len(plain.stderr) :])[-1].startswith("fastprof run: next: fastprof report ")
-    assert _profile(tmp_path / "out")["exit"] == reason
+    last = _fastprof_lines(ours.stderr[len(plain.stderr) :])[-1]
+    if reason is None:
+        assert last.startswith("fastprof run: s.py: ") and last.endswith(" before its first step; nothing recorded")
+        assert _runs(tmp_path / "out") == [] and not (tmp_path / "out").exists()
+    else:
+        assert last.startswith("fastprof run: next: fastprof report "), last
+        assert _profile(tmp_path / "out")["exit"] == reason
+
+
+ARGPARSE = textwrap.dedent(
+    """
+    import argparse
+    import torch  # imported, as a training script does, before it reads its arguments
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--lr", type=float, required=True)
+    args = p.parse_args()
+    """
+)
+
+
+def test_a_script_that_fails_before_its_first_step_leaves_nothing(tmp_path: Path) -> None:
+    """An argparse error (exit 2) made a run directory and said "0 steps
+    recorded ... next: fastprof report ...": it makes nothing now, and says
+    so; the script's own stderr and exit status are Python's."""
+    pytest.importorskip("torch")
+    (tmp_path / "train.py").write_text(ARGPARSE)
+    plain, ours = _both(["train.py", "--epochs", "3"], tmp_path)
+    assert plain.returncode == ours.returncode == 2, ours.stderr
+    assert ours.stderr.startswith(plain.stderr) and "the following arguments are required: --lr" in plain.stderr
+    assert ours.stderr[len(plain.stderr) :] == (
+        "fastprof run: train.py: exited with status 2 before its first step; nothing recorded\n"
+    )
+    assert not (tmp_path / "out").exists()
+    # An out_dir that was there stays, with its earlier runs; only this run's files go.
+    (tmp_path / "out" / "earlier").mkdir(parents=True)
+    ours = _run([*RUN, "-o", str(tmp_path / "out"), "--run-name", "r", "train.py"], tmp_path)
+    assert ours.returncode == 2 and ours.stderr.endswith("nothing recorded\n"), ours.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["earlier"]
 
 
 def test_syntax_error_is_pythons_and_nothing_is_recorded(tmp_path: Path) -> None:
@@ -442,6 +486,69 @@ def test_signals_end_the_run_as_the_script_decides_after_it_is_saved(tmp_path: P
         tb = stderr[stderr.index("Traceback (most recent call last):") :]
         assert tb.splitlines()[1].startswith(f'  File "{tmp_path / "loop.py"}", line ')
         assert "\nKeyboardInterrupt\n" in tb and "fastprof run: next: fastprof report " in tb
+
+
+# Trains until the test says "done" (a file): no fastprof in it.
+UNTIL_DONE = textwrap.dedent(
+    """
+    import os, time, torch
+
+    m = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    for i in range(100_000):
+        m(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if os.path.exists("done"):
+            break
+        time.sleep(0.002)
+    print("trained", os.environ.get("KINETO_LOG_LEVEL"))
+    """
+)
+#: A Kineto log line: "USDT:2026-11-27 01:45:30 11926:11926 SyncActivityProfilerHandler.cpp:39] profiler_start".
+KINETO_LINE = re.compile(r"^[A-Z]+:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \w+\.cpp:\d+\]")
+
+
+def test_a_triggered_torch_window_writes_nothing_into_the_scripts_stderr(tmp_path: Path) -> None:
+    """Kineto logs each window's start and stop, and on a machine without a
+    GPU an ERROR ("gpuGetDeviceCount failed with code 35"): three lines in
+    the stderr of a script that asked for no window, as the demo never showed."""
+    pytest.importorskip("torch")
+    (tmp_path / "train.py").write_text(UNTIL_DONE)
+    env = {k: v for k, v in _env().items() if k != "KINETO_LOG_LEVEL"}
+    p = subprocess.Popen(
+        [*RUN, "-o", "out", "--run-name", "k", "train.py"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        live = tmp_path / "out" / "k" / "rank0" / "live.json"
+        deadline = time.monotonic() + 90
+        while not live.is_file() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert live.is_file(), p.communicate(timeout=60)
+        cli = subprocess.run(
+            [sys.executable, "-m", "fastprof", "trigger", "out/k", "--steps", "2", "--wait", "120"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
+        (tmp_path / "done").write_text("")
+        stdout, stderr = p.communicate(timeout=90)
+    finally:
+        p.kill()
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    window = [line.split(": ", 1)[1] for line in cli.stdout.splitlines() if line.endswith(".pt.trace.json.gz")]
+    assert len(window) == 1 and Path(window[0]).is_file(), cli.stdout  # the window was taken
+    # The script's environment is its own: no KINETO_LOG_LEVEL left in it.
+    assert p.returncode == 0 and stdout == "trained None\n", stderr
+    assert [line for line in stderr.splitlines() if KINETO_LINE.match(line)] == [], stderr
+    assert "gpuGetDeviceCount" not in stderr and "profiler_start" not in stderr, stderr
 
 
 # A script that already profiles itself: its own Profiler (with an out_dir

@@ -57,14 +57,17 @@ import importlib.machinery
 import importlib.util
 import io
 import os
+import shutil
 import sys
 import threading
+import time
 import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fastprof._core import FastprofWarning
 
@@ -73,7 +76,7 @@ if TYPE_CHECKING:
 
     from fastprof.profiler.loop import Profiler
 
-__all__ = ["CompileFailed", "Target", "TargetError", "ZeroCode", "module_target", "run", "script_target"]
+__all__ = ["CompileFailed", "Ended", "Target", "TargetError", "ZeroCode", "module_target", "run", "script_target"]
 
 
 class TargetError(Exception):
@@ -203,13 +206,23 @@ def _set_path0(path: str) -> None:
 # ---------------------------------------------------------------- running
 
 
-def run(target: Target, args: Sequence[str], prof: Profiler) -> BaseException | None:
+class Ended(NamedTuple):
+    """How the code ended, as :func:`run` returns it."""
+
+    #: None when the code ended normally, else what ended it (``SystemExit`` included).
+    error: BaseException | None
+    #: It failed before its first step (an argparse error, an import that
+    #: failed): its files were removed, nothing is recorded.
+    discarded: bool = False
+
+
+def run(target: Target, args: Sequence[str], prof: Profiler) -> Ended:
     """Run ``target`` with ``args`` under ``prof`` (started here, closed
-    here): None when the code ended normally, else what ended it
-    (``SystemExit`` included). What Python would print is printed first (an
-    exception through ``sys.excepthook`` with the traceback from the
-    script's own frame; a ``sys.exit("message")``'s message), then the
-    Profiler closes: the trace is safe before the caller exits."""
+    here). What Python would print is printed first (an exception through
+    ``sys.excepthook`` with the traceback from the script's own frame; a
+    ``sys.exit("message")``'s message), then the Profiler closes: the trace
+    is safe before the caller exits. Code that fails before its first step
+    leaves nothing (:func:`_discard`)."""
     sys.argv = [target.argv0, *args]
     if target.path0 is not None:
         _set_path0(target.path0)
@@ -217,7 +230,14 @@ def run(target: Target, args: Sequence[str], prof: Profiler) -> BaseException | 
     main.__dict__.update(target.main_globals)
     sys.modules["__main__"] = main
     zero = ZeroCode(prof)
+    out_dir_made = not prof.run_dir.parent.exists()
+    # File times come from the kernel's coarse clock (a tick behind time.time()).
+    started = time.time() - 1.0
     prof.start()
+    if prof._driver is not None:
+        # The script asked for no torch.profiler window: Kineto's log lines
+        # of one that a trigger opens are not its output.
+        prof._driver.quiet_kineto = True
     zero.install()
     # A Profiler the script starts itself takes the loop (its steps are the
     # run's): the inferred steps are unhooked then, not counted twice.
@@ -235,10 +255,62 @@ def run(target: Target, args: Sequence[str], prof: Profiler) -> BaseException | 
                 print(ended.code, file=sys.stderr, flush=True)
         elif ended is not None:
             print_exception(ended, target.code)
+        discard = _failed_before_a_step(prof, zero, ended) and _written_since(prof.rank_dir, started)
+        if discard:
+            prof.merge_enabled = False  # nor wait for the other ranks: there is nothing to merge
         _close(prof, ended)
+        if discard:
+            discard = _discard(prof, started, out_dir_made)
     finally:
         zero.uninstall()
-    return ended
+    return Ended(ended, discard)
+
+
+def _failed_before_a_step(prof: Profiler, zero: ZeroCode, ended: BaseException | None) -> bool:
+    """The code failed (an exception, a non-zero exit) before any step of
+    the run began: before its first optimizer step and before a batch of
+    its train loader. An out-of-memory error is kept (its capture is the
+    point), and so is a run that a script's own Profiler took over."""
+    if ended is None or prof._state != "running" or prof._successors or zero.fetched or prof.batch:
+        return False
+    if isinstance(ended, SystemExit):
+        return ended.code is not None and ended.code != 0
+    from fastprof.memory.oom import is_oom
+
+    return not is_oom(ended)
+
+
+def _written_since(folder: Path, started: float) -> bool:
+    """Whether every file in ``folder`` was written since ``started``: a
+    resumed run's folder holds the earlier run's files, not this run's."""
+    try:
+        return all(p.lstat().st_mtime >= started for p in folder.rglob("*") if not p.is_dir())
+    except OSError:
+        return False
+
+
+def _discard(prof: Profiler, started: float, out_dir_made: bool) -> bool:
+    """Remove what this run wrote (it failed before its first step): this
+    rank's folder (every file in it written since ``started``); then the run
+    directory and the out_dir when nothing else is in them (the run
+    directory's own hidden files, written since ``started``, go with it; the
+    out_dir only when this process made it)."""
+    rank_dir = prof.rank_dir
+    try:
+        if not _written_since(rank_dir, started):
+            return False
+        shutil.rmtree(rank_dir)
+        run_dir = prof.run_dir
+        left = list(run_dir.iterdir())
+        if all(p.name.startswith(".") and p.is_file() and p.lstat().st_mtime >= started for p in left):
+            for p in left:
+                p.unlink()
+            run_dir.rmdir()
+            if out_dir_made:
+                run_dir.parent.rmdir()
+    except OSError:
+        pass  # another rank's files, or the user's: left where they are
+    return not rank_dir.exists()
 
 
 def print_exception(exc: BaseException, code: types.CodeType | None = None) -> None:

@@ -171,9 +171,12 @@ def run(args: argparse.Namespace) -> int:
 
     from fastprof.profiler.loop import Profiler
 
-    prof = Profiler(**kw)  # a bad option: ConfigError, one line, before the script runs
-    ended = zero.run(target, rest, prof)
-    _next_command(prof, target.label)
+    prof = Profiler(**kw)  # a bad option: ConfigError, one line (exit 2), before the script runs
+    ended, discarded = zero.run(target, rest, prof)
+    if discarded:
+        _nothing_recorded(prof, target.label, ended)
+    else:
+        _next_command(prof, target.label)
     if ended is None:
         return 0
     if isinstance(ended, SystemExit):
@@ -193,6 +196,19 @@ def run(args: argparse.Namespace) -> int:
 
 def _silent(*_: Any) -> None:
     pass
+
+
+def _nothing_recorded(prof: Any, label: str, ended: BaseException | None) -> None:
+    """Rank 0 says the run left nothing (it failed before its first step)."""
+    if prof.rank != 0:
+        return
+    if isinstance(ended, SystemExit):
+        how = f"exited with status {ended.code if isinstance(ended.code, int) else 1}"
+    elif isinstance(ended, KeyboardInterrupt):
+        how = "was interrupted"
+    else:
+        how = f"failed ({type(ended).__name__})"
+    print(f"fastprof run: {label}: {how} before its first step; nothing recorded", file=sys.stderr, flush=True)
 
 
 def _next_command(prof: Any, label: str) -> None:

@@ -18,6 +18,7 @@ without windows.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import queue
@@ -25,7 +26,7 @@ import string
 import threading
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -238,6 +239,23 @@ def _memory_timeline(tp: Any, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def _kineto_quiet(on: bool) -> Iterator[None]:
+    """Kineto's log level at its warnings-off setting while a window starts:
+    Kineto reads ``KINETO_LOG_LEVEL`` once, when the process's first
+    profiler starts, and keeps it; the variable is gone again once started,
+    so the job's environment (and its children's) stays its own. A level
+    the user set wins."""
+    if not on or "KINETO_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["KINETO_LOG_LEVEL"] = "6"
+    try:
+        yield
+    finally:
+        os.environ.pop("KINETO_LOG_LEVEL", None)
+
+
 def _another_profiler_active() -> bool:
     import torch
 
@@ -294,6 +312,11 @@ class WindowDriver:
         self._saved: list[WindowRecord] = []
         self._exporter: threading.Thread | None = None
         self._lock = threading.Lock()
+        #: Keep Kineto's own log lines (each window's start and stop, and on
+        #: a machine without a GPU an ERROR "gpuGetDeviceCount failed") out
+        #: of the job's stderr: ``fastprof run``'s windows, in a script that
+        #: asked for none. See :func:`_kineto_quiet`.
+        self.quiet_kineto = False
 
     # -------------------------------------------------------------- setup
 
@@ -393,7 +416,8 @@ class WindowDriver:
                     first_step=step, last_step=step, epoch=epoch, active_steps=int(action is not Action.WARMUP)
                 )
                 self._step = step
-                tp.start()
+                with _kineto_quiet(self.quiet_kineto):
+                    tp.start()
                 self._tp = tp
         except Exception as e:  # noqa: BLE001 - torch.profiler must never take training down
             self._fail("start", e)
