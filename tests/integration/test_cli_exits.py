@@ -141,6 +141,7 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("demo", "-o", "{out}", "--workers", "-1"), "--workers"),
     (("demo", "-o", "{out}", "--batch-size", "1e308"), "--batch-size"),
     (("demo", "-o", "{out}", "--device", "foo"), "--device"),
+    (("demo", "-o", "{notjson}/runs", "--steps", "2"), "--out-dir"),  # trained unrecorded, then an AssertionError
     # run: its own flags (the script's exit status is Python's: 2 for a script it cannot open)
     (("run", "-o", "{out}", "--sample-hz", "nan", "x.py"), "--sample-hz"),
     (("run", "-o", "{out}", "--sample-hz", "1e308", "x.py"), "--sample-hz"),

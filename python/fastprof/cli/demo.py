@@ -12,6 +12,7 @@ import os
 import shlex
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import fastprof
@@ -51,6 +52,19 @@ def add_parser(verbs: Any) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the trace location")
     p.set_defaults(run=run)
+
+
+def check_out_dir(out: Path) -> None:
+    """The demo's whole point is what it records: an out_dir where no run
+    directory can be made is bad input (exit 2) before training, not a demo
+    that trains unrecorded (a Profiler never takes a job down: it warns)."""
+    base = out
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise CommandError(f"--out-dir {out}: {base} is not a directory; give a directory to record in", 2)
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise CommandError(f"--out-dir {out}: {base} is not writable; give a directory to record in", 2)
 
 
 def resolve_device(name: str | None) -> Any:
@@ -167,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         schedule=schedule_for(per_epoch),
         torch=fastprof.TorchWindows(record_shapes=True),
     )
+    check_out_dir(prof.run_dir.parent)
     if not args.quiet:
         print(
             f"fastprof demo: {EPOCHS} epochs x {per_epoch} steps of a small CNN on {device}, "
@@ -178,10 +193,12 @@ def run(args: argparse.Namespace) -> int:
         fastprof.instant("train_end")
     stats = prof.recorder.stats
     trace = prof.trace_path
+    if stats is None:
+        # The run directory could not be written after all (the warning above says why).
+        raise CommandError(f"{prof.run_dir}: nothing recorded", exit_code=1)
     if args.quiet:
         print(trace)
         return 0
-    assert stats is not None
     print(f"\nrecorded {stats.events_written} events ({stats.dropped} dropped) in {prof.rank_dir}")
     for wdw in prof.windows:
         if wdw["saved"]:
