@@ -34,8 +34,11 @@ storms aborted jobs, kineto#1408):
   thread every ``poll_s`` seconds, never by the training thread; a flight
   dump is written by a thread of its own (the core releases the GIL).
 * A capture is a torch.profiler window of ``steps`` steps that begins at a
-  step boundary (the schedule's action for those steps is overridden; a
-  capture that would overlap the schedule's own window is folded into it).
+  step boundary. The Profiler's action plan (:mod:`fastprof.profiler.plan`)
+  merges it with the schedule: its steps are recorded whatever the schedule
+  says, and a capture that meets the schedule's own window shares it (one
+  window, one file, saved where the later of the two ends; its record says
+  ``with_schedule_window``), so torch never sees a window go back to warm-up.
   Under ``torch.distributed`` the rank that got the request posts it to the
   process group's store with a start step ``lead`` steps ahead (enough for
   every rank's poller to see it: two polls' worth of the measured step
@@ -325,6 +328,8 @@ class _Capture:
     late_by: int = 0
     status: str = "armed"
     window: Any = None  # the torch window's WindowRecord once it ran
+    with_schedule: bool = False  # that window was the schedule's too
+    ended_early: bool = False  # the run ended while it ran
 
     @property
     def last(self) -> int:
@@ -425,10 +430,17 @@ class TriggerDriver:
             self._thread.join(timeout=5.0)
         for t in self._dump_threads:
             t.join(timeout=10.0)
-        if self.pending is not None and self.pending.status == "armed":
-            self.pending.status = "not started: the run ended first"
-            self.captures.append(self.pending)
-            self.pending = None
+        c, self.pending = self.pending, None
+        if c is not None and c.status == "armed":
+            c.status = "not started: the run ended first"
+            self.captures.append(c)
+        elif c is not None:
+            # Running when the run ended: its window was stopped and saved
+            # with the steps it had (the window says which).
+            c.status = "done"
+            c.ended_early = True
+            self._take_window(c)
+            self.captures.append(c)
         self._write_state()
 
     def summary(self) -> dict[str, Any]:
@@ -455,6 +467,10 @@ class TriggerDriver:
         }
         if c.late_by:
             d["late_by_steps"] = c.late_by
+        if c.with_schedule:
+            d["with_schedule_window"] = True
+        if c.ended_early:
+            d["ended_early"] = "the run ended while it ran (its window holds the steps it had)"
         if c.window is not None:
             d["window"] = c.window.to_dict()
         return d
@@ -654,12 +670,13 @@ class TriggerDriver:
 
     # ------------------------------------------------------- step boundary
 
-    def quiet_limit(self, batch: int) -> int | None:
-        """Steps after ``batch`` that may run without Python: none while a
-        capture is armed (its start must be seen)."""
-        if self.pending is not None:
-            return max(0, self.pending.start - batch - 1)
-        return None
+    def capture_steps(self) -> tuple[int, int] | None:
+        """The (first, last) steps of the capture armed or running, None
+        without one: the Profiler's action plan (fastprof.profiler.plan)
+        merges them with the schedule's windows, and keeps the step loop
+        asking at the first."""
+        c = self.pending
+        return None if c is None else (c.start, c.last)
 
     def on_boundary(self, batch: int, epoch: int) -> None:
         """At a step's begin, when the core's flag was set: take the requests
@@ -793,37 +810,32 @@ class TriggerDriver:
             return 10
         return max(2, min(_MAX_LEAD, math.ceil(2.0 * float(self.cfg.poll_s) * 1e9 / med) + 1))
 
-    def action_for(self, batch: int, scheduled: Any) -> Any:
-        """The action of step ``batch``: a capture's steps override a quiet
-        schedule; a capture meeting the schedule's own window is folded into it."""
-        from fastprof.profiler.schedule import Action
-
+    def on_step_end(self, batch: int, closed: bool, with_schedule: bool) -> None:
+        """Step ``batch`` ended (the Profiler's action plan records every
+        step of the capture from its first): the first makes the capture
+        running; the step that closed its window (``closed``: saved, or
+        left by the schedule) makes it done, with that window
+        (``with_schedule``: one the schedule's own window shared)."""
         c = self.pending
         if c is None or batch < c.start:
-            return scheduled
-        if scheduled not in (Action.WAIT, Action.SKIP_FIRST, Action.DISABLED):
-            c.status = "folded into the schedule's window"
-            self.captures.append(c)
-            self.pending = None
-            self._write_state()
-            return scheduled
-        if c.status == "armed":
-            c.status = "running"
-        return Action.ACTIVE_AND_SAVE if batch >= c.last else Action.ACTIVE
-
-    def on_step_end(self, batch: int) -> None:
-        """A step ended: a capture's last step ends the capture."""
-        c = self.pending
-        if c is None or c.status != "running" or batch < c.last:
+            return
+        c.status = "running"
+        if not closed:
             return
         self.pending = None
         c.status = "done"
-        d = self.prof._driver
-        if d is not None and d.windows:
-            c.window = d.windows[-1]
+        c.with_schedule = with_schedule
+        self._take_window(c)
         self.captures.append(c)
         _core._anomaly_hold(max(10, 2 * c.steps))
         self._write_state()
+
+    def _take_window(self, c: _Capture) -> None:
+        """The torch window that holds capture ``c``: the driver's last, when
+        it reached the capture's first step (not an earlier one: torch failed)."""
+        d = self.prof._driver
+        if d is not None and d.windows and d.windows[-1].last_step >= c.start:
+            c.window = d.windows[-1]
 
     # ---------------------------------------------------------- flight dump
 

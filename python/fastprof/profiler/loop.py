@@ -80,6 +80,7 @@ from fastprof.memory.step_stats import StepMemory
 from fastprof.profiler import exits as _exits
 from fastprof.profiler import outputs as _outputs
 from fastprof.profiler.options import _BY_NAME, OPTIONS
+from fastprof.profiler.plan import ActionPlan
 from fastprof.profiler.schedule import Action, Schedule
 from fastprof.profiler.torch_windows import TorchWindows, WindowDriver
 
@@ -238,6 +239,7 @@ class Profiler:
         # a torch window or the recorder's gate.
         self._steps: Any = None
         self._action = Action.WAIT
+        self._plan = ActionPlan()
         self._opt_handle: Any = None
         self._paused_by_gate = False
         self._loader_names: dict[str, _LoaderNames] = {}
@@ -298,7 +300,8 @@ class Profiler:
 
     @property
     def action(self) -> Action:
-        """The schedule's action for the current step."""
+        """The current step's action: the schedule's, merged with a
+        triggered capture's (see :mod:`fastprof.profiler.plan`)."""
         return self._action
 
     @property
@@ -607,13 +610,16 @@ class Profiler:
         if self._state == "stopped":  # closed from inside the step loop (see _close)
             return _ACTION_LEVEL[self._action], self._action.value, 0, False
         self._begun = {"batch": batch, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "train_passes": self._passes}
-        action = self.schedule.at(batch, epoch, batch_in_epoch, epoch_len)
+        scheduled = self.schedule.at(batch, epoch, batch_in_epoch, epoch_len)
         t = self._triggers
+        capture = None
         if t is not None:
             if _core._attention_take():
                 t.on_boundary(batch, epoch)
-            if t.pending is not None:
-                action = t.action_for(batch, action)
+            capture = t.capture_steps()
+        # The schedule's action merged with a capture's, in the one order a
+        # torch.profiler window takes (see fastprof.profiler.plan).
+        action = self._plan.action(batch, scheduled, capture)
         self._action = action
         if self.gate_spans:
             gate = action not in (Action.WARMUP, Action.ACTIVE, Action.ACTIVE_AND_SAVE)
@@ -640,10 +646,7 @@ class Profiler:
                 due = True
         quiet = 0
         if action in _QUIET and (d is None or not d.live):
-            quiet = self.schedule.quiet_steps(batch, epoch, batch_in_epoch, epoch_len)
-            limit = None if t is None else t.quiet_limit(batch)
-            if limit is not None:
-                quiet = min(quiet, limit)
+            quiet = self._plan.quiet(batch, self.schedule.quiet_steps(batch, epoch, batch_in_epoch, epoch_len), capture)
         return _ACTION_LEVEL[action], action.value, quiet, due
 
     def _on_end_annotation(self) -> None:
@@ -653,10 +656,11 @@ class Profiler:
             self._driver.end_annotation()
 
     def _on_end(self, epoch: int, batch: int, batch_in_epoch: int) -> None:
+        closed = self._plan.end(batch, self._action)
         if self._driver is not None and self._state != "stopped":
             self._driver.end(self._action, epoch, batch, batch_in_epoch)
         if self._triggers is not None and self._state != "stopped":
-            self._triggers.on_step_end(batch)
+            self._triggers.on_step_end(batch, closed, self._plan.with_schedule)
         if self._history is not None and self._state != "stopped":
             self._history.end(self._action.saves, self._history_path(epoch, batch, batch_in_epoch), batch)
 

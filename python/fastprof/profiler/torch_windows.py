@@ -55,6 +55,13 @@ EXPORT_DELAY_ENV = "FASTPROF_TEST_EXPORT_DELAY_S"
 #: The variables that change from window to window.
 _STEP_VARIABLES = frozenset({"epoch", "batch", "batch_in_epoch"})
 _RECORDS = (Action.WARMUP, Action.ACTIVE, Action.ACTIVE_AND_SAVE)
+#: The steps a live profiler object takes after each: warm-up, then recorded
+#: steps, then the one that saves, after which the object is stopped (see
+#: fastprof.profiler.plan, which hands out no other order).
+_GOES_TO = {
+    Action.WARMUP: frozenset(_RECORDS),
+    Action.ACTIVE: frozenset((Action.ACTIVE, Action.ACTIVE_AND_SAVE)),
+}
 _MEMORY_TIMELINE = ("html", "json")
 
 
@@ -305,6 +312,8 @@ class WindowDriver:
         self.errors: list[str] = []
         self._tp: Any = None
         self._window: WindowRecord | None = None
+        self._action = Action.WAIT  # the live window's action at its last step
+        self._stopping: Any = None  # the profiler object being stopped (its trace may be taken)
         self._next: Any = None
         self._step = -1
         self._save_vars: dict[str, Any] = dict(variables)
@@ -369,14 +378,16 @@ class WindowDriver:
 
     def begin(self, action: Action, step: int, epoch: int) -> None:
         """A step begins: start a window at its first step, step torch through
-        it, or stop it when the schedule left it (a window cut short)."""
+        it, or stop it when the schedule left it (a window cut short) or the
+        step is not one torch takes next in it (then another begins here)."""
         if self.failed is not None and self._tp is None:
             return  # no new window after a failure (a window still open runs to its end)
         if self._tp is not None:
-            if action not in _RECORDS:
-                self._stop()
-            elif step != self._step:
+            if step == self._step and action in _RECORDS:
+                return  # this step was begun already
+            if action in _GOES_TO.get(self._action, ()):
                 self._step = step
+                self._action = action
                 if self._window is not None and action is not Action.WARMUP:
                     self._window.active_steps += 1
                 self._next = to_torch(action)
@@ -384,7 +395,14 @@ class WindowDriver:
                     self._tp.step()
                 except Exception as e:  # noqa: BLE001 - torch.profiler must never take training down
                     self._fail("step", e)
-            return
+                return
+            # Left by the schedule, or a step this profiler object must not
+            # take (torch rejects RECORD followed by WARMUP, and would hand
+            # out a saved trace while the same object records on): the
+            # window ends here, and another may begin at this step.
+            self._stop()
+            if self.failed is not None:
+                return
         if action not in _RECORDS:
             return
         import torch.profiler as tprof
@@ -416,6 +434,7 @@ class WindowDriver:
                     first_step=step, last_step=step, epoch=epoch, active_steps=int(action is not Action.WARMUP)
                 )
                 self._step = step
+                self._action = action
                 with _kineto_quiet(self.quiet_kineto):
                     tp.start()
                 self._tp = tp
@@ -458,6 +477,7 @@ class WindowDriver:
         if tp is None or window is None:
             return
         t0 = time.perf_counter()
+        self._stopping = tp
         try:
             with _core.span("torch.window.stop", step=window.last_step):
                 tp.stop()
@@ -465,7 +485,7 @@ class WindowDriver:
             self._fail("stop", e)
             return
         finally:
-            self._tp = self._window = None
+            self._tp = self._window = self._stopping = None
         window.stop_stall_s = time.perf_counter() - t0
         if window.path is None:
             window.error = "ended before its active steps (torch discards a warmup)"
@@ -480,9 +500,11 @@ class WindowDriver:
 
     def _ready(self, tp: Any) -> None:
         # On the training thread, inside tp.stop(): hand the finished profile
-        # to the exporter thread and return.
+        # to the exporter thread and return. Only there: a trace torch hands
+        # out at any other moment (inside step()) belongs to an object that
+        # records on, and exporting it meanwhile crashes the process.
         window = self._window
-        if window is None or window.active_steps == 0:
+        if tp is not self._stopping or window is None or window.active_steps == 0:
             return  # a warmup cut short: torch's trace holds nothing of ours
         path = self.cfg.path_for(self.run_dir, {**self.variables, **self._save_vars})
         window.path = str(path)
