@@ -41,6 +41,7 @@ __all__ = [
     "ClockSync",
     "DistInfo",
     "apply_to_recorder",
+    "default_store",
     "dist_info",
     "drift_ppm",
     "sync_clocks",
@@ -76,6 +77,19 @@ def _initialized() -> Any:
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
     return dist
+
+
+def default_store() -> Any:
+    """The default process group's key-value store (what rank 0 shares with
+    the other ranks through, without a collective), or None without one."""
+    if _initialized() is None:
+        return None
+    try:
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - a group without a store (or one torn down)
+        return None
 
 
 def dist_info(env: Mapping[str, str] | None = None) -> DistInfo:

@@ -208,7 +208,8 @@ OPTIONS: tuple[Option, ...] = (
         None,
         ("FASTPROF_RUN_NAME",),
         "a plain directory name (format variables allowed)",
-        "The run directory's name; every rank of a job must agree on it.",
+        "The run directory's name; every rank of a job must agree on it. When an earlier run holds it, "
+        "this run takes `<run_name>-2` (`-3`, ...) and says so on stderr (see `resume`).",
         "`run-<timestamp>` (torchrun: `run-<run id>`)",
         _str,
     ),
@@ -222,6 +223,17 @@ OPTIONS: tuple[Option, ...] = (
         "0",
         _int,
         _between(0, U32_MAX - 1),
+    ),
+    Option(
+        "resume",
+        "bool",
+        False,
+        ("FASTPROF_RESUME",),
+        "a boolean (1/0, true/false, yes/no, on/off)",
+        "Append to an earlier run of the same `run_name` (a job restarted after preemption) instead of "
+        "recording in `<run_name>-2`; the report shows the time between the runs as idle.",
+        "off (a new `<run_name>-N`)",
+        _bool,
     ),
     Option(
         "buffer_size",
@@ -462,6 +474,8 @@ class Options:
     local_rank: int
     local_world_size: int
     node_rank: int
+    #: Append to an earlier run of the same name instead of taking a new ``<run_name>-N``.
+    resume: bool
     buffer_size: int
     flush_interval: float
     segment_size: int

@@ -10,19 +10,22 @@ record into it."""
 from __future__ import annotations
 
 import atexit
+import contextlib
+import dataclasses
 import json
 import os
 import sys
 import textwrap
 import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fastprof import _core
+from fastprof import _core, _rundir
 from fastprof._dist import _initialized as _process_group
 from fastprof._gpu import inventory
 from fastprof._options import Options, resolve
@@ -93,6 +96,7 @@ class Recorder:
         run_name: str | None = None,
         *,
         rank: int | None = None,
+        resume: bool | None = None,
         buffer_size: int | str | None = None,
         flush_interval: float | None = None,
         segment_size: int | str | None = None,
@@ -121,12 +125,18 @@ class Recorder:
         self._trace_dir: Path | None = None
         #: fastprof run's recorder, when this one joined it (see :meth:`start`).
         self._host: Recorder | None = None
+        #: The run directory's choice (see :meth:`_choose_run_dir`), made once per Recorder.
+        self._choice: _rundir.Choice | None = None
+        #: Seconds this rank recorded nothing before a resumed recording (None: not resumed).
+        self._resume_gap_s: float | None = None
         #: Extra keys for the trace's ``otherData`` (set before :meth:`start`);
         #: a ``"distributedInfo"`` entry is written at the top level, as Kineto does.
         self.metadata: dict[str, Any] = {}
 
     @property
     def run_dir(self) -> Path:
+        """``<out_dir>/<run_name>``; from :meth:`start` on, the directory this
+        run took (``<run_name>-2`` when an earlier run held the name)."""
         return self.options.run_dir
 
     @property
@@ -159,6 +169,7 @@ class Recorder:
         host = _run_host
         if host is not None and host is not self and host.active and os.getpid() == host._pid and not self._started:
             return self._join(host)
+        self._choose_run_dir()
         o = self.options
         extra: dict[str, Any] = {**self.metadata, "out_dir": str(o.out_dir), "local_world_size": o.local_world_size}
         if o.sample_hz and o.sample_gpus != []:
@@ -167,7 +178,7 @@ class Recorder:
         extra["host_sampler"] = o.host_sampler if o.sample_hz else None
         # Written top-level as Kineto writes it, so that HTA finds the rank.
         extra.setdefault("distributedInfo", _distributed_info(o.rank, o.world_size))
-        with _lock:
+        with _lock, self._released_if_not_started():
             self._session = _core.Session(
                 str(self.trace_dir),
                 o.run_name,
@@ -202,10 +213,44 @@ class Recorder:
             for notice in self._session.take_notices():
                 warnings.warn(f"fastprof: {notice}", _core.FastprofWarning, stacklevel=2)
             _current = self
+            if self._resume_gap_s is not None:
+                # On the timeline and in the report: the time before this
+                # recording that belongs to no step.
+                _core.counter(_rundir.RESUME_GAP, self._resume_gap_s)
+                self._resume_gap_s = None
             if not _atexit_registered:
                 atexit.register(_stop_at_exit)
                 _atexit_registered = True
         return self
+
+    def _choose_run_dir(self) -> None:
+        """Take the run directory, once per Recorder (a restart of the same
+        Recorder continues its own run): ``run_name``, or ``<run_name>-N``
+        when an earlier run holds it, unless ``resume`` (see
+        :mod:`fastprof._rundir`). A Recorder whose trace_dir was set (a
+        DataLoader worker's) records where it was told."""
+        if self._choice is not None or self._trace_dir is not None:
+            return
+        o = self.options
+        choice = _rundir.choose(o.out_dir, o.run_name, o.rank, o.world_size, o.local_world_size, o.resume)
+        self._choice = choice
+        if choice.run_name != o.run_name:
+            self.options = dataclasses.replace(o, run_name=choice.run_name)
+        if choice.resumed is not None:
+            self.metadata["resumed"] = choice.resumed
+            self._resume_gap_s = float(choice.resumed["idle_s"])
+
+    @contextlib.contextmanager
+    def _released_if_not_started(self) -> Iterator[None]:
+        """A start that fails before recording leaves the run directory free
+        for the next run (its claim undone, see :func:`fastprof._rundir.release`)."""
+        try:
+            yield
+        except BaseException:
+            if not self._started and self._choice is not None:
+                _rundir.release(self._choice)
+                self._choice = None
+            raise
 
     def _join(self, host: Recorder) -> Recorder:
         """Under ``fastprof run``: the script's own Recorder records into the

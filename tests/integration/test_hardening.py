@@ -103,6 +103,8 @@ def test_processes_sharing_a_rank_directory_lose_nothing(pyscript, tmp_path, tra
     script = pyscript.write(PROCESS, "proc.py")
     n, procs = 3000, 6
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FASTPROF_", "RANK"))}
+    # Sharing on purpose (without it, each process would take its own shared-N).
+    env["FASTPROF_RESUME"] = "1"
     children = [
         subprocess.Popen(
             [sys.executable, str(script), str(tmp_path / "runs"), str(k), str(n)],

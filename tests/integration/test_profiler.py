@@ -271,13 +271,17 @@ def test_overwrite_protection_and_retention(tmp_path: Path) -> None:
     # Three windows saved (steps 0, 1, 2); retention deleted the oldest.
     assert sorted(p.name for p in folder.iterdir()) == ["ep0-ba1.pt.trace.json.gz", "ep0-ba2.pt.trace.json.gz"]
     assert [w["deleted"] for w in prof.windows] == [True, False, False]
-    # A second run into the same folder: refused before training, naming it.
-    again = fastprof.Profiler(out_dir=tmp_path, run_name="run", schedule=sched)
+    # A second run resumed into the same folder: refused before training, naming it.
+    again = fastprof.Profiler(out_dir=tmp_path, run_name="run", schedule=sched, resume=True)
     with pytest.raises(ConfigError, match=r"rank0/torch already holds 2 torch trace"):
         again.start()
     assert not fastprof.is_active()
     with fastprof.Profiler(
-        out_dir=tmp_path, run_name="run", schedule=sched, torch=TorchWindows(overwrite=True, folder="rank{rank}/t2")
+        out_dir=tmp_path,
+        run_name="run",
+        schedule=sched,
+        torch=TorchWindows(overwrite=True, folder="rank{rank}/t2"),
+        resume=True,
     ) as prof2:
         _train(prof2, epochs=1, batches=2)
     assert len(list((tmp_path / "run" / "rank0" / "t2").iterdir())) == 2

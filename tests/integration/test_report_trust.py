@@ -169,8 +169,8 @@ def test_a_failed_report_leaves_no_reports_folder(tmp_path: Path) -> None:
     (line,) = p.stderr.strip().splitlines()
     assert f"{run / 'reports'}: File too large (nothing written)" in line
     # Not an empty or half-written reports/ (report.json and the CSVs fit
-    # under the limit), and no temporary left behind.
-    assert sorted(x.name for x in run.iterdir()) == ["rank0"]
+    # under the limit), and no temporary left behind (the run's claim is the recorder's).
+    assert sorted(x.name for x in run.iterdir()) == [".fastprof-run", "rank0"]
 
     # Over an earlier complete report: that one stays as it was.
     fastprof.report(run)
@@ -179,7 +179,7 @@ def test_a_failed_report_leaves_no_reports_folder(tmp_path: Path) -> None:
     assert p.returncode == 1, p.stderr
     assert "left as it was" in p.stderr
     assert {f.name: f.read_bytes() for f in (run / "reports").iterdir()} == before
-    assert sorted(x.name for x in run.iterdir()) == ["rank0", "reports"]
+    assert sorted(x.name for x in run.iterdir()) == [".fastprof-run", "rank0", "reports"]
 
 
 @pytest.fixture(scope="module")

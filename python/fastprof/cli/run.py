@@ -9,6 +9,7 @@ Examples:
   fastprof run train.py --epochs 3
   fastprof run -o runs --run-name baseline -m mypkg.train --lr 0.1
   fastprof run --schedule epoch:warmup=1,active=4 train.py     # with a torch.profiler window
+  fastprof run --run-name baseline --resume train.py           # a restarted job appends to its run
   torchrun --nproc-per-node 2 -m fastprof run train.py      # every rank in one run directory
 
 Long-run defaults: no fixed torch.profiler window (schedule "never": a fixed
@@ -53,7 +54,15 @@ def add_parser(verbs: Any) -> None:
         "--run-name",
         default=None,
         help="run directory name (default: run-<timestamp>; torchrun: run-<rdzv id>, or from the torchrun agent "
-        "when the id is 'none' on one node; give one across nodes)",
+        "when the id is 'none' on one node; give one across nodes); when an earlier run holds it, this run "
+        "records in NAME-2 (-3, ...)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        default=None,
+        help="append to an earlier run of the same --run-name (a job restarted after preemption) instead of "
+        "taking NAME-2; the report shows the time between them as idle (FASTPROF_RESUME=1)",
     )
     p.add_argument(
         "--sample-hz", type=option("sample_hz"), default=None, help="sampler ticks per second, 0 = off (default: 10)"
@@ -90,6 +99,8 @@ def _profiler_options(args: argparse.Namespace) -> dict[str, Any]:
     out_dir = os.path.abspath(os.fspath(_value(BY_NAME["out_dir"], args.out_dir, env)))
     run_name = args.run_name if args.run_name is not None else _torchrun_run_name(env)
     kw: dict[str, Any] = {"out_dir": out_dir, "run_name": run_name, "sample_hz": args.sample_hz}
+    if args.resume:
+        kw["resume"] = True
     if args.schedule is not None:
         kw["schedule"] = args.schedule
     if args.torch_window is False:

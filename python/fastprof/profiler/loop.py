@@ -335,6 +335,10 @@ class Profiler:
         setup and sanity checks are no step; with none, the run has no steps."""
         if self._state != "new":
             raise ConfigError("a Profiler runs once; make a new one for another run")
+        if self._owns_recorder:
+            # First: the run directory (a suffixed one when an earlier run
+            # holds the name) is what the windows and memory files go under.
+            self.recorder._choose_run_dir()
         variables = self._variables()
         try:
             if self.torch_windows is not None:
