@@ -1,7 +1,7 @@
 """Which run directory a run takes (``fastprof._rundir``): a second run under
 the same run name records in ``<run_name>-2`` (said on stderr) instead of
 appending to the first; ``resume=True`` / ``FASTPROF_RESUME=1`` appends on
-purpose, and the resumed recording says how long its rank was idle.
+purpose and the report shows the time between the runs as idle.
 
 Real processes throughout: the same script run twice, processes started at
 the same instant, ``fastprof run`` twice, DataLoader workers, and a real
@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import fastprof
+from fastprof.reports import SCHEMA_PATH
 
 RECORDER = """
 import sys, fastprof
@@ -208,6 +209,46 @@ print(prof.run_dir)
 
 def _events(path: Path) -> list[dict[str, Any]]:
     return list(json.loads(gzip.decompress(path.read_bytes()))["traceEvents"])
+
+
+def test_report_of_a_resumed_run_shows_the_idle_time(pyscript, tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    script = pyscript.write(PROFILER)
+    out = tmp_path / "runs"
+    for k in range(3):
+        if k:
+            time.sleep(0.5)  # idle between the runs: longer than any step
+        _py(script, str(out), env=_env(**({"FASTPROF_RESUME": "1"} if k else {})))
+    assert _runs(out) == ["exp"]
+    run = out / "exp"
+    # The unified trace holds the three runs' steps (rank 0's done marker of an
+    # earlier run did not stand in for the resumed one's), none across a gap.
+    doc = json.loads(gzip.decompress((run / "trace.json.gz").read_bytes()))
+    base = int(doc["baseTimeNanoseconds"])
+    steps = sorted(
+        (base + round(e["ts"] * 1000), base + round((e["ts"] + e["dur"]) * 1000))
+        for e in doc["traceEvents"]
+        if e.get("ph") == "X" and e["name"] == "step"
+    )
+    assert len(steps) == 15
+    rep = fastprof.report(run, formats=("json",))
+    schema = json.loads(SCHEMA_PATH.read_text())
+    jsonschema.validate(json.loads((run / "reports" / "report.json").read_text()), schema)
+    idle = rep["source"]["resumed"]
+    assert [e["rank"] for e in idle] == [0, 0]
+    # mtime comes from the kernel's coarse clock: up to a tick behind the recorder's.
+    coarse = 20_000_000
+    for e, (before, after) in zip(idle, [(4, 5), (9, 10)], strict=True):
+        # Each stretch lies between one run's last step and the next run's first:
+        # idle time, longer than any step, and no step holds it.
+        assert steps[before][1] <= e["start_ns"] + coarse and e["end_ns"] <= steps[after][0], (e, steps)
+        assert e["seconds"] == pytest.approx((e["end_ns"] - e["start_ns"]) / 1e9)
+        assert e["seconds"] > rep["speed"]["step_time"]["max_s"], (e, rep["speed"]["step_time"])
+    # % wall leaves the idle time out.
+    (row,) = [r for r in rep["time"]["rows"] if r["name"] == "step"]
+    wall = rep["wall"]["duration_s"] - sum(e["seconds"] for e in idle)
+    assert row["count"] == 15
+    assert row["pct_wall"] == pytest.approx(100 * row["total_s"] / wall, rel=1e-6)
 
 
 # ---------------------------------------------------- fastprof run, workers

@@ -29,6 +29,7 @@ from fastprof._merge import describe_rotated
 from fastprof.reports import html_triggers
 from fastprof.reports.data import _CHUNK, F64, HOST_COLUMNS, I64, RunData, host_rows, human_bytes, step_spans
 from fastprof.reports.finite import encode
+from fastprof.reports.resumed import describe as describe_resumed
 
 MAX_POINTS = 2000
 #: Per-step parts beyond this many span names are summed into "other spans".
@@ -377,6 +378,9 @@ def _counters(page: _Page, doc: dict[str, Any], data: RunData) -> None:
                 reduced += len(x) < len(ts)
                 label = n if len(data.ranks) == 1 else f"rank {r} {n}"
                 fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=label))
+        for idle in doc["source"].get("resumed") or []:
+            # A resumed run: nothing was recorded there (the line only joins its ends).
+            fig.add_vrect(x0=idle["start_s"], x1=idle["end_s"], fillcolor="#d0d7de", opacity=0.5, line_width=0)
         if fig.data:
             page.plot(fig)
             drawn += 1
@@ -679,6 +683,8 @@ def _render(doc: dict[str, Any], data: RunData, link_from: Path | None) -> list[
         page.note("warning: " + w)
     for gone in src.get("rotated") or []:
         page.note("rotated away: " + describe_rotated(gone, "the report wall time"))
+    for idle in src.get("resumed") or []:
+        page.note("resumed: " + describe_resumed(idle))
     _headline(page, doc, data)
     _recommendations(page, doc)
     _step_times(page, doc, data)

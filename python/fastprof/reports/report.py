@@ -23,6 +23,7 @@ from fastprof.reports.finite import encode, report_warning
 from fastprof.reports.memory import memory_report
 from fastprof.reports.ranks import ranks_report
 from fastprof.reports.recommendations import recommend
+from fastprof.reports.resumed import resumed_report
 from fastprof.reports.rotation import rotation_report
 from fastprof.reports.speed import speed_report
 from fastprof.reports.system import system_report
@@ -159,6 +160,7 @@ def _build_from(
             "ranks": data.ranks,
             "warnings": list(data.cols.warnings),
             "rotated": rotation_report(data),
+            "resumed": resumed_report(data),
         },
         "wall": {"start_ns": w0, "end_ns": w1, "duration_s": (w1 - w0) / 1e9},
         "time": t,

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from fastprof._merge import describe_rotated
 from fastprof.reports.data import HOST_COLUMNS, host_rows, human_bytes
+from fastprof.reports.resumed import describe as describe_resumed
 
 
 def _s(v: Any, fmt: str = "{:.4f}") -> str:
@@ -21,6 +22,8 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None, title: 
     con.print(f"[bold]{title}[/bold] {src['path']}  ranks {src['ranks']}  wall {doc['wall']['duration_s']:.3f} s")
     for e in src.get("rotated") or []:
         con.print(f"[yellow]rotated away:[/yellow] {describe_rotated(e, 'the report wall time')}", markup=True)
+    for e in src.get("resumed") or []:
+        con.print(f"[yellow]resumed:[/yellow] {describe_resumed(e)}", markup=True)
 
     rows = doc["time"]["rows"]
     t = Table(title="Time (seconds)" + (" - every span" if doc["time"]["verbose"] else " - training loop"))

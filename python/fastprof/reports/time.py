@@ -15,6 +15,7 @@ import numpy as np
 
 from fastprof.reports.data import KINETO_CATEGORIES as _KINETO_CATS
 from fastprof.reports.data import RunData, grouped_quantiles
+from fastprof.reports.resumed import idle_ns
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+|\*)$")
 _MODEL = re.compile(r"(forward|backward|optimizer|zero_grad|training_step|loss)", re.IGNORECASE)
@@ -85,12 +86,14 @@ def time_report(data: RunData, verbose: bool = False) -> dict[str, Any]:
             kin_any = np.maximum.reduceat(kin.astype(np.int8), starts)
             rank = key[starts] // width - 1
             nid = key[starts] % width
+            # A resumed run's idle stretches are not the rank's time.
             walls = {r: data.wall(r) for r in data.ranks}
+            idle = {r: idle_ns(data, r, w) for r, w in walls.items()}
             for g in range(len(starts)):
                 r = int(rank[g])
                 name = "ProfilerStep#*" if star is not None and nid[g] == star else names[int(nid[g])]
                 w0, w1 = walls.get(r, (0, 0))
-                wall = max(w1 - w0, 1)
+                wall = max(w1 - w0 - idle.get(r, 0), 1)
                 rows.append(
                     {
                         "rank": r,
