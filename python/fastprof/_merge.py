@@ -73,13 +73,15 @@ def merge(
 def describe_rotated(e: Mapping[str, Any], timeline: str) -> str:
     """One line for a rank's deletions, as the report and the merge print
     them; ``start_s``/``end_s`` are seconds from the start of ``timeline``."""
-    text = (
-        f"rank {e['rank']}: the disk cap deleted {e['segments']} segment(s) "
-        f"({e['bytes'] / 1e6:.1f} MB, {e['events']} events) while recording"
-    )
-    if e.get("start_s") is not None and e.get("end_s") is not None:
+    parts = []
+    if e["segments"] or not e.get("files"):
+        parts.append(f"{e['segments']} segment(s) ({e['bytes'] / 1e6:.1f} MB, {e['events']} events)")
+    if e.get("files"):
+        parts.append(f"{e['files']} flight dump(s) and torch window(s) ({e.get('files_bytes', 0) / 1e6:.1f} MB)")
+    text = f"rank {e['rank']}: the disk cap deleted {' and '.join(parts)} while recording"
+    if e["segments"] and e.get("start_s") is not None and e.get("end_s") is not None:
         text += (
-            f"; the time they held, {e['start_s']:+.3f} s to {e['end_s']:+.3f} s from the start of "
+            f"; the time the segments held, {e['start_s']:+.3f} s to {e['end_s']:+.3f} s from the start of "
             f"{timeline}, is missing"
         )
     return text

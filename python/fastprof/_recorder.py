@@ -417,6 +417,23 @@ class Recorder:
         Spans still open are closed at this instant with ``args.unclosed``."""
         return self._running().dump(os.fspath(path))
 
+    def count_file(self, path: str | os.PathLike[str], kind: str = "file") -> str | None:
+        """Count ``path``, a file written for this recording outside it (the
+        Profiler's torch.profiler windows: ``kind`` "torch"), under its disk
+        cap: with ``max_disk`` set, the writer thread deletes the oldest of
+        the segments, flight dumps and such files to stay under it, and says
+        so in ``otherData.rotated``; returns why when the cap deleted this
+        file at once (larger than it leaves room for). Flight dumps
+        (:meth:`dump`) count by themselves. Never raises: a stopped
+        recording counts nothing."""
+        session = self._session
+        if session is None or not self._started:
+            return None
+        try:
+            return session.count_file(os.path.abspath(path), kind)
+        except (_core.FastprofError, OSError):
+            return None
+
     def __enter__(self) -> Recorder:
         return self.start()
 

@@ -11,6 +11,10 @@ import gzip
 import json
 import os
 import re
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +278,130 @@ def test_a_bad_cap_is_one_config_error_before_anything_starts(
     assert says in str(e.value)
     assert "\n" not in str(e.value)
     assert not (tmp_path / "bad").exists(), "nothing is created before the options are checked"
+
+
+# A job whose steps record poorly compressing instants, until told to stop
+# (a file): its segments rotate under the cap the whole time.
+CAPPED_JOB = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch, fastprof
+
+    out = sys.argv[1]
+    m = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    x = torch.randn(8, 16)
+    trig = fastprof.Triggers(poll_s=0.05, min_interval_s=0, steps=2, anomaly=False)
+    with fastprof.Profiler(out, "run", schedule="never", sync_clocks=False, triggers=trig):
+        print("ready", flush=True)
+        i = 0
+        while not os.path.exists(os.path.join(out, "stop")):
+            for k in range(20):
+                fastprof.instant("tick", i=i, noise=f"{((i * 100 + k) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFF:x}")
+            m(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(0.004)
+            i += 1
+    """
+)
+
+
+def _written(rank_dir: Path) -> int:
+    """Bytes of what the cap bounds: the segments, flight dumps and torch
+    windows under the rank directory (not its small bookkeeping: live.json,
+    triggers.json, profiler.json, the lock)."""
+    sizes: dict[int, int] = {}
+    for root, _dirs, names in os.walk(rank_dir):
+        for name in names:
+            if root == str(rank_dir) and not SEG_RE.match(name):
+                continue
+            try:
+                st = os.stat(os.path.join(root, name))
+            except FileNotFoundError:
+                continue
+            sizes[st.st_ino] = st.st_size
+    return sum(sizes.values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_flight_dumps_and_triggered_windows_count_under_the_cap(tmp_path: Path) -> None:
+    """``max_disk`` bounds everything fastprof writes for the rank, oldest
+    first: segments, the flight dumps and torch windows ``fastprof trigger``
+    asks for (the dumps were outside it, unbounded in number). What it
+    deletes is said where segment deletions are: profiler.json, the merge,
+    the report."""
+    cap = 16 * SEGMENT
+    (tmp_path / "job.py").write_text(CAPPED_JOB)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
+    env.update(
+        FASTPROF_SEGMENT_SIZE=str(SEGMENT), FASTPROF_MAX_DISK=str(cap), FASTPROF_WINDOW_SECONDS="1",
+        FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1",
+    )  # fmt: skip
+    job = subprocess.Popen(
+        [sys.executable, str(tmp_path / "job.py"), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    run = out / "run"
+    rank_dir = run / "rank0"
+    try:
+        assert job.stdout is not None and job.stdout.readline() == "ready\n", job.communicate()
+        answered: list[str] = []
+        for _ in range(4):
+            for flight in ([], ["--flight"]):
+                cli = subprocess.run(
+                    [sys.executable, "-m", "fastprof", "trigger", str(run), *flight, "--wait", "60"],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    timeout=120,
+                )
+                assert _written(rank_dir) <= cap, sorted(os.listdir(rank_dir / "flight"))
+                assert cli.returncode == 0, cli.stdout + cli.stderr
+                files = [ln.split(": ", 1)[1] for ln in cli.stdout.splitlines() if ln.startswith("  rank 0: /")]
+                assert files and all(Path(f).is_file() for f in files), cli.stdout
+                answered += [f for f in files if f not in answered]  # a flight request may get the dump just taken
+            time.sleep(1.0)  # segments keep coming: the dumps age toward the front
+        time.sleep(2.0)
+        (out / "stop").touch()
+        _out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert job.returncode == 0, err
+    assert _written(rank_dir) <= cap
+    rot = json.loads((rank_dir / "profiler.json").read_text())["rotation"]
+    assert rot["segments_deleted"] > 0 and rot["files_deleted"] > 0, rot
+    gone = [d for d in rot["deleted"] if d["kind"] in ("flight", "torch")]
+    assert len(gone) == rot["files_deleted"] and rot["files_bytes_deleted"] == sum(d["bytes"] for d in gone)
+    assert {d["kind"] for d in gone} == {"flight", "torch"}, gone
+    for d in gone:
+        assert not (rank_dir / d["file"]).exists() and str(rank_dir / d["file"]) in answered, d
+    # Oldest first: every file deleted is older than every file left.
+    left = [p for p in answered if Path(p).exists()]
+    assert answered[: len(answered) - len(left)] == [str(rank_dir / d["file"]) for d in gone]
+
+    # The merge and the report say it, as they say the segments.
+    merged = subprocess.run(
+        [sys.executable, "-m", "fastprof", "merge", str(run), "-o", str(tmp_path / "m.json.gz")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert merged.returncode == 0, merged.stderr
+    said = f"and {rot['files_deleted']} flight dump(s) and torch window(s)"
+    assert said in merged.stderr, merged.stderr
+    (r,) = _load(tmp_path / "m.json.gz")["otherData"]["rotated"]
+    assert (r["files"], r["files_bytes"]) == (rot["files_deleted"], rot["files_bytes_deleted"])
+    assert main(["report", str(run), "-o", str(tmp_path / "rep"), "-q"]) == 0
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    jsonschema.validate(rep, json.loads(SCHEMA_PATH.read_text()))
+    (rr,) = rep["source"]["rotated"]
+    assert (rr["files"], rr["files_bytes"]) == (rot["files_deleted"], rot["files_bytes_deleted"])

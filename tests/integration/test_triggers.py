@@ -12,6 +12,7 @@ import gzip
 import json
 import os
 import signal
+import stat
 import statistics
 import subprocess
 import sys
@@ -72,6 +73,8 @@ JOB = textwrap.dedent(
             opt.zero_grad()
             if mode == "raise" and i == 60:
                 raise RuntimeError("boom at step 60")
+            if mode == "oom" and i == 68:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
     with open(os.path.join(out, f"job{rank}.json"), "w") as f:
         json.dump({"usr2": state["usr2"], "steps": prof.batch}, f)
     print("finished", flush=True)
@@ -462,3 +465,117 @@ def test_fastprof_run_with_no_code_change_answers_fastprof_trigger(tmp_path: Pat
         if str(e.get("name", "")).startswith("ProfilerStep#")
     ]
     assert sorted(marks) == [cap["first_step"] + i for i in range(3)], marks
+
+
+# ------------------------------------------------- issue #23: always-on defects
+
+
+def _listed(cli: subprocess.CompletedProcess[str], rank: int = 0) -> list[str]:
+    """The files ``fastprof trigger`` answered with for ``rank``."""
+    head = f"  rank {rank}: /"
+    return [line[len(head) - 1 :] for line in cli.stdout.splitlines() if line.startswith(head)]
+
+
+def test_cli_flight_only_is_answered_as_soon_as_the_dump_lands(tmp_path: Path) -> None:
+    """``fastprof trigger --flight``: the dump is written by a thread of its
+    own; its end rewrites triggers.json, so the CLI answers with the file
+    (it waited out --wait and exited 3 when nothing else rewrote it). No
+    anomaly: a slow step's dump just before would answer it instead."""
+    proc = _start(tmp_path, "plain", 100_000, FASTPROF_TRIGGERS_ANOMALY="0")
+    run = tmp_path / "out" / "run"
+    rank0 = run / "rank0"
+    _wait_live(rank0, proc)
+    _wait_steps(rank0, 20, proc)
+    cli = _trigger(str(run), "--flight", "--wait", "40")
+    os.kill(proc.pid, signal.SIGTERM)
+    _finish(proc)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    [path] = _listed(cli)
+    assert "/flight/" in path and Path(path).is_file(), cli.stdout
+    assert any(e.get("name") == "step" for e in _trace(path)["traceEvents"])
+    [dump] = [d for d in _state(rank0)["flight_dumps"] if d["reason"] == "trigger"]
+    assert dump["path"] == path and "dump_s" in dump and not dump.get("error")
+
+
+@pytest.mark.parametrize(("mode", "reason", "step"), [("raise", "exception", 61), ("oom", "oom", 69)])
+def test_a_dump_at_an_exception_or_oom_is_named_for_the_step_it_ended(
+    tmp_path: Path, mode: str, reason: str, step: int
+) -> None:
+    """The job raises after the optimizer step of iteration ``step - 1``:
+    step ``step`` is running. Quiet steps never enter Python, so the step
+    the Profiler last saw begin (0 under the never schedule) is not it."""
+    proc = _start(tmp_path, mode, 1000)
+    rc, _out, err = _finish(proc)
+    assert rc == 1 and ("boom at step 60" if mode == "raise" else "CUDA out of memory") in err, err
+    summary = json.loads((tmp_path / "out" / "run" / "rank0" / "profiler.json").read_text())
+    [d] = [x for x in summary["triggers"]["flight_dumps"] if x["reason"] == reason]
+    assert d["step"] == step, d
+    assert Path(d["path"]).name.endswith(f"-{reason}-ba{step}.json.gz") and Path(d["path"]).is_file(), d
+    # The dump's own timeline agrees: the step before it is the newest ended in it.
+    batches = [e["args"]["batch"] for e in _trace(d["path"])["traceEvents"] if e.get("name") == "step"]
+    assert max(batches) == step - 1, sorted(batches)[-3:]
+
+
+def test_a_sigterm_dump_is_named_for_the_step_it_ended(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "plain", 100_000)
+    rank0 = tmp_path / "out" / "run" / "rank0"
+    _wait_live(rank0, proc)
+    _wait_steps(rank0, 30, proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    rc, _out, err = _finish(proc)
+    assert rc == -signal.SIGTERM, err
+    summary = json.loads((rank0 / "profiler.json").read_text())
+    [d] = [x for x in summary["triggers"]["flight_dumps"] if x["reason"] == "sigterm"]
+    batches = [e["args"]["batch"] for e in _trace(d["path"])["traceEvents"] if e.get("name") == "step"]
+    # The step running: the one after the last step ended.
+    assert d["step"] == max(batches) + 1 > 1, (d, sorted(batches)[-3:])
+    assert Path(d["path"]).name.endswith(f"-sigterm-ba{d['step']}.json.gz"), d
+
+
+def test_a_fifo_named_trigger_is_never_opened_and_later_triggers_are_answered(tmp_path: Path) -> None:
+    """A FIFO where the run's trigger file goes: opening it would block the
+    poller until someone writes into it. It is said once (named) and left
+    alone; a trigger through the rank's file is still answered."""
+    proc = _start(tmp_path, "plain", 100_000)
+    run = tmp_path / "out" / "run"
+    rank0 = run / "rank0"
+    _wait_live(rank0, proc)
+    fifo = run / "TRIGGER"
+    os.mkfifo(fifo)
+    time.sleep(0.5)  # several polls (poll_s 0.1) see it
+    cli = _trigger(str(run), "--rank", "0", "--steps", "2", "--wait", "40")
+    os.kill(proc.pid, signal.SIGTERM)
+    _rc, _out, err = _finish(proc)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert any("/torch/" in p for p in _listed(cli)), cli.stdout
+    said = [line for line in err.splitlines() if str(fifo) in line]
+    assert len(said) == 1 and "not a regular file" in said[0], err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # not ours to remove
+
+
+def test_cli_coalesced_into_an_armed_capture_is_answered_with_that_capture(tmp_path: Path) -> None:
+    """Two requests at one boundary: the first arms a capture, the second
+    (``fastprof trigger``'s) is coalesced into it and is answered with it:
+    its files, exit 0 (it exited 1 while that capture was on its way). The
+    poller reads the files once an hour here: the CLI's signal makes the
+    boundary read both, and the export's end rewrites triggers.json (no
+    anomaly: its capture's export would wake the poller early)."""
+    proc = _start(tmp_path, "plain", 100_000, POLL_S="3600", FASTPROF_TRIGGERS_ANOMALY="0")
+    run = tmp_path / "out" / "run"
+    rank0 = run / "rank0"
+    _wait_live(rank0, proc)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    time.sleep(0.5)
+    (run / "TRIGGER").write_text(json.dumps({"id": "first", "steps": 3}))
+    cli = _trigger(str(run), "--rank", "0", "--signal", "--steps", "2", "--wait", "60")
+    os.kill(proc.pid, signal.SIGTERM)
+    _finish(proc)
+    st = _state(rank0)
+    asked = {r.get("id"): r for r in st["requests"] if r["source"] == "file"}
+    first = next(c for c in st["captures"] if c["request_id"] == "first")
+    mine = next(r for k, r in asked.items() if k != "first")
+    assert mine["action"].startswith("coalesced: a capture of steps") and mine["answered_by"] == first["seq"], mine
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    files = _listed(cli)
+    assert first["window"]["path"] in files and Path(first["window"]["path"]).is_file(), cli.stdout
+    assert f"steps {first['first_step']}..{first['first_step'] + 2}" in cli.stdout

@@ -29,10 +29,20 @@ storms aborted jobs, kineto#1408):
   step costs nothing more while no trigger is pending.
 * Requests are coalesced: one pending at a time, and none starts within
   ``min_interval_s`` of the previous capture (each dropped one is counted
-  and on the timeline as a ``trigger.coalesced`` instant).
+  and on the timeline as a ``trigger.coalesced`` instant). One coalesced
+  into a capture armed and coming, or a flight-only one into the dump just
+  taken, is answered by it: its record's ``answered_by`` is that request's
+  ``seq``, and ``fastprof trigger`` answers with those files.
 * The trigger files and the process group's store are read by one daemon
-  thread every ``poll_s`` seconds, never by the training thread; a flight
-  dump is written by a thread of its own (the core releases the GIL).
+  thread every ``poll_s`` seconds, never by the training thread; only a
+  regular file is opened there (a FIFO would block the thread in open()):
+  anything else is said once and left alone. A flight dump is written by a
+  thread of its own (the core releases the GIL), which rewrites
+  ``triggers.json`` once the file is there; a torch window's export wakes
+  the poller to do the same.
+* Flight dumps and torch windows count under the recorder's disk cap
+  (``max_disk``) with its segments: the writer thread deletes the oldest
+  of them all to stay under it, and says so where it says segments.
 * A capture is a torch.profiler window of ``steps`` steps that begins at a
   step boundary. The Profiler's action plan (:mod:`fastprof.profiler.plan`)
   merges it with the schedule: its steps are recorded whatever the schedule
@@ -69,6 +79,7 @@ import math
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -374,6 +385,7 @@ class TriggerDriver:
         self.notes: list[str] = []
         self._last_capture_t = -math.inf
         self._last_dump_t = -math.inf
+        self._last_dump_seq: int | None = None  # the request the last flight dump answered
         self._seq = 0
         self._anomaly_captures = 0
         self._dump_threads: list[threading.Thread] = []
@@ -495,9 +507,19 @@ class TriggerDriver:
             self.notes.append(f"could not write {self.rank_dir / LIVE_FILE}: {e}")
 
     def _write_state(self) -> None:
+        """Rewrite triggers.json (from the training thread, the poller and a
+        flight dump's thread: the newest summary is taken under the lock)."""
         try:
             with self._state_lock:
-                write_atomic(self.rank_dir / STATE_FILE, json.dumps(self.summary(), indent=1, default=str))
+                for _ in range(3):
+                    try:
+                        text = json.dumps(self.summary(), indent=1, default=str)
+                        break
+                    except RuntimeError:  # a record grew under the encoder (another thread): again
+                        continue
+                else:
+                    return
+                write_atomic(self.rank_dir / STATE_FILE, text)
         except OSError as e:
             if not any("could not write" in n for n in self.notes):
                 self.notes.append(f"could not write {self.rank_dir / STATE_FILE}: {e}")
@@ -588,6 +610,12 @@ class TriggerDriver:
         with contextlib.suppress(Exception):
             self._post_outbox()
 
+    def on_window_saved(self) -> None:
+        """A torch window's export ended (on the exporter thread): the poller
+        rewrites triggers.json now rather than at its next poll, so that
+        ``fastprof trigger`` answers as soon as the file is there."""
+        self._wake.set()
+
     def _refresh_exports(self) -> None:
         """A captured window's export finished (its path or error is known):
         rewrite triggers.json so that ``fastprof trigger`` sees the file."""
@@ -615,12 +643,8 @@ class TriggerDriver:
         with self._files_lock:
             for p in self._trigger_paths():
                 path = Path(p)
-                try:
-                    text = path.read_text(errors="replace")
-                except FileNotFoundError:
-                    continue
-                except OSError as e:
-                    self._warn_once(f"trigger file {path}: {e}")
+                text = self._read_trigger(path)
+                if text is None:
                     continue
                 with contextlib.suppress(OSError):
                     path.unlink()  # consumed: one request per file written
@@ -632,6 +656,32 @@ class TriggerDriver:
                     self.requests.append({"source": "file", "file": str(path), "error": str(e), "time": time.time()})
                     continue
                 self._queue_request({**req, "source": "file", "scope": scope, "file": str(path)}, flag)
+
+    def _read_trigger(self, path: Path) -> str | None:
+        """A trigger file's text (its first 64 KiB), or None when there is
+        none to take. Only a regular file is opened: a FIFO would block this
+        thread in open() until something writes into it (and every later
+        trigger with it), a device may be anything. Opened non-blocking and
+        checked again once open, for one swapped in meanwhile."""
+        try:
+            mode = os.stat(path).st_mode
+            if stat.S_ISREG(mode):
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                with os.fdopen(fd, "rb") as f:
+                    mode = os.fstat(fd).st_mode
+                    if stat.S_ISREG(mode):
+                        return f.read(1 << 16).decode(errors="replace")
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self._warn_once(f"trigger file {path}: {e}")
+            return None
+        what = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "not a file"
+        self._warn_once(
+            f"trigger file {path}: not a regular file ({what}); never opened, so it asks for nothing "
+            "(remove it: fastprof trigger writes a regular file there)"
+        )
+        return None
 
     def _warn_once(self, text: str) -> None:
         if text in self.notes:
@@ -741,23 +791,32 @@ class TriggerDriver:
         n_steps = int(req.get("steps", cfg.steps))
         if not remote:
             why = None
+            # The request acted on (its seq) that answers this one: a capture
+            # armed and coming, or a flight dump of the last seconds.
+            answered_by = None
             if capture and self.pending is not None:
-                why = f"a capture of steps {self.pending.start}..{self.pending.last} is armed"
+                why = self._armed()
+                answered_by = self.pending.seq
             elif capture and now - self._last_capture_t < float(cfg.min_interval_s):
                 ago = now - self._last_capture_t
                 why = f"the last capture began {ago:.1f} s ago (min_interval_s {cfg.min_interval_s:g})"
             elif not capture and now - self._last_dump_t < _FLIGHT_MIN_INTERVAL_S:
                 why = f"the last flight dump was {now - self._last_dump_t:.1f} s ago"
+                answered_by = self._last_dump_seq
             if why is not None:
                 self.coalesced += 1
                 rec["action"] = f"coalesced: {why}"
+                if answered_by is not None:
+                    rec["answered_by"] = answered_by
                 _core.instant("trigger.coalesced", source=source, step=batch)
                 return False
         self._seq += 1
         seq = self._seq
+        rec["seq"] = seq
         if want_flight and kind in cfg.flight_events:
             self._last_dump_t = now
-            self.flight_dump(kind, batch, wait=False, request_id=req.get("id"))
+            self._last_dump_seq = seq
+            self.flight_dump(kind, batch, wait=False, request_id=req.get("id"), seq=seq)
         if capture and self.prof._driver is None:
             capture = False
             note = "captures unavailable: the Profiler has no torch.profiler windows (torch=False or no torch)"
@@ -790,15 +849,22 @@ class TriggerDriver:
             rec["action"] = "flight dump" if want_flight else "nothing to do"
             return True
         if self.pending is not None:
-            # A remote proposal while one is armed: the earlier one stands.
+            # A remote proposal while one is armed: the earlier one stands,
+            # and answers it.
             self.coalesced += 1
-            rec["action"] = "coalesced"
+            rec["action"] = f"coalesced: {self._armed()}"
+            rec["answered_by"] = self.pending.seq
             return False
         self.pending = _Capture(seq, source, start, n_steps, req.get("id"), late_by=late)
         self._last_capture_t = now
         rec["action"] = f"capture of steps {start}..{start + n_steps - 1}"
         _core.instant("trigger", source=source, seq=seq, first_step=start, steps=n_steps, late_by=late)
         return True
+
+    def _armed(self) -> str:
+        c = self.pending
+        assert c is not None
+        return f"a capture of steps {c.start}..{c.last} is {'armed' if c.status == 'armed' else c.status}"
 
     def _lead(self, batch: int) -> int:
         """Steps ahead for a capture every rank must see first: two polls of
@@ -840,13 +906,18 @@ class TriggerDriver:
     # ---------------------------------------------------------- flight dump
 
     def flight_dump(
-        self, reason: str, batch: int, *, wait: bool, request_id: str | None = None
+        self, reason: str, batch: int, *, wait: bool, request_id: str | None = None, seq: int | None = None
     ) -> dict[str, Any] | None:
         """Dump the flight window to ``<folder>/flight-<n>-<reason>-ba<batch>.json.gz``
-        (a thread of its own unless ``wait``). Recorded in the summary."""
+        (a thread of its own unless ``wait``, which rewrites triggers.json
+        once the file is there). Recorded in the summary; ``seq``: the
+        request it answers. The recorder counts the file under its disk cap
+        (``deleted`` says why when the cap could not keep it at all)."""
         if reason not in self.cfg.flight_events:
             return None
         rec: dict[str, Any] = {"reason": reason, "step": batch, "time": time.time(), "request_id": request_id}
+        if seq is not None:
+            rec["seq"] = seq
         if len(self.dumps) >= _MAX_RECORDS:
             return None
         self.dumps.append(rec)
@@ -860,18 +931,27 @@ class TriggerDriver:
 
         def work() -> None:
             t0 = time.perf_counter()
+            done: dict[str, Any] = {}
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 info = recorder.dump(path)
-                rec.update(events=info.get("events"), bytes=info.get("bytes"), open_spans=info.get("open_spans"))
+                done = {k: info.get(k) for k in ("events", "bytes", "open_spans")}
+                if info.get("deleted"):
+                    done["deleted"] = info["deleted"]
             except Exception as e:  # noqa: BLE001 - a failed dump is reported, never raised
-                rec["error"] = f"{type(e).__name__}: {e}"
-            rec["dump_s"] = round(time.perf_counter() - t0, 4)
+                done = {"error": f"{type(e).__name__}: {e}"}
+            with self._state_lock:  # never while triggers.json is being written from it
+                rec.update(done, dump_s=round(time.perf_counter() - t0, 4))
+
+        def work_and_say() -> None:
+            work()
+            # `fastprof trigger --flight` waits on triggers.json for this.
+            self._write_state()
 
         if wait:
             work()
         else:
-            t = threading.Thread(target=work, name="fastprof-flight-dump", daemon=True)
+            t = threading.Thread(target=work_and_say, name="fastprof-flight-dump", daemon=True)
             self._dump_threads = [x for x in self._dump_threads if x.is_alive()] + [t]
             t.start()
         with contextlib.suppress(Exception):
@@ -881,7 +961,9 @@ class TriggerDriver:
     def on_exit_event(self, reason: str) -> None:
         """An exception, an OOM or SIGTERM is ending the run: dump now."""
         try:
-            self.flight_dump(reason, self.prof._begun.get("batch", 0), wait=True)
+            # The step running now, from the core's step loop (quiet steps
+            # never enter Python: the last one the Profiler saw begin is not it).
+            self.flight_dump(reason, self.prof.batch, wait=True)
             self._write_state()
         except Exception as e:  # noqa: BLE001
             self.notes.append(f"flight dump at {reason} failed: {type(e).__name__}: {e}")

@@ -6,6 +6,8 @@ every rank, ``<run>/rank{R}/TRIGGER`` for one), or with ``--signal`` also
 signals the pids the run's ``rank{R}/live.json`` lists on this host; prints
 where the files will land; then waits (bounded by ``--wait``) until each
 asked rank's ``triggers.json`` shows the request done and its files on disk.
+A request the job coalesced into a capture armed and coming (or a flight
+dump just taken) is answered with that one's files.
 """
 
 from __future__ import annotations
@@ -156,26 +158,44 @@ def run(args: argparse.Namespace) -> int:
     return _wait(run_dir, live, targets, rid, args.wait, args.flight)
 
 
-def _files_for(state: dict[str, Any], rid: str, flight_only: bool) -> tuple[bool, list[str], list[str]]:
-    """(done, files, problems) of request ``rid`` in a rank's triggers.json."""
+def _files_for(state: dict[str, Any], rid: str, flight_only: bool) -> tuple[bool, list[str], list[str], list[str]]:
+    """(done, files, problems, notes) of request ``rid`` in a rank's
+    triggers.json. A request coalesced into another that answers it (a
+    capture armed and coming, a flight dump just taken: its
+    ``answered_by``) is answered with that one's files."""
     reqs = [q for q in state.get("requests", []) if q.get("id") == rid]
     if not reqs:
-        return False, [], []
-    problems = [str(q["action"]) for q in reqs if str(q.get("action", "")).startswith(("coalesced", "ignored"))]
+        return False, [], [], []
+    notes: list[str] = []
+    problems: list[str] = []
+    answered_by: set[int] = set()
+    for q in reqs:
+        action = str(q.get("action", ""))
+        if isinstance(q.get("answered_by"), int):
+            answered_by.add(q["answered_by"])
+            notes.append(f"{action}: answered with it")
+        elif action.startswith(("coalesced", "ignored")):
+            problems.append(action)
     if problems:
-        return True, [], problems
+        return True, [], problems, notes
+
+    def answers(rec: dict[str, Any]) -> bool:
+        return rec.get("request_id") == rid or rec.get("seq") in answered_by
+
     files: list[str] = []
     ok = True
     for dmp in state.get("flight_dumps", []):
-        if dmp.get("request_id") == rid:
+        if answers(dmp):
             if dmp.get("error"):
                 problems.append(f"flight dump: {dmp['error']}")
             elif "dump_s" not in dmp:
                 ok = False
+            elif dmp.get("deleted"):
+                problems.append(f"flight dump {dmp['path']}: {dmp['deleted']}")
             else:
                 files.append(str(dmp["path"]))
     if not flight_only:
-        caps = [c for c in state.get("captures", []) if c.get("request_id") == rid]
+        caps = [c for c in state.get("captures", []) if answers(c)]
         if not caps:
             ok = False
         for c in caps:
@@ -184,13 +204,15 @@ def _files_for(state: dict[str, Any], rid: str, flight_only: bool) -> tuple[bool
                 ok = False
             elif w.get("error"):
                 problems.append(f"capture: {w['error']}")
+            elif w.get("deleted"):
+                problems.append(f"capture {w.get('path')}: deleted since (by the disk cap or num_traces_to_keep)")
             elif c.get("status") == "done" and not w.get("path"):
                 ok = False  # exporting
             elif w.get("path"):
                 files.append(str(w["path"]))
             else:
                 problems.append(f"capture {c.get('status')}")
-    return ok, files, problems
+    return ok, files, problems, notes
 
 
 def _wait(
@@ -206,10 +228,12 @@ def _wait(
                 state = json.loads(f.read_text())
             except (OSError, ValueError):
                 continue
-            done, files, problems = _files_for(state, rid, flight)
+            done, files, problems, notes = _files_for(state, rid, flight)
             if not done:
                 continue
             pending.discard(r)
+            for n in notes:
+                print(f"  rank {r}: {n}")
             for p in problems:
                 failed = True
                 print(f"  rank {r}: {p}")

@@ -82,7 +82,7 @@ from fastprof.profiler import outputs as _outputs
 from fastprof.profiler.options import _BY_NAME, OPTIONS
 from fastprof.profiler.plan import ActionPlan
 from fastprof.profiler.schedule import Action, Schedule
-from fastprof.profiler.torch_windows import TorchWindows, WindowDriver
+from fastprof.profiler.torch_windows import TorchWindows, WindowDriver, WindowRecord
 
 __all__ = ["OPTIONS", "Profiler"]
 
@@ -343,7 +343,9 @@ class Profiler:
         try:
             if self.torch_windows is not None:
                 level = int(self.recorder.options.compression_level)
-                self._driver = WindowDriver(self.torch_windows, self.run_dir, variables, compression_level=level)
+                self._driver = WindowDriver(
+                    self.torch_windows, self.run_dir, variables, compression_level=level, on_saved=self._on_window_saved
+                )
                 self._driver.check_folder()
             d = self.dist
             info: dict[str, Any] = {"rank": self.rank, "world_size": int(self.recorder.options.world_size)}
@@ -403,6 +405,18 @@ class Profiler:
                 warnings.warn(f"fastprof: triggers off ({type(e).__name__}: {e})", FastprofWarning, stacklevel=2)
         self._steps.start(defer_step)
         return self
+
+    def _on_window_saved(self, window: WindowRecord) -> None:
+        """On the exporter thread, a torch window's export ended: its files
+        count under the recorder's disk cap (max_disk), and the triggers say
+        at once that it is there (``fastprof trigger`` waits for it)."""
+        if window.saved:
+            for p in (window.path, window.memory_timeline):
+                if p and self.recorder.count_file(p, "torch"):
+                    window.deleted = True  # larger than the cap leaves room for (its ledger says so)
+        t = self._triggers
+        if t is not None:
+            t.on_window_saved()
 
     def _config(self) -> dict[str, Any]:
         return {

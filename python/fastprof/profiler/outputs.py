@@ -77,8 +77,9 @@ def _oom_summary(prof: Profiler) -> dict[str, Any]:
 
 
 def _rotation(prof: Profiler) -> dict[str, Any]:
-    """The disk cap and what it deleted from this rank's segments (known once
-    the recorder has stopped: ``recorder_stopped`` says whether it had)."""
+    """The disk cap and what it deleted of this rank's files: segments, and
+    flight dumps and torch windows (``files_deleted``), known once the
+    recorder has stopped (``recorder_stopped`` says whether it had)."""
     o = prof.recorder.options
     stats = prof.recorder.stats
     led = (stats.rotated if stats is not None else None) or {}
@@ -89,6 +90,8 @@ def _rotation(prof: Profiler) -> dict[str, Any]:
         "segments_deleted": int(led.get("segments", 0)),
         "bytes_deleted": int(led.get("bytes", 0)),
         "events_deleted": int(led.get("events", 0)),
+        "files_deleted": int(led.get("files", 0)),
+        "files_bytes_deleted": int(led.get("files_bytes", 0)),
         # Trace time (µs from the segments' baseTimeNanoseconds) of what they held.
         "ts_start": led.get("ts_start"),
         "ts_end": led.get("ts_end"),

@@ -26,7 +26,7 @@ import string
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,9 +300,16 @@ class WindowDriver:
     """Drives one rank's windows from the profiler's step boundaries."""
 
     def __init__(
-        self, cfg: TorchWindows, run_dir: Path, variables: Mapping[str, Any], compression_level: int = 1
+        self,
+        cfg: TorchWindows,
+        run_dir: Path,
+        variables: Mapping[str, Any],
+        compression_level: int = 1,
+        on_saved: Callable[[WindowRecord], None] | None = None,
     ) -> None:
         self.cfg = cfg
+        #: Called on the exporter thread once a window's export ended (saved or failed).
+        self.on_saved = on_saved
         self.compression_level = max(1, min(9, compression_level))
         self.run_dir = run_dir
         self.variables = dict(variables)
@@ -531,6 +538,11 @@ class WindowDriver:
                     # next windows would fail alike, each a stall for nothing.
                     self.failed = f"export: {window.error}"
             finally:
+                if self.on_saved is not None:
+                    try:
+                        self.on_saved(window)
+                    except Exception as e:  # noqa: BLE001 - never raised on the exporter thread
+                        self.errors.append(f"after writing torch window {path}: {type(e).__name__}: {e}")
                 self._jobs.task_done()
 
     def _export(self, tp: Any, window: WindowRecord, path: Path) -> None:

@@ -14,6 +14,14 @@ from typing import Any
 
 from fastprof.reports import data as _data
 
+#: What a ledger counts: the segments deleted (and their events), the other files (flight dumps, torch windows).
+_COUNTS = ("segments", "bytes", "events", "files", "files_bytes")
+
+
+def _seen(led: dict[str, Any]) -> int:
+    """Deletions a ledger counts: a later one of the same recording counts more."""
+    return int(led.get("segments", 0)) + int(led.get("files", 0))
+
 
 def _from_segments(files: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     latest: dict[tuple[int, int], dict[str, Any]] = {}
@@ -22,16 +30,14 @@ def _from_segments(files: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
         if f["kind"] != "fastprof" or not isinstance(led, dict):
             continue
         key = (int(f["rank"] or 0), int(f["base_ns"] or 0))
-        if key not in latest or led.get("segments", 0) > latest[key]["rotated"].get("segments", 0):
+        if key not in latest or _seen(led) > _seen(latest[key]["rotated"]):
             latest[key] = f
     out: dict[int, dict[str, Any]] = {}
     for (rank, base), f in sorted(latest.items()):
         led = f["rotated"]
-        empty = {"rank": rank, "segments": 0, "bytes": 0, "events": 0, "start_ns": None, "end_ns": None}
-        e = out.setdefault(rank, empty)
-        e["segments"] += int(led.get("segments", 0))
-        e["bytes"] += int(led.get("bytes", 0))
-        e["events"] += int(led.get("events", 0))
+        e = out.setdefault(rank, {"rank": rank, **dict.fromkeys(_COUNTS, 0), "start_ns": None, "end_ns": None})
+        for k in _COUNTS:
+            e[k] += int(led.get(k, 0))
         if led.get("ts_start") is not None and led.get("ts_end") is not None:
             shift = base + int(f["offset_ns"] or 0)
             s, t = shift + round(led["ts_start"] * 1000), shift + round(led["ts_end"] * 1000)
@@ -43,14 +49,15 @@ def _from_segments(files: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
 def rotation_report(data: _data.RunData) -> list[dict[str, Any]]:
     """Per rank: segments, bytes and events deleted, and the time range they
     held as epoch ns and as seconds from the report's wall start (negative
-    when before it); empty when nothing was deleted."""
+    when before it), and the flight dumps and torch windows deleted (files,
+    files_bytes); empty when nothing was deleted."""
     files = [f for f in data.cols.files if not f.get("skipped")]
     by_rank: dict[int, dict[str, Any]] = {}
     for f in files:
         if f["kind"] == "merged" and isinstance(f.get("rotated"), list):
             for r in f["rotated"]:
-                keys = ("rank", "segments", "bytes", "events", "start_ns", "end_ns")
-                by_rank[int(r["rank"])] = {k: r.get(k) for k in keys}
+                keys = ("rank", *_COUNTS, "start_ns", "end_ns")
+                by_rank[int(r["rank"])] = {k: r.get(k, 0 if k in _COUNTS else None) for k in keys}
     for rank, e in _from_segments(files).items():
         by_rank.setdefault(rank, e)
     w0 = data.wall()[0]

@@ -39,6 +39,14 @@ pub enum Command {
         path: PathBuf,
         reply: mpsc::Sender<Result<DumpInfo>>,
     },
+    /// Count `path`, a file written for the session elsewhere (`kind`: a
+    /// torch window), under the disk cap; the reply says why when the cap
+    /// deleted it at once.
+    CountFile {
+        path: PathBuf,
+        kind: String,
+        reply: mpsc::Sender<Option<String>>,
+    },
 }
 
 /// State shared between the session handle, the registering threads and the writer.
@@ -668,8 +676,26 @@ impl Collector {
                     };
                     let _ = reply.send(r);
                 }
+                Command::CountFile { path, kind, reply } => {
+                    let why = if stopped {
+                        None
+                    } else {
+                        self.adopt_file(&path, &kind)
+                    };
+                    let _ = reply.send(why);
+                }
             }
         }
+    }
+
+    /// Count a file under the disk cap (the segment sink keeps it); why, when
+    /// the cap deleted it at once.
+    fn adopt_file(&mut self, path: &std::path::Path, kind: &str) -> Option<String> {
+        let mut why = None;
+        for s in self.sinks.iter_mut() {
+            why = why.or(s.adopt_file(path, kind));
+        }
+        why
     }
 
     fn dump(&mut self, path: &std::path::Path) -> Result<DumpInfo> {
@@ -701,6 +727,8 @@ impl Collector {
             .dump(path, &open, &self.st)
             .map_err(|e| CoreError::io(path, e))?;
         info.open_spans = n_open;
+        // Written for this rank: under the same disk cap as the segments.
+        info.deleted = self.adopt_file(path, "flight");
         Ok(info)
     }
 

@@ -191,6 +191,33 @@ impl Session {
         }
     }
 
+    /// Count `path`, a file written for this recording outside it (`kind`:
+    /// "torch" for a torch.profiler window), under the disk cap
+    /// (`max_disk`): the writer thread deletes the oldest files for it,
+    /// segments and such files alike, and says so in `otherData.rotated`.
+    /// Returns once it has (so that whoever announces the file next finds
+    /// the cap kept), with why when the cap deleted this file at once;
+    /// without a cap the file is not tracked.
+    pub fn count_file(&self, path: &Path, kind: &str) -> Result<Option<String>> {
+        self.require_running()?;
+        if self.shared.config.max_disk == 0 {
+            return Ok(None);
+        }
+        let (tx, rx) = mpsc::channel();
+        self.shared
+            .commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Command::CountFile {
+                path: path.to_path_buf(),
+                kind: kind.to_string(),
+                reply: tx,
+            });
+        self.shared.writer_thread().unpark();
+        // A writer stuck on a slow disk: the file is counted when it gets to it.
+        Ok(rx.recv_timeout(Duration::from_secs(10)).unwrap_or(None))
+    }
+
     /// The sampler's data, kept after stop.
     pub fn sampler(&self) -> Option<&Arc<SamplerShared>> {
         self.sampler_data.as_ref()

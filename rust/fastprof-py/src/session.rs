@@ -324,7 +324,25 @@ impl Session {
         d.set_item("events", info.events)?;
         d.set_item("open_spans", info.open_spans)?;
         d.set_item("bytes", info.bytes)?;
+        d.set_item("deleted", info.deleted)?;
         Ok(d)
+    }
+
+    /// Count `path`, a file written for this recording outside it (`kind`:
+    /// "torch" for a torch.profiler window), under its disk cap (max_disk);
+    /// why, when the cap deleted it at once. Waits for the writer thread
+    /// without holding the GIL.
+    fn count_file(&self, py: Python<'_>, path: PathBuf, kind: &str) -> PyResult<Option<String>> {
+        surface_notices(py);
+        if self.forked() {
+            return Ok(None);
+        }
+        py.detach(|| {
+            let g = self.inner.read().unwrap_or_else(|e| e.into_inner());
+            g.as_ref().map(|s| s.count_file(&path, kind))
+        })
+        .ok_or_else(|| not_running("this recording has stopped"))?
+        .map_err(|e| Error(e).into())
     }
 
     /// Messages for the user not yet shown (a shared directory, failures…).

@@ -1,6 +1,7 @@
 //! What the recordings' disk caps deleted (`max_disk`, `keep_segments`), per
 //! rank, for the unified trace's `otherData.rotated` and the merge summary:
-//! a merge of a rotated run must say which part of the timeline is gone.
+//! a merge of a rotated run must say which part of the timeline is gone
+//! (the segments), and which flight dumps and torch windows (the files).
 //!
 //! Each closed segment carries its recording's `rotated` ledger as it stood
 //! then, so the newest segment of a recording (the one whose ledger counts
@@ -14,6 +15,11 @@ use std::collections::BTreeMap;
 
 fn count(v: &Value, key: &str) -> u64 {
     v.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// How much a ledger has seen: a later ledger of one recording counts more.
+fn seen(v: &Value) -> u64 {
+    count(v, "segments") + count(v, "files")
 }
 
 /// One entry per rank whose recordings deleted segments, ranks in order:
@@ -30,9 +36,9 @@ pub fn by_rank(kept: &[InputInfo], out_base: i64) -> Vec<Value> {
             i.recording_pid.unwrap_or(0),
             i.base_ns.unwrap_or(0),
         );
-        let better = latest.get(&key).is_none_or(|cur| {
-            count(r, "segments") > count(cur.rotated.as_ref().unwrap_or(&Value::Null), "segments")
-        });
+        let better = latest
+            .get(&key)
+            .is_none_or(|cur| seen(r) > seen(cur.rotated.as_ref().unwrap_or(&Value::Null)));
         if better {
             latest.insert(key, i);
         }
@@ -44,6 +50,7 @@ pub fn by_rank(kept: &[InputInfo], out_base: i64) -> Vec<Value> {
     let mut out = Vec::new();
     for (rank, infos) in ranks {
         let (mut segments, mut bytes, mut events) = (0, 0, 0);
+        let (mut files, mut files_bytes) = (0, 0);
         let mut range: Option<(i64, i64)> = None;
         let mut recordings = Vec::new();
         for i in infos {
@@ -51,6 +58,8 @@ pub fn by_rank(kept: &[InputInfo], out_base: i64) -> Vec<Value> {
             segments += count(r, "segments");
             bytes += count(r, "bytes");
             events += count(r, "events");
+            files += count(r, "files");
+            files_bytes += count(r, "files_bytes");
             // Trace time (µs from the input's base) to epoch ns, offset applied.
             let abs = |key: &str| {
                 r.get(key)
@@ -71,6 +80,8 @@ pub fn by_rank(kept: &[InputInfo], out_base: i64) -> Vec<Value> {
             "segments": segments,
             "bytes": bytes,
             "events": events,
+            "files": files,
+            "files_bytes": files_bytes,
             "start_ns": range.map(|r| r.0),
             "end_ns": range.map(|r| r.1),
             "start_s": range.map(|r| secs(r.0)),

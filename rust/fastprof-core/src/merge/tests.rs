@@ -329,3 +329,30 @@ fn gaps_in_segment_numbering_and_two_rotated_recordings_of_a_rank() {
     assert_eq!(doc["otherData"]["rotated"][0]["segments"], 9);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn a_later_ledger_that_deleted_only_files_is_the_one_counted() {
+    // Segment 9 closed after the cap deleted flight dumps and torch windows
+    // (no more segments): its ledger, not 7's, says what is gone.
+    let d = tmpdir("rotated-files");
+    let rank = d.join("rank0");
+    std::fs::create_dir_all(&rank).unwrap();
+    const B: i64 = 1_700_000_000_000_000_000;
+    let early =
+        r#"{"segments":2,"bytes":200,"events":20,"ts_start":1.0,"ts_end":2.0,"deleted":[]}"#;
+    let late = r#"{"segments":2,"bytes":200,"events":20,"files":3,"files_bytes":3000,"ts_start":1.0,"ts_end":2.0,"deleted":[]}"#;
+    rotated_segment(&rank, 7, 11, B, 5_000.0, early);
+    rotated_segment(&rank, 9, 11, B, 6_000.0, late);
+    let out = d.join("merged.json");
+    let s = merge(&opts(vec![d.clone()], out.clone())).unwrap();
+    let [r] = &s.rotated[..] else {
+        panic!("one rank: {:?}", s.rotated)
+    };
+    assert_eq!(
+        (r["segments"].as_u64(), r["files"].as_u64()),
+        (Some(2), Some(3))
+    );
+    assert_eq!(r["files_bytes"], 3000);
+    assert_eq!(parse_output(&out)["otherData"]["rotated"][0]["files"], 3);
+    std::fs::remove_dir_all(&d).unwrap();
+}

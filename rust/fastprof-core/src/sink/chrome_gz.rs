@@ -10,7 +10,9 @@
 //! With a disk cap (`max_disk`, `keep_segments`) the oldest closed segments
 //! are deleted to stay under it ([`super::rotation`]), checked after every
 //! write, so the files never take more than the cap; every segment closed
-//! afterwards says what was deleted in `otherData.rotated`.
+//! afterwards says what was deleted in `otherData.rotated`. The session's
+//! other files (flight dumps, torch windows) are counted under `max_disk`
+//! too once written ([`Sink::adopt_file`]): one ledger, oldest first.
 //!
 //! Several processes may write into one rank directory by mistake (no RANK
 //! in the environment and a shared run name: `mp.spawn`, custom launchers).
@@ -81,6 +83,8 @@ pub struct ChromeGz {
     /// Most compressed bytes one write, flush or close has added to a file:
     /// what the next may add, reserved under the disk cap.
     max_step: u64,
+    /// `dir` resolved, to name adopted files relative to it.
+    dir_resolved: Option<PathBuf>,
 }
 
 impl ChromeGz {
@@ -118,6 +122,7 @@ impl ChromeGz {
             // Until measured: the most one batch formats, which compresses
             // to less.
             max_step: super::batch_limit(segment_size) as u64,
+            dir_resolved: std::fs::canonicalize(&dir).ok(),
             header,
         };
         if let Err(e) = s.open_segment() {
@@ -322,6 +327,30 @@ impl Sink for ChromeGz {
 
     fn rotated(&self) -> Option<serde_json::Value> {
         self.rotation.to_json()
+    }
+
+    fn adopt_file(&mut self, path: &Path, kind: &str) -> Option<String> {
+        if !self.rotation.is_on() {
+            return None;
+        }
+        let bytes = match std::fs::metadata(path) {
+            Ok(m) if m.is_file() => m.len(),
+            _ => return None, // gone already, or not a file: nothing on disk to count
+        };
+        let resolved = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let name = self
+            .dir_resolved
+            .as_deref()
+            .and_then(|d| resolved.strip_prefix(d).ok())
+            .unwrap_or(&resolved)
+            .display()
+            .to_string();
+        let open = self.seg.as_ref().map_or(0, |s| s.gz.get_ref().bytes);
+        let why = self
+            .rotation
+            .adopt(resolved, name, kind, bytes, open, self.max_step);
+        self.enforce_cap();
+        why
     }
 }
 

@@ -19,7 +19,7 @@ use crate::registry::ThreadMeta;
 use serde_json::{Map, Value};
 use std::io;
 use std::ops::Range;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// What every output of a session starts with.
@@ -139,6 +139,13 @@ pub trait Sink: Send {
     }
     /// What the disk cap deleted (`otherData.rotated`), if anything.
     fn rotated(&self) -> Option<serde_json::Value> {
+        None
+    }
+    /// Count `path`, a file written for this session outside the sinks (a
+    /// flight dump, a torch window: `kind`), under the disk cap, which may
+    /// delete older files for it. Returns why when the cap deleted this
+    /// one at once (it cannot fit).
+    fn adopt_file(&mut self, _path: &Path, _kind: &str) -> Option<String> {
         None
     }
     /// The window sink, for dumps.

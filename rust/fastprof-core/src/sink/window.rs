@@ -29,6 +29,9 @@ pub struct DumpInfo {
     pub bytes: u64,
     /// CLOCK_MONOTONIC ns of the oldest event kept (0 when empty).
     pub first_ns: u64,
+    /// Set when the disk cap deleted the dump as soon as it was written
+    /// (it cannot fit under `max_disk`): why.
+    pub deleted: Option<String>,
 }
 
 /// Uncompressed bytes per block before it is deflated.
@@ -227,6 +230,7 @@ impl Window {
                 .front()
                 .map(|b| b.end_ns)
                 .unwrap_or(self.open_end_ns),
+            deleted: None,
         })
     }
 }
