@@ -728,3 +728,52 @@ def test_torchrun_two_ranks_each_write_their_rank(tmp_path: Path, script: str) -
     assert len(steps) == 12 and len({e["pid"] for e in steps}) == 2
     assert _fastprof_lines(r.stderr)[-1] == f"fastprof run: next: fastprof report {os.path.relpath(run, tmp_path)}"
     assert len([line for line in r.stderr.splitlines() if "fastprof run: next:" in line]) == 1
+
+
+# The script's own Profiler, whose steps record enough to rotate under a small disk cap.
+OWN_ROTATING = textwrap.dedent(
+    """
+    import torch
+    import fastprof
+
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16)
+    with fastprof.Profiler("elsewhere", run_name="mine", torch=False) as prof:
+        for step in range(30):
+            for i in range(2000):
+                fastprof.instant("tick", i=i, noise=f"{((step * 2000 + i) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFF:x}")
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    print("script steps", prof.batch)
+    """
+)
+
+
+def test_a_scripts_own_profiler_says_what_the_runs_disk_cap_deleted(tmp_path: Path) -> None:
+    """The script's Profiler writes profiler.json while fastprof run's
+    recorder still records: its ``rotation`` said nothing was deleted
+    (recorder_stopped false) while the merge counted the segments gone. Once
+    the run's recorder stops, ``rotation`` says what the merge says."""
+    pytest.importorskip("torch")
+    (tmp_path / "own.py").write_text(OWN_ROTATING)
+    r = subprocess.run(
+        [*RUN, "-o", "out", "--run-name", "rot", "own.py"],
+        cwd=tmp_path,
+        env=_env(FASTPROF_SEGMENT_SIZE="64KiB", FASTPROF_MAX_DISK="256KiB"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and r.stdout == "script steps 30\n", r.stderr
+    run = tmp_path / "out" / "rot"
+    prof = json.loads((run / "rank0" / "profiler.json").read_text())
+    assert prof["steps"] == 30  # the script's Profiler's account of the loop
+    rot = prof["rotation"]
+    assert rot["recorder_stopped"] and rot["max_disk"] == 256 << 10, rot
+    with gzip.open(run / "trace.json.gz", "rt") as f:
+        (merged,) = json.load(f)["otherData"]["rotated"]
+    assert rot["segments_deleted"] == merged["segments"] > 0, (rot, merged)
+    assert (rot["bytes_deleted"], rot["events_deleted"]) == (merged["bytes"], merged["events"])
+    assert [d["segment"] for d in rot["deleted"]] == list(range(merged["segments"]))

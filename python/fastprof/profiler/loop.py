@@ -504,6 +504,8 @@ class Profiler:
                         _collect.write(self.rank_dir / "memory")
                 except OSError as e:  # the rest of the run (summary, merge) is written all the same
                     _warn_first("memory collection", [f"{self.rank_dir / 'memory'}: {type(e).__name__}: {e}"])
+            else:  # written while this recorder still recorded: what its disk cap deleted is known now
+                _outputs.update_rotation(self)
             if not hosted:  # under fastprof run, its Profiler says the rank is done, once recorded
                 _outputs.finish(self, wait=reason is None, merged=reason != "SIGTERM")
         except Exception as e:  # noqa: BLE001 - profiling never takes the job down

@@ -22,7 +22,7 @@ from fastprof._core import FastprofWarning
 if TYPE_CHECKING:
     from fastprof.profiler.loop import Profiler
 
-__all__ = ["finish", "merge_command", "write_summary"]
+__all__ = ["finish", "merge_command", "update_rotation", "write_summary"]
 
 _DONE_MARKER = ".fastprof-done"
 
@@ -55,11 +55,29 @@ def write_summary(prof: Profiler) -> None:
         # How the run ended: "stop", "exception: <type>", "exit" or "SIGTERM".
         "exit": prof._exit_reason or "stop",
     }
-    prof.rank_dir.mkdir(parents=True, exist_ok=True)
-    tmp = prof.rank_dir / f".profiler.json.tmp-{os.getpid()}"
+    _write_json(prof.rank_dir, summary)
+
+
+def update_rotation(prof: Profiler) -> None:
+    """``fastprof run``'s Profiler, once its recorder stopped: the script's
+    own Profiler wrote ``profiler.json`` while that recorder still recorded,
+    so its ``rotation`` could not yet say what the disk cap deleted."""
+    path = prof.rank_dir / "profiler.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return  # none written (the script's Profiler failed): nothing to bring up to date
+    if isinstance(summary, dict):
+        summary["rotation"] = _rotation(prof)
+        _write_json(prof.rank_dir, summary)
+
+
+def _write_json(rank_dir: Path, summary: dict[str, Any]) -> None:
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    tmp = rank_dir / f".profiler.json.tmp-{os.getpid()}"
     try:
         tmp.write_text(json.dumps(summary, indent=1, default=str))
-        os.replace(tmp, prof.rank_dir / "profiler.json")
+        os.replace(tmp, rank_dir / "profiler.json")
     finally:
         tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file
 
