@@ -27,7 +27,11 @@ integration's business):
   fastprof's that calls the one it replaced (a library's chain) stays in
   place when the Profiler stops, so fastprof's under it stays too: each
   installation is its own handler that remembers the job's, and passes the
-  signal on to it for the rest of the process.
+  signal on to it for the rest of the process. Called from such a chain
+  with only the default under it, fastprof's saves and returns: the handler
+  on top decides, as it would have with the default under it (Lightning's
+  calls the handlers it replaced that are callable, stops training, and
+  the job ends normally).
 
 The handler runs on the main thread between two bytecodes of whatever it
 interrupted; everything it does is caught (it never raises its own error),
@@ -129,6 +133,13 @@ def _chained(previous: Any) -> Any:
             # The job's own handler decides (its exit, its exception: marked
             # as the job's, so that fastprof code it lands in lets it go on).
             _signals.call_job(previous, signum, frame)
+            return
+        if signal.getsignal(signum) is not on_sigterm:
+            # Called by a handler installed over fastprof's that chains to
+            # the one it replaced (Lightning's signal connector): that one
+            # decides, as it would have with the default under it, which is
+            # nothing to call (Lightning stops training and the job ends
+            # normally).
             return
         # The default action: die by the signal, as without fastprof.
         signal.signal(signum, signal.SIG_DFL)

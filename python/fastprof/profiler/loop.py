@@ -508,7 +508,7 @@ class Profiler:
                 _outputs.update_rotation(self)
             if not hosted:  # under fastprof run, its Profiler says the rank is done, once recorded
                 _outputs.finish(self, wait=reason is None, merged=reason != "SIGTERM")
-        except Exception as e:  # noqa: BLE001 - profiling never takes the job down
+        except Exception as e:  # profiling never takes the job down (the job's own exception goes on)
             if _signals.is_job(e):
                 raise
             warnings.warn(f"fastprof: Profiler.stop failed: {type(e).__name__}: {e}", FastprofWarning, stacklevel=4)
