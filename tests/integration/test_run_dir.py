@@ -98,6 +98,32 @@ def test_resume_appends_to_the_earlier_run(pyscript, traces, tmp_path):
     assert len({r["earlier_end_ns"] for r in resumed}) == 2
 
 
+WINDOWED = """
+import sys, torch, fastprof
+out = sys.argv[1]
+model = torch.nn.Linear(4, 4)
+with fastprof.Profiler(out, "job", sample_hz=0, resume=True,
+                       schedule=fastprof.schedule.steps([(1, 2)], warmup=0)) as prof:
+    for _ in range(4):
+        model(torch.randn(2, 4)).sum().backward()
+        prof.step()
+"""
+
+
+def test_a_resumed_run_keeps_the_earlier_runs_torch_windows_and_adds_its_own(pyscript, tmp_path):
+    # A job restarted after preemption must start: the earlier part's torch
+    # traces are no reason to refuse (the overwrite check), and none is overwritten.
+    script = pyscript.write(WINDOWED)
+    out = tmp_path / "runs"
+    _py(script, str(out), timeout=180)
+    _py(script, str(out), timeout=180)
+    traces = sorted((out / "job" / "rank0" / "torch").glob("*.pt.trace.json.gz"))
+    assert len(traces) == 2, traces
+    for t in traces:
+        with gzip.open(t, "rt") as f:
+            assert any(str(e.get("name", "")).startswith("ProfilerStep#") for e in json.load(f)["traceEvents"])
+
+
 def test_resume_into_a_new_name_is_a_plain_run(pyscript, traces, tmp_path):
     script = pyscript.write(RECORDER)
     r = _py(script, str(tmp_path / "runs"), "fresh", env=_env(FASTPROF_RESUME="1"))

@@ -346,7 +346,10 @@ class Profiler:
                 self._driver = WindowDriver(
                     self.torch_windows, self.run_dir, variables, compression_level=level, on_saved=self._on_window_saved
                 )
-                self._driver.check_folder()
+                if not self.recorder.options.resume:
+                    # A resumed run appends: its windows take new names
+                    # beside the earlier run's (the export never overwrites).
+                    self._driver.check_folder()
             d = self.dist
             info: dict[str, Any] = {"rank": self.rank, "world_size": int(self.recorder.options.world_size)}
             if d.backend:
