@@ -54,20 +54,9 @@ pytest.importorskip("torch")
 
 from fastprof.cli.main import main
 
-# One script for every shape but Lightning. argv: mode (fastprof | bare),
-# shape, outcome, where, step, out_dir. Under ``bare`` (and for the shape
-# ``run``, which ``fastprof run`` wraps from outside) nothing of fastprof is
-# imported: the same loop runs on its own.
-JOB = r'''
-import contextlib, os, signal, subprocess, sys, threading, time
-
-MODE, SHAPE, OUTCOME, WHERE, STEP, OUT = sys.argv[1:7]
-STEP = int(STEP)
-LIGHT = SHAPE.endswith("-light")
-SHAPE = SHAPE.removesuffix("-light")
-PROFILE = MODE == "fastprof" and SHAPE != "run"
-N = 10 if WHERE == "prof_exit" else 24
-
+# What the job does at the point a case names (both scripts): raise, exit,
+# signal itself, or start a stream of fastprof's trigger signal.
+ACT = r'''
 # The trigger stream: SIGUSR2 every 2 ms to the job until it is gone.
 STREAM = """
 import os, signal, sys, time
@@ -97,6 +86,23 @@ def act():
         time.sleep(0.05)
 
 
+'''
+
+# One script for every shape but Lightning. argv: mode (fastprof | bare),
+# shape, outcome, where, step, out_dir. Under ``bare`` (and for the shape
+# ``run``, which ``fastprof run`` wraps from outside) nothing of fastprof is
+# imported: the same loop runs on its own.
+JOB = r"""
+import contextlib, os, signal, subprocess, sys, threading, time
+
+MODE, SHAPE, OUTCOME, WHERE, STEP, OUT = sys.argv[1:7]
+STEP = int(STEP)
+LIGHT = SHAPE.endswith("-light")
+SHAPE = SHAPE.removesuffix("-light")
+PROFILE = MODE == "fastprof" and SHAPE != "run"
+N = 10 if WHERE == "prof_exit" else 24
+
+# (ACT)
 # The Profiler's own exit: the job's SIGUSR1 handler acts while it runs.
 signal.signal(signal.SIGUSR1, lambda signum, frame: act())
 
@@ -175,10 +181,10 @@ def main():
 
 
 main()
-'''
+""".replace("# (ACT)\n", ACT)
 
 # Lightning's loop: argv as above (shape "lightning").
-LIGHTNING = r'''
+LIGHTNING = r"""
 import os, signal, subprocess, sys, time, warnings
 
 MODE, SHAPE, OUTCOME, WHERE, STEP, OUT = sys.argv[1:7]
@@ -187,34 +193,7 @@ warnings.simplefilter("ignore")
 import torch
 import lightning.pytorch as pl
 
-STREAM = """
-import os, signal, sys, time
-pid, t = int(sys.argv[1]), time.monotonic()
-while os.getppid() == pid and time.monotonic() - t < 120:
-    try:
-        os.kill(pid, signal.SIGUSR2)
-    except ProcessLookupError:
-        break
-    time.sleep(0.002)
-"""
-
-
-def act():
-    if OUTCOME == "exception":
-        raise RuntimeError(f"the job failed: {WHERE} {STEP}")
-    if OUTCOME == "exit":
-        sys.exit(3)
-    if OUTCOME == "sigint":
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(10)
-    elif OUTCOME == "sigterm":
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(10)
-    elif OUTCOME == "sigusr2" and MODE == "fastprof":
-        subprocess.Popen([sys.executable, "-c", STREAM, str(os.getpid())])
-        time.sleep(0.05)
-
-
+# (ACT)
 class Data(torch.utils.data.Dataset):
     def __init__(self, n, where):
         self.n, self.where = n, where
@@ -274,7 +253,7 @@ try:
     print("after the loop", flush=True)
 finally:
     print("finally ran", flush=True)
-'''
+""".replace("# (ACT)\n", ACT)
 
 OUTCOMES = ("exception", "exit", "sigint", "sigterm", "sigusr2")
 # (where, step): the point in the loop each "where" names.

@@ -193,6 +193,18 @@ def coloured_pixels(img: Image.Image, rect: list[float]) -> int:
     return int(((a.max(axis=2) - a.min(axis=2)) > 60).sum())
 
 
+def _page_errors(events: list[dict[str, Any]]) -> list[Any]:
+    """What the page reported as an error: exceptions, console errors and
+    assertions, error log entries."""
+    return [
+        e["params"]
+        for e in events
+        if e["method"] == "Runtime.exceptionThrown"
+        or (e["method"] == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
+        or (e["method"] == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
+    ]
+
+
 @pytest.mark.slow
 def test_report_html_in_headless_chromium(run: Path, tmp_path: Path) -> None:
     rep = fastprof.report(run, out_dir=tmp_path / "reports")
@@ -234,13 +246,7 @@ def test_report_html_in_headless_chromium(run: Path, tmp_path: Path) -> None:
         b.close()
 
     # No console error, no exception, no log error.
-    errors = [
-        e["params"]
-        for e in b.events
-        if e["method"] == "Runtime.exceptionThrown"
-        or (e["method"] == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
-        or (e["method"] == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
-    ]
+    errors = _page_errors(b.events)
     assert not errors, errors
     # No request but the page itself.
     urls = [e["params"]["request"]["url"] for e in b.events if e["method"] == "Network.requestWillBeSent"]
@@ -448,13 +454,7 @@ def test_the_page_lists_the_triggers_links_each_capture_and_marks_the_plot(
         b.call("Runtime.evaluate", expression="0")
     finally:
         b.close()
-    errors = [
-        e["params"]
-        for e in b.events
-        if e["method"] == "Runtime.exceptionThrown"
-        or (e["method"] == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
-        or (e["method"] == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
-    ]
+    errors = _page_errors(b.events)
     assert not errors, errors
     assert got["heading"] == "Triggers"
 

@@ -97,14 +97,7 @@ def hinge_start(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> int:
     if n < 4:
         return 0
     cand = np.unique(np.linspace(0, n - 3, min(MAX_HINGES, n - 2)).astype(np.int64))
-    z = np.maximum(0.0, x[None, :] - x[cand][:, None])  # (candidates, n)
-    zc = z - z.mean(axis=1, keepdims=True)
-    yc = y - y.mean()
-    szz = (zc * zc).sum(axis=1)
-    szy = zc @ yc
-    with np.errstate(invalid="ignore", divide="ignore"):
-        sse = (yc @ yc) - np.where(szz > 0, szy * szy / szz, 0.0)
-    return int(cand[int(np.argmin(sse))])
+    return _best_hinge(cand, np.maximum(0.0, x[None, :] - x[cand][:, None]), y)
 
 
 def plateau_start(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> int:
@@ -114,7 +107,12 @@ def plateau_start(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> int
     if n < 4:
         return n - 1
     cand = np.unique(np.linspace(2, n - 1, min(MAX_HINGES, n - 2)).astype(np.int64))
-    z = np.minimum(x[None, :], x[cand][:, None])  # (candidates, n)
+    return _best_hinge(cand, np.minimum(x[None, :], x[cand][:, None]), y)
+
+
+def _best_hinge(cand: npt.NDArray[np.int64], z: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> int:
+    """The candidate whose hinged regressor ``z`` (one row per candidate)
+    fits ``y`` with the least squared error, by a straight line on it."""
     zc = z - z.mean(axis=1, keepdims=True)
     yc = y - y.mean()
     szz = (zc * zc).sum(axis=1)

@@ -128,13 +128,15 @@ def _chained(previous: Any) -> Any:
     one keeps calling that one, which still knows the job's own handler."""
 
     def on_sigterm(signum: int, frame: Any) -> None:
+        # Read first: saving stops the last Profiler, which gives SIGTERM back.
+        on_top = signal.getsignal(signum) is on_sigterm
         _save_all_at_sigterm()
         if callable(previous):
             # The job's own handler decides (its exit, its exception: marked
             # as the job's, so that fastprof code it lands in lets it go on).
             _signals.call_job(previous, signum, frame)
             return
-        if signal.getsignal(signum) is not on_sigterm:
+        if not on_top:
             # Called by a handler installed over fastprof's that chains to
             # the one it replaced (Lightning's signal connector): that one
             # decides, as it would have with the default under it, which is
