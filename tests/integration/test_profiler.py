@@ -271,10 +271,15 @@ def test_overwrite_protection_and_retention(tmp_path: Path) -> None:
     # Three windows saved (steps 0, 1, 2); retention deleted the oldest.
     assert sorted(p.name for p in folder.iterdir()) == ["ep0-ba1.pt.trace.json.gz", "ep0-ba2.pt.trace.json.gz"]
     assert [w["deleted"] for w in prof.windows] == [True, False, False]
-    # A second run resumed into the same folder: refused before training, naming it.
-    again = fastprof.Profiler(out_dir=tmp_path, run_name="run", schedule=sched, resume=True)
-    with pytest.raises(ConfigError, match=r"rank0/torch already holds 2 torch trace"):
-        again.start()
+    # A second run resumed into the same folder (a job restarted after
+    # preemption) starts: the earlier traces stay as they were, its own
+    # windows take new names beside them.
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with fastprof.Profiler(out_dir=tmp_path, run_name="run", schedule=sched, resume=True) as again:
+        _train(again, epochs=1, batches=2)
+    after = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert {k: after[k] for k in before} == before
+    assert len(after) == len(before) + 2, sorted(after)
     assert not fastprof.is_active()
     with fastprof.Profiler(
         out_dir=tmp_path,
