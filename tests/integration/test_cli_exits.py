@@ -51,8 +51,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     # A number past Python's 4300-digit limit for int(str).
     (d / "bigint_report.json").write_text('{"schema": "fastprof.report", "schema_version": ' + "9" * 5000 + "}")
+    # A run whose live.json (written by the job, read by fastprof trigger) nests too deeply.
+    deep_live = _record(d / "runs", "deep_live")
+    (deep_live / "rank0" / "live.json").write_text('{"rank": 0, "x": ' + "[" * DEEP + "]" * DEEP + "}")
     return {
         "run": run,
+        "deep_live": deep_live,
         "trace": run / "rank0" / "fastprof.0.json.gz",
         "dir": d / "empty_dir",
         "notjson": d / "notjson.json",
@@ -134,6 +138,7 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("trigger", "{run}", "--steps", "1e308"), "--steps"),
     (("trigger", "{run}", "--rank", "a"), "--rank"),
     (("trigger", "{run}", "--rank", "-1"), "--rank"),
+    (("trigger", "{deep_live}"), "live.json"),
     # demo
     (("demo", "-o", "{out}", "--steps", "0"), "--steps"),
     (("demo", "-o", "{out}", "--steps", BIG), "--steps"),

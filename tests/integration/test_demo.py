@@ -165,3 +165,18 @@ def test_demo_progress_raises_no_warning(tmp_path, capsys, traces):
     stdout = capsys.readouterr().out
     assert f"step {STEPS:>5}/{STEPS}" in stdout
     _check_demo_trace(out / "w" / "rank0", stdout, traces)
+
+
+@pytest.mark.slow
+def test_demo_again_under_one_run_name_says_the_directory_it_records_in(tmp_path, capsys):
+    # The second run takes NAME-2 at its start: what the demo prints (where it
+    # records, the commands to run next) names that one, not the first run's.
+    from fastprof.cli.main import main
+
+    out = tmp_path / "D"
+    for _ in range(2):
+        assert main(["demo", "--out-dir", str(out), "--run-name", "same", "--steps", "4"]) == 0
+    stdout = capsys.readouterr().out
+    said = [line for line in stdout.splitlines() if "recording into" in line]
+    assert [line.rsplit(" ", 1)[-1] for line in said] == [str(out / "same"), str(out / "same-2")]
+    assert f"fastprof report {out / 'same-2'}" in stdout

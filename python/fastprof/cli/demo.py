@@ -182,12 +182,13 @@ def run(args: argparse.Namespace) -> int:
         torch=fastprof.TorchWindows(record_shapes=True),
     )
     check_out_dir(prof.run_dir.parent)
-    if not args.quiet:
-        print(
-            f"fastprof demo: {EPOCHS} epochs x {per_epoch} steps of a small CNN on {device}, "
-            f"recording into {prof.run_dir}"
-        )
     with prof:
+        if not args.quiet:
+            # Once started: a run name an earlier run holds becomes NAME-2 at the start.
+            print(
+                f"fastprof demo: {EPOCHS} epochs x {per_epoch} steps of a small CNN on {device}, "
+                f"recording into {prof.run_dir}"
+            )
         fastprof.instant("train_begin", steps=per_epoch * EPOCHS, batch_size=args.batch_size)
         train(prof, args.steps, args.batch_size, args.workers, device, progress=not args.quiet)
         fastprof.instant("train_end")

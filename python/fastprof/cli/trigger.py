@@ -77,8 +77,12 @@ def _live(run_dir: Path) -> dict[int, dict[str, Any]]:
         try:
             info = json.loads(f.read_text())
             out[int(info["rank"])] = {**info, "dir": d}
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except OSError as e:
             raise CommandError(f"{f}: unreadable ({e}); is the job still running?") from None
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            # Written atomically by the job: what is there is not a live.json.
+            why = "nested too deeply" if isinstance(e, RecursionError) else f"{type(e).__name__}: {e}"
+            raise CommandError(f"{f}: not a fastprof live.json ({why})", exit_code=2) from None
     return out
 
 
@@ -226,7 +230,9 @@ def _wait(
             f = live[r]["dir"] / STATE_FILE
             try:
                 state = json.loads(f.read_text())
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):
+                continue  # being rewritten (or not ours): read again at the next poll
+            if not isinstance(state, dict):
                 continue
             done, files, problems, notes = _files_for(state, rid, flight)
             if not done:
