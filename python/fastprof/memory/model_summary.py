@@ -1,7 +1,7 @@
 """A model's layers to a depth: parameters, trainable share, bytes, output shapes.
 
 ``model_summary(model, depth=2, example_input=None)`` walks ``named_modules()``
-itself (no torchinfo: see docs/design.md, "Model summary"). Each row counts
+itself (no torchinfo: see docs/memory.md, "Model summary"). Each row counts
 its whole subtree; tied parameters (one ``Parameter`` reachable under two
 names) are counted once in the totals and listed in ``tied``.
 """
