@@ -15,7 +15,7 @@ use crate::error::CoreError;
 use crate::error::Result;
 use crate::json;
 use crate::names;
-use crate::record::{Kind, Record, FLAG_EXCEPTION};
+use crate::record::{Kind, Record, FLAG_EXCEPTION, FLAG_STEP};
 use crate::registry::{self, NewThread, Target, ThreadMeta, END_SLOT_MISSING};
 use crate::ring::AllocError;
 use crate::ring::Consumer;
@@ -271,13 +271,31 @@ struct Open {
     /// CLOCK_MONOTONIC ns, converted when the Begin was drained (while the
     /// calibration around it was current).
     ns: u64,
-    args: Option<Box<str>>,
+    args: OpenArgs,
+}
+
+/// A span's args, as its Begin carried them.
+enum OpenArgs {
+    None,
+    /// A ready JSON object (the slow path's extra).
+    Json(Box<str>),
+    /// A training step's numbers, resolved against the thread's step
+    /// context when the Begin was drained, formatted here.
+    Step {
+        epoch: u64,
+        batch: u64,
+        batch_in_epoch: u64,
+        action: u32,
+    },
 }
 
 struct ThreadState {
     consumer: Consumer,
     meta: Arc<ThreadMeta>,
     stack: Vec<Open>,
+    /// The last `StepContext` this thread's ring carried: (epoch, its first
+    /// global step, action name id).
+    step_context: (u64, u64, u32),
 }
 
 /// Everything but the sinks, so that sinks can read the metadata (through
@@ -786,6 +804,7 @@ impl State {
                 consumer: t.consumer,
                 meta: t.meta,
                 stack: Vec::new(),
+                step_context: (0, 0, u32::MAX),
             });
         }
     }
@@ -834,7 +853,27 @@ impl State {
         };
         let ns = self.cal.to_ns(rec.ts);
         match rec.kind() {
-            Kind::Begin => self.threads[ti].stack.push(Open { name, ns, args }),
+            Kind::Begin => {
+                let t = &mut self.threads[ti];
+                let args = match args {
+                    Some(a) => OpenArgs::Json(a),
+                    None if rec.flags() & FLAG_STEP != 0 => {
+                        let (epoch, first, action) = t.step_context;
+                        let batch = rec.plain_payload();
+                        OpenArgs::Step {
+                            epoch,
+                            batch,
+                            batch_in_epoch: batch.saturating_sub(first),
+                            action,
+                        }
+                    }
+                    None => OpenArgs::None,
+                };
+                t.stack.push(Open { name, ns, args })
+            }
+            Kind::StepContext => {
+                self.threads[ti].step_context = (rec.ts, rec.plain_payload(), rec.name);
+            }
             Kind::End => {
                 if let Some(open) = self.threads[ti].stack.pop() {
                     let flags: &[(&str, &str)] = if rec.flags() & FLAG_EXCEPTION != 0 {
@@ -899,7 +938,29 @@ impl State {
         self.event_head(batch, ti, b"X", &open.name, open.ns);
         batch.bytes.extend_from_slice(b",\"dur\":");
         json::write_us(&mut batch.bytes, end_ns.saturating_sub(open.ns) as i64);
-        write_args(&mut batch.bytes, open.args.as_deref(), flags);
+        match &open.args {
+            OpenArgs::None => write_args(&mut batch.bytes, None, flags),
+            OpenArgs::Json(a) => write_args(&mut batch.bytes, Some(a), flags),
+            &OpenArgs::Step {
+                epoch,
+                batch: step,
+                batch_in_epoch,
+                action,
+            } => {
+                let b = &mut batch.bytes;
+                write_args(b, Some("{\"epoch\":0}"), flags);
+                // Replace the placeholder's `0}` with the step's numbers.
+                b.truncate(b.len() - 2);
+                json::write_int(b, epoch);
+                b.extend_from_slice(b",\"batch\":");
+                json::write_int(b, step);
+                b.extend_from_slice(b",\"batch_in_epoch\":");
+                json::write_int(b, batch_in_epoch);
+                b.extend_from_slice(b",\"action\":");
+                self.write_name(b, action);
+                b.push(b'}');
+            }
+        }
         batch.event_done(open.ns, end_ns);
     }
 
@@ -941,18 +1002,7 @@ impl State {
         b.extend_from_slice(cat);
         b.extend_from_slice(b"\",\"name\":");
         match name {
-            SpanName::Id(id) => {
-                let id = *id as usize;
-                if id >= self.names.len() {
-                    for n in names::since(self.names.len()) {
-                        self.names.push(json::quoted(&n));
-                    }
-                }
-                match self.names.get(id) {
-                    Some(q) => b.extend_from_slice(q),
-                    None => b.extend_from_slice(b"\"<unknown>\""),
-                }
-            }
+            SpanName::Id(id) => self.write_name(b, *id),
             SpanName::Owned(s) => json::write_str(b, s),
         }
         b.extend_from_slice(b",\"pid\":");
@@ -961,6 +1011,20 @@ impl State {
         json::write_int(b, self.threads[ti].meta.tid);
         b.extend_from_slice(b",\"ts\":");
         json::write_us(b, ns as i64 - self.header.start_mono_ns as i64);
+    }
+
+    /// The interned name `id` as a JSON string (from the writer's cache).
+    fn write_name(&mut self, b: &mut Vec<u8>, id: u32) {
+        let id = id as usize;
+        if id >= self.names.len() {
+            for n in names::since(self.names.len()) {
+                self.names.push(json::quoted(&n));
+            }
+        }
+        match self.names.get(id) {
+            Some(q) => b.extend_from_slice(q),
+            None => b.extend_from_slice(b"\"<unknown>\""),
+        }
     }
 }
 

@@ -12,6 +12,7 @@
 //!   reader and numpy-ready columns ([`reader`] and [`scan`] are re-exported
 //!   at the crate root under their old paths).
 //! * [`sampler`]: the always-on host / process / NVML sampler thread.
+//! * [`steps`]: the training loop's step machine (where steps begin and end) and the slow-step detector.
 //! * [`analyze`]: streaming step-time breakdowns for reports.
 //! * [`merge`], [`pargz`]: `fastprof merge`, parallel single-member gzip.
 //! * [`clock`]: CLOCK_MONOTONIC / CLOCK_REALTIME and anchor pairs.
@@ -34,6 +35,7 @@ pub mod ring;
 pub mod sampler;
 pub mod session;
 pub mod sink;
+pub mod steps;
 #[cfg(test)]
 mod test_support;
 pub mod trace;

@@ -33,12 +33,21 @@ pub enum Kind {
     AsyncBegin = 5,
     /// The innermost open async span of the same key closes.
     AsyncEnd = 6,
+    /// Not an event: the context of this thread's following step spans
+    /// ([`FLAG_STEP`]): the epoch in `ts`, the epoch's first global step in
+    /// the payload, the action's interned name id in `name`. Sent when it
+    /// changes, so that a step's args cost the training thread no heap.
+    StepContext = 7,
 }
 
 /// `flags` bit: `payload` is a `Box<Extra>` pointer owned by this record.
 const FLAG_EXTRA: u8 = 1;
 /// `flags` bit on an `End`: the span's body raised an exception.
 pub const FLAG_EXCEPTION: u8 = 2;
+/// `flags` bit on a `Begin`: a training step's span; the payload is its
+/// global step, and its args are written by the writer thread from the
+/// thread's last [`Kind::StepContext`].
+pub const FLAG_STEP: u8 = 4;
 
 /// 24 bytes; rings move these by value.
 #[repr(C)]
@@ -108,6 +117,41 @@ impl Record {
         }
     }
 
+    /// A training step's Begin (see [`FLAG_STEP`]).
+    #[inline(always)]
+    pub fn step_begin(name: u32, ts: u64, batch: u64) -> Record {
+        Record {
+            ts,
+            payload: batch,
+            name,
+            kind: Kind::Begin as u8,
+            flags: FLAG_STEP,
+            _pad: 0,
+        }
+    }
+
+    /// The context of the following step spans (see [`Kind::StepContext`]).
+    pub fn step_context(epoch: u64, first_batch: u64, action: u32) -> Record {
+        Record {
+            ts: epoch,
+            payload: first_batch,
+            name: action,
+            kind: Kind::StepContext as u8,
+            flags: 0,
+            _pad: 0,
+        }
+    }
+
+    /// The payload of a record without an extra (a step's global step, a
+    /// step context's first step); 0 for one with an extra.
+    pub fn plain_payload(&self) -> u64 {
+        if self.has_extra() {
+            0
+        } else {
+            self.payload
+        }
+    }
+
     /// A record owning `extra`.
     pub fn with_extra(kind: Kind, name: u32, ts: u64, extra: Box<Extra>) -> Record {
         Record {
@@ -127,6 +171,7 @@ impl Record {
             3 => Kind::Instant,
             5 => Kind::AsyncBegin,
             6 => Kind::AsyncEnd,
+            7 => Kind::StepContext,
             _ => Kind::Counter,
         }
     }

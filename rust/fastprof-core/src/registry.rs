@@ -24,7 +24,7 @@ use crate::clock;
 use crate::record::{Extra, Kind, Record, FLAG_EXCEPTION};
 use crate::ring::{self, AllocError, Consumer, Producer, Push};
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::Thread;
 
@@ -227,6 +227,21 @@ fn not_recorded_here(hooks: &mut dyn ThreadHooks) {
     }
 }
 
+/// This process's id, refreshed in a forked child by the fork handler; 0
+/// until [`install_fork_handlers`] ran (then every call asks the kernel).
+/// Relaxed: the handler runs in the child before any of its other code.
+static PID: AtomicU32 = AtomicU32::new(0);
+
+/// This process's id without a system call once the fork handlers are
+/// installed (the step loop asks at every step whether it was forked).
+#[inline(always)]
+pub fn current_pid() -> u32 {
+    match PID.load(Ordering::Relaxed) {
+        0 => std::process::id(),
+        p => p,
+    }
+}
+
 /// Install the process's fork handlers (once): the name table is held still
 /// across `fork()` and copied consistently into the child, and the child
 /// forgets the parent's recording. Every fork counts, also those made by
@@ -241,12 +256,17 @@ pub fn install_fork_handlers() {
             crate::names::parent_after_fork();
         }
         extern "C" fn child() {
+            // getpid is async-signal-safe, as a fork child handler needs.
+            PID.store(std::process::id(), Ordering::Relaxed);
             crate::names::child_after_fork();
             after_fork_in_child();
         }
         // SAFETY: the handlers are plain functions that live for the whole
         // process; pthread_atfork only records them.
-        unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+        let rc = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+        if rc == 0 {
+            PID.store(std::process::id(), Ordering::Relaxed);
+        }
     });
 }
 
@@ -280,7 +300,12 @@ struct Local {
     floor: Cell<u32>,
     /// Whether skips under `floor` are drops (ring full) or gated (paused).
     floor_counts: Cell<bool>,
+    /// The step context this thread's ring last carried in this generation
+    /// (epoch, its first step, action); `NO_STEP_CONTEXT` before any.
+    step_context: Cell<(u64, u64, u32)>,
 }
+
+const NO_STEP_CONTEXT: (u64, u64, u32) = (u64::MAX, u64::MAX, u32::MAX);
 
 thread_local! {
     static LOCAL: Local = const {
@@ -293,6 +318,7 @@ thread_local! {
             open_recorded: Cell::new(0),
             floor: Cell::new(0),
             floor_counts: Cell::new(false),
+            step_context: Cell::new(NO_STEP_CONTEXT),
         }
     };
 }
@@ -347,6 +373,7 @@ fn register(l: &Local, gen: u64, hooks: &mut dyn ThreadHooks) -> bool {
     l.open_recorded.set(0);
     l.floor.set(0);
     l.floor_counts.set(false);
+    l.step_context.set(NO_STEP_CONTEXT);
     match ring {
         Ok((producer, consumer)) => {
             let meta = Arc::new(ThreadMeta {
@@ -591,6 +618,57 @@ pub fn complete(
         Some(x) => Record::with_extra(Kind::Begin, name, begin_ticks, x),
         None => Record::new(Kind::Begin, name, begin_ticks, 0),
     });
+    end(false);
+}
+
+/// Where a training step is, as its span's args say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepArgs {
+    pub epoch: u64,
+    pub batch: u64,
+    pub batch_in_epoch: u64,
+    /// The schedule action's interned name id.
+    pub action: u32,
+}
+
+/// A training step's span, from `begin_ticks` to now, as [`complete`]
+/// records one, with args `{"epoch", "batch", "batch_in_epoch", "action"}`
+/// that the writer thread formats: the training thread pushes the step's
+/// global step in the Begin and, when the epoch or action changed since
+/// this thread's last step, one [`Kind::StepContext`] record before it. No
+/// heap, no formatting here.
+pub fn step_complete(name: u32, begin_ticks: u64, args: StepArgs, hooks: &mut dyn ThreadHooks) {
+    let begin_ticks = begin_ticks.min(clock::ticks());
+    let context = (
+        args.epoch,
+        args.batch.saturating_sub(args.batch_in_epoch),
+        args.action,
+    );
+    let w = WORD.load(Ordering::Relaxed);
+    if w != 0 && w & 1 == 0 {
+        let sent = with_reg(w, hooks, |l, r| {
+            if l.step_context.get() == context || l.floor.get() != 0 {
+                return true;
+            }
+            // Room for the context, the step's Begin and End, and every End due.
+            let reserve = l.open_recorded.get() as u64 + 2;
+            let (epoch, first, action) = context;
+            let ok = push(r, Record::step_context(epoch, first, action), reserve);
+            if ok {
+                l.step_context.set(context);
+            }
+            ok
+        });
+        if sent == Some(false) {
+            // The ring is full and the context did not go: the step goes
+            // without args (if it gets in at all), never with another
+            // step's. The next step sends the context again.
+            begin_with(hooks, || Record::new(Kind::Begin, name, begin_ticks, 0));
+            end(false);
+            return;
+        }
+    }
+    begin_with(hooks, || Record::step_begin(name, begin_ticks, args.batch));
     end(false);
 }
 

@@ -200,3 +200,71 @@ fn second_start_is_refused() {
     ));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A training step's args are written by the writer thread from the step
+/// context the training thread sends when it changes: two threads with
+/// their own epochs and actions, across a pause (which records no step
+/// but must not lose the context) and a second session (a new ring).
+#[test]
+fn step_args_are_formatted_on_the_writer_thread() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let step = names::intern("step").unwrap();
+    let actions = [
+        names::intern("none").unwrap(),
+        names::intern("active \"x\"").unwrap(),
+    ];
+    for round in 0..2 {
+        let dir = tmpdir(&format!("steps-{round}"));
+        let mut session = Session::start(Config {
+            trace_dir: dir.clone(),
+            flush_interval_s: 0.05,
+            ..Config::default()
+        })
+        .unwrap();
+        let mut namer = || "main".to_string();
+        let mut expected = Vec::new();
+        let mut batch = 0u64;
+        for epoch in 0..3u64 {
+            for bie in 0..7u64 {
+                let action = actions[((bie / 3) % 2) as usize];
+                let args = registry::StepArgs {
+                    epoch,
+                    batch,
+                    batch_in_epoch: bie,
+                    action,
+                };
+                let paused = epoch == 1 && bie == 2;
+                if paused {
+                    session.pause().unwrap();
+                }
+                let t0 = fastprof_core::clock::ticks();
+                registry::step_complete(step, t0, args, &mut namer);
+                if paused {
+                    session.resume().unwrap();
+                } else {
+                    expected.push((epoch, batch, bie, names::get(action).unwrap().to_string()));
+                }
+                batch += 1;
+            }
+        }
+        let report = session.stop().unwrap();
+        assert_eq!(report.dropped, 0);
+        let doc = reader::read_trace(&report.segments[0]).unwrap();
+        let got: Vec<_> = events(&doc.value)
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["name"] == "step")
+            .map(|e| {
+                let a = &e["args"];
+                assert_eq!(a.as_object().unwrap().len(), 4, "{a}");
+                (
+                    a["epoch"].as_u64().unwrap(),
+                    a["batch"].as_u64().unwrap(),
+                    a["batch_in_epoch"].as_u64().unwrap(),
+                    a["action"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(got, expected);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -76,7 +76,7 @@ pub struct Session {
 
 impl Session {
     fn forked(&self) -> bool {
-        std::process::id() != self.owner_pid
+        registry::current_pid() != self.owner_pid
     }
 
     fn with<R>(&self, f: impl FnOnce(&CoreSession) -> PyResult<R>) -> PyResult<R> {
