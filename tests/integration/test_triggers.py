@@ -294,8 +294,12 @@ def test_an_exception_dumps_the_flight_recorder_and_propagates(tmp_path: Path) -
     rc, _out, err = _finish(proc)
     assert rc == 1 and "RuntimeError: boom at step 60" in err
     summary = json.loads((tmp_path / "out" / "run" / "rank0" / "profiler.json").read_text())
-    [d] = summary["triggers"]["flight_dumps"]
-    assert d["reason"] == "exception" and _trace(d["path"])["traceEvents"]
+    dumps = summary["triggers"]["flight_dumps"]
+    # A loaded machine may stall a step before the exception: its anomaly
+    # dump is right too. One dump is the exception's.
+    [d] = [d for d in dumps if d["reason"] == "exception"]
+    assert all(o["reason"] == "anomaly" for o in dumps if o is not d), dumps
+    assert _trace(d["path"])["traceEvents"]
 
 
 def test_an_ignored_signal_is_left_alone_and_the_file_still_works(tmp_path: Path) -> None:
@@ -355,9 +359,13 @@ def test_a_steady_run_captures_nothing_it_should_not(tmp_path: Path) -> None:
     durs = _step_durations(_trace(run / "trace.json.gz"))
     assert len(durs) == 1000
     # A loaded machine may really stall a step; whatever was flagged must be
-    # a step the trace shows > 3x its recent median, and nothing else captured.
+    # a step the trace shows slow against its recent median, and nothing else
+    # captured. The detector judges 3x against its own window (held and
+    # first-of-epoch steps left out), this check against the trace's last 64
+    # steps: a step at 3.00x by one may be 2.99x by the other (seen: 17.67 ms
+    # against a median of 5.883), hence 2.8x here.
     for a in st["anomalies"]:
-        assert _really_slow(durs, a["step"], 3.0), (a, durs.get(a["step"]))
+        assert _really_slow(durs, a["step"], 2.8), (a, durs.get(a["step"]))
     assert all(c["source"] == "anomaly" for c in st["captures"])
     assert len(st["captures"]) <= len(st["anomalies"])
 
