@@ -38,6 +38,27 @@ def interleaved(cases: dict[str, Callable[[], None]], rounds: int) -> dict[str, 
     return out
 
 
+def interleaved_cpu(
+    cases: dict[str, Callable[[], None]], rounds: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """As :func:`interleaved`, with the calling thread's CPU time beside the
+    wall time (seconds per run each). The thread's CPU time is what the
+    training thread pays: on a loaded machine it does not count the time
+    other processes held the core, which wall time does."""
+    wall: dict[str, list[float]] = {k: [] for k in cases}
+    cpu: dict[str, list[float]] = {k: [] for k in cases}
+    names = list(cases)
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            c0, t0 = time.thread_time(), time.perf_counter()
+            cases[name]()
+            t1, c1 = time.perf_counter(), time.thread_time()
+            wall[name].append(t1 - t0)
+            cpu[name].append(c1 - c0)
+    return wall, cpu
+
+
 def best(xs: list[float]) -> float:
     return min(xs)
 
