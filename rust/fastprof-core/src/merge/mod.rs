@@ -7,7 +7,7 @@
 //!    bytes per category. Needed first because Kineto may write
 //!    `baseTimeNanoseconds` after `traceEvents`, and windows by step need
 //!    every rank's steps before any event is placed.
-//! 2. write: each event's raw bytes are copied through with only the fields
+//! 2. `write`: each event's raw bytes are copied through with only the fields
 //!    merging must change rewritten ([`rewrite`]: `pid`, `ts`, flow/async
 //!    `id`s, process names and sort indexes), in ~1 MiB chunks compressed in parallel into a
 //!    single-member gzip ([`crate::pargz`]), written to a temporary name and
@@ -23,20 +23,18 @@ pub mod nest;
 pub mod plan;
 mod rewrite;
 pub mod rotated;
+mod write;
 
 use crate::error::{CoreError, Result};
-use crate::json;
-use crate::pargz::ParGzWriter;
-use crate::trace::scan::{Item, Scanner};
+use crate::trace::scan::Scanner;
 use plan::{InputInfo, Kind};
-use rewrite::{rewrite, Counts, Ctx};
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap};
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use write::write_all;
 
 /// Which part of the timeline to keep.
 #[derive(Debug, Clone, Default)]
@@ -161,35 +159,6 @@ pub struct MergeSummary {
     /// (see [`rotated`]); empty when nothing was.
     pub rotated: Vec<Value>,
 }
-
-enum Sink {
-    Gz(Box<ParGzWriter>),
-    Plain(BufWriter<File>, u64),
-}
-
-impl Sink {
-    fn write(&mut self, chunk: Vec<u8>) -> std::io::Result<()> {
-        match self {
-            Sink::Gz(w) => w.write_chunk(chunk),
-            Sink::Plain(w, n) => {
-                *n += chunk.len() as u64;
-                w.write_all(&chunk)
-            }
-        }
-    }
-
-    fn finish(self) -> std::io::Result<(u64, u64)> {
-        match self {
-            Sink::Gz(w) => (*w).finish(),
-            Sink::Plain(mut w, n) => {
-                w.flush()?;
-                Ok((n, n))
-            }
-        }
-    }
-}
-
-const CHUNK: usize = 1 << 20;
 
 fn progress_thread(
     done: Arc<AtomicU64>,
@@ -461,12 +430,15 @@ fn first_error<R>(results: Vec<Result<R>>) -> Result<Vec<R>> {
     Ok(ok)
 }
 
+/// An epoch-ns interval of the merged timeline: (start, end).
+type Span = (i64, i64);
+
 /// What pass 1 decided for pass 2.
 struct Plan {
     kept: Vec<InputInfo>,
     summary: MergeSummary,
-    window: Option<(i64, i64)>,
-    rank_windows: HashMap<u32, (i64, i64)>,
+    window: Option<Span>,
+    rank_windows: HashMap<u32, Span>,
     dropped: Vec<String>,
     pid_maps: HashMap<u32, HashMap<Vec<u8>, i64>>,
     sort_events: Vec<u8>,
@@ -476,6 +448,9 @@ struct Plan {
     distributed: Option<Value>,
 }
 
+/// Pass 1 over every input, then what pass 2 needs decided across them:
+/// ranks and clock offsets, the rank filter, the window, the byte budget,
+/// merged pids and names, and the nesting index.
 fn plan_all(
     opts: &MergeOptions,
     files: Vec<PathBuf>,
@@ -483,20 +458,79 @@ fn plan_all(
     done: &Arc<AtomicU64>,
     cancel: &AtomicBool,
 ) -> Result<Plan> {
-    let is_part = |p: &Path| p.extension().is_some_and(|e| e == "part");
-    let infos = parallel(files.clone(), threads, cancel, |p| {
-        match open_input(&p).and_then(|sc| plan::scan_input(p.clone(), sc, done, cancel)) {
-            // An open segment a recording has just created holds no event
-            // yet (0 bytes, or part of the gzip header): nothing to merge in it.
-            Err(CoreError::Trace { reason, .. }) if is_part(&p) => Ok(Err(reason)),
-            other => other.map(Ok),
-        }
-    });
     let mut summary = MergeSummary {
         output: opts.output.clone(),
         ..Default::default()
     };
-    let mut kept: Vec<InputInfo> = Vec::new();
+    let read = read_inputs(files, threads, done, cancel, &mut summary)?;
+    let mut kept = keep_inputs(opts, read, &mut summary)?;
+    assign_ranks(&mut kept, &mut summary.warnings);
+    share_rank_offsets(&mut kept);
+    if let Some(want) = &opts.ranks {
+        summary.filtered_rank = filter_ranks(&mut kept, want)?;
+    }
+    let ranks: BTreeSet<u32> = kept.iter().map(|i| i.rank.unwrap_or(0)).collect();
+    summary.ranks = ranks.iter().copied().collect();
+    let (start, end) = time_range(&kept);
+    let (window, rank_windows) = choose_window(&opts.window, &kept, start, end)?;
+    let dropped = match opts.max_bytes {
+        Some(max) => category_budget(max, &kept, &mut summary.warnings),
+        None => Vec::new(),
+    };
+    summary.dropped_categories = dropped.clone();
+    // pids: unique per (rank, original pid), numbered so the rank shows,
+    // and one name per pid and per thread (see `names`).
+    let names::Names {
+        pid_maps,
+        metadata: sort_events,
+        added,
+    } = names::plan(&kept);
+    summary.metadata_added += added;
+    let nest = nest_index(&mut kept);
+    summary.python_calls = nest.calls() as u64;
+    let distributed = distributed_info(&kept, &summary.ranks);
+    let out_base = window.map_or(start, |w| w.0.max(start));
+    summary.base_ns = out_base;
+    summary.rotated = rotated::by_rank(&kept, out_base);
+    summary.start_ns = out_base;
+    summary.end_ns = window.map_or(end, |w| w.1.min(end));
+    summary.uncertainty_ns = kept
+        .iter()
+        .map(|i| i.offset_uncertainty_ns + i.anchor_uncertainty_ns)
+        .max()
+        .unwrap_or(0);
+    Ok(Plan {
+        kept,
+        summary,
+        window,
+        rank_windows,
+        dropped,
+        pid_maps,
+        sort_events,
+        out_base,
+        nest,
+        distributed,
+    })
+}
+
+/// Pass 1 ([`plan::scan_input`]) over every input in parallel, in input
+/// order. An open segment a recording has just created holds no event yet
+/// (0 bytes, or part of the gzip header): it is skipped with a warning, not
+/// an error, since there is nothing to merge in it.
+fn read_inputs(
+    files: Vec<PathBuf>,
+    threads: usize,
+    done: &Arc<AtomicU64>,
+    cancel: &AtomicBool,
+    summary: &mut MergeSummary,
+) -> Result<Vec<InputInfo>> {
+    let is_part = |p: &Path| p.extension().is_some_and(|e| e == "part");
+    let infos = parallel(files.clone(), threads, cancel, |p| {
+        match open_input(&p).and_then(|sc| plan::scan_input(p.clone(), sc, done, cancel)) {
+            Err(CoreError::Trace { reason, .. }) if is_part(&p) => Ok(Err(reason)),
+            other => other.map(Ok),
+        }
+    });
     let mut read = Vec::with_capacity(infos.len());
     for (r, path) in first_error(infos)?.into_iter().zip(&files) {
         match r {
@@ -512,6 +546,19 @@ fn plan_all(
             }
         }
     }
+    Ok(read)
+}
+
+/// The inputs read that are merged: all but previous merge outputs (a run
+/// directory holds its merged trace beside the segments it was made from).
+/// Counts what pass 1 read of them; none left is an error naming what was
+/// skipped.
+fn keep_inputs(
+    opts: &MergeOptions,
+    read: Vec<InputInfo>,
+    summary: &mut MergeSummary,
+) -> Result<Vec<InputInfo>> {
+    let mut kept: Vec<InputInfo> = Vec::new();
     for info in read {
         summary.warnings.extend(info.warnings.iter().cloned());
         if info.merged_output {
@@ -534,11 +581,16 @@ fn plan_all(
             ),
         });
     }
-    // Ranks: from metadata, the path, or else the order of unranked inputs.
+    Ok(kept)
+}
+
+/// Ranks come from metadata or the path; an input with neither is taken as
+/// rank 0, with a warning, since pass 2 places every event by its rank.
+fn assign_ranks(kept: &mut [InputInfo], warnings: &mut Vec<String>) {
     let mut unranked = 0;
     for info in kept.iter_mut() {
         if info.rank.is_none() {
-            summary.warnings.push(format!(
+            warnings.push(format!(
                 "{}: no rank in metadata or path; taken as rank 0",
                 info.path.display()
             ));
@@ -547,11 +599,15 @@ fn plan_all(
         }
     }
     if unranked > 1 {
-        summary.warnings.push(format!(
+        warnings.push(format!(
             "{unranked} inputs had no rank; their processes still get distinct pids"
         ));
     }
-    // Clock offsets are per rank: inputs of a rank without one take the rank's fastprof offset.
+}
+
+/// Clock offsets are per rank, but only fastprof measures one: a rank's
+/// other inputs (its torch traces) take the offset of its first fastprof input.
+fn share_rank_offsets(kept: &mut [InputInfo]) {
     let mut rank_offset: HashMap<u32, (i64, u64)> = HashMap::new();
     for i in kept.iter().filter(|i| i.kind == Kind::Fastprof) {
         rank_offset
@@ -564,26 +620,31 @@ fn plan_all(
             i.offset_uncertainty_ns = u;
         }
     }
-    if let Some(want) = &opts.ranks {
-        let before = kept.len();
-        let mut gone = 0;
-        kept.retain(|i| {
-            let keep = want.contains(&i.rank.unwrap_or(0));
-            if !keep {
-                gone += i.events;
-            }
-            keep
-        });
-        summary.filtered_rank = gone;
-        if kept.is_empty() {
-            return Err(CoreError::config(
-                "ranks",
-                format!("none of the {before} inputs has a rank in {want:?}"),
-            ));
+}
+
+/// Keep only the inputs of the ranks in `want`; returns how many events
+/// the others held. None left is an error: the ranks asked for are not there.
+fn filter_ranks(kept: &mut Vec<InputInfo>, want: &[u32]) -> Result<u64> {
+    let before = kept.len();
+    let mut gone = 0;
+    kept.retain(|i| {
+        let keep = want.contains(&i.rank.unwrap_or(0));
+        if !keep {
+            gone += i.events;
         }
+        keep
+    });
+    if kept.is_empty() {
+        return Err(CoreError::config(
+            "ranks",
+            format!("none of the {before} inputs has a rank in {want:?}"),
+        ));
     }
-    let ranks: BTreeSet<u32> = kept.iter().map(|i| i.rank.unwrap_or(0)).collect();
-    summary.ranks = ranks.iter().copied().collect();
+    Ok(gone)
+}
+
+/// The epoch-ns range the inputs' events cover: (first start, last end).
+fn time_range(kept: &[InputInfo]) -> Span {
     let start = kept
         .iter()
         .filter_map(|i| i.min_ts.map(|t| i.abs(t)))
@@ -594,10 +655,19 @@ fn plan_all(
         .filter_map(|i| i.max_ts.map(|t| i.abs(t)))
         .max()
         .unwrap_or(start);
-    // Per-rank step windows: each rank keeps its own steps A..=B.
-    let mut rank_windows: HashMap<u32, (i64, i64)> = HashMap::new();
-    let window = match &opts.window {
-        Window::All => None,
+    (start, end)
+}
+
+/// The epoch-ns window of events to keep (None: all), and for a window by
+/// steps each rank's own (see [`step_windows`]).
+fn choose_window(
+    window: &Window,
+    kept: &[InputInfo],
+    start: i64,
+    end: i64,
+) -> Result<(Option<Span>, HashMap<u32, Span>)> {
+    match window {
+        Window::All => Ok((None, HashMap::new())),
         Window::Seconds { start: s, end: e } => {
             let s = s.unwrap_or(0.0);
             let span = (end - start) as f64 / 1e9;
@@ -609,82 +679,82 @@ fn plan_all(
                     ),
                 ));
             }
-            Some((
+            let w = (
                 start.saturating_add((s * 1e9) as i64),
                 e.map_or(i64::MAX, |e| start.saturating_add((e * 1e9) as i64)),
-            ))
+            );
+            Ok((Some(w), HashMap::new()))
         }
-        Window::Steps { from, to } => {
-            let sel: Vec<(i64, i64)> = kept
-                .iter()
-                .flat_map(|i| {
-                    i.steps
-                        .iter()
-                        .filter(|s| s.number >= *from && s.number <= *to)
-                        .map(|s| (i.abs(s.start), i.abs(s.end)))
-                })
-                .collect();
-            for i in &kept {
-                for st in i
-                    .steps
-                    .iter()
-                    .filter(|s| s.number >= *from && s.number <= *to)
-                {
-                    let w = rank_windows
-                        .entry(i.rank.unwrap_or(0))
-                        .or_insert((i64::MAX, i64::MIN));
-                    w.0 = w.0.min(i.abs(st.start));
-                    w.1 = w.1.max(i.abs(st.end));
-                }
-            }
-            if sel.is_empty() {
-                return Err(CoreError::config(
-                    "steps",
-                    format!("no step markers numbered {from}..={to} (ProfilerStep#N or fastprof 'step' spans) in the inputs"),
-                ));
-            }
-            Some((
-                sel.iter().map(|x| x.0).min().unwrap_or(start),
-                sel.iter().map(|x| x.1).max().unwrap_or(end),
-            ))
-        }
-    };
-    // max_bytes: drop low-value categories until the estimate fits.
-    let mut dropped: Vec<String> = Vec::new();
-    if let Some(max) = opts.max_bytes {
-        let mut estimate: u64 = kept.iter().map(|i| i.bytes).sum();
-        let mut by_cat: HashMap<&str, u64> = HashMap::new();
-        for i in &kept {
-            for (c, n) in &i.cat_bytes {
-                *by_cat.entry(c.as_str()).or_insert(0) += n;
-            }
-        }
-        for c in LOW_VALUE_CATEGORIES {
-            if estimate <= max {
-                break;
-            }
-            if let Some(n) = by_cat.get(c) {
-                estimate = estimate.saturating_sub(*n);
-                dropped.push(c.to_string());
-            }
-        }
-        if estimate > max {
-            summary.warnings.push(format!(
-                "--max-bytes {max}: still ~{estimate} bytes after dropping every low-value category"
-            ));
+        Window::Steps { from, to } => step_windows(kept, *from, *to),
+    }
+}
+
+/// A window by steps `from..=to`: overall from the first selected step's
+/// start to the last one's end, and per rank over that rank's own steps,
+/// since ranks reach a step at different times and each keeps its own.
+fn step_windows(
+    kept: &[InputInfo],
+    from: u64,
+    to: u64,
+) -> Result<(Option<Span>, HashMap<u32, Span>)> {
+    let mut overall: Option<Span> = None;
+    let mut rank_windows: HashMap<u32, Span> = HashMap::new();
+    for i in kept {
+        for st in i
+            .steps
+            .iter()
+            .filter(|s| s.number >= from && s.number <= to)
+        {
+            let (s, e) = (i.abs(st.start), i.abs(st.end));
+            let w = rank_windows
+                .entry(i.rank.unwrap_or(0))
+                .or_insert((i64::MAX, i64::MIN));
+            w.0 = w.0.min(s);
+            w.1 = w.1.max(e);
+            overall = Some(overall.map_or((s, e), |(a, b)| (a.min(s), b.max(e))));
         }
     }
-    summary.dropped_categories = dropped.clone();
-    // pids: unique per (rank, original pid), numbered so the rank shows,
-    // and one name per pid and per thread (see `names`).
-    let names::Names {
-        pid_maps,
-        metadata,
-        added,
-    } = names::plan(&kept);
-    summary.metadata_added += added;
-    let sort_events = metadata;
-    // The python_function index for strict nesting (bounded by their count).
+    let Some(w) = overall else {
+        return Err(CoreError::config(
+            "steps",
+            format!("no step markers numbered {from}..={to} (ProfilerStep#N or fastprof 'step' spans) in the inputs"),
+        ));
+    };
+    Ok((Some(w), rank_windows))
+}
+
+/// The categories `max_bytes` drops: low-value ones, lowest first, until
+/// pass 1's estimate of the output fits (a warning when even all of them
+/// are not enough).
+fn category_budget(max: u64, kept: &[InputInfo], warnings: &mut Vec<String>) -> Vec<String> {
+    let mut dropped: Vec<String> = Vec::new();
+    let mut estimate: u64 = kept.iter().map(|i| i.bytes).sum();
+    let mut by_cat: HashMap<&str, u64> = HashMap::new();
+    for i in kept {
+        for (c, n) in &i.cat_bytes {
+            *by_cat.entry(c.as_str()).or_insert(0) += n;
+        }
+    }
+    for c in LOW_VALUE_CATEGORIES {
+        if estimate <= max {
+            break;
+        }
+        if let Some(n) = by_cat.get(c) {
+            estimate = estimate.saturating_sub(*n);
+            dropped.push(c.to_string());
+        }
+    }
+    if estimate > max {
+        warnings.push(format!(
+            "--max-bytes {max}: still ~{estimate} bytes after dropping every low-value category"
+        ));
+    }
+    dropped
+}
+
+/// The python_function index for strict nesting (bounded by their count);
+/// the calls move from the inputs into it.
+fn nest_index(kept: &mut [InputInfo]) -> nest::NestIndex {
     let mut nest = nest::NestIndex::default();
     for i in kept.iter_mut() {
         let calls = std::mem::take(&mut i.py_calls);
@@ -694,30 +764,7 @@ fn plan_all(
         }
     }
     nest.finish();
-    summary.python_calls = nest.calls() as u64;
-    let distributed = distributed_info(&kept, &summary.ranks);
-    let out_base = window.map_or(start, |w| w.0.max(start));
-    summary.base_ns = out_base;
-    summary.rotated = rotated::by_rank(&kept, out_base);
-    summary.start_ns = window.map_or(start, |w| w.0.max(start));
-    summary.end_ns = window.map_or(end, |w| w.1.min(end));
-    summary.uncertainty_ns = kept
-        .iter()
-        .map(|i| i.offset_uncertainty_ns + i.anchor_uncertainty_ns)
-        .max()
-        .unwrap_or(0);
-    Ok(Plan {
-        kept,
-        summary,
-        window,
-        rank_windows,
-        dropped,
-        pid_maps,
-        sort_events,
-        out_base,
-        nest,
-        distributed,
-    })
+    nest
 }
 
 /// The `distributedInfo` of a merge of one rank: that rank's own (a
@@ -738,267 +785,6 @@ fn distributed_info(kept: &[InputInfo], ranks: &[u32]) -> Option<Value> {
         d.insert("world_size".into(), json!(w));
     }
     Some(Value::Object(d))
-}
-
-/// Why a merge that read its inputs selected no event, naming them.
-fn no_events_reason(opts: &MergeOptions, s: &MergeSummary, metadata: u64) -> String {
-    let inputs = show_inputs(&opts.inputs);
-    let filtered = s.filtered_window + s.filtered_category + s.filtered_rank + s.filtered_max_bytes;
-    if filtered > 0 {
-        format!(
-            "every event of {inputs} was filtered out (window {}, category {}, rank {}, max-bytes {})",
-            s.filtered_window, s.filtered_category, s.filtered_rank, s.filtered_max_bytes
-        )
-    } else if s.events_dropped > 0 {
-        format!(
-            "{inputs}: all {} events are malformed JSON and were dropped",
-            s.events_dropped
-        )
-    } else if metadata > 0 {
-        format!("{inputs} hold only metadata events ({metadata}), no trace events")
-    } else {
-        format!("{inputs} hold no events")
-    }
-}
-
-fn write_all(
-    opts: &MergeOptions,
-    plan: Plan,
-    threads: usize,
-    done: &Arc<AtomicU64>,
-    cancel: &AtomicBool,
-) -> Result<MergeSummary> {
-    let Plan {
-        kept,
-        mut summary,
-        window,
-        rank_windows,
-        dropped,
-        pid_maps,
-        sort_events,
-        out_base,
-        nest,
-        distributed,
-    } = plan;
-    let dir = output_dir(&opts.output);
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        opts.output
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        std::process::id()
-    ));
-    let out_err = |e: std::io::Error| output_error(&opts.output, e);
-    let file = File::create(&tmp).map_err(out_err)?;
-    let gz = !opts.output.to_string_lossy().ends_with(".json");
-    let sink = if gz {
-        match ParGzWriter::new(Box::new(file), threads, opts.compression_level) {
-            Ok(w) => Sink::Gz(Box::new(w)),
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(out_err(e));
-            }
-        }
-    } else {
-        Sink::Plain(BufWriter::with_capacity(CHUNK, file), 0)
-    };
-    let sink = Mutex::new(sink);
-    let write_result = (|| -> Result<Vec<Counts>> {
-        let mut head = b"{\"baseTimeNanoseconds\":".to_vec();
-        json::write_int(&mut head, out_base);
-        if let Some(Value::Object(d)) = &distributed {
-            head.extend_from_slice(b",\"distributedInfo\": ");
-            json::write_spaced_object(&mut head, d);
-        }
-        head.extend_from_slice(b",\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-        head.extend_from_slice(
-            b"{\"ph\":\"M\",\"name\":\"fastprof_merge\",\"pid\":0,\"tid\":0,\"args\":{\"inputs\":",
-        );
-        json::write_int(&mut head, kept.len());
-        head.extend_from_slice(b"}}");
-        head.extend_from_slice(&sort_events);
-        sink.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .write(head)
-            .map_err(out_err)?;
-        let jobs: Vec<(usize, &InputInfo)> = kept.iter().enumerate().collect();
-        let results = parallel(jobs, threads, cancel, |(idx, info)| -> Result<Counts> {
-            let ctx = Ctx {
-                info,
-                rank: info.rank.unwrap_or(0),
-                id_offset: (idx as i64 + 1) << 40,
-                pids: pid_maps.get(&info.rank.unwrap_or(0)),
-                out_base,
-                window: rank_windows
-                    .get(&info.rank.unwrap_or(0))
-                    .copied()
-                    .or(window),
-                nest: (!nest.is_empty()).then_some(&nest),
-                include: &opts.include_categories,
-                exclude: &opts.exclude_categories,
-                dropped: &dropped,
-            };
-            let mut counts = Counts::default();
-            let mut sc = open_input(&info.path)?;
-            let mut chunk = Vec::with_capacity(CHUNK + 4096);
-            let mut last = 0;
-            // Only the events pass 1 planned for: an open segment may have
-            // grown (or been closed and renamed) since, with pids and times
-            // the plan does not know.
-            let mut seen = 0u64;
-            loop {
-                counts.name_pending(&info.path, sc.offset());
-                if seen >= info.events {
-                    break;
-                }
-                let Some(item) = sc.next_item()? else { break };
-                if let Item::Event(raw) = item {
-                    seen += 1;
-                    rewrite(raw, &ctx, &mut counts, &mut chunk);
-                    if chunk.len() >= CHUNK {
-                        // Relaxed: a request to stop, nothing is published through it.
-                        if cancel.load(Ordering::Relaxed) {
-                            return Err(CoreError::Cancelled);
-                        }
-                        let c = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK + 4096));
-                        sink.lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .write(c)
-                            .map_err(out_err)?;
-                        let r = sc.compressed_read();
-                        done.fetch_add(r.saturating_sub(last), Ordering::Relaxed);
-                        last = r;
-                    }
-                }
-            }
-            done.fetch_add(sc.compressed_read().saturating_sub(last), Ordering::Relaxed);
-            if cancel.load(Ordering::Relaxed) {
-                return Err(CoreError::Cancelled);
-            }
-            if !chunk.is_empty() {
-                sink.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .write(chunk)
-                    .map_err(out_err)?;
-            }
-            Ok(counts)
-        });
-        first_error(results)
-    })();
-    let counts = match write_result {
-        Ok(c) => c,
-        Err(e) => {
-            drop(sink);
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    };
-    let mut data_out = 0;
-    for (c, info) in counts.iter().zip(&kept) {
-        summary.events_out += c.out;
-        summary.events_dropped += c.invalid;
-        summary.warnings.extend(c.warnings.iter().cloned());
-        if c.invalid > rewrite::MAX_INVALID_WARNINGS {
-            summary.warnings.push(format!(
-                "{}: {} more malformed events dropped",
-                info.path.display(),
-                c.invalid - rewrite::MAX_INVALID_WARNINGS
-            ));
-        }
-        data_out += c.data;
-        summary.metadata_replaced += c.replaced;
-        if c.utf8_fixed > 0 {
-            summary.warnings.push(format!(
-                "{}: invalid UTF-8 in {} events replaced by U+FFFD",
-                info.path.display(),
-                c.utf8_fixed
-            ));
-        }
-        summary.filtered_window += c.window;
-        summary.nest_moved += c.nest_moved;
-        summary.nest_clipped += c.nest_clipped;
-        summary.filtered_category += c.category;
-        summary.filtered_max_bytes += c.max_bytes;
-        summary.inputs_json.push(json!({
-            "path": info.path.display().to_string(),
-            "kind": info.kind.as_str(),
-            "rank": info.rank,
-            "base_ns": info.base_ns,
-            "offset_ns": info.offset_ns,
-            "offset_uncertainty_ns": info.offset_uncertainty_ns,
-            "events_in": info.events,
-            "events_out": c.out,
-            "events_dropped": info.dropped + c.invalid,
-            "salvaged_bytes": info.salvaged_bytes,
-        }));
-    }
-    if data_out == 0 {
-        drop(sink);
-        let _ = std::fs::remove_file(&tmp);
-        let metadata = summary.events_out;
-        return Err(CoreError::NoEvents {
-            reason: no_events_reason(opts, &summary, metadata),
-        });
-    }
-    summary.files = kept.len();
-    let other = json!({
-        "producer": "fastprof merge",
-        "version": crate::VERSION,
-        "merged": true,
-        "inputs": summary.inputs_json,
-        "skipped_inputs": summary.skipped_files,
-        "ranks": summary.ranks,
-        "alignment": {
-            "method": "baseTimeNanoseconds (or epoch µs) + per-rank clock offset from fastprof metadata",
-            "uncertainty_ns": summary.uncertainty_ns,
-        },
-        "window": {"start_ns": summary.start_ns, "end_ns": summary.end_ns, "filtered": summary.filtered_window},
-        "categories": {
-            "include": opts.include_categories,
-            "exclude": opts.exclude_categories,
-            "filtered": summary.filtered_category,
-        },
-        "max_bytes": {"limit": opts.max_bytes, "dropped_categories": summary.dropped_categories, "filtered": summary.filtered_max_bytes},
-        "filtered_rank": summary.filtered_rank,
-        "events_in": summary.events_in,
-        "events_out": summary.events_out,
-        "events_dropped": summary.events_dropped,
-        "metadata_added": summary.metadata_added,
-        "metadata_replaced": summary.metadata_replaced,
-        "salvaged_bytes": summary.salvaged_bytes,
-        "nesting": {
-            "python_calls": summary.python_calls,
-            "moved": summary.nest_moved,
-            "clipped_to_window": summary.nest_clipped,
-        },
-        "rotated": summary.rotated,
-        "warnings": summary.warnings,
-    });
-    let mut tail = b"\n],\"otherData\":".to_vec();
-    tail.extend_from_slice(&serde_json::to_vec(&other).unwrap_or_else(|_| b"{}".to_vec()));
-    tail.extend_from_slice(b"}\n");
-    let mut sink = sink.into_inner().unwrap_or_else(|e| e.into_inner());
-    let finished = sink.write(tail).and_then(|_| sink.finish());
-    match finished {
-        Ok((u, c)) => {
-            summary.bytes_uncompressed = u;
-            summary.bytes_written = c;
-        }
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(out_err(e));
-        }
-    }
-    if cancel.load(Ordering::Relaxed) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(CoreError::Cancelled);
-    }
-    std::fs::rename(&tmp, &opts.output).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        CoreError::io(&opts.output, e)
-    })?;
-    Ok(summary)
 }
 
 #[cfg(test)]

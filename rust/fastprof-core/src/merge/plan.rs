@@ -154,38 +154,7 @@ pub fn scan_input(
     progress: &AtomicU64,
     cancel: &AtomicBool,
 ) -> Result<InputInfo> {
-    let mut info = InputInfo {
-        rank: super::inputs::rank_from_path(&path),
-        path,
-        kind: Kind::Chrome,
-        base_ns: None,
-        offset_ns: 0,
-        offset_uncertainty_ns: 0,
-        anchor_uncertainty_ns: 0,
-        pids: Vec::new(),
-        process_names: HashMap::new(),
-        thread_names: Vec::new(),
-        own_pid: None,
-        worker: None,
-        world_size: None,
-        distributed: None,
-        py_calls: Vec::new(),
-        steps: Vec::new(),
-        min_ts: None,
-        max_ts: None,
-        events: 0,
-        dropped: 0,
-        bytes: 0,
-        cat_bytes: HashMap::new(),
-        salvaged_bytes: 0,
-        warnings: Vec::new(),
-        merged_output: false,
-        rotated: None,
-        recording_pid: None,
-    };
-    let mut rank_from_meta = false;
-    let mut other_data_seen = false;
-    let mut fastprof_steps = 0u64;
+    let mut scan = Scan::new(path);
     let mut last_progress = 0;
     while let Some(item) = sc.next_item()? {
         // Relaxed: a request to stop, nothing is published through it.
@@ -193,172 +162,8 @@ pub fn scan_input(
             return Err(CoreError::Cancelled);
         }
         match item {
-            Item::Meta { key, raw } => match key {
-                "baseTimeNanoseconds" => info.base_ns = scan::parse_int(raw),
-                "distributedInfo" => {
-                    if let Ok(v) = serde_json::from_slice::<Value>(raw) {
-                        if let Some(r) = v.get("rank").and_then(json_u32) {
-                            info.rank = Some(r);
-                            rank_from_meta = true;
-                        }
-                        if let Some(w) = v.get("world_size").and_then(json_u32) {
-                            info.world_size = Some(w);
-                        }
-                        info.distributed = Some(v);
-                    }
-                    // fastprof writes it too (first in the file, before its
-                    // `fastprof_info`, which says what wrote the file).
-                    if info.kind == Kind::Chrome {
-                        info.kind = Kind::Kineto;
-                    }
-                }
-                "schemaVersion" | "deviceProperties" | "traceName" if info.kind == Kind::Chrome => {
-                    info.kind = Kind::Kineto;
-                }
-                "otherData" => {
-                    if let Ok(v) = serde_json::from_slice::<Value>(raw) {
-                        if v.get("merged") == Some(&Value::Bool(true)) {
-                            info.merged_output = true;
-                        }
-                        if v.get("producer").and_then(Value::as_str) == Some("fastprof") {
-                            info.rotated = v.get("rotated").filter(|r| r.is_object()).cloned();
-                            info.recording_pid = v.get("pid").and_then(Value::as_u64);
-                            apply_fastprof_meta(&mut info, &v);
-                            rank_from_meta = true;
-                            other_data_seen = true;
-                        }
-                    }
-                }
-                _ => {}
-            },
-            Item::Event(raw) => {
-                info.events += 1;
-                info.bytes += raw.len() as u64 + 2;
-                // The fast view: pass 2 checks the JSON grammar of each event
-                // it copies (and drops what fails), so that the check is made
-                // once, where the bytes are copied.
-                let Some(f) = Fields::parse(raw) else {
-                    continue;
-                };
-                let ph =
-                    f.ph.clone()
-                        .and_then(|r| scan::str_value(&raw[r]))
-                        .unwrap_or(b"");
-                if let Some(r) = f.pid.clone() {
-                    // Few distinct pids per file: a scan beats hashing, and
-                    // nothing is allocated for the pids already known.
-                    if !info.pids.iter().any(|p| p[..] == raw[r.clone()]) {
-                        info.pids.push(raw[r].to_vec());
-                    }
-                }
-                if let Some(c) = f.cat.clone().and_then(|r| scan::str_value(&raw[r])) {
-                    let c = String::from_utf8_lossy(c);
-                    match info.cat_bytes.get_mut(c.as_ref()) {
-                        Some(n) => *n += raw.len() as u64,
-                        None => {
-                            info.cat_bytes.insert(c.into_owned(), raw.len() as u64);
-                        }
-                    }
-                }
-                let name = f
-                    .name
-                    .clone()
-                    .and_then(|r| scan::str_value(&raw[r]))
-                    .unwrap_or(b"");
-                if ph == b"M" {
-                    if name == b"fastprof_info" {
-                        if info.own_pid.is_none() {
-                            info.own_pid = f.pid.clone().map(|r| raw[r].to_vec());
-                        }
-                        // The complete `otherData` (read first only in a
-                        // file that puts it first) wins; the rank Kineto's
-                        // `distributedInfo` gave is kept either way.
-                        if let Some(a) = f
-                            .args
-                            .clone()
-                            .filter(|_| !other_data_seen)
-                            .and_then(|r| serde_json::from_slice::<Value>(&raw[r]).ok())
-                        {
-                            let rank = info.rank.filter(|_| rank_from_meta);
-                            apply_fastprof_meta(&mut info, &a);
-                            info.rank = rank.or(info.rank);
-                        }
-                    } else if name == b"thread_name" {
-                        if let (Some(p), Some(t), Some(a)) =
-                            (f.pid.clone(), f.tid.clone(), f.args.clone())
-                        {
-                            let key = (raw[p].to_vec(), raw[t].to_vec());
-                            if !info.thread_names.iter().any(|(k, _)| *k == key) {
-                                if let Some(n) =
-                                    serde_json::from_slice::<Value>(&raw[a]).ok().and_then(|v| {
-                                        v.get("name").and_then(Value::as_str).map(String::from)
-                                    })
-                                {
-                                    info.thread_names.push((key, n));
-                                }
-                            }
-                        }
-                    } else if name == b"process_name" {
-                        if let (Some(p), Some(a)) = (f.pid.clone(), f.args.clone()) {
-                            if let Ok(v) = serde_json::from_slice::<Value>(&raw[a]) {
-                                if let Some(n) = v.get("name").and_then(Value::as_str) {
-                                    info.process_names.insert(raw[p].to_vec(), n.to_string());
-                                }
-                            }
-                        }
-                    }
-                    continue; // metadata timestamps (Kineto stamps them) are not event times
-                }
-                let Some(ts) = f.ts_ns(raw) else {
-                    continue;
-                };
-                let dur = f.dur_ns(raw);
-                info.min_ts = Some(info.min_ts.map_or(ts, |m| m.min(ts)));
-                info.max_ts = Some(info.max_ts.map_or(ts + dur, |m| m.max(ts + dur)));
-                if ph == b"X"
-                    && f.cat
-                        .clone()
-                        .and_then(|r| scan::str_value(&raw[r]))
-                        .is_some_and(|c| c == b"python_function")
-                {
-                    let int = |r: Option<std::ops::Range<usize>>| {
-                        r.and_then(|r| scan::parse_int(&raw[r]))
-                    };
-                    if let (Some(pid), Some(tid)) = (int(f.pid.clone()), int(f.tid.clone())) {
-                        info.py_calls.push(PyCall {
-                            pid,
-                            tid,
-                            start: ts,
-                            end: ts + dur,
-                        });
-                    }
-                } else if ph == b"X" {
-                    if let Some(n) = name.strip_prefix(b"ProfilerStep#") {
-                        if let Some(number) =
-                            std::str::from_utf8(n).ok().and_then(|s| s.parse().ok())
-                        {
-                            info.steps.push(Step {
-                                number,
-                                start: ts,
-                                end: ts + dur,
-                            });
-                        }
-                    } else if name == b"step" && info.kind == Kind::Fastprof {
-                        let number = f
-                            .args
-                            .clone()
-                            .and_then(|r| serde_json::from_slice::<Value>(&raw[r]).ok())
-                            .and_then(|a| a.get("step").and_then(Value::as_u64))
-                            .unwrap_or(fastprof_steps);
-                        fastprof_steps += 1;
-                        info.steps.push(Step {
-                            number,
-                            start: ts,
-                            end: ts + dur,
-                        });
-                    }
-                }
-            }
+            Item::Meta { key, raw } => scan.meta(key, raw),
+            Item::Event(raw) => scan.event(raw),
         }
         let read = sc.compressed_read();
         progress.fetch_add(read - last_progress, Ordering::Relaxed);
@@ -366,30 +171,291 @@ pub fn scan_input(
     }
     let read = sc.compressed_read();
     progress.fetch_add(read.saturating_sub(last_progress), Ordering::Relaxed);
-    info.dropped = sc.dropped();
-    info.warnings.extend(sc.warnings().iter().cloned());
-    if let Some(s) = sc.salvage() {
-        info.salvaged_bytes = s.unused_bytes;
-        info.warnings.push(format!(
-            "{}: salvaged: {} at byte {}; {} bytes after it unused",
-            info.path.display(),
-            s.reason,
-            s.offset,
-            s.unused_bytes
-        ));
-    }
-    if info.kind != Kind::Fastprof && info.base_ns.is_none() {
-        // Kineto before torch 2.4 and most Chrome traces: absolute epoch µs.
-        if info
-            .min_ts
-            .is_some_and(|t| t < 1_000_000_000_000_000_000 / 2)
-            && info.events > 0
-        {
-            info.warnings.push(format!(
-                "{}: no baseTimeNanoseconds and timestamps are not epoch times; placed as if they were",
-                info.path.display()
-            ));
+    Ok(scan.finish(&sc))
+}
+
+/// One input's scan in progress: what it has learnt, and what it must
+/// remember between items to decide which of two sources of a fact wins.
+struct Scan {
+    info: InputInfo,
+    /// The rank came from the file's own metadata (`distributedInfo`,
+    /// fastprof's `otherData`), which a `fastprof_info` event read later
+    /// must not override.
+    rank_from_meta: bool,
+    /// fastprof's complete `otherData` was read before the events (a file
+    /// that puts it first): it wins over the `fastprof_info` event's args.
+    other_data_seen: bool,
+    /// fastprof `step` spans met so far: the number of one without
+    /// `args.step` (older writers).
+    fastprof_steps: u64,
+}
+
+impl Scan {
+    fn new(path: PathBuf) -> Scan {
+        Scan {
+            info: InputInfo {
+                rank: super::inputs::rank_from_path(&path),
+                path,
+                kind: Kind::Chrome,
+                base_ns: None,
+                offset_ns: 0,
+                offset_uncertainty_ns: 0,
+                anchor_uncertainty_ns: 0,
+                pids: Vec::new(),
+                process_names: HashMap::new(),
+                thread_names: Vec::new(),
+                own_pid: None,
+                worker: None,
+                world_size: None,
+                distributed: None,
+                py_calls: Vec::new(),
+                steps: Vec::new(),
+                min_ts: None,
+                max_ts: None,
+                events: 0,
+                dropped: 0,
+                bytes: 0,
+                cat_bytes: HashMap::new(),
+                salvaged_bytes: 0,
+                warnings: Vec::new(),
+                merged_output: false,
+                rotated: None,
+                recording_pid: None,
+            },
+            rank_from_meta: false,
+            other_data_seen: false,
+            fastprof_steps: 0,
         }
     }
-    Ok(info)
+
+    /// A top-level key other than `traceEvents`.
+    fn meta(&mut self, key: &str, raw: &[u8]) {
+        match key {
+            "baseTimeNanoseconds" => self.info.base_ns = scan::parse_int(raw),
+            "distributedInfo" => self.distributed_info(raw),
+            "schemaVersion" | "deviceProperties" | "traceName"
+                if self.info.kind == Kind::Chrome =>
+            {
+                self.info.kind = Kind::Kineto;
+            }
+            "otherData" => self.other_data(raw),
+            _ => {}
+        }
+    }
+
+    fn distributed_info(&mut self, raw: &[u8]) {
+        let info = &mut self.info;
+        if let Ok(v) = serde_json::from_slice::<Value>(raw) {
+            if let Some(r) = v.get("rank").and_then(json_u32) {
+                info.rank = Some(r);
+                self.rank_from_meta = true;
+            }
+            if let Some(w) = v.get("world_size").and_then(json_u32) {
+                info.world_size = Some(w);
+            }
+            info.distributed = Some(v);
+        }
+        // fastprof writes it too (first in the file, before its
+        // `fastprof_info`, which says what wrote the file).
+        if info.kind == Kind::Chrome {
+            info.kind = Kind::Kineto;
+        }
+    }
+
+    fn other_data(&mut self, raw: &[u8]) {
+        let info = &mut self.info;
+        if let Ok(v) = serde_json::from_slice::<Value>(raw) {
+            if v.get("merged") == Some(&Value::Bool(true)) {
+                info.merged_output = true;
+            }
+            if v.get("producer").and_then(Value::as_str) == Some("fastprof") {
+                info.rotated = v.get("rotated").filter(|r| r.is_object()).cloned();
+                info.recording_pid = v.get("pid").and_then(Value::as_u64);
+                apply_fastprof_meta(info, &v);
+                self.rank_from_meta = true;
+                self.other_data_seen = true;
+            }
+        }
+    }
+
+    /// One event of `traceEvents`.
+    fn event(&mut self, raw: &[u8]) {
+        let info = &mut self.info;
+        info.events += 1;
+        info.bytes += raw.len() as u64 + 2;
+        // The fast view: pass 2 checks the JSON grammar of each event
+        // it copies (and drops what fails), so that the check is made
+        // once, where the bytes are copied.
+        let Some(f) = Fields::parse(raw) else {
+            return;
+        };
+        let ph =
+            f.ph.clone()
+                .and_then(|r| scan::str_value(&raw[r]))
+                .unwrap_or(b"");
+        if let Some(r) = f.pid.clone() {
+            // Few distinct pids per file: a scan beats hashing, and
+            // nothing is allocated for the pids already known.
+            if !info.pids.iter().any(|p| p[..] == raw[r.clone()]) {
+                info.pids.push(raw[r].to_vec());
+            }
+        }
+        if let Some(c) = f.cat.clone().and_then(|r| scan::str_value(&raw[r])) {
+            let c = String::from_utf8_lossy(c);
+            match info.cat_bytes.get_mut(c.as_ref()) {
+                Some(n) => *n += raw.len() as u64,
+                None => {
+                    info.cat_bytes.insert(c.into_owned(), raw.len() as u64);
+                }
+            }
+        }
+        let name = f
+            .name
+            .clone()
+            .and_then(|r| scan::str_value(&raw[r]))
+            .unwrap_or(b"");
+        if ph == b"M" {
+            // Metadata timestamps (Kineto stamps them) are not event times.
+            match name {
+                b"fastprof_info" => self.fastprof_info(&f, raw),
+                b"thread_name" => self.thread_name(&f, raw),
+                b"process_name" => self.process_name(&f, raw),
+                _ => {}
+            }
+        } else {
+            self.timed(&f, raw, ph, name);
+        }
+    }
+
+    fn fastprof_info(&mut self, f: &Fields, raw: &[u8]) {
+        let info = &mut self.info;
+        if info.own_pid.is_none() {
+            info.own_pid = f.pid.clone().map(|r| raw[r].to_vec());
+        }
+        // The complete `otherData` (read first only in a file that puts it
+        // first) wins; the rank Kineto's `distributedInfo` gave is kept
+        // either way.
+        if let Some(a) = f
+            .args
+            .clone()
+            .filter(|_| !self.other_data_seen)
+            .and_then(|r| serde_json::from_slice::<Value>(&raw[r]).ok())
+        {
+            let rank = info.rank.filter(|_| self.rank_from_meta);
+            apply_fastprof_meta(info, &a);
+            info.rank = rank.or(info.rank);
+        }
+    }
+
+    /// The first name given to each (pid, tid).
+    fn thread_name(&mut self, f: &Fields, raw: &[u8]) {
+        let info = &mut self.info;
+        if let (Some(p), Some(t), Some(a)) = (f.pid.clone(), f.tid.clone(), f.args.clone()) {
+            let key = (raw[p].to_vec(), raw[t].to_vec());
+            if !info.thread_names.iter().any(|(k, _)| *k == key) {
+                if let Some(n) = serde_json::from_slice::<Value>(&raw[a])
+                    .ok()
+                    .and_then(|v| v.get("name").and_then(Value::as_str).map(String::from))
+                {
+                    info.thread_names.push((key, n));
+                }
+            }
+        }
+    }
+
+    /// The last name given to each pid.
+    fn process_name(&mut self, f: &Fields, raw: &[u8]) {
+        if let (Some(p), Some(a)) = (f.pid.clone(), f.args.clone()) {
+            if let Ok(v) = serde_json::from_slice::<Value>(&raw[a]) {
+                if let Some(n) = v.get("name").and_then(Value::as_str) {
+                    self.info
+                        .process_names
+                        .insert(raw[p].to_vec(), n.to_string());
+                }
+            }
+        }
+    }
+
+    /// An event with a time: the input's time range, and the spans pass 2
+    /// places by (torch's `python_function` calls, step markers).
+    fn timed(&mut self, f: &Fields, raw: &[u8], ph: &[u8], name: &[u8]) {
+        let Some(ts) = f.ts_ns(raw) else {
+            return;
+        };
+        let dur = f.dur_ns(raw);
+        let info = &mut self.info;
+        info.min_ts = Some(info.min_ts.map_or(ts, |m| m.min(ts)));
+        info.max_ts = Some(info.max_ts.map_or(ts + dur, |m| m.max(ts + dur)));
+        if ph != b"X" {
+            return;
+        }
+        if f.cat
+            .clone()
+            .and_then(|r| scan::str_value(&raw[r]))
+            .is_some_and(|c| c == b"python_function")
+        {
+            let int = |r: Option<std::ops::Range<usize>>| r.and_then(|r| scan::parse_int(&raw[r]));
+            if let (Some(pid), Some(tid)) = (int(f.pid.clone()), int(f.tid.clone())) {
+                info.py_calls.push(PyCall {
+                    pid,
+                    tid,
+                    start: ts,
+                    end: ts + dur,
+                });
+            }
+        } else if let Some(n) = name.strip_prefix(b"ProfilerStep#") {
+            if let Some(number) = std::str::from_utf8(n).ok().and_then(|s| s.parse().ok()) {
+                info.steps.push(Step {
+                    number,
+                    start: ts,
+                    end: ts + dur,
+                });
+            }
+        } else if name == b"step" && info.kind == Kind::Fastprof {
+            let number = f
+                .args
+                .clone()
+                .and_then(|r| serde_json::from_slice::<Value>(&raw[r]).ok())
+                .and_then(|a| a.get("step").and_then(Value::as_u64))
+                .unwrap_or(self.fastprof_steps);
+            self.fastprof_steps += 1;
+            info.steps.push(Step {
+                number,
+                start: ts,
+                end: ts + dur,
+            });
+        }
+    }
+
+    /// What the scanner itself found (unreadable events, a salvaged end),
+    /// and a warning for times that are not epoch times.
+    fn finish(self, sc: &Scanner) -> InputInfo {
+        let mut info = self.info;
+        info.dropped = sc.dropped();
+        info.warnings.extend(sc.warnings().iter().cloned());
+        if let Some(s) = sc.salvage() {
+            info.salvaged_bytes = s.unused_bytes;
+            info.warnings.push(format!(
+                "{}: salvaged: {} at byte {}; {} bytes after it unused",
+                info.path.display(),
+                s.reason,
+                s.offset,
+                s.unused_bytes
+            ));
+        }
+        if info.kind != Kind::Fastprof && info.base_ns.is_none() {
+            // Kineto before torch 2.4 and most Chrome traces: absolute epoch µs.
+            if info
+                .min_ts
+                .is_some_and(|t| t < 1_000_000_000_000_000_000 / 2)
+                && info.events > 0
+            {
+                info.warnings.push(format!(
+                    "{}: no baseTimeNanoseconds and timestamps are not epoch times; placed as if they were",
+                    info.path.display()
+                ));
+            }
+        }
+        info
+    }
 }

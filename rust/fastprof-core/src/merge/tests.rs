@@ -269,6 +269,7 @@ fn an_unwritable_output_directory_is_named() {
 /// A fastprof segment as the recorder closes it, with a disk-cap ledger.
 fn rotated_segment(dir: &Path, index: u32, pid: u32, base: i64, ts: f64, ledger: &str) {
     use flate2::write::GzEncoder;
+    use std::fs::File;
     let doc = format!(
         "{{\"baseTimeNanoseconds\":{base},\"traceEvents\":[\n\
          {{\"ph\":\"M\",\"name\":\"fastprof_info\",\"pid\":{pid},\"tid\":0,\"args\":{{\"producer\":\"fastprof\",\"rank\":0}}}},\n\
