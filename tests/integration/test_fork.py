@@ -261,7 +261,12 @@ for k in range(int(sys.argv[2])):
             child = fastprof.start(out, f"child{k}", sample_hz=200, sample_gpus="none", flush_interval=0.01)
             with cached:                          # an id interned by the parent, cached in Python
                 with fastprof.span(f"fresh_{k}"):  # a name interned in the child
+                    # Until the child's own sampler ticked (at once on an idle
+                    # machine; a loaded one may not run its thread for a while).
+                    t_end = time.monotonic() + 10
                     time.sleep(0.01)
+                    while not len(child.counters().get("proc.rss [B]", ((),))[0]) and time.monotonic() < t_end:
+                        time.sleep(0.005)
             child.stop()
         except BaseException as e:  # noqa: BLE001
             sys.stderr.write(f"child {k}: {e!r}\n")
