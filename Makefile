@@ -16,7 +16,7 @@ $(PY):
 
 $(VENV)/.deps: pyproject.toml | $(PY)
 	$(PY) -m pip install -q 'maturin>=1.7,<2' 'numpy>=1.24' 'psutil>=5.9' 'nvidia-ml-py>=12' 'torch>=2.4' 'lightning>=2.2' 'HolisticTraceAnalysis>=0.5' 'rich>=13' 'plotly>=6' 'mlflow-skinny>=2' \
-		'pytest>=8' 'pytest-timeout>=2.3' 'jsonschema>=4.18' 'websocket-client>=1.6' 'pillow>=10' 'ruff>=0.6' 'mypy>=1.11'
+		'pytest>=8' 'pytest-timeout>=2.3' 'pytest-xdist>=3.5' 'jsonschema>=4.18' 'websocket-client>=1.6' 'pillow>=10' 'ruff>=0.6' 'mypy>=1.11'
 	touch $@
 
 $(VENV)/.built: $(RUST_SRC) $(VENV)/.deps
@@ -35,9 +35,13 @@ chromium: ## Install Debian's chromium for the HTML report test when missing (as
 
 dev: $(VENV)/.built chromium ## Create .venv with torch + test tools and build fastprof into it (editable)
 
+# pytest runs a test file per worker (pytest-xdist, --dist loadfile: a module's
+# fixtures, such as the exit matrix's pool of runs, stay in one process): on
+# CI's 2 cores the waits of one file (signals, torchrun, steps that sleep)
+# overlap another's work.
 test: dev ## Run every test: cargo (core) then pytest (Python, real torch on CPU)
 	cargo test --workspace --exclude fastprof-py
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 lint: dev ## No tracked artifacts; cargo fmt/clippy, ruff check/format, mypy, stub check
 	.ci/check-tracked
