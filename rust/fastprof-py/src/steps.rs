@@ -417,6 +417,30 @@ impl RssAtStepEnd {
     }
 }
 
+/// The iterator's next item, None once it is exhausted. An iterator's
+/// `tp_iternext` is called directly (what a `for` loop does), not looked up
+/// as a method; anything else is asked for `__next__`, as before.
+fn next_item<'py>(it: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = it.py();
+    // SAFETY: PyIter_Check only reads the object's type slots.
+    if unsafe { pyo3::ffi::PyIter_Check(it.as_ptr()) } != 0 {
+        // SAFETY: `it` is an iterator (checked above), the GIL is held;
+        // PyIter_Next returns a new reference, or NULL when exhausted (a
+        // StopIteration is cleared) or failed (an exception is set).
+        let p = unsafe { pyo3::ffi::PyIter_Next(it.as_ptr()) };
+        if p.is_null() {
+            return PyErr::take(py).map_or(Ok(None), Err);
+        }
+        // SAFETY: a new, non-null reference that we now own.
+        return Ok(Some(unsafe { Bound::from_owned_ptr(py, p) }));
+    }
+    match it.call_method0(pyo3::intern!(py, "__next__")) {
+        Ok(item) => Ok(Some(item)),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyStopIteration>(py) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// What a callback left pending in `steps` (when not borrowed).
 fn pending(py: Python<'_>, steps: &Option<Py<_StepLoop>>) -> Option<PyErr> {
     let s = steps.as_ref()?;
@@ -536,24 +560,25 @@ impl _LoaderIter {
         };
         let t0 = std::time::Instant::now();
         registry::begin(next_name, &mut PyHooks(py));
-        let item = match it.bind(py).call_method0(pyo3::intern!(py, "__next__")) {
-            Ok(item) => item,
-            Err(e) => {
+        let item = match next_item(it.bind(py)) {
+            Ok(Some(item)) => item,
+            Ok(None) => {
                 registry::end(false);
-                if e.is_instance_of::<pyo3::exceptions::PyStopIteration>(py) {
-                    if fetch != Fetch::Within {
-                        // The fetch that would have started a step found the
-                        // loader exhausted: that step is none (no phantom
-                        // step for a pass of no batches).
-                        if let Some(s) = &steps {
-                            if let Ok(mut s) = s.bind(py).try_borrow_mut() {
-                                s.m.unbegin();
-                            }
+                if fetch != Fetch::Within {
+                    // The fetch that would have started a step found the
+                    // loader exhausted: that step is none (no phantom step
+                    // for a pass of no batches).
+                    if let Some(s) = &steps {
+                        if let Ok(mut s) = s.bind(py).try_borrow_mut() {
+                            s.m.unbegin();
                         }
                     }
-                    slf.borrow_mut().finish(py);
-                    return pending(py, &steps).map_or(Ok(None), Err);
                 }
+                slf.borrow_mut().finish(py);
+                return pending(py, &steps).map_or(Ok(None), Err);
+            }
+            Err(e) => {
+                registry::end(false);
                 slf.borrow_mut().finish(py);
                 return Err(e);
             }
