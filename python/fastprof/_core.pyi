@@ -7,6 +7,8 @@ from typing import Any, TypeVar, final
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 __version__: str
+#: The sampler's ticks per second unless set (the one place this default is written).
+DEFAULT_SAMPLE_HZ: float
 
 class FastprofError(Exception): ...
 class FastprofWarning(UserWarning): ...

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastprof._core import ConfigError
+from fastprof._core import DEFAULT_SAMPLE_HZ, ConfigError
 
 U32_MAX = 2**32 - 1
 U64_MAX = 2**64 - 1
@@ -320,12 +320,12 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "sample_hz",
         "float",
-        10.0,
+        DEFAULT_SAMPLE_HZ,
         ("FASTPROF_SAMPLE_HZ",),
         "0 (off) or ticks per second between 1 and 1000",
         "Sampler ticks per second for this process, its children and its GPUs: "
         "finer readings against the sampler thread's CPU (~40-80 us per tick).",
-        "10 (0 = off)",
+        f"{DEFAULT_SAMPLE_HZ:g} (0 = off)",
         _float,
         _zero_or_between(1, 1000),
     ),

@@ -30,6 +30,7 @@ import sys
 import time
 from typing import Any
 
+from fastprof._core import DEFAULT_SAMPLE_HZ
 from fastprof.cli.args import option
 from fastprof.cli.errors import CommandError
 
@@ -65,7 +66,10 @@ def add_parser(verbs: Any) -> None:
         "taking NAME-2; the report shows the time between them as idle (FASTPROF_RESUME=1)",
     )
     p.add_argument(
-        "--sample-hz", type=option("sample_hz"), default=None, help="sampler ticks per second, 0 = off (default: 10)"
+        "--sample-hz",
+        type=option("sample_hz"),
+        default=None,
+        help=f"sampler ticks per second, 0 = off (default: {DEFAULT_SAMPLE_HZ:g})",
     )
     p.add_argument(
         "--schedule",

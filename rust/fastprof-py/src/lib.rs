@@ -253,5 +253,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(nvml_probe, m)?)?;
     m.add_function(wrap_pyfunction!(clock_info, m)?)?;
     m.add("__version__", fastprof_core::VERSION)?;
+    m.add("DEFAULT_SAMPLE_HZ", fastprof_core::sampler::DEFAULT_HZ)?;
     Ok(())
 }

@@ -47,6 +47,11 @@ use std::time::Duration;
 ///   reading the host every tick cost 1.5% of a core.
 pub const DEFAULT_SYSTEM_HZ: f64 = 10.0;
 
+/// Sampler ticks per second unless a caller says otherwise: the one place
+/// this default is written (the Python option table reads it from the
+/// binding, `_core.DEFAULT_SAMPLE_HZ`).
+pub const DEFAULT_HZ: f64 = 10.0;
+
 /// Sampler options.
 #[derive(Debug, Clone)]
 pub struct SamplerConfig {
@@ -83,7 +88,7 @@ pub const TEST_PANIC_ENV: &str = "FASTPROF_TEST_SAMPLER_PANIC_AFTER";
 impl Default for SamplerConfig {
     fn default() -> Self {
         SamplerConfig {
-            hz: 10.0,
+            hz: DEFAULT_HZ,
             system_hz: DEFAULT_SYSTEM_HZ,
             per_cpu: false,
             gpus: GpuSelect::All,
