@@ -59,22 +59,19 @@ import io
 import os
 import shutil
 import sys
-import threading
 import time
 import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from importlib.machinery import ModuleSpec
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from fastprof._core import FastprofWarning
-
-if TYPE_CHECKING:
-    from importlib.machinery import ModuleSpec
-
-    from fastprof.profiler.loop import Profiler
+from fastprof._loop_api import RunHost
+from fastprof.memory.oom import is_oom
 
 __all__ = ["CompileFailed", "Ended", "Target", "TargetError", "ZeroCode", "module_target", "run", "script_target"]
 
@@ -216,7 +213,7 @@ class Ended(NamedTuple):
     discarded: bool = False
 
 
-def run(target: Target, args: Sequence[str], prof: Profiler) -> Ended:
+def run(target: Target, args: Sequence[str], prof: RunHost) -> Ended:
     """Run ``target`` with ``args`` under ``prof`` (started here, closed
     here). What Python would print is printed first (an exception through
     ``sys.excepthook`` with the traceback from the script's own frame; a
@@ -234,14 +231,13 @@ def run(target: Target, args: Sequence[str], prof: Profiler) -> Ended:
     # File times come from the kernel's coarse clock (a tick behind time.time()).
     started = time.time() - 1.0
     prof.start()
-    if prof._driver is not None:
-        # The script asked for no torch.profiler window: Kineto's log lines
-        # of one that a trigger opens are not its output.
-        prof._driver.quiet_kineto = True
+    # The script asked for no torch.profiler window: Kineto's log lines of
+    # one that a trigger opens are not its output.
+    prof.quiet_torch_windows()
     zero.install()
     # A Profiler the script starts itself takes the loop (its steps are the
     # run's): the inferred steps are unhooked then, not counted twice.
-    prof._host_run(zero.uninstall)
+    prof.host_run(zero.uninstall)
     ended: BaseException | None = None
     try:
         exec(target.code, main.__dict__)
@@ -266,17 +262,15 @@ def run(target: Target, args: Sequence[str], prof: Profiler) -> Ended:
     return Ended(ended, discard)
 
 
-def _failed_before_a_step(prof: Profiler, zero: ZeroCode, ended: BaseException | None) -> bool:
+def _failed_before_a_step(prof: RunHost, zero: ZeroCode, ended: BaseException | None) -> bool:
     """The code failed (an exception, a non-zero exit) before any step of
     the run began: before its first optimizer step and before a batch of
     its train loader. An out-of-memory error is kept (its capture is the
     point), and so is a run that a script's own Profiler took over."""
-    if ended is None or prof._state != "running" or prof._successors or zero.fetched or prof.batch:
+    if ended is None or not prof.running or prof.successor is not None or zero.fetched or prof.batch:
         return False
     if isinstance(ended, SystemExit):
         return ended.code is not None and ended.code != 0
-    from fastprof.memory.oom import is_oom
-
     return not is_oom(ended)
 
 
@@ -289,7 +283,7 @@ def _written_since(folder: Path, started: float) -> bool:
         return False
 
 
-def _discard(prof: Profiler, started: float, out_dir_made: bool) -> bool:
+def _discard(prof: RunHost, started: float, out_dir_made: bool) -> bool:
     """Remove what this run wrote (it failed before its first step): this
     rank's folder (every file in it written since ``started``); then the run
     directory and the out_dir when nothing else is in them (the run
@@ -335,15 +329,12 @@ def print_exception(exc: BaseException, code: types.CodeType | None = None) -> N
     sys.stderr.flush()
 
 
-def _close(prof: Profiler, ended: BaseException | None) -> None:
+def _close(prof: RunHost, ended: BaseException | None) -> None:
     """Close the Profiler as ``with prof:`` would on the way out (an OOM is
     captured, the reason recorded); a failure is one stderr line (the
     script may have turned warnings into errors)."""
     try:
-        if ended is None:
-            prof.__exit__(None, None, None)
-        else:
-            prof.__exit__(type(ended), ended, ended.__traceback__)
+        prof.close_after(ended)
     except Exception as e:  # noqa: BLE001 - profiling never changes how the job ends
         print(f"fastprof run: closing the profiler failed: {type(e).__name__}: {e}", file=sys.stderr)
 
@@ -357,7 +348,7 @@ class ZeroCode:
     :meth:`uninstall` at the end restores ``DataLoader.__iter__`` and
     removes the optimizer hook."""
 
-    def __init__(self, prof: Profiler) -> None:
+    def __init__(self, prof: RunHost) -> None:
         self.prof = prof
         self._finder: _AfterImport | None = None
         self._loader_cls: Any = None
@@ -384,7 +375,7 @@ class ZeroCode:
         self.off = False
 
     def install(self) -> None:
-        if self.prof._state != "running":
+        if not self.prof.running:
             return  # the run directory could not be written: nothing to time
         self.off = False
         if "torch" in sys.modules:
@@ -419,12 +410,9 @@ class ZeroCode:
         except Exception as e:  # noqa: BLE001 - an old or partial torch: the run goes on untimed
             self._warn("cannot hook torch's optimizer and DataLoader", e)
             return
-        prof = self.prof
-        if prof._opt_handle is not None:
-            # The Profiler's own hook (torch was imported before it started):
-            # this one replaces it, so each optimizer step is counted once.
-            prof._opt_handle.remove()
-            prof._opt_handle = None
+        # The Profiler's own hook (torch was imported before it started):
+        # this one replaces it, so each optimizer step is counted once.
+        self.prof.remove_optimizer_hook()
         self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         original = DataLoader.__iter__
         zero = self
@@ -454,11 +442,11 @@ class ZeroCode:
         except Exception as e:  # noqa: BLE001 - the run goes on without the start sync
             self._warn("cannot hook torch.distributed.init_process_group", e)
             return
-        zero = self
+        after = self._after_init_process_group
 
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
             out = original(*args, **kwargs)
-            zero._after_init_process_group()
+            after()
             return out
 
         functools.update_wrapper(init_process_group, original)
@@ -466,11 +454,10 @@ class ZeroCode:
         td.init_process_group = init_process_group
 
     def _after_init_process_group(self) -> None:
-        prof = self.prof
-        if self.off or prof._state != "running" or not prof.sync_clocks_enabled or "start" in prof._syncs:
+        if self.off or not self.prof.running:
             return
         try:
-            prof._sync("start")
+            self.prof.sync_clocks_once("start")
         except Exception as e:  # noqa: BLE001 - never in the way of the job's process group
             self._warn("clock sync after init_process_group failed", e)
 
@@ -481,7 +468,7 @@ class ZeroCode:
 
     def _live(self) -> bool:
         prof = self.prof
-        return not self.off and prof._state == "running" and threading.get_ident() == prof._thread_id
+        return not self.off and prof.running and prof.on_training_thread()
 
     # ------------------------------------------------------------ steps
 
@@ -523,7 +510,7 @@ class ZeroCode:
             self._warn("DataLoader timing failed", e)
             return original(loader)
         self._serial += 1
-        return _Pass(self, loader, name, train, self._serial)
+        return _Pass(self, loader, name, train, self._serial, original)
 
     def _is_train(self, loader: Any) -> bool:
         """Is a pass over ``loader`` opened now the train pass? Not inside
@@ -579,12 +566,16 @@ class _Pass:
     loader is exhausted, or when the loop leaves it (``break``: the pass is
     dropped)."""
 
-    __slots__ = ("_it", "_loader", "_zero", "done", "name", "opt0", "serial", "train")
+    __slots__ = ("_it", "_loader", "_opener", "_zero", "done", "name", "opt0", "serial", "train")
 
-    def __init__(self, zero: ZeroCode, loader: Any, name: str, train: bool, serial: int) -> None:
+    def __init__(
+        self, zero: ZeroCode, loader: Any, name: str, train: bool, serial: int, opener: Callable[[Any], Iterator[Any]]
+    ) -> None:
         # The ZeroCode holds no reference back (the serial names the pass):
         # a pass the loop left is freed at once, and its epoch ends then.
         self._zero = zero
+        #: The loader's own (unpatched) ``__iter__``.
+        self._opener = opener
         self.serial = serial
         self._loader: Any = loader
         self.name = name
@@ -624,12 +615,10 @@ class _Pass:
         prof = zero.prof
         self.opt0 = zero.optimizer_steps
         zero.pass_began(self)
-        original = zero._original
-        assert original is not None
         # Set up as Profiler.loader sets a pass up (workers, batch size, the
         # loader.<name>.iter span), opened by the loader's own __iter__.
-        raw = prof._open_pass(self._loader, self.name, False, original)
-        self._it = prof._timed(raw, self.name)
+        raw = prof.open_pass(self._loader, self.name, False, self._opener)
+        self._it = prof.timed(raw, self.name)
         return self._it
 
     def _end(self) -> None:
