@@ -29,7 +29,7 @@ from typing import Any
 
 import fastprof
 from _util import best, interleaved, machine
-from fastprof.always_on.run import ZeroCode
+from fastprof.run import ZeroCode
 from fastprof.workloads import require_torch
 
 

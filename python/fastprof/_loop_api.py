@@ -5,7 +5,7 @@ other parts work beside it: the triggers (:mod:`fastprof.always_on.triggers`),
 exit and SIGTERM handling (:mod:`fastprof.profiler.exits`), the end of a run
 (:mod:`fastprof.profiler.outputs`), out-of-memory capture
 (:mod:`fastprof.memory.oom`) and ``fastprof run``'s zero-code host
-(:mod:`fastprof.always_on.run`). Each types the Profiler as one of the protocols
+(:mod:`fastprof.run`). Each types the Profiler as one of the protocols
 here, which name everything it may use; none touches a private attribute
 of the Profiler, and none imports the Profiler's module (so no import
 circle, not even a type-only one, runs through it). The Profiler implements
@@ -140,7 +140,7 @@ class RunEndHost(LoopHost, Protocol):
 
 
 class RunHost(LoopHost, Protocol):
-    """What ``fastprof run`` (:mod:`fastprof.always_on.run`) uses: the framework-loop
+    """What ``fastprof run`` (:mod:`fastprof.run`) uses: the framework-loop
     API for the steps it infers, and the pieces of :meth:`Profiler.loader`
     for the DataLoader passes it times."""
 

@@ -30,9 +30,9 @@ import sys
 import time
 from typing import Any
 
+from fastprof import run as zero
 from fastprof._loop_api import RunHost
 from fastprof._options import BY_NAME, _value
-from fastprof.always_on import run as zero
 from fastprof.cli.args import option
 from fastprof.cli.errors import CommandError
 from fastprof.profiler.loop import Profiler
