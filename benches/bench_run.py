@@ -29,7 +29,7 @@ from typing import Any
 
 import fastprof
 from _util import best, interleaved, machine
-from fastprof.always_on.run import ZeroCode
+from fastprof.run import ZeroCode
 from fastprof.workloads import require_torch
 
 
@@ -55,9 +55,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         prof = fastprof.Profiler(tmp, "bench", torch=False, sample_hz=0, memory_stats=False, merge=False)
         prof.start()
-        if prof._opt_handle is not None:  # the baseline runs no fastprof hook
-            prof._opt_handle.remove()
-            prof._opt_handle = None
+        prof.remove_optimizer_hook()  # the baseline runs no fastprof hook
         zero = ZeroCode(prof)
 
         def baseline() -> None:

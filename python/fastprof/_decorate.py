@@ -9,30 +9,27 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import itertools
-import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-F = TypeVar("F", bound=Callable[..., Any])
+from fastprof._process import PROCESS
 
-# One key per asyncio task for its lifetime: ``id(task)`` is reused once a
-# task is freed, which would join two tasks' spans on one track.
-_task_keys: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
-_next_key = itertools.count(1)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _task_key() -> int:
+    """One key per asyncio task for its lifetime (PROCESS.async_spans)."""
+    keys = PROCESS.async_spans
     try:
         task = asyncio.current_task()
     except RuntimeError:  # no running asyncio loop (another event loop library)
         task = None
     if task is None:
-        return next(_next_key)  # no task to share with: a key of its own
-    key = _task_keys.get(task)
+        return keys.next_key()  # no task to share with: a key of its own
+    key = keys.task_keys.get(task)
     if key is None:
-        key = _task_keys[task] = next(_next_key)
+        key = keys.task_keys[task] = keys.next_key()
     return key
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "default_store",
     "dist_info",
     "drift_ppm",
+    "process_group",
     "sync_clocks",
 ]
 
@@ -69,7 +70,7 @@ class DistInfo:
     source: str
 
 
-def _initialized() -> Any:
+def process_group() -> Any:
     """``torch.distributed`` when a default process group exists, else None.
     Without torch imported there can be no process group, so torch is never
     imported here."""
@@ -82,7 +83,7 @@ def _initialized() -> Any:
 def default_store() -> Any:
     """The default process group's key-value store (what rank 0 shares with
     the other ranks through, without a collective), or None without one."""
-    if _initialized() is None:
+    if process_group() is None:
         return None
     try:
         from torch.distributed import distributed_c10d
@@ -104,7 +105,7 @@ def dist_info(env: Mapping[str, str] | None = None) -> DistInfo:
     v["node_rank"] = _value(BY_NAME["node_rank"], None, env)
     v["world_size"] = max(v["world_size"], v["rank"] + 1)
     backend: str | None = None
-    dist = _initialized()
+    dist = process_group()
     if dist is not None:
         source = "torch.distributed"
         v["rank"], v["world_size"] = dist.get_rank(), dist.get_world_size()
@@ -262,7 +263,7 @@ def sync_clocks(group: Any = None, rounds: int = 8, *, force_measure: bool = Fal
     if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout < 86400):
         raise ConfigError(f"sync_clocks: invalid timeout: expected seconds between 0 and 86400, got {timeout!r}")
     skew = _skew_ns()
-    dist = _initialized()
+    dist = process_group()
     if dist is None:
         info = dist_info()
         if info.world_size == 1:

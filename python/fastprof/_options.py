@@ -24,6 +24,7 @@ import datetime as _dt
 import math
 import os
 import re
+import string
 import sys
 import textwrap
 from collections.abc import Callable, Mapping
@@ -538,6 +539,34 @@ def prefixed(prefix: str) -> Callable[..., Option]:
         return Option(*args) if check is None else Option(*args, check)
 
     return make
+
+
+#: The variables a config object's folder or file name may use.
+FORMAT_VARIABLES = (
+    "run_name",
+    "rank",
+    "local_rank",
+    "world_size",
+    "local_world_size",
+    "node_rank",
+    "epoch",
+    "batch",
+    "batch_in_epoch",
+)
+
+
+def check_format(option: str, text: str, owner: str) -> None:
+    """Check a config object's format-string option (a folder or file name
+    over :data:`FORMAT_VARIABLES`); errors name ``owner`` (the config object,
+    e.g. ``TorchWindows``), the option and the text."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+    except ValueError as e:
+        raise ConfigError(f"{owner}: invalid {option} {text!r}: {e}") from None
+    for f in fields:
+        if f not in FORMAT_VARIABLES:
+            known = ", ".join("{" + k + "}" for k in FORMAT_VARIABLES)
+            raise ConfigError(f"{owner}: invalid {option} {text!r}: unknown format variable {{{f}}} (known: {known})")
 
 
 def _value(opt: Option, given: object, env: Mapping[str, str]) -> Any:

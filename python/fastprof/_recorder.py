@@ -16,7 +16,6 @@ import json
 import os
 import sys
 import textwrap
-import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,20 +25,15 @@ from typing import Any
 import numpy as np
 
 from fastprof import _core, _rundir
-from fastprof._dist import _initialized as _process_group
+from fastprof._dist import process_group
 from fastprof._gpu import inventory
 from fastprof._options import Options, resolve
 from fastprof._options import docstring as options_docstring
+from fastprof._process import PROCESS
 from fastprof._psutil_sampler import PsutilHostSampler
 
-_lock = threading.Lock()
-_current: Recorder | None = None
-_atexit_registered = False
-#: ``fastprof run``'s recorder while it records (set by the Profiler it
-#: runs): a Recorder the script starts joins it instead of failing.
-_run_host: Recorder | None = None
-#: The script's Recorders that joined it and still run, newest last.
-_joined: list[Recorder] = []
+# The recorder running now, fastprof run's and those that joined it:
+# PROCESS.recorders (fastprof._process).
 
 
 @dataclass
@@ -68,7 +62,7 @@ def _distributed_info(rank: int, world_size: int) -> dict[str, Any]:
     """Kineto's ``distributedInfo``: the rank and world size this recorder
     writes under, and the process group's backend when one exists."""
     info: dict[str, Any] = {"rank": rank, "world_size": world_size}
-    dist = _process_group()
+    dist = process_group()
     if dist is not None:
         try:
             info["backend"] = str(dist.get_backend())
@@ -125,7 +119,7 @@ class Recorder:
         self._trace_dir: Path | None = None
         #: fastprof run's recorder, when this one joined it (see :meth:`start`).
         self._host: Recorder | None = None
-        #: The run directory's choice (see :meth:`_choose_run_dir`), made once per Recorder.
+        #: The run directory's choice (see :meth:`choose_run_dir`), made once per Recorder.
         self._choice: _rundir.Choice | None = None
         #: Seconds this rank recorded nothing before a resumed recording (None: not resumed).
         self._resume_gap_s: float | None = None
@@ -165,11 +159,11 @@ class Recorder:
         """Start recording. Raises :class:`fastprof.ConfigError`,
         :class:`fastprof.AlreadyRunningError` or an ``OSError`` subclass of
         :class:`fastprof.FastprofError` before anything is recorded."""
-        global _current, _atexit_registered
-        host = _run_host
+        state = PROCESS.recorders
+        host = state.run_host
         if host is not None and host is not self and host.active and os.getpid() == host._pid and not self._started:
             return self._join(host)
-        self._choose_run_dir()
+        self.choose_run_dir()
         o = self.options
         extra: dict[str, Any] = {**self.metadata, "out_dir": str(o.out_dir), "local_world_size": o.local_world_size}
         if o.sample_hz and o.sample_gpus != []:
@@ -178,7 +172,7 @@ class Recorder:
         extra["host_sampler"] = o.host_sampler if o.sample_hz else None
         # Written top-level as Kineto writes it, so that HTA finds the rank.
         extra.setdefault("distributedInfo", _distributed_info(o.rank, o.world_size))
-        with _lock, self._released_if_not_started():
+        with state.lock, self._released_if_not_started():
             self._session = _core.Session(
                 str(self.trace_dir),
                 o.run_name,
@@ -212,23 +206,31 @@ class Recorder:
                 self._psutil.start()
             for notice in self._session.take_notices():
                 warnings.warn(f"fastprof: {notice}", _core.FastprofWarning, stacklevel=2)
-            _current = self
+            state.current = self
             if self._resume_gap_s is not None:
                 # On the timeline and in the report: the time before this
                 # recording that belongs to no step.
                 _core.counter(_rundir.RESUME_GAP, self._resume_gap_s)
                 self._resume_gap_s = None
-            if not _atexit_registered:
+            if not state.atexit_registered:
                 atexit.register(_stop_at_exit)
-                _atexit_registered = True
+                state.atexit_registered = True
         return self
 
-    def _choose_run_dir(self) -> None:
+    @property
+    def core_session(self) -> _core.Session | None:
+        """The core's session this recorder records into (None before its
+        first start): what a Profiler's step loop drives."""
+        return self._session
+
+    def choose_run_dir(self) -> None:
         """Take the run directory, once per Recorder (a restart of the same
         Recorder continues its own run): ``run_name``, or ``<run_name>-N``
         when an earlier run holds it, unless ``resume`` (see
         :mod:`fastprof._rundir`). A Recorder whose trace_dir was set (a
-        DataLoader worker's) records where it was told."""
+        DataLoader worker's) records where it was told. :meth:`start` takes
+        it; a Profiler takes it earlier, since its torch windows and memory
+        files go under the run directory."""
         if self._choice is not None or self._trace_dir is not None:
             return
         o = self.options
@@ -263,7 +265,7 @@ class Recorder:
         self._trace_dir = host.trace_dir
         self.options = host.options
         self._started = True
-        _joined.append(self)
+        PROCESS.recorders.joined.append(self)
         if given.run_dir != host.run_dir:
             print(
                 f"fastprof run: the script's Recorder records in the run, {host.trace_dir} "
@@ -278,10 +280,10 @@ class Recorder:
 
         Warns (:class:`fastprof.FastprofWarning`) when events were dropped or
         when a failure stopped recording early; never raises for those."""
-        global _current
+        state = PROCESS.recorders
         if self._host is not None:
             return self._leave()
-        with _lock:
+        with state.lock:
             if not self._started:
                 if self.stats is not None:
                     return self.stats
@@ -297,8 +299,8 @@ class Recorder:
             self._started = False
             if os.environ.get("FASTPROF_RECORDING_PID") == str(self._pid):
                 del os.environ["FASTPROF_RECORDING_PID"]
-            if _current is self:
-                _current = None
+            if state.current is self:
+                state.current = None
         stats = RunStats(
             events_written=raw["events_written"],
             dropped=raw["dropped"],
@@ -345,8 +347,9 @@ class Recorder:
         records on (fastprof run stops it, and reports it); this one is done,
         with nothing of its own written."""
         if self.stats is None:
-            if self in _joined:
-                _joined.remove(self)
+            joined = PROCESS.recorders.joined
+            if self in joined:
+                joined.remove(self)
             self._started = False
             self.stats = RunStats(0, 0, {}, [], 0, 0, run_dir=self.run_dir)
         return self.stats
@@ -457,7 +460,9 @@ def start(
 
 def stop() -> RunStats | None:
     """Stop the running recorder and return its report (``None`` if none runs)."""
-    rec = _joined[-1] if _joined else _current  # under fastprof run: the script's, never the run's
+    state = PROCESS.recorders
+    # Under fastprof run: the script's, never the run's.
+    rec: Recorder | None = state.joined[-1] if state.joined else state.current
     if rec is None:
         return None
     return rec.stop()
@@ -465,13 +470,23 @@ def stop() -> RunStats | None:
 
 def current() -> Recorder | None:
     """The running recorder, if any."""
-    return _current
+    rec: Recorder | None = PROCESS.recorders.current
+    return rec
+
+
+def set_run_host(rec: Recorder | None) -> None:
+    """``fastprof run``'s recorder (None: its run is over): a Recorder the
+    script starts while it records joins it (see :meth:`Recorder.start`)."""
+    state = PROCESS.recorders
+    state.run_host = rec
+    if rec is None:
+        state.joined.clear()
 
 
 def _stop_at_exit() -> None:
     # A recorder the user forgot to stop is finalized here; interpreter exit
     # must never fail because of fastprof, so everything is caught.
-    rec = _current
+    rec = PROCESS.recorders.current
     if rec is None:
         return
     try:
@@ -482,18 +497,3 @@ def _stop_at_exit() -> None:
             print(f"fastprof: {w.message}", file=sys.stderr)
     except Exception as e:  # noqa: BLE001 - exit must go on
         print(f"fastprof: could not finalize the trace at exit: {e}", file=sys.stderr)
-
-
-def _after_fork_in_child() -> None:
-    # The child has no writer thread and may have inherited locks held by
-    # threads that do not exist there: drop the recorder entirely. The Rust
-    # core resets itself in its own pthread_atfork handler (installed when
-    # _core is imported, so before any fork), and each Recorder's session
-    # handle checks the pid and stays inert here.
-    global _current, _lock
-    _current = None
-    _lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

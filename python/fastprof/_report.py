@@ -40,7 +40,7 @@ def report(
     :class:`fastprof.ConfigError` for a bad option, and :class:`OSError`
     naming ``out_dir`` when the files cannot be written (then none is).
     """
-    from fastprof.integrations import mlflow as _mlflow
+    from fastprof.integrations import mlflow as _mlflow  # lazy: integrations load on demand (see their package)
 
     log_to_mlflow = _mlflow.check_option(mlflow)
     rep = _write(

@@ -54,6 +54,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastprof import _dist
+from fastprof._process import PROCESS
+
 __all__ = ["CLAIM", "RESUME_GAP", "Choice", "choose", "job_identity", "release"]
 
 #: The run directory's claim (hidden: no reader takes it for a trace).
@@ -70,9 +73,6 @@ _DONE_MARKER = ".fastprof-done"
 _SEGMENT_PREFIX = "fastprof."
 _SEGMENT_SUFFIXES = (".json.gz", ".json.gz.part")
 _RANK_FILES = ("profiler.json", _DONE_MARKER)
-
-#: Choices made by this process so far: the job's n-th run is ``<job>#<n>``.
-_choices = 0
 
 
 @dataclass(frozen=True)
@@ -143,8 +143,6 @@ def job_identity(env: Mapping[str, str], world_size: int, local_world_size: int)
 
 
 def _store() -> Any:
-    from fastprof import _dist
-
     return _dist.default_store()
 
 
@@ -160,9 +158,7 @@ def _store_token() -> str | None:
 
 
 def _group_rank() -> int | None:
-    from fastprof import _dist
-
-    dist = _dist._initialized()
+    dist = _dist.process_group()
     if dist is None or dist.get_world_size() < 2:
         return None
     return int(dist.get_rank())
@@ -347,10 +343,10 @@ def choose(
     """The run directory this recording takes (see the module). Never raises:
     when the directory cannot be looked at, the name asked for is kept (and
     starting the recording then says what is wrong with it)."""
-    global _choices
     env = os.environ if env is None else env
-    n = _choices
-    _choices += 1
+    # Choices made by this process so far: the job's n-th run is ``<job>#<n>``.
+    n = PROCESS.run_dirs_chosen
+    PROCESS.run_dirs_chosen += 1
     try:
         base_job = job_identity(env, world_size, local_world_size)
         job = None if base_job is None else f"{base_job}#{n}"

@@ -36,14 +36,11 @@ from types import TracebackType
 from typing import Any
 
 from fastprof import _core
+from fastprof._process import PROCESS
 
 __all__ = ["call_job", "deferred", "give_back", "is_job", "job_disposition", "own"]
 
-_lock = threading.Lock()
-#: Signals fastprof made harmless (read as the default when asked what the job has).
-_harmless: set[int] = set()
-#: fastprof's own handlers (functions), never deferred nor taken for the job's.
-_own: set[Any] = set()
+# The signals made harmless and fastprof's own handlers: PROCESS.signals.
 #: The attribute :func:`call_job` sets on an exception the job's handler raised.
 _MARK = "_fastprof_job_signal"
 
@@ -52,8 +49,9 @@ def job_disposition(num: int) -> Any:
     """``signal.getsignal(num)``, except that fastprof's own harmless handler
     reads as ``SIG_DFL`` (the job's disposition under it)."""
     current = signal.getsignal(num)
-    with _lock:
-        if current is signal.SIG_IGN and num in _harmless:
+    state = PROCESS.signals
+    with state.lock:
+        if current is signal.SIG_IGN and num in state.harmless:
             return signal.SIG_DFL
     return current
 
@@ -69,20 +67,22 @@ def give_back(num: int, previous: Any) -> None:
     # finalization leaves an ignored signal as it is.
     signal.signal(num, signal.SIG_IGN)
     if _core._signal_harmless(num):
-        with _lock:
-            _harmless.add(num)
+        state = PROCESS.signals
+        with state.lock:
+            state.harmless.add(num)
     else:
         signal.signal(num, signal.SIG_DFL)
 
 
 def own(handler: Callable[..., Any]) -> None:
     """Say that ``handler`` (a function; a bound method's function) is fastprof's."""
-    with _lock:
-        _own.add(getattr(handler, "__func__", handler))
+    state = PROCESS.signals
+    with state.lock:
+        state.own.add(getattr(handler, "__func__", handler))
 
 
 def _is_own(handler: Any) -> bool:
-    return getattr(handler, "__func__", handler) in _own
+    return getattr(handler, "__func__", handler) in PROCESS.signals.own
 
 
 def call_job(handler: Callable[[int, Any], Any], signum: int, frame: Any) -> None:

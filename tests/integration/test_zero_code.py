@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import fastprof
-from fastprof.always_on.run import ZeroCode
+from fastprof.run import ZeroCode
 
 
 def test_install_uninstall_install_records_steps_each_time(tmp_path: Path) -> None:

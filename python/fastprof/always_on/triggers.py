@@ -88,15 +88,14 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fastprof import _core, _signals
+from fastprof import _core, _dist, _signals
 from fastprof._core import ConfigError, FastprofWarning
-from fastprof._options import Option, _bool, _float, _int, _str, _value, prefixed
+from fastprof._loop_api import TriggerHost
+from fastprof._options import Option, _bool, _float, _int, _str, _value, check_format, prefixed
 from fastprof.memory._files import write_atomic
-
-if TYPE_CHECKING:
-    from fastprof.profiler.loop import Profiler
+from fastprof.memory.oom import add_oom_listener, remove_oom_listener
 
 __all__ = ["LIVE_FILE", "OPTIONS", "STATE_FILE", "TRIGGER_FILE", "TriggerDriver", "Triggers", "parse_request"]
 
@@ -281,9 +280,7 @@ class Triggers:
                 f"Triggers: invalid flight_on {self.flight_on!r}: unknown {', '.join(unknown)} "
                 f"(expected a comma list of {', '.join(_FLIGHT_EVENTS)}, or none)"
             )
-        from fastprof.profiler.torch_windows import _check_format
-
-        _check_format("folder", str(self.folder), "Triggers")
+        check_format("folder", str(self.folder), "Triggers")
 
     @property
     def signal_number(self) -> int | None:
@@ -352,14 +349,14 @@ class TriggerDriver:
     Methods named ``on_*`` run on the training thread (from the Profiler);
     the signal handler and the poller thread only queue and set the flag."""
 
-    def __init__(self, cfg: Triggers, prof: Profiler) -> None:
+    def __init__(self, cfg: Triggers, prof: TriggerHost) -> None:
         self.cfg = cfg
         self.prof = prof
         self.rank = prof.rank
         self.world = int(prof.recorder.options.world_size)
         self.rank_dir = prof.rank_dir
         self.run_dir = prof.run_dir
-        self.folder = prof.run_dir / str(cfg.folder).format(**prof._variables())
+        self.folder = prof.run_dir / str(cfg.folder).format(**prof.format_variables())
         self._lock = threading.Lock()
         self._files_lock = threading.Lock()  # the poller and a signalled boundary both read the files
         self._state_lock = threading.RLock()  # a signal may land while the thread writes
@@ -397,9 +394,8 @@ class TriggerDriver:
 
     def start(self) -> None:
         cfg = self.cfg
-        steps = self.prof._steps
-        if cfg.anomaly and steps is not None:
-            steps.anomaly_detector(
+        if cfg.anomaly:
+            self.prof.watch_step_times(
                 int(cfg.anomaly_window), float(cfg.anomaly_factor), _ANOMALY_MADS, _ANOMALY_MIN_EXCESS_NS
             )
         if not self._flight_ok and cfg.flight_events:
@@ -408,13 +404,9 @@ class TriggerDriver:
                 "the segments on disk hold the run"
             )
         self._install_signal()
-        from fastprof.memory.oom import add_oom_listener
-
         add_oom_listener(self._on_oom)
         if self.world > 1:
-            from fastprof.profiler.outputs import _store
-
-            self._store = _store()
+            self._store = _dist.default_store()
             if self._store is None:
                 self.notes.append("no process group store: each rank answers its own triggers at its next step")
             else:
@@ -433,8 +425,6 @@ class TriggerDriver:
         with contextlib.suppress(OSError):
             (self.rank_dir / LIVE_FILE).unlink()
         self._uninstall_signal()
-        from fastprof.memory.oom import remove_oom_listener
-
         remove_oom_listener(self._on_oom)
         self._stop.set()
         self._wake.set()
@@ -817,7 +807,7 @@ class TriggerDriver:
             self._last_dump_t = now
             self._last_dump_seq = seq
             self.flight_dump(kind, batch, wait=False, request_id=req.get("id"), seq=seq)
-        if capture and self.prof._driver is None:
+        if capture and not self.prof.has_torch_windows:
             capture = False
             note = "captures unavailable: the Profiler has no torch.profiler windows (torch=False or no torch)"
             if note not in self.notes:
@@ -899,9 +889,9 @@ class TriggerDriver:
     def _take_window(self, c: _Capture) -> None:
         """The torch window that holds capture ``c``: the driver's last, when
         it reached the capture's first step (not an earlier one: torch failed)."""
-        d = self.prof._driver
-        if d is not None and d.windows and d.windows[-1].last_step >= c.start:
-            c.window = d.windows[-1]
+        w = self.prof.last_window()
+        if w is not None and w.last_step >= c.start:
+            c.window = w
 
     # ---------------------------------------------------------- flight dump
 

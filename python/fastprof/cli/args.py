@@ -13,6 +13,9 @@ import re
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from fastprof._options import BY_NAME, _parsed
+from fastprof.profiler.options import _BY_NAME as PROFILER
+
 __all__ = ["Parser", "integer", "option", "plain", "seconds"]
 
 
@@ -60,9 +63,6 @@ def option(name: str) -> Callable[[str], Any]:
     """An argparse type for a flag that sets a recorder or Profiler option:
     the options table's own parse and check (the same rule as the option's
     ``FASTPROF_*`` variable), its own ``expected ...`` sentence."""
-    from fastprof._options import BY_NAME, _parsed
-    from fastprof.profiler.options import _BY_NAME as PROFILER
-
     opt = BY_NAME[name] if name in BY_NAME else PROFILER[name]
 
     def parse(text: str) -> Any:

@@ -29,6 +29,7 @@ from rich.table import Table
 from fastprof._core import FastprofError
 from fastprof.cli.errors import CommandError, describe, exit_code
 from fastprof.cli.report import WARMUP_STEPS
+from fastprof.reports import report
 from fastprof.reports.finite import number
 from fastprof.reports.report import SCHEMA_DIR
 
@@ -118,8 +119,6 @@ def validate(doc: Any, path: str) -> dict[str, Any]:
 
 
 def load_doc(path: str, warmup: int | None) -> dict[str, Any]:
-    from fastprof.reports import report
-
     p = Path(path)
     if not p.exists():
         raise CommandError(f"{path}: no such file or directory (expected a run directory, trace or report.json)", 2)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fastprof._core import FastprofError
+from fastprof._report import report  # the public wrapper: it logs to MLflow when asked
 from fastprof.cli.args import integer
 from fastprof.cli.errors import CommandError, describe, exit_code
 from fastprof.reports.csvout import tables
@@ -52,9 +53,6 @@ def add_parser(verbs: Any) -> None:
 
 def build(args: argparse.Namespace, out_dir: str | None, formats: tuple[str, ...], progress: bool) -> Any:
     """Run :func:`fastprof.report` for a verb, bad input as one line, exit 2."""
-    # The public wrapper: it logs to MLflow when FASTPROF_MLFLOW or an active run says so.
-    from fastprof._report import report
-
     if not Path(args.path).exists():
         raise CommandError(f"{args.path}: no such file or directory (expected a run directory or a trace)", exit_code=2)
     try:

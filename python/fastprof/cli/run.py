@@ -30,9 +30,13 @@ import sys
 import time
 from typing import Any
 
+from fastprof import run as zero
 from fastprof._core import DEFAULT_SAMPLE_HZ
+from fastprof._loop_api import RunHost
+from fastprof._options import BY_NAME, _value
 from fastprof.cli.args import option
 from fastprof.cli.errors import CommandError
+from fastprof.profiler.loop import Profiler
 
 
 def add_parser(verbs: Any) -> None:
@@ -96,8 +100,6 @@ def add_parser(verbs: Any) -> None:
 
 
 def _profiler_options(args: argparse.Namespace) -> dict[str, Any]:
-    from fastprof._options import BY_NAME, _value
-
     env = os.environ
     # Absolute: a script that changes directory must not move the run's files.
     out_dir = os.path.abspath(os.fspath(_value(BY_NAME["out_dir"], args.out_dir, env)))
@@ -160,8 +162,6 @@ def _started(pid: int) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastprof.always_on import run as zero
-
     if args.module is not None:
         if not args.module:
             raise CommandError("-m: give the module to run (-m module [args ...])", exit_code=2)
@@ -183,8 +183,6 @@ def run(args: argparse.Namespace) -> int:
     except zero.CompileFailed as e:
         zero.print_exception(e.error)  # as Python prints a SyntaxError: no traceback
         return 1
-
-    from fastprof.profiler.loop import Profiler
 
     prof = Profiler(**kw)  # a bad option: ConfigError, one line (exit 2), before the script runs
     ended, discarded = zero.run(target, rest, prof)
@@ -213,7 +211,7 @@ def _silent(*_: Any) -> None:
     pass
 
 
-def _nothing_recorded(prof: Any, label: str, ended: BaseException | None) -> None:
+def _nothing_recorded(prof: RunHost, label: str, ended: BaseException | None) -> None:
     """Rank 0 says the run left nothing (it failed before its first step)."""
     if prof.rank != 0:
         return
@@ -226,11 +224,12 @@ def _nothing_recorded(prof: Any, label: str, ended: BaseException | None) -> Non
     print(f"fastprof run: {label}: {how} before its first step; nothing recorded", file=sys.stderr, flush=True)
 
 
-def _next_command(prof: Any, label: str) -> None:
+def _next_command(prof: RunHost, label: str) -> None:
     """Rank 0 says where the run is and which command reads it (stderr)."""
-    if prof._state != "stopped" or prof.rank != 0:
+    if not prof.stopped or prof.rank != 0:
         return
-    steps = prof._successors[-1].batch if prof._successors else prof.batch  # the script's own Profiler's
+    successor = prof.successor
+    steps = successor.batch if successor is not None else prof.batch  # the script's own Profiler's
     run_dir = str(prof.run_dir)
     rel = os.path.relpath(run_dir)
     shown = rel if not rel.startswith("..") else run_dir

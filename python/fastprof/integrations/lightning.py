@@ -66,7 +66,7 @@ import numpy as np
 from fastprof import _core
 from fastprof._columns import read_columns
 from fastprof._core import FastprofError, FastprofWarning
-from fastprof.profiler.loop import Profiler, _exception_reason
+from fastprof.profiler.loop import Profiler
 from fastprof.profiler.schedule import Schedule
 from fastprof.profiler.torch_windows import TorchWindows
 
@@ -200,7 +200,7 @@ class FastprofProfiler(_LightningProfiler):
             trainer = self._lightning_module.trainer  # type: ignore[attr-defined]
             callbacks = trainer.callbacks
             if not any(isinstance(c, _CloseOnException) and c.owner is self for c in callbacks):
-                callbacks.append(_CloseOnException(self))
+                callbacks.append(_CloseOnException(self, self._finish))
         except Exception:  # noqa: BLE001 - no trainer attached: the exit hook closes the run at exit instead
             pass
 
@@ -244,8 +244,7 @@ class FastprofProfiler(_LightningProfiler):
         try:
             if self._stage_name is not None and prof.recorder.active:
                 _core._complete(self._stage_name, self._stage_t0)
-            prof._on_exception(exception)
-            prof._close(_exception_reason(exception))
+            prof.close_after(exception)
             self._clock.clear()
             self.last = prof
             self._summary = self._table(prof)
@@ -317,10 +316,12 @@ class FastprofProfiler(_LightningProfiler):
 
 class _CloseOnException(_Callback):
     """Closes a :class:`FastprofProfiler`'s run when a stage raises (the only
-    public hook Lightning calls on that path)."""
+    public hook Lightning calls on that path): ``finish``, the owner's way
+    to end its stage, with the exception."""
 
-    def __init__(self, owner: FastprofProfiler) -> None:
+    def __init__(self, owner: FastprofProfiler, finish: Callable[[BaseException | None], None]) -> None:
         self.owner = owner
+        self.finish = finish
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self.owner._finish(exception)
+        self.finish(exception)

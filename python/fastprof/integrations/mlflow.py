@@ -54,6 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from fastprof._core import ConfigError, FastprofFileNotFoundError, FastprofWarning
+from fastprof.reports.csvout import TABLES
+from fastprof.reports.report import Report
 
 #: The prefix of every metric name.
 PREFIX = "fastprof."
@@ -119,8 +121,6 @@ def headline(doc: Mapping[str, Any]) -> dict[str, float]:
 def _load(report_or_path: Any) -> tuple[dict[str, Any], list[Path]]:
     """(document, files) of a Report, a report.json, or a directory holding
     one (a reports directory, or a run directory with ``reports/``)."""
-    from fastprof.reports.report import Report
-
     if isinstance(report_or_path, Report):
         return report_or_path.data, [Path(f) for f in report_or_path.files]
     if not isinstance(report_or_path, (str, os.PathLike)):
@@ -142,8 +142,6 @@ def _load(report_or_path: Any) -> tuple[dict[str, Any], list[Path]]:
         raise ConfigError(f"{candidate}: not a fastprof report ({e})") from None
     if not isinstance(doc, dict) or doc.get("schema") != "fastprof.report":
         raise ConfigError(f'{candidate}: not a fastprof report (no "schema": "fastprof.report")')
-    from fastprof.reports.csvout import TABLES
-
     d = candidate.parent
     names = [candidate.name, *(f"{t}.csv" for t in TABLES), "report.html"]
     return doc, [d / n for n in names if (d / n).is_file()]

@@ -47,8 +47,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fastprof import _core
+from fastprof._core import ConfigError
 from fastprof._dist import dist_info
+from fastprof._process import PROCESS
 from fastprof.memory._files import atomic, write_atomic
+from fastprof.memory.history import CudaAllocator, mark_since, now_ticks
 from fastprof.memory.step_stats import CUDA_COUNTERS
 
 #: ``torch.cuda.memory_stats()`` keys kept per entry where CUDA is in use:
@@ -57,15 +61,8 @@ CUDA_KEYS = tuple(key for key, _ in CUDA_COUNTERS)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_lock = threading.Lock()
-_entries: dict[str, dict[str, Any]] = {}
 _PAGE = resource.getpagesize()
-#: The running Profiler's memory folder (set by :func:`reset`).
-_directory: Path | None = None
-_unwritable: str | None = None
-_snapshots: list[dict[str, Any]] = []
-_snapshot_reason: list[str] = []
-_writers: list[threading.Thread] = []
+# The entries, the snapshots and where they go (set by :func:`reset`): PROCESS.collect.
 
 
 def _statm() -> tuple[int, int]:
@@ -113,8 +110,6 @@ def collect(
     ``snapshot_dir`` (default: the running Profiler's ``rank{R}/memory/``)."""
     wanted = frozenset(int(i) for i in iterations)
     if any(i < 0 for i in wanted):
-        from fastprof._core import ConfigError
-
         raise ConfigError(f"invalid option iterations: expected integers >= 0, got {sorted(wanted)}")
 
     def wrap(fn: F) -> F:
@@ -162,11 +157,12 @@ def _key(label: str, it: int, when: str) -> str:
 
 
 def _start(label: str, it: int) -> tuple[int, int, Any, Any, Any]:
+    st = PROCESS.collect
     torch = sys.modules.get("torch")
     rss, vms = _statm()
     entry: dict[str, Any] = {"rss": rss, "vms": vms, **_cuda(torch)}
-    with _lock:
-        _entries[_key(label, it, "start")] = entry
+    with st.lock:
+        st.entries[_key(label, it, "start")] = entry
     _record(label, rss, 0)
     packed = hooks = None
     if torch is not None:
@@ -176,6 +172,7 @@ def _start(label: str, it: int) -> tuple[int, int, Any, Any, Any]:
 
 
 def _end(label: str, it: int, rss0: int, vms0: int, torch: Any, packed: _Packed | None) -> None:
+    st = PROCESS.collect
     rss, vms = _statm()
     npp = packed.bytes if packed is not None else None
     entry: dict[str, Any] = {
@@ -192,15 +189,13 @@ def _end(label: str, it: int, rss0: int, vms0: int, torch: Any, packed: _Packed 
         "npp_diff": npp,
         **_cuda(torch),
     }
-    with _lock:
-        _entries[_key(label, it, "end")] = entry
+    with st.lock:
+        st.entries[_key(label, it, "end")] = entry
     _record(label, rss, npp or 0)
 
 
 def _allocator() -> Any:
     """The allocator snapshots come from (a stand-in in tests)."""
-    from fastprof.memory.history import CudaAllocator
-
     return CudaAllocator(sys.modules.get("torch"))
 
 
@@ -212,84 +207,85 @@ def snapshot_name(label: str, it: int, when: str) -> str:
 def _snapshot(label: str, it: int, when: str, directory: str | os.PathLike[str] | None) -> None:
     """Take the allocator's snapshot now (measured) and pickle it off this
     thread; or keep, once, why none can be taken. Never raises."""
+    st = PROCESS.collect
     try:
         alloc = _allocator()
         why = alloc.available()
         if why is None and not alloc.initialized():
             why = "CUDA was not initialised by the job when the collected call ran"
-        d = Path(directory) if directory is not None else _directory
+        d = Path(directory) if directory is not None else st.directory
         if why is None and d is None:
             why = (
-                f"the memory folder cannot be written ({_unwritable})"
-                if _unwritable
+                f"the memory folder cannot be written ({st.unwritable})"
+                if st.unwritable
                 else "no Profiler running and no snapshot_dir given"
             )
         if why is not None:
-            with _lock:
-                if why not in _snapshot_reason:
-                    _snapshot_reason.append(why)
+            with st.lock:
+                if why not in st.snapshot_reason:
+                    st.snapshot_reason.append(why)
             return
         assert d is not None
-        from fastprof.memory.history import _mark, _ticks
-
-        ticks = _ticks()
+        ticks = now_ticks()
         t0 = time.perf_counter()
         snap = alloc.snapshot()
         stall = time.perf_counter() - t0
         key = f"{dist_info().rank}.{label}.{it}.{when}"
-        _mark("memory.collect.snapshot", ticks, key=key)
+        mark_since("memory.collect.snapshot", ticks, key=key)
         entry: dict[str, Any] = {"key": key, "path": str(d / snapshot_name(label, it, when)), "snapshot_s": stall}
-        with _lock:
-            _snapshots.append(entry)
+        with st.lock:
+            st.snapshots.append(entry)
         t = threading.Thread(target=_write_snapshot, args=(snap, entry), name="fastprof-collect-snapshot", daemon=True)
         t.start()
-        _writers.append(t)
+        st.writers.append(t)
     except Exception as e:  # noqa: BLE001 - the job's function runs whatever happens here
         warnings.warn(f"fastprof: no allocator snapshot at the {when} of {label}: {e}", stacklevel=3)
 
 
 def _write_snapshot(snap: dict[str, Any], entry: dict[str, Any]) -> None:
+    st = PROCESS.collect
     path = Path(entry["path"])
     try:
         with atomic(path) as f:
             pickle.dump(snap, f, protocol=pickle.HIGHEST_PROTOCOL)
         size = path.stat().st_size
-        with _lock:
+        with st.lock:
             entry["bytes"] = size
     except Exception as e:  # noqa: BLE001 - listed in profiler.json, one warning at the end
-        with _lock:
+        with st.lock:
             entry["error"] = f"write failed: {type(e).__name__}: {e}"
 
 
 def wait(timeout: float = 60.0) -> None:
     """Let the snapshot writers finish (the Profiler calls this as it stops)."""
+    st = PROCESS.collect
     deadline = time.monotonic() + timeout
-    for t in list(_writers):
+    for t in list(st.writers):
         t.join(max(0.0, deadline - time.monotonic()))
 
 
 def summary() -> dict[str, Any]:
     """``profiler.json``'s ``memory.collect``: the entries' keys, the
     allocator snapshots taken, and why none were where they were asked for."""
-    with _lock:
+    st = PROCESS.collect
+    with st.lock:
         return {
-            "entries": list(_entries),
-            "snapshots": [dict(e) for e in _snapshots],
-            "snapshot_reason": "; ".join(_snapshot_reason) or None,
+            "entries": list(st.entries),
+            "snapshots": [dict(e) for e in st.snapshots],
+            "snapshot_reason": "; ".join(st.snapshot_reason) or None,
         }
 
 
 def _record(label: str, rss: int, npp: int) -> None:
-    from fastprof import _core
-
     _core.counter(f"mem.collect.{label}.rss [B]", float(rss))
     _core.counter(f"mem.collect.{label}.npp [B]", float(npp))
 
 
 def collected() -> dict[str, dict[str, Any]]:
     """Every entry so far, by key (a copy)."""
-    with _lock:
-        return {k: dict(v) for k, v in _entries.items()}
+    st = PROCESS.collect
+    with st.lock:
+        return {k: dict(v) for k, v in st.entries.items()}
 
 
 def _yaml(entries: dict[str, dict[str, Any]]) -> str:
@@ -321,11 +317,11 @@ def reset(directory: str | os.PathLike[str] | None = None, unwritable: str | Non
     ``directory``: where allocator snapshots go by default (the Profiler's
     ``rank{R}/memory/``); ``unwritable``: why it cannot be written (then
     snapshots go nowhere by default)."""
-    global _directory, _unwritable
-    with _lock:
-        _entries.clear()
-        _snapshots.clear()
-        _snapshot_reason.clear()
-        _writers.clear()
-        _directory = None if directory is None or unwritable else Path(directory)
-        _unwritable = unwritable
+    st = PROCESS.collect
+    with st.lock:
+        st.entries.clear()
+        st.snapshots.clear()
+        st.snapshot_reason.clear()
+        st.writers.clear()
+        st.directory = None if directory is None or unwritable else Path(directory)
+        st.unwritable = unwritable

@@ -46,8 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fastprof import _core
 from fastprof._core import ConfigError
-from fastprof._options import Option, _bool, _int, _str, _value, prefixed
+from fastprof._options import Option, _bool, _int, _str, _value, check_format, prefixed
 from fastprof.memory._files import atomic, write_atomic
 
 #: Default bound: entries per step of a window...
@@ -131,14 +132,12 @@ class MemoryHistory:
             raise ConfigError(
                 f"MemoryHistory: invalid context {self.context!r}: expected one of {', '.join(_CONTEXTS)}"
             )
-        from fastprof.profiler.torch_windows import _check_format
-
-        _check_format("folder", str(self.folder), "MemoryHistory")
+        check_format("folder", str(self.folder), "MemoryHistory")
         for key in ("filename", "state_filename"):
             name = str(getattr(self, key))
             if "/" in name or name in (".", ".."):
                 raise ConfigError(f"MemoryHistory: invalid {key} {name!r}: a file name, not a path (use folder)")
-            _check_format(key, name, "MemoryHistory")
+            check_format(key, name, "MemoryHistory")
 
     def entries_for(self, window_steps: int) -> int:
         """The bound for a window of ``window_steps`` steps."""
@@ -211,20 +210,17 @@ def _state(snapshot: Mapping[str, Any]) -> tuple[int, int, int]:
     return len(segs), reserved, allocated
 
 
-def _mark(name: str, ticks: int, **args: Any) -> None:
-    """A span from ``ticks`` to now on this thread's track (nothing when no
-    recorder runs)."""
+def mark_since(name: str, ticks: int, **args: Any) -> None:
+    """A span ``name`` from ``ticks`` (:func:`now_ticks`) to now on this
+    thread's track (nothing when no recorder runs)."""
     try:
-        from fastprof import _core
-
         _core._complete(name, ticks, **args)
     except Exception:  # noqa: BLE001 - no recorder: nothing to mark
         pass
 
 
-def _ticks() -> int:
-    from fastprof import _core
-
+def now_ticks() -> int:
+    """The recorder's clock now, where a :func:`mark_since` span begins."""
     return int(_core._ticks())
 
 
@@ -281,7 +277,7 @@ class HistoryDriver:
         w, self._open = self._open, None
         events0 = w.pop("_events0", None)
         t0 = time.perf_counter()
-        ticks = _ticks()
+        ticks = now_ticks()
         try:
             snap = self.allocator.snapshot()
         except Exception as e:  # noqa: BLE001
@@ -304,7 +300,7 @@ class HistoryDriver:
             if w["events"] is not None:
                 w["dropped"] = max(0, int(w["events"]) - n) if w["at_bound"] else 0
         # The stall, on the timeline, with what the window kept.
-        _mark(
+        mark_since(
             "memory.history.dump",
             ticks,
             first_step=w["first_step"],
@@ -323,7 +319,7 @@ class HistoryDriver:
 
     def _write(self, snap: dict[str, Any], path: Path, w: dict[str, Any]) -> None:
         t0 = time.perf_counter()
-        ticks = _ticks()
+        ticks = now_ticks()
         try:
             with atomic(path) as f:
                 pickle.dump(snap, f, protocol=pickle.HIGHEST_PROTOCOL)
@@ -339,7 +335,7 @@ class HistoryDriver:
         finally:
             with self._lock:
                 w["write_s"] = time.perf_counter() - t0
-            _mark("memory.history.write", ticks, path=str(path), bytes=w.get("bytes"), entries=w.get("entries"))
+            mark_since("memory.history.write", ticks, path=str(path), bytes=w.get("bytes"), entries=w.get("entries"))
 
     # ------------------------------------------------ state-only snapshots
 
@@ -367,7 +363,7 @@ class HistoryDriver:
             self.state_stats["busy"] += 1
             return
         t0 = time.perf_counter()
-        ticks = _ticks()
+        ticks = now_ticks()
         entry: dict[str, Any] = {"step": batch, "epoch": epoch, "path": str(path), "bytes": None, "write_s": None}
         try:
             snap = self.allocator.snapshot()
@@ -378,7 +374,7 @@ class HistoryDriver:
         entry["snapshot_s"] = stall
         if snap is not None:
             entry["segments"], entry["reserved_b"], entry["allocated_b"] = _state(snap)
-        _mark("memory.state.snapshot", ticks, step=batch, segments=entry.get("segments"))
+        mark_since("memory.state.snapshot", ticks, step=batch, segments=entry.get("segments"))
         st = self.state_stats
         st["count"] += 1
         st["stall_s_total"] += stall
@@ -395,7 +391,7 @@ class HistoryDriver:
 
     def _write_state(self, snap: dict[str, Any], path: Path, entry: dict[str, Any]) -> None:
         t0 = time.perf_counter()
-        ticks = _ticks()
+        ticks = now_ticks()
         try:
             with atomic(path) as f:
                 pickle.dump(snap, f, protocol=pickle.HIGHEST_PROTOCOL)
@@ -409,7 +405,7 @@ class HistoryDriver:
         finally:
             with self._lock:
                 entry["write_s"] = time.perf_counter() - t0
-            _mark("memory.state.write", ticks, path=str(path), bytes=entry.get("bytes"))
+            mark_since("memory.state.write", ticks, path=str(path), bytes=entry.get("bytes"))
 
     # ---------------------------------------------------------------- end
 
@@ -447,8 +443,6 @@ class HistoryDriver:
 def _counter(value: float) -> None:
     """The history on (1) or off (0): the windows on the timeline as a track."""
     try:
-        from fastprof import _core
-
         _core.counter(HISTORY_COUNTER, value)
     except Exception:  # noqa: BLE001 - no recorder: nothing to mark
         pass

@@ -43,7 +43,6 @@ import json
 import os
 import pickle
 import sys
-import threading
 import time
 import traceback
 import warnings
@@ -52,8 +51,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from fastprof import _core
 from fastprof._core import FastprofWarning
+from fastprof._loop_api import LoopHost
+from fastprof._process import PROCESS
 from fastprof.memory._files import atomic, write_atomic
+from fastprof.memory.history import mark_since, now_ticks
 
 #: Top groups of live allocations kept in oom.json.
 TOP_GROUPS = 10
@@ -156,9 +159,7 @@ def _cuda_part(torch: Any, mem_dir: Path) -> dict[str, Any]:
         part["device_total_b"] = total
     except Exception:  # noqa: BLE001 - a figure less, not a failure
         pass
-    from fastprof.memory.history import _mark, _ticks
-
-    ticks = _ticks()
+    ticks = now_ticks()
     snap = torch.cuda.memory._snapshot()
     path = mem_dir / "oom_snapshot.pickle"
     with atomic(path) as f:
@@ -166,7 +167,7 @@ def _cuda_part(torch: Any, mem_dir: Path) -> dict[str, Any]:
     part["snapshot"] = str(path)
     part["snapshot_bytes"] = path.stat().st_size
     part["snapshot_entries"] = sum(len(t) for t in snap.get("device_traces") or [])
-    _mark("memory.oom.dump", ticks, path=str(path), bytes=part["snapshot_bytes"], entries=part["snapshot_entries"])
+    mark_since("memory.oom.dump", ticks, path=str(path), bytes=part["snapshot_bytes"], entries=part["snapshot_entries"])
     groups, with_frames = largest_live(snap)
     part["largest"] = groups
     part["largest_by"] = (
@@ -178,7 +179,9 @@ def _cuda_part(torch: Any, mem_dir: Path) -> dict[str, Any]:
     return part
 
 
-def capture(prof: Any, exc: BaseException | None, stack: list[traceback.FrameSummary] | None = None) -> Path | None:
+def capture(
+    prof: LoopHost, exc: BaseException | None, stack: list[traceback.FrameSummary] | None = None
+) -> Path | None:
     """Write ``rank{R}/memory/oom.json`` (and the allocator snapshot) for an
     out-of-memory error: ``exc`` leaving the Profiler, or (``exc`` None)
     torch's OOM observer with the allocating ``stack``; say where on stderr;
@@ -222,8 +225,6 @@ def capture(prof: Any, exc: BaseException | None, stack: list[traceback.FrameSum
             earlier = state["doc"].pop("earlier", [])
             doc["earlier"] = [*earlier, {k: state["doc"].get(k) for k in ("step", "phase", "source", "exception")}]
         try:
-            from fastprof import _core
-
             _core.instant("memory.oom", step=step, phase=phase, source=doc["source"])
         except Exception:  # noqa: BLE001 - the instant is a nicety
             pass
@@ -250,47 +251,48 @@ def _exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:1000]}"
 
 
-def _state(prof: Any) -> dict[str, Any]:
-    """A Profiler's capture state (kept on it: one per run)."""
-    st = getattr(prof, "_oom_state", None)
+def _state(prof: LoopHost) -> dict[str, Any]:
+    """A Profiler's capture state (one per run, as long as it lives)."""
+    captures = PROCESS.oom.captures
+    st = captures.get(prof)
     if st is None:
-        st = {"step": None, "doc": None, "captures": 0, "skipped": 0, "paths": None}
-        prof._oom_state = st
+        st = captures[prof] = {"step": None, "doc": None, "captures": 0, "skipped": 0, "paths": None}
     return st
 
 
-def summary(prof: Any) -> dict[str, Any]:
+def summary(prof: LoopHost) -> dict[str, Any]:
     """``profiler.json``'s ``memory.oom``: the captures, and the observer."""
     st = _state(prof)
     return {
         "captures": st["captures"],
         "skipped_over_limit": st["skipped"],
         "last": st["paths"],
-        "observer": _observer["status"],
+        "observer": PROCESS.oom.observer["status"],
     }
 
 
 # ------------------------------------------------------------------ listeners
-
-_listeners: list[Callable[[Any, BaseException | None], Any]] = []
+# The listeners, torch's OOM observer and the Profilers it reports to: PROCESS.oom.
 
 
 def add_oom_listener(fn: Callable[[Any, BaseException | None], Any]) -> None:
     """Call ``fn(profiler, exc_or_None)`` after each out-of-memory capture
     (``exc`` None when torch's OOM observer saw it). A listener's exception
     is a warning; the job and the other listeners go on."""
-    if fn not in _listeners:
-        _listeners.append(fn)
+    listeners = PROCESS.oom.listeners
+    if fn not in listeners:
+        listeners.append(fn)
 
 
 def remove_oom_listener(fn: Callable[[Any, BaseException | None], Any]) -> None:
     """Stop calling ``fn``; nothing when it was not registered."""
-    if fn in _listeners:
-        _listeners.remove(fn)
+    listeners = PROCESS.oom.listeners
+    if fn in listeners:
+        listeners.remove(fn)
 
 
-def _notify(prof: Any, exc: BaseException | None) -> None:
-    for fn in list(_listeners):
+def _notify(prof: LoopHost, exc: BaseException | None) -> None:
+    for fn in list(PROCESS.oom.listeners):
         try:
             fn(prof, exc)
         except Exception as e:  # noqa: BLE001 - a listener never takes the job down
@@ -303,49 +305,49 @@ def _notify(prof: Any, exc: BaseException | None) -> None:
 
 # ------------------------------------------------------------------ torch's OOM observer
 
-_observer: dict[str, Any] = {"status": "not attached", "attached": False}
-_watched: list[Any] = []
-_lock = threading.Lock()
 
-
-def watch(prof: Any) -> bool:
+def watch(prof: LoopHost) -> bool:
     """``prof`` started: route the observer's calls to it. Returns True when
     the observer is still to be attached (at a step's end once the job has
     initialised CUDA: call :func:`poll` then), False when it is attached or
     cannot be (the reason is the observer's status)."""
-    with _lock:
-        _watched.append(prof)
-    if _observer["attached"]:
+    state = PROCESS.oom
+    observer = state.observer
+    with state.lock:
+        state.watched.append(prof)
+    if observer["attached"]:
         return False
     torch = sys.modules.get("torch")
     if torch is None:
-        _observer["status"] = "unavailable: torch is not imported"
+        observer["status"] = "unavailable: torch is not imported"
         return False
     if not hasattr(torch._C, "_cuda_attach_out_of_memory_observer"):
-        _observer["status"] = f"unavailable: torch {torch.__version__} has no OOM observer"
+        observer["status"] = f"unavailable: torch {torch.__version__} has no OOM observer"
         return False
     try:
         available = bool(torch.cuda.is_available())
     except Exception as e:  # noqa: BLE001
-        available, _observer["status"] = False, f"unavailable: torch.cuda.is_available() raised {e}"
+        available, observer["status"] = False, f"unavailable: torch.cuda.is_available() raised {e}"
     if not available:
-        _observer["status"] = "unavailable: no CUDA device (torch.cuda.is_available() is False)"
+        observer["status"] = "unavailable: no CUDA device (torch.cuda.is_available() is False)"
         return False
-    _observer["status"] = "waiting for the job to initialise CUDA"
+    observer["status"] = "waiting for the job to initialise CUDA"
     return True
 
 
-def unwatch(prof: Any) -> None:
+def unwatch(prof: LoopHost) -> None:
     """``prof`` stopped."""
-    with _lock:
-        if prof in _watched:
-            _watched.remove(prof)
+    state = PROCESS.oom
+    with state.lock:
+        if prof in state.watched:
+            state.watched.remove(prof)
 
 
 def poll() -> bool:
     """At a step's end: attach the observer once the job has initialised
     CUDA. Returns True while still waiting."""
-    if _observer["attached"]:
+    observer = PROCESS.oom.observer
+    if observer["attached"]:
         return False
     torch = sys.modules.get("torch")
     try:
@@ -353,16 +355,17 @@ def poll() -> bool:
             return True
         torch._C._cuda_attach_out_of_memory_observer(_on_oom)
     except Exception as e:  # noqa: BLE001 - the exception path still captures
-        _observer["status"] = f"unavailable: attaching failed: {type(e).__name__}: {e}"
+        observer["status"] = f"unavailable: attaching failed: {type(e).__name__}: {e}"
         return False
-    _observer.update(attached=True, status="attached")
+    observer.update(attached=True, status="attached")
     return False
 
 
 def _on_oom(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
     """torch's allocator is about to raise an OOM (on the allocating thread)."""
     stack = traceback.extract_stack(sys._getframe(1))
-    with _lock:
-        profs = [p for p in _watched if getattr(p, "_state", None) == "running"]
+    state = PROCESS.oom
+    with state.lock:
+        profs = [p for p in state.watched if p.running]
     for prof in profs:
         capture(prof, None, stack)

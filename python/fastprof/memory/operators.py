@@ -23,6 +23,7 @@ from typing import Any
 
 from fastprof.memory._files import write_atomic
 from fastprof.memory._rows import MEMORY_EVENT, SHAPES_PER_ROW, OperatorRow
+from fastprof.memory.operators_trace import trace_rows
 
 SCHEMA = "fastprof.operators"
 VERSION = 1
@@ -133,8 +134,6 @@ def operator_table(source: Any, top: int = 20, group_by_input_shape: bool = Fals
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise ValueError(f"operator_table: top must be an int >= 1, got {top!r}")
     if isinstance(source, (str, os.PathLike)):
-        from fastprof.memory.operators_trace import trace_rows
-
         rows, memory, shapes, by_shape, notes = trace_rows(Path(source), group_by_input_shape)
         return _assemble(rows, top, memory, shapes, memory, by_shape, notes)
     if not hasattr(source, "key_averages"):

@@ -47,50 +47,46 @@ import signal
 import sys
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastprof import _signals
-
-if TYPE_CHECKING:
-    from fastprof.profiler.loop import Profiler
+from fastprof._loop_api import ExitHost
+from fastprof._process import PROCESS
+from fastprof.profiler.outputs import merge_command
 
 __all__ = ["SIGNAL_EXPORT_WAIT_S", "register", "unregister"]
 
 #: How long a signal or interpreter exit waits for torch window exports.
 SIGNAL_EXPORT_WAIT_S = 10.0
 
-_live: list[Profiler] = []
-_lock = threading.Lock()
-_atexit_registered = False
-#: fastprof's SIGTERM handler now installed (None while it is not): each
-#: installation is a new handler that remembers the disposition it replaced.
-_handler: Any = None
+# The Profilers to close and the SIGTERM handler installed: PROCESS.exits.
 
 
-def register(prof: Profiler) -> None:
+def register(prof: ExitHost) -> None:
     """``prof`` started: close it at exit or SIGTERM if it is still running."""
-    global _atexit_registered
-    with _lock:
-        _live.append(prof)
-        if not _atexit_registered:
+    state = PROCESS.exits
+    with state.lock:
+        state.live.append(prof)
+        if not state.atexit_registered:
             atexit.register(_at_exit)
-            _atexit_registered = True
+            state.atexit_registered = True
     _install()
 
 
-def unregister(prof: Profiler) -> None:
+def unregister(prof: ExitHost) -> None:
     """``prof`` stopped: forget it; with none left, give SIGTERM back."""
-    with _lock:
-        if prof in _live:
-            _live.remove(prof)
-        empty = not _live
+    state = PROCESS.exits
+    with state.lock:
+        if prof in state.live:
+            state.live.remove(prof)
+        empty = not state.live
     if empty:
         _uninstall()
 
 
 def _install() -> None:
-    global _handler
-    if _handler is not None or threading.current_thread() is not threading.main_thread():
+    state = PROCESS.exits
+    if state.sigterm_handler is not None or threading.current_thread() is not threading.main_thread():
         return  # signal handlers can only be set from the main thread
     try:
         current = signal.getsignal(signal.SIGTERM)
@@ -102,15 +98,15 @@ def _install() -> None:
         signal.signal(signal.SIGTERM, handler)
     except (ValueError, OSError):
         return
-    _handler = handler
+    state.sigterm_handler = handler
 
 
 def _uninstall() -> None:
-    global _handler
-    handler = _handler
+    state = PROCESS.exits
+    handler = state.sigterm_handler
     if handler is None or threading.current_thread() is not threading.main_thread():
         return
-    _handler = None
+    state.sigterm_handler = None
     # A handler installed on top of fastprof's (a library's that calls the
     # one it replaced) stays where it is; fastprof's under it still passes
     # the signal on to the job's own (it remembers it), with nothing left
@@ -152,23 +148,27 @@ def _chained(previous: Any) -> Any:
     return on_sigterm
 
 
-def _close_all(reason: str) -> list[tuple[Profiler, bool]]:
+def _live() -> list[ExitHost]:
+    state = PROCESS.exits
+    with state.lock:
+        return list(state.live)
+
+
+def _close_all(reason: str) -> list[tuple[ExitHost, bool]]:
     """Close every live Profiler; each with whether this call saved it (not
     when it was already being closed, e.g. a signal landing in ``stop()``'s
     wait for exports, or when the close failed)."""
-    with _lock:
-        live = list(reversed(_live))
     closed = []
-    for prof in live:
+    for prof in reversed(_live()):
         try:
-            was = prof._state
+            was_running = prof.running
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                prof._close(reason)
+                prof.close(reason)
             for w in caught:
                 print(f"fastprof: {w.message}".replace("fastprof: fastprof: ", "fastprof: "), file=sys.stderr)
             failed = any("Profiler.stop failed" in str(w.message) for w in caught)
-            closed.append((prof, was == "running" and not failed))
+            closed.append((prof, was_running and not failed))
         except Exception as e:  # noqa: BLE001 - exits and signals must go on
             print(f"fastprof: could not save the run at {reason}: {type(e).__name__}: {e}", file=sys.stderr)
     return closed
@@ -180,16 +180,11 @@ def _at_exit() -> None:
 
 def _save_all_at_sigterm() -> None:
     try:
-        from fastprof.profiler.outputs import merge_command
-
-        with _lock:
-            live = list(_live)
-        for prof in live:
+        for prof in _live():
             # The flight recorder's last seconds first (issue #17): cheap, and
             # what a preempted job most wants kept.
-            t = getattr(prof, "_triggers", None)
-            if t is not None and prof._state == "running":
-                t.on_exit_event("sigterm")
+            if prof.running:
+                prof.dump_flight_recorder("sigterm")
 
         for prof, saved in _close_all("SIGTERM"):
             where = (

@@ -65,20 +65,23 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fastprof import _core, _dist, _signals
-from fastprof import _recorder as _rec
 from fastprof._core import ConfigError, FastprofWarning
+from fastprof._loop_api import LoopHost
 from fastprof._options import _value
-from fastprof._recorder import Recorder, current
+from fastprof._process import PROCESS
+from fastprof._recorder import Recorder, current, set_run_host
 from fastprof.always_on.triggers import DEFAULT_FLIGHT_SECONDS, TriggerDriver, Triggers
 from fastprof.memory import collector as _collect
 from fastprof.memory import oom as _oom
 from fastprof.memory.history import HistoryDriver, MemoryHistory
 from fastprof.memory.history import driver as history_driver
+from fastprof.memory.model_summary import model_summary
 from fastprof.memory.oom import capture as capture_oom
 from fastprof.memory.oom import is_oom
 from fastprof.memory.step_stats import StepMemory
 from fastprof.profiler import exits as _exits
 from fastprof.profiler import outputs as _outputs
+from fastprof.profiler import workers
 from fastprof.profiler.options import _BY_NAME, OPTIONS
 from fastprof.profiler.plan import ActionPlan
 from fastprof.profiler.schedule import Action, Schedule
@@ -89,9 +92,6 @@ __all__ = ["OPTIONS", "Profiler"]
 T = TypeVar("T")
 _UNSET: Any = object()
 
-#: ``fastprof run``'s Profiler while it runs (see :meth:`Profiler._host_run`):
-#: a Profiler the script starts on its recorder takes the loop from it.
-_host: Profiler | None = None
 #: Seconds the closing clock sync may wait for the other ranks (the start sync
 #: alone is enough to merge; a rank that never arrives costs this, not 60 s).
 END_SYNC_TIMEOUT_S = 5.0
@@ -200,7 +200,7 @@ class Profiler:
             given = {k: v for k, v in recorder_options.items() if v is not None}
             named = {"out_dir": out_dir, "run_name": run_name, "sample_hz": sample_hz, **given}
             unused = [k for k, v in named.items() if v is not None]
-            host = _host
+            host = PROCESS.run_host
             if unused and recorder is None and host is not None and host.recorder is running:
                 # The script's own Profiler under fastprof run: the command
                 # line chose where the run records; the script still runs
@@ -309,7 +309,93 @@ class Profiler:
         """The torch.profiler windows so far (paths, steps, stalls, export time)."""
         return [] if self._driver is None else [w.to_dict() for w in self._driver.windows]
 
-    def _variables(self) -> dict[str, Any]:
+    # ------------------------------------- what the parts around the loop use
+    # The protocols of fastprof._loop_api: the triggers, exits, outputs,
+    # memory and fastprof run use these, never an attribute with a "_".
+
+    @property
+    def running(self) -> bool:
+        """Started and not yet closing."""
+        return self._state == "running"
+
+    @property
+    def stopped(self) -> bool:
+        """Closed (``stop()`` is over)."""
+        return self._state == "stopped"
+
+    def on_training_thread(self) -> bool:
+        """Whether the caller runs on the thread that started this Profiler."""
+        return threading.get_ident() == self._thread_id
+
+    @property
+    def owns_recorder(self) -> bool:
+        """Whether this Profiler started its recorder (else it borrows one,
+        which it neither stops nor merges)."""
+        return self._owns_recorder
+
+    @property
+    def exit_reason(self) -> str | None:
+        """How the run ended: None for a normal ``stop()``, else the reason
+        :meth:`close` was given."""
+        return self._exit_reason
+
+    @property
+    def has_torch_windows(self) -> bool:
+        """Whether this Profiler drives torch.profiler windows."""
+        return self._driver is not None
+
+    def last_window(self) -> WindowRecord | None:
+        """The latest torch.profiler window begun (None before the first)."""
+        d = self._driver
+        return d.windows[-1] if d is not None and d.windows else None
+
+    def quiet_torch_windows(self) -> None:
+        """Keep Kineto's own log lines of this Profiler's windows out of the
+        job's stderr (``fastprof run``, whose script asked for no window)."""
+        if self._driver is not None:
+            self._driver.quiet_kineto = True
+
+    def watch_step_times(self, window: int, factor: float, mads: float, min_excess_ns: int) -> None:
+        """The core's step-time anomaly detector on this Profiler's step loop
+        (see :class:`fastprof.Triggers`)."""
+        if self._steps is not None:
+            self._steps.anomaly_detector(window, factor, mads, min_excess_ns)
+
+    def dump_flight_recorder(self, reason: str) -> None:
+        """An event ending the run (``"sigterm"``, ``"exception"``, ``"oom"``):
+        the triggers dump the flight recorder's last seconds now (nothing
+        without triggers)."""
+        if self._triggers is not None:
+            self._triggers.on_exit_event(reason)
+
+    def account(self) -> dict[str, Any]:
+        """``profiler.json``'s account of the run (the disk cap and the exit
+        are added by :mod:`fastprof.profiler.outputs`)."""
+        return {
+            "run_name": self.recorder.options.run_name,
+            "rank": self.rank,
+            "world_size": int(self.recorder.options.world_size),
+            "dist": dict(self.dist.__dict__),
+            "steps": self.batch,
+            "epochs": self.epoch + (1 if self._loop("train_passes") else 0),
+            "steps_by_optimizer": self.steps_by_optimizer,
+            "schedule": repr(self.schedule),
+            "gate_spans": self.gate_spans,
+            "memory": {
+                **self._memory.summary(),
+                "history": None if self._history is None else self._history.summary(),
+                "collect": _collect.summary(),
+                "oom": _oom.summary(self),
+            },
+            "torch": None
+            if self._driver is None
+            else {"config": repr(self.torch_windows), "failed": self._driver.failed, "windows": self.windows},
+            "triggers": None if self._triggers is None else self._triggers.summary(),
+            "clock_sync": self._syncs,
+        }
+
+    def format_variables(self) -> dict[str, Any]:
+        """The variables a folder or file name may use, now."""
         o = self.recorder.options
         return {
             "run_name": o.run_name,
@@ -338,8 +424,8 @@ class Profiler:
         if self._owns_recorder:
             # First: the run directory (a suffixed one when an earlier run
             # holds the name) is what the windows and memory files go under.
-            self.recorder._choose_run_dir()
-        variables = self._variables()
+            self.recorder.choose_run_dir()
+        variables = self.format_variables()
         try:
             if self.torch_windows is not None:
                 level = int(self.recorder.options.compression_level)
@@ -375,12 +461,12 @@ class Profiler:
         self._thread_id = threading.get_ident()
         host = self._running_host()
         if host is not None:
-            host._step_aside(self)  # before this one's hooks and signal handlers go in
+            host.step_aside(self)  # before this one's hooks and signal handlers go in
         _exits.register(self)
         if self.sync_clocks_enabled:
             self._sync("start")
         self._install_optimizer_hook()
-        self._steps = _core._StepLoop(self, self.recorder._session, "step", "profiler.action")
+        self._steps = _core._StepLoop(self, self.recorder.core_session, "step", "profiler.action")
         self._memory.start(self._steps)
         if self.memory_history is not None:
             self._history = history_driver(self.memory_history)
@@ -434,9 +520,9 @@ class Profiler:
         exports, stop the recorder (if the profiler started it), write
         ``profiler.json`` and the unified trace. Returns the unified trace's
         path (None when not written). Never raises for a profiling failure."""
-        return self._close(None)
+        return self.close(None)
 
-    def _close(self, reason: str | None) -> Path | None:
+    def close(self, reason: str | None = None) -> Path | None:
         """:meth:`stop`, for a normal end (``reason`` None) or a way out that
         is not one: ``"exception: <type>"`` (an exception leaves the ``with``
         block or Lightning's fit), ``"exit"`` (interpreter exit with the
@@ -457,7 +543,7 @@ class Profiler:
         for other in self._successors:
             # A script's Profiler still open when the script ended: it closes
             # first, as the script's own ``with`` would have.
-            other._close(reason)
+            other.close(reason)
         self._state = "stopping"
         self._exit_reason = reason
         abrupt = reason in ("exit", "SIGTERM")
@@ -470,7 +556,7 @@ class Profiler:
                 self.recorder.resume()
             if self.sync_clocks_enabled and reason is None:
                 self._sync("end", timeout=END_SYNC_TIMEOUT_S)
-            elif self.sync_clocks_enabled and _dist._initialized() is not None:
+            elif self.sync_clocks_enabled and _dist.process_group() is not None:
                 self._syncs["end"] = {"skipped": reason}
             wait_s = min(self.merge_timeout, _exits.SIGNAL_EXPORT_WAIT_S) if abrupt else self.merge_timeout
             exports_done = self._driver is None or self._driver.wait(wait_s)
@@ -516,14 +602,12 @@ class Profiler:
                 raise
             warnings.warn(f"fastprof: Profiler.stop failed: {type(e).__name__}: {e}", FastprofWarning, stacklevel=4)
         finally:
-            global _host
             self._state = "stopped"
             _exits.unregister(self)
             _oom.unwatch(self)
-            if _host is self:
-                _host = None
-                _rec._run_host = None
-                _rec._joined.clear()
+            if PROCESS.run_host is self:
+                PROCESS.run_host = None
+                set_run_host(None)
         return self.trace_path
 
     def _end_steps(self) -> None:
@@ -531,9 +615,7 @@ class Profiler:
         the last step, if anything was fetched into it (one that a boundary
         opened and nothing fetched into is the time after the loop, and a
         run of no iterations has no step)."""
-        if self._opt_handle is not None:
-            self._opt_handle.remove()
-            self._opt_handle = None
+        self.remove_optimizer_hook()
         try:
             self._steps.stop()
         except RuntimeError:
@@ -545,26 +627,31 @@ class Profiler:
 
     # ----------------------------------------------------- under fastprof run
 
-    def _host_run(self, on_step_aside: Callable[[], None]) -> None:
+    def host_run(self, on_step_aside: Callable[[], None]) -> None:
         """Make this (started) Profiler ``fastprof run``'s: a Profiler the
         script itself starts on the same recorder takes the loop from it
-        (:meth:`_step_aside`, which calls ``on_step_aside`` to unhook the
+        (:meth:`step_aside`, which calls ``on_step_aside`` to unhook the
         inferred steps); this one keeps the recorder, and at its close
         finishes the run (the rank's done marker, the merge)."""
-        global _host
         self._on_step_aside = on_step_aside
-        _host = self
-        _rec._run_host = self.recorder  # a Recorder the script starts joins this one
+        PROCESS.run_host = self
+        set_run_host(self.recorder)  # a Recorder the script starts joins this one
 
     def _running_host(self) -> Profiler | None:
         """fastprof run's Profiler, when this is a script's Profiler on its
         recorder and it still runs."""
-        host = _host
-        if host is not None and host is not self and host.recorder is self.recorder and host._state == "running":
+        host: Profiler | None = PROCESS.run_host
+        if host is not None and host is not self and host.recorder is self.recorder and host.running:
             return host
         return None
 
-    def _step_aside(self, other: Profiler) -> None:
+    @property
+    def successor(self) -> LoopHost | None:
+        """Under ``fastprof run``: the script's own Profiler that took the
+        loop from this one (the latest), None when none did."""
+        return self._successors[-1] if self._successors else None
+
+    def step_aside(self, other: Profiler) -> None:
         """The script started its own Profiler ``other``: its steps are the
         run's. The inferred steps, torch windows, history and triggers of
         this one end here (once), so that nothing is recorded twice and the
@@ -602,8 +689,15 @@ class Profiler:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        self.close_after(exc)
+
+    def close_after(self, exc: BaseException | None) -> None:
+        """Close as ``with prof:`` does when its block ends with ``exc`` (None:
+        normally): an out-of-memory error is captured and the flight
+        recorder dumped first, and the reason is recorded (a framework's
+        end of training, ``fastprof run``'s end of the script)."""
         self._on_exception(exc)
-        self._close(_exception_reason(exc))
+        self.close(_exception_reason(exc))
 
     def _on_exception(self, exc: BaseException | None) -> None:
         """An exception is leaving the profiled code: an out-of-memory error
@@ -630,7 +724,7 @@ class Profiler:
         """Step ``batch`` begins: its action, the gate, torch's step (now, or
         once its batch came when ``driver`` is False). Returns (action level,
         action, quiet steps after this one, torch step due at the fetch)."""
-        if self._state == "stopped":  # closed from inside the step loop (see _close)
+        if self._state == "stopped":  # closed from inside the step loop (see close)
             return _ACTION_LEVEL[self._action], self._action.value, 0, False
         self._begun = {"batch": batch, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "train_passes": self._passes}
         scheduled = self.schedule.at(batch, epoch, batch_in_epoch, epoch_len)
@@ -692,7 +786,7 @@ class Profiler:
         (``state``: the state-only snapshot taken at this step's end)."""
         cfg = self.memory_history
         assert cfg is not None
-        v = {**self._variables(), "epoch": epoch, "batch": batch, "batch_in_epoch": batch_in_epoch}
+        v = {**self.format_variables(), "epoch": epoch, "batch": batch, "batch_in_epoch": batch_in_epoch}
         name = cfg.state_filename if state else cfg.filename
         return self.run_dir / str(cfg.folder).format(**v) / str(name).format(**v)
 
@@ -703,7 +797,7 @@ class Profiler:
         allocator history, model summary and collection files are skipped."""
         folders = {self.rank_dir / "memory"}
         if self.memory_history is not None:
-            v = {**self._variables(), "epoch": 0, "batch": 0, "batch_in_epoch": 0}
+            v = {**self.format_variables(), "epoch": 0, "batch": 0, "batch_in_epoch": 0}
             folders.add(self.run_dir / str(self.memory_history.folder).format(**v))
         for d in sorted(folders):
             try:
@@ -727,8 +821,6 @@ class Profiler:
         levels, ``rank{R}/memory/model_summary.json`` and ``.txt`` (the
         report copies them into ``reports/``). A failure is a warning."""
         try:
-            from fastprof.memory.model_summary import model_summary
-
             summary = model_summary(self._model, depth=self.model_depth)
             self.model_summary_path, _ = summary.write(self.rank_dir / "memory")
         except Exception as e:  # noqa: BLE001 - profiling never takes the job down
@@ -764,6 +856,11 @@ class Profiler:
     def _on_explicit(self) -> None:
         """The loop says where steps end (the first step() or begin_step()):
         optimizer steps no longer do."""
+        self.remove_optimizer_hook()
+
+    def remove_optimizer_hook(self) -> None:
+        """The ``optimizer.step()`` hook that ends steps goes (``fastprof run``
+        installs its own in its place, so each optimizer step counts once)."""
         if self._opt_handle is not None:
             self._opt_handle.remove()
             self._opt_handle = None
@@ -848,12 +945,12 @@ class Profiler:
         def setup(it: Iterable[T]) -> Iterator[T]:
             # At the first next(), as a generator would: a loader made but
             # never iterated starts no epoch.
-            return self._open_pass(it, name, train)
+            return self.open_pass(it, name, train)
 
         steps = self._steps if train and self._state == "running" else None
         return _core._LoaderIter(iterable, setup, steps, names.next, names.wait)
 
-    def _open_pass(
+    def open_pass(
         self, it: Iterable[T], name: str, train: bool, opener: Callable[[Iterable[T]], Iterator[T]] = iter
     ) -> Iterator[T]:
         """A pass over ``it`` begins: its workers record, its batch size is
@@ -871,9 +968,9 @@ class Profiler:
             iterator = opener(it)
         return iterator
 
-    def _timed(self, iterator: Iterator[T], name: str) -> Iterator[T]:
+    def timed(self, iterator: Iterator[T], name: str) -> Iterator[T]:
         """Time each ``next()`` of an iterator already opened (by
-        :meth:`_open_pass`) as ``loader.<name>.next`` (no step bookkeeping:
+        :meth:`open_pass`) as ``loader.<name>.next`` (no step bookkeeping:
         the caller says where steps begin)."""
         names = self._loader_names.get(name)
         if names is None:
@@ -910,10 +1007,6 @@ class Profiler:
         if getattr(iterable, "num_workers", 0) in (0, None) or self._state != "running":
             return
         try:
-            from fastprof.profiler import workers  # type: ignore[attr-defined,unused-ignore]
-        except ImportError:
-            return
-        try:
             o = self.recorder.options
             workers.instrument(
                 iterable,
@@ -931,8 +1024,15 @@ class Profiler:
 
     # ---------------------------------------------------------------- clocks
 
+    def sync_clocks_once(self, phase: str) -> None:
+        """The clock sync of ``phase`` across ranks, unless clock syncs are
+        off or that phase's is done (``fastprof run`` runs the start sync
+        once the script made its process group)."""
+        if self.sync_clocks_enabled and phase not in self._syncs:
+            self._sync(phase)
+
     def _sync(self, phase: str, timeout: float = 60.0) -> None:
-        dist = _dist._initialized()
+        dist = _dist.process_group()
         if dist is None or dist.get_world_size() < 2:
             return
         try:
@@ -971,7 +1071,7 @@ def _config_object(name: str, value: Any, cls: type[T]) -> T | None:
 
 def _exception_reason(exc: BaseException | None) -> str | None:
     """None for a normal end (no exception, or ``sys.exit(0)``), else the
-    reason :meth:`Profiler._close` records."""
+    reason :meth:`Profiler.close` records."""
     if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
         return None
     return f"exception: {type(exc).__name__}"

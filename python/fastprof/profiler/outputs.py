@@ -2,8 +2,9 @@
 done marker (a file and a key in the process group's store), and rank 0's
 wait for the other ranks and merge into ``<run>/trace.json.gz``; the
 ``fastprof merge`` command that redoes that merge from what is on disk.
-Called by :meth:`fastprof.Profiler.stop` (``Profiler._close``) once the
-recorder has stopped."""
+Called by :meth:`fastprof.Profiler.stop` (``Profiler.close``) once the
+recorder has stopped, with the Profiler as a
+:class:`fastprof._loop_api.RunEndHost`."""
 
 from __future__ import annotations
 
@@ -14,51 +15,31 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastprof import _core, _dist
 from fastprof._core import FastprofWarning
-
-if TYPE_CHECKING:
-    from fastprof.profiler.loop import Profiler
+from fastprof._loop_api import LoopHost, RunEndHost
+from fastprof._merge import merge
 
 __all__ = ["finish", "merge_command", "update_rotation", "write_summary"]
 
 _DONE_MARKER = ".fastprof-done"
 
 
-def write_summary(prof: Profiler) -> None:
+def write_summary(prof: RunEndHost) -> None:
     """Write ``rank{R}/profiler.json``: the Profiler's account of the run."""
     summary = {
         "version": _core.__version__,
-        "run_name": prof.recorder.options.run_name,
-        "rank": prof.rank,
-        "world_size": int(prof.recorder.options.world_size),
-        "dist": dict(prof.dist.__dict__),
-        "steps": prof.batch,
-        "epochs": prof.epoch + (1 if prof._loop("train_passes") else 0),
-        "steps_by_optimizer": prof.steps_by_optimizer,
-        "schedule": repr(prof.schedule),
-        "gate_spans": prof.gate_spans,
-        "memory": {
-            **prof._memory.summary(),
-            "history": None if prof._history is None else prof._history.summary(),
-            "collect": _collect_summary(),
-            "oom": _oom_summary(prof),
-        },
-        "torch": None
-        if prof._driver is None
-        else {"config": repr(prof.torch_windows), "failed": prof._driver.failed, "windows": prof.windows},
-        "triggers": None if prof._triggers is None else prof._triggers.summary(),
-        "clock_sync": prof._syncs,
+        **prof.account(),
         "rotation": _rotation(prof),
         # How the run ended: "stop", "exception: <type>", "exit" or "SIGTERM".
-        "exit": prof._exit_reason or "stop",
+        "exit": prof.exit_reason or "stop",
     }
     _write_json(prof.rank_dir, summary)
 
 
-def update_rotation(prof: Profiler) -> None:
+def update_rotation(prof: LoopHost) -> None:
     """``fastprof run``'s Profiler, once its recorder stopped: the script's
     own Profiler wrote ``profiler.json`` while that recorder still recorded,
     so its ``rotation`` could not yet say what the disk cap deleted."""
@@ -82,19 +63,7 @@ def _write_json(rank_dir: Path, summary: dict[str, Any]) -> None:
         tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file
 
 
-def _collect_summary() -> dict[str, Any]:
-    from fastprof.memory import collector
-
-    return collector.summary()
-
-
-def _oom_summary(prof: Profiler) -> dict[str, Any]:
-    from fastprof.memory import oom
-
-    return oom.summary(prof)
-
-
-def _rotation(prof: Profiler) -> dict[str, Any]:
+def _rotation(prof: LoopHost) -> dict[str, Any]:
     """The disk cap and what it deleted of this rank's files: segments, and
     flight dumps and torch windows (``files_deleted``), known once the
     recorder has stopped (``recorder_stopped`` says whether it had)."""
@@ -117,26 +86,26 @@ def _rotation(prof: Profiler) -> dict[str, Any]:
     }
 
 
-def finish(prof: Profiler, wait: bool = True, merged: bool = True) -> None:
+def finish(prof: RunEndHost, wait: bool = True, merged: bool = True) -> None:
     """Say this rank is done; rank 0 waits for the others and merges.
     ``wait=False`` (a way out that is not a normal end): rank 0 merges only
     when every rank is already done, else says how to merge later;
     ``merged=False``: nothing is merged."""
     (prof.rank_dir / _DONE_MARKER).write_text(str(os.getpid()))
     world = int(prof.recorder.options.world_size)
-    store = _store()
+    store = _dist.default_store()
     key = f"fastprof/{prof.recorder.options.run_name}/done/"
     if store is not None:
         try:
             store.set(key + str(prof.rank), "1")
         except Exception:  # noqa: BLE001 - the store may already be gone; marker files remain
             store = None
-    if not prof.merge_enabled or not prof._owns_recorder or prof.rank != 0 or not merged:
+    if not prof.merge_enabled or not prof.owns_recorder or prof.rank != 0 or not merged:
         return
     missing = _wait_for_ranks(prof, world, store, key, prof.merge_timeout if wait else 0.0)
     if missing and not wait:
         print(
-            f"fastprof: rank(s) {', '.join(map(str, missing))} not done at {prof._exit_reason}; "
+            f"fastprof: rank(s) {', '.join(map(str, missing))} not done at {prof.exit_reason}; "
             f"build the unified trace when they are with: {merge_command(prof.run_dir)}",
             file=sys.stderr,
         )
@@ -153,13 +122,11 @@ def finish(prof: Profiler, wait: bool = True, merged: bool = True) -> None:
     if not inputs:
         return
     out = prof.run_dir / "trace.json.gz"
-    from fastprof._merge import merge
-
     prof.merge_summary = merge(inputs, out, force=True)
     prof.trace_path = out
 
 
-def _wait_for_ranks(prof: Profiler, world: int, store: Any, key: str, timeout: float) -> list[int]:
+def _wait_for_ranks(prof: LoopHost, world: int, store: Any, key: str, timeout: float) -> list[int]:
     deadline = time.monotonic() + timeout
     pending = set(range(world)) - {prof.rank}
     while pending:
@@ -176,18 +143,6 @@ def _wait_for_ranks(prof: Profiler, world: int, store: Any, key: str, timeout: f
             break
         time.sleep(0.05)
     return sorted(pending)
-
-
-def _store() -> Any:
-    dist = _dist._initialized()
-    if dist is None:
-        return None
-    try:
-        from torch.distributed import distributed_c10d
-
-        return distributed_c10d._get_default_store()
-    except Exception:  # noqa: BLE001 - no store: marker files do
-        return None
 
 
 def _merge_inputs(run_dir: Path) -> list[str]:

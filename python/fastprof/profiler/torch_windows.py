@@ -33,23 +33,11 @@ from typing import Any
 
 from fastprof import _core
 from fastprof._core import ConfigError, FastprofWarning
-from fastprof._options import Option, _bool, _int, _str, _value, prefixed
+from fastprof._options import FORMAT_VARIABLES, Option, _bool, _int, _str, _value, check_format, prefixed
 from fastprof.profiler.schedule import Action, to_torch
 
 __all__ = ["FORMAT_VARIABLES", "TorchWindows"]
 
-#: The variables a folder or file name may use.
-FORMAT_VARIABLES = (
-    "run_name",
-    "rank",
-    "local_rank",
-    "world_size",
-    "local_world_size",
-    "node_rank",
-    "epoch",
-    "batch",
-    "batch_in_epoch",
-)
 #: Test-only: seconds each export sleeps first (a slow disk). Never set it outside tests.
 EXPORT_DELAY_ENV = "FASTPROF_TEST_EXPORT_DELAY_S"
 #: The variables that change from window to window.
@@ -108,18 +96,6 @@ OPTIONS: tuple[Option, ...] = (
 _BY_NAME = {o.name: o for o in OPTIONS}
 
 
-def _check_format(option: str, text: str, owner: str = "TorchWindows") -> None:
-    """Check a format-string option; errors name ``owner`` (the config object), the option and the text."""
-    try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
-    except ValueError as e:
-        raise ConfigError(f"{owner}: invalid {option} {text!r}: {e}") from None
-    for f in fields:
-        if f not in FORMAT_VARIABLES:
-            known = ", ".join("{" + k + "}" for k in FORMAT_VARIABLES)
-            raise ConfigError(f"{owner}: invalid {option} {text!r}: unknown format variable {{{f}}} (known: {known})")
-
-
 @dataclass(frozen=True)
 class TorchWindows:
     """What the ``torch.profiler`` windows record and where they go.
@@ -168,8 +144,8 @@ class TorchWindows:
         if "/" in name or name in (".", ".."):
             raise ConfigError(f"TorchWindows: invalid filename {name!r}: a file name, not a path (use folder)")
         object.__setattr__(self, "filename", name)
-        _check_format("folder", str(self.folder))
-        _check_format("filename", name)
+        check_format("folder", str(self.folder), "TorchWindows")
+        check_format("filename", name, "TorchWindows")
         if self.memory_timeline and not (self.profile_memory and self.record_shapes and self.with_stack):
             raise ConfigError(
                 "TorchWindows: memory_timeline needs profile_memory=True, record_shapes=True and with_stack=True"

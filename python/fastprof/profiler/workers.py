@@ -31,6 +31,7 @@ one stderr line and goes on loading.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import multiprocessing.util
 import os
@@ -39,6 +40,9 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from fastprof import _core
+from fastprof._recorder import Recorder
 
 #: Seconds between a worker's flushes: what a killed worker loses at most.
 WORKER_FLUSH_INTERVAL = 0.2
@@ -128,16 +132,10 @@ class _WorkerInit:
         if not started:
             self.user_fn(worker_id)
             return
-        import fastprof
-
-        with fastprof.span(f"loader.{self.name}.worker_init", worker=worker_id):
+        with _core.span(f"loader.{self.name}.worker_init", worker=worker_id):
             self.user_fn(worker_id)
 
     def _start(self, worker_id: int) -> bool:
-        import dataclasses
-
-        import fastprof
-
         pid = os.getpid()
         parent = multiprocessing.parent_process()
         # The process that made the worker, whatever the start method (under
@@ -147,7 +145,7 @@ class _WorkerInit:
         # The parent's disk cap, not only what FASTPROF_* says: a persistent
         # worker records for as long as the job runs. 0: the worker's own option.
         segment_size, max_disk, keep = (v or None for v in self.disk)
-        rec = fastprof.Recorder(
+        rec = Recorder(
             # Resolved already: braces are the names' own, not format variables.
             out_dir=_literal(str(rank_dir.parent.parent)),
             run_name=_literal(self.run_name),
@@ -191,9 +189,7 @@ def _patch_fetchers(name: str, worker_id: int) -> None:
     """Wrap ``fetch`` of torch's dataset fetchers, in this process only."""
     from torch.utils.data._utils import fetch as torch_fetch
 
-    import fastprof
-
-    span_name = fastprof.name_id(f"loader.{name}.fetch")
+    span_name = _core.name_id(f"loader.{name}.fetch")
     count = [0]
 
     def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -205,7 +201,7 @@ def _patch_fetchers(name: str, worker_id: int) -> None:
                 # An iterable dataset already found its end: nothing is fetched.
                 return original(self, possibly_batched_index)
             count[0] += 1
-            with fastprof.span(span_name, worker=worker_id, n=count[0]):
+            with _core.span(span_name, worker=worker_id, n=count[0]):
                 return original(self, possibly_batched_index)
 
         fetch._fastprof_wrapped = True  # type: ignore[attr-defined]

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from fastprof.memory.leaks import MIN_FLAT_SHARE, MIN_GROWTH_BYTES, MIN_GROWTH_SHARE, growth
+from fastprof.memory.operators import operator_table
 from fastprof.reports.data import RunData
 
 #: The allocator's per-step peak.
@@ -177,8 +178,6 @@ def _operators(data: RunData) -> dict[str, Any] | None:
     (``operators.rank{R}.<window>.json`` / ``.csv``); report.json keeps the
     top operators by self CPU memory of the lowest rank's last window
     (also ``operators.json`` / ``operators.csv``) and the list of windows."""
-    from fastprof.memory.operators import operator_table
-
     per_rank: dict[int, list[dict[str, Any]]] = {}
     for rank in sorted(data.profiler):
         torch_doc = data.profiler[rank].get("torch") or {}

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastprof.memory.leaks import MIN_GROWTH_BYTES
+
 LOADER_SHARE_PCT = 5.0
 GPU_UTIL_PCT = 50.0
 MEMORY_PCT = 90.0
@@ -192,8 +194,6 @@ def recommend(
 
 def _memory_growth(memory: dict[str, Any] | None) -> dict[str, Any]:
     """Memory that grows step over step (``fastprof.memory.leaks``)."""
-    from fastprof.memory.leaks import MIN_GROWTH_BYTES
-
     threshold = float(MIN_GROWTH_BYTES)
     every = (memory or {}).get("per_rank") or []
     ranks = [r for r in every if r.get("growth_b_per_step") is not None]

@@ -19,7 +19,10 @@ import numpy as np
 
 from fastprof._core import ConfigError, __version__
 from fastprof.reports import data as _data
+from fastprof.reports.breakdown import step_breakdown
+from fastprof.reports.csvout import TABLES, write_csv
 from fastprof.reports.finite import encode, report_warning
+from fastprof.reports.jsonout import write_json
 from fastprof.reports.memory import memory_report
 from fastprof.reports.ranks import ranks_report
 from fastprof.reports.recommendations import recommend
@@ -62,7 +65,7 @@ class Report:
 
     def print(self, verbose: bool = False, file: Any = None, title: str = "fastprof report") -> None:
         """Print the key tables (rich) to ``file`` (stdout by default), under ``title``."""
-        from fastprof.reports.terminal import render
+        from fastprof.reports.terminal import render  # lazy: heavy (rich), only for printing
 
         render(self.data, verbose=verbose, file=file, title=title)
 
@@ -83,8 +86,6 @@ def breakdown_section(data: _data.RunData) -> tuple[dict[str, Any] | None, str |
     by ``fastprof._core.analyze_steps`` over the run's traces (unless
     :func:`report` did it already, writing breakdown.csv), or None and the
     reason. The summaries and bars stay on ``data.breakdown`` for the page."""
-    from fastprof.reports.breakdown import step_breakdown
-
     b = data.breakdown
     if b is None:
         b = data.breakdown = step_breakdown(data.inputs, keep_rows=False)
@@ -251,8 +252,6 @@ def _breakdown(target: Path, staging: Path | None, out: Path) -> Any:
     :func:`fastprof.reports.data.load` reads), writing breakdown.csv into
     ``staging`` (none without steps); a failure to write it names ``out``,
     the folder asked for."""
-    from fastprof.reports.breakdown import step_breakdown
-
     csv_path = None if staging is None else staging / "breakdown.csv"
     try:
         b = step_breakdown(target, csv=csv_path, keep_rows=False)
@@ -304,9 +303,7 @@ def _write(
     there already), then move them in: a failure leaves ``out`` as it was
     (not created, or holding the last complete report), never an empty or
     half-written reports folder."""
-    from fastprof.reports.csvout import TABLES, write_csv
-    from fastprof.reports.html import write_html
-    from fastprof.reports.jsonout import write_json
+    from fastprof.reports.html import write_html  # lazy: heavy (plotly), only for report.html
 
     try:
         names: list[str] = []
