@@ -493,6 +493,9 @@ class Profiler:
                 self._triggers = None
                 warnings.warn(f"fastprof: triggers off ({type(e).__name__}: {e})", FastprofWarning, stacklevel=2)
         self._steps.start(defer_step)
+        # While running, prof.step() is the core's own method: one C call per
+        # step, no Python frame (the method below stands in before and after).
+        self.__dict__["step"] = self._steps.step
         return self
 
     def _on_window_saved(self, window: WindowRecord) -> None:
@@ -545,6 +548,7 @@ class Profiler:
             # first, as the script's own ``with`` would have.
             other.close(reason)
         self._state = "stopping"
+        self.__dict__.pop("step", None)  # step() checks the state again (see start)
         self._exit_reason = reason
         abrupt = reason in ("exit", "SIGTERM")
         hosted = self._running_host() is not None
