@@ -94,6 +94,14 @@ fn running(h: &mut Log, defer: bool) -> StepMachine {
     m
 }
 
+/// Running, inside a train pass of `epoch_len` batches (as a loader's first `next()` finds it).
+fn in_pass(h: &mut Log, defer: bool, epoch_len: Option<u64>) -> StepMachine {
+    let mut m = running(h, defer);
+    m.start_epoch(h, epoch_len, false);
+    m.enter_pass();
+    m
+}
+
 /// `for b in prof.loader(range(n)): prof.step()`, the loader's protocol.
 fn loader_pass(
     m: &mut StepMachine,
@@ -206,9 +214,7 @@ fn loader_and_step_tile_the_epoch() {
 fn the_fetch_past_the_known_length_does_not_step_torch() {
     let _s = serial();
     let mut h = Log::default();
-    let mut m = running(&mut h, true);
-    m.start_epoch(&mut h, Some(1), false);
-    m.enter_pass();
+    let mut m = in_pass(&mut h, true, Some(1));
     assert_eq!(m.fetch(&mut h), Fetch::Began);
     m.step(&mut h);
     assert_eq!(m.fetch(&mut h), Fetch::Began); // past the length: may be exhausted
@@ -241,9 +247,7 @@ fn step_alone_outside_a_pass_ends_and_begins_at_once() {
 fn optimizer_steps_end_steps_until_the_loop_calls_step() {
     let _s = serial();
     let mut h = Log::default();
-    let mut m = running(&mut h, false);
-    m.start_epoch(&mut h, None, false);
-    m.enter_pass();
+    let mut m = in_pass(&mut h, false, None);
     m.fetch(&mut h);
     m.optimizer_step(&mut h);
     assert_eq!(m.state(), "end due");
@@ -268,9 +272,7 @@ fn optimizer_steps_end_steps_until_the_loop_calls_step() {
 fn an_optimizer_step_inside_a_user_span_waits_for_the_next_fetch() {
     let _s = serial();
     let mut h = Log::default();
-    let mut m = running(&mut h, false);
-    m.start_epoch(&mut h, None, false);
-    m.enter_pass();
+    let mut m = in_pass(&mut h, false, None);
     m.fetch(&mut h);
     h.depth = 1; // `with fastprof.span("opt"): optimizer.step()`
     m.optimizer_step(&mut h);
@@ -365,9 +367,7 @@ fn a_new_epoch_asks_the_host_again_and_restarts_batch_in_epoch() {
 fn an_epoch_that_ends_mid_step_ends_that_step() {
     let _s = serial();
     let mut h = Log::default();
-    let mut m = running(&mut h, false);
-    m.start_epoch(&mut h, None, false);
-    m.enter_pass();
+    let mut m = in_pass(&mut h, false, None);
     m.fetch(&mut h);
     m.exit_pass(&mut h); // `break` out of the loop, no step() called
     assert_eq!(m.state(), "open");
@@ -380,9 +380,7 @@ fn an_epoch_that_ends_mid_step_ends_that_step() {
 fn breaking_out_of_a_pass_ends_the_due_step() {
     let _s = serial();
     let mut h = Log::default();
-    let mut m = running(&mut h, false);
-    m.start_epoch(&mut h, Some(10), false);
-    m.enter_pass();
+    let mut m = in_pass(&mut h, false, Some(10));
     m.fetch(&mut h);
     m.step(&mut h);
     assert_eq!(m.state(), "end due");
@@ -435,9 +433,7 @@ fn a_failed_begin_keeps_the_previous_action_and_the_loop_goes_on() {
 fn the_driver_due_is_taken_once_and_restarts_the_clock() {
     let _s = serial();
     let mut h = Log::default();
-    let mut m = running(&mut h, true);
-    m.start_epoch(&mut h, Some(5), false);
-    m.enter_pass();
+    let mut m = in_pass(&mut h, true, Some(5));
     h.plan(Some(plan(2, ACTIVE, 0, true)));
     h.now = 5;
     assert_eq!(m.fetch(&mut h), Fetch::Began);
