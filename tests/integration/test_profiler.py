@@ -127,12 +127,27 @@ def test_each_profiler_step_lines_up_with_its_step_span(tmp_path: Path) -> None:
     steps = {e["args"]["batch"]: e for e in _spans(doc, "step")}
     marks = [e for e in doc["traceEvents"] if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
     assert sorted(int(e["name"].split("#")[1]) for e in marks) == [2, 3, 4, 7, 8, 9]
+    # The job's own work: torch's ops and the loaders' fetches.
+    work = sorted(
+        e["ts"]
+        for e in doc["traceEvents"]
+        if e.get("ph") == "X" and (e.get("cat") == "cpu_op" or str(e.get("name", "")).startswith("loader."))
+    )
+
+    def work_between(a: float, b: float) -> list[float]:
+        lo, hi = min(a, b), max(a, b)
+        return [t for t in work if lo < t < hi]
+
     for e in marks:
         s = steps[int(e["name"].split("#")[1])]
-        # Within 1 ms at both ends (µs in the trace).
-        assert abs(e["ts"] - s["ts"]) <= 1000, (e, s)
-        assert abs((e["ts"] + e["dur"]) - (s["ts"] + s["dur"])) <= 1000, (e, s)
+        # Both ends line up: none of the job's work begins between torch's
+        # step boundary and fastprof's (only the profiler's own bookkeeping
+        # runs there; on an idle machine that is well under 1 ms, and a
+        # loaded one may preempt it for longer, so time is not the measure).
+        assert not work_between(e["ts"], s["ts"]), (e, s)
+        assert not work_between(e["ts"] + e["dur"], s["ts"] + s["dur"]), (e, s)
         assert e["pid"] == s["pid"]
+    assert len(work) > 6 * 3  # the check had work to look at
 
 
 def test_steps_come_from_the_optimizer_when_step_is_never_called(tmp_path: Path) -> None:
