@@ -947,18 +947,17 @@ impl State {
                 batch_in_epoch,
                 action,
             } => {
-                let b = &mut batch.bytes;
-                write_args(b, Some("{\"epoch\":0}"), flags);
-                // Replace the placeholder's `0}` with the step's numbers.
-                b.truncate(b.len() - 2);
-                json::write_int(b, epoch);
-                b.extend_from_slice(b",\"batch\":");
-                json::write_int(b, step);
-                b.extend_from_slice(b",\"batch_in_epoch\":");
-                json::write_int(b, batch_in_epoch);
-                b.extend_from_slice(b",\"action\":");
-                self.write_name(b, action);
-                b.push(b'}');
+                let members = |b: &mut Vec<u8>| {
+                    b.extend_from_slice(b"\"epoch\":");
+                    json::write_int(b, epoch);
+                    b.extend_from_slice(b",\"batch\":");
+                    json::write_int(b, step);
+                    b.extend_from_slice(b",\"batch_in_epoch\":");
+                    json::write_int(b, batch_in_epoch);
+                    b.extend_from_slice(b",\"action\":");
+                    self.write_name(b, action);
+                };
+                write_args_with(&mut batch.bytes, flags, Some(members));
             }
         }
         batch.event_done(open.ns, end_ns);
@@ -1125,26 +1124,36 @@ impl MetaSource for State {
 /// `,"args":{...}` merging the user's ready-made JSON object with flag fields.
 fn write_args(out: &mut Vec<u8>, user: Option<&str>, flags: &[(&str, &str)]) {
     let user = user.map(str::trim).filter(|u| u.len() > 2);
-    if user.is_none() && flags.is_empty() {
+    // `u` is `{...}` with at least one member: splice its inside.
+    let members =
+        user.map(|u| move |out: &mut Vec<u8>| out.extend_from_slice(&u.as_bytes()[1..u.len() - 1]));
+    write_args_with(out, flags, members);
+}
+
+/// `,"args":{<flags>,<members>}`, where `members` writes one or more
+/// `"key":value` members; nothing when there are neither.
+fn write_args_with(
+    out: &mut Vec<u8>,
+    flags: &[(&str, &str)],
+    members: Option<impl FnOnce(&mut Vec<u8>)>,
+) {
+    if members.is_none() && flags.is_empty() {
         return;
     }
     out.extend_from_slice(b",\"args\":{");
-    let mut first = true;
-    for (k, v) in flags {
-        if !first {
+    for (i, (k, v)) in flags.iter().enumerate() {
+        if i > 0 {
             out.push(b',');
         }
-        first = false;
         json::write_str(out, k);
         out.push(b':');
         out.extend_from_slice(v.as_bytes());
     }
-    if let Some(u) = user {
-        // `u` is `{...}` with at least one member: splice its inside.
-        if !first {
+    if let Some(m) = members {
+        if !flags.is_empty() {
             out.push(b',');
         }
-        out.extend_from_slice(&u.as_bytes()[1..u.len() - 1]);
+        m(out);
     }
     out.push(b'}');
 }

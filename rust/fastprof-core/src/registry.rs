@@ -613,11 +613,18 @@ pub fn complete(
     extra: Option<Box<Extra>>,
     hooks: &mut dyn ThreadHooks,
 ) {
-    let begin_ticks = begin_ticks.min(clock::ticks());
-    begin_with(hooks, || match extra {
-        Some(x) => Record::with_extra(Kind::Begin, name, begin_ticks, x),
-        None => Record::new(Kind::Begin, name, begin_ticks, 0),
+    complete_with(begin_ticks, hooks, |t| match extra {
+        Some(x) => Record::with_extra(Kind::Begin, name, t, x),
+        None => Record::new(Kind::Begin, name, t, 0),
     });
+}
+
+/// Push `begin(ticks)` (its Begin, at `begin_ticks` but never after now)
+/// and its End, now: what [`complete`] and [`step_complete`] record.
+#[inline(always)]
+fn complete_with(begin_ticks: u64, hooks: &mut dyn ThreadHooks, begin: impl FnOnce(u64) -> Record) {
+    let begin_ticks = begin_ticks.min(clock::ticks());
+    begin_with(hooks, || begin(begin_ticks));
     end(false);
 }
 
@@ -638,7 +645,6 @@ pub struct StepArgs {
 /// this thread's last step, one [`Kind::StepContext`] record before it. No
 /// heap, no formatting here.
 pub fn step_complete(name: u32, begin_ticks: u64, args: StepArgs, hooks: &mut dyn ThreadHooks) {
-    let begin_ticks = begin_ticks.min(clock::ticks());
     let context = (
         args.epoch,
         args.batch.saturating_sub(args.batch_in_epoch),
@@ -663,13 +669,13 @@ pub fn step_complete(name: u32, begin_ticks: u64, args: StepArgs, hooks: &mut dy
             // The ring is full and the context did not go: the step goes
             // without args (if it gets in at all), never with another
             // step's. The next step sends the context again.
-            begin_with(hooks, || Record::new(Kind::Begin, name, begin_ticks, 0));
-            end(false);
+            complete_with(begin_ticks, hooks, |t| Record::new(Kind::Begin, name, t, 0));
             return;
         }
     }
-    begin_with(hooks, || Record::step_begin(name, begin_ticks, args.batch));
-    end(false);
+    complete_with(begin_ticks, hooks, |t| {
+        Record::step_begin(name, t, args.batch)
+    });
 }
 
 /// Close this thread's innermost open span (`exception`: its body raised).
