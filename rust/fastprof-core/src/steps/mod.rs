@@ -173,12 +173,6 @@ pub struct StepMachine {
     origin: (u64, u64),
 }
 
-impl Default for StepMachine {
-    fn default() -> Self {
-        Self::new(0)
-    }
-}
-
 impl StepMachine {
     /// A machine whose steps say `action` until the host names one.
     pub fn new(action: u32) -> Self {
