@@ -252,9 +252,11 @@ def test_a_segment_gets_the_verdict_of_its_run_directory(
 
 
 # Per-step RSS of a real process: a Profiler loop that keeps (or drops) 1 MiB
-# bytearrays, written so that they are resident.
+# bytearrays, written so that they are resident. Each step lasts at least a
+# millisecond, as a training step does: an empty step (microseconds) would
+# share its reading with the steps around it.
 KEEPER = """
-import random, sys, fastprof
+import random, sys, time, fastprof
 out, name, steps, keep_from, keep_to = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 MIB = 1 << 20
 kept = []
@@ -267,6 +269,7 @@ with prof:
         if name == "noise":  # 0.25 to 4 MiB made and dropped each step
             tmp = bytearray(b"\\x02") * rng.randrange(MIB // 4, 4 * MIB)
             del tmp
+        time.sleep(0.001)
         prof.step()
 """
 STEPS = 200
@@ -360,3 +363,29 @@ def test_the_growth_classes_by_hand() -> None:
     assert saw["leak"] is False and saw["ended_at_step"] is None, saw
     # Ended too near the end to tell from a pause: still judged on the whole run.
     assert growth(base + MIB * np.minimum(i, 195))["leak"] is True
+
+
+def test_readings_shared_by_short_steps_are_judged_per_step() -> None:
+    """Short steps share a resident-memory reading (the core reads it within
+    a budget), so a reading's step number is given: the slope stays per
+    step and the steps named are the run's, windows left out as before."""
+    rng = np.random.default_rng(5)
+    i = np.arange(STEPS)
+    every = 7
+    at = i[::every]
+    base = 400 * MIB + rng.normal(0, 100 * 1024, STEPS)
+    leak = base + 2 * MIB * np.maximum(0, i - 100)
+    full, sparse = growth(leak), growth(leak[at], steps=at)
+    assert sparse["leak"] is True and sparse["steps"] == len(at)
+    assert sparse["growth_b_per_step"] == pytest.approx(full["growth_b_per_step"], rel=0.1)
+    assert abs(sparse["began_at_step"] - 100) <= every and sparse["began_at_step"] % every == 0
+    fill = base + 0.52 * MIB * np.minimum(i, 120)
+    g = growth(fill[at], steps=at)
+    assert g["leak"] is False and abs(g["ended_at_step"] - 120) <= every, g
+    # Windows: the excluded steps do not count in the per-step slope.
+    windows = {s for first in (30, 60) for s in range(first, first + 10)}
+    steady = base + MIB * np.arange(STEPS)
+    w = growth(steady[at], excluded=windows, steps=at)
+    assert w["growth_b_per_step"] == pytest.approx(MIB, rel=0.1), w
+    with pytest.raises(ValueError, match="readings"):
+        growth(leak[:3], steps=at)

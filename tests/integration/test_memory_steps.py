@@ -9,6 +9,7 @@ import os
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ PAGE = resource.getpagesize()
 
 
 TRAIN = """
-import json, resource, sys, torch, fastprof
+import json, resource, sys, time, torch, fastprof
 out, steps, leak, memory = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
 page = resource.getpagesize()
 def statm_rss():
@@ -38,6 +39,7 @@ with prof:
         t = torch.ones(256 * 1024)  # 1 MiB of float32, written: resident
         if leak:
             kept.append(t)
+        time.sleep(0.002)  # a step far longer than 20 reads of statm: its own reading
         prof.step()
         ours.append(statm_rss())
 json.dump({"ours": ours, "trace": str(prof.trace_path), "rank_dir": str(prof.rank_dir),
@@ -110,10 +112,34 @@ def test_quiet_steps_of_a_torch_schedule_are_measured_too(tmp_path: Path) -> Non
     with prof:
         for _ in prof.loader(range(steps)):
             torch.ones(1024).sum()
+            time.sleep(0.002)  # longer than 20 reads of statm: each step its own reading
             prof.step()
     in_windows = sum(w["last_step"] - w["first_step"] + 1 for w in prof.windows)
     assert prof.windows and in_windows <= steps - 4  # skip_first and wait steps are quiet
     assert len(_series(prof, "mem.rss [B]")[1]) == steps
+
+
+def test_short_steps_share_readings_taken_right_after_a_step_end(tmp_path: Path) -> None:
+    """An empty loop's steps (about a microsecond) are far shorter than a read
+    of statm: the core reads it at the end of a step only when the time since
+    the last read is 20 reads' worth, so the reads stay a small share of the
+    training thread. Each reading is still taken at a step's end."""
+    steps = 20_000
+    prof = fastprof.Profiler(out_dir=tmp_path, run_name="run", torch=False, sample_hz=0)
+    with prof:
+        for _ in prof.loader(range(steps)):
+            prof.step()
+    ts, rss = _series(prof, "mem.rss [B]")
+    assert 1 <= len(rss) < steps // 4
+    assert np.all(rss > MIB)
+    s = fastprof.read_columns(prof.trace_path, kinds=["spans"], names=["step"]).spans
+    order = np.argsort(s["ts"])
+    starts, ends = s["ts"][order], (s["ts"] + s["dur"])[order]
+    assert len(starts) == steps
+    k = np.searchsorted(ends, ts, side="right") - 1  # the step each reading follows
+    assert np.all(k >= 0) and np.all(ts >= ends[k])
+    follows = k + 1 < steps
+    assert np.all(ts[follows] <= starts[k[follows] + 1])
 
 
 def test_off_by_option_and_by_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -164,18 +164,31 @@ def _late(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64], floor: float) 
 
 
 def growth(
-    values: npt.ArrayLike, first_step: int = 0, excluded: Iterable[int] = (), not_judged: str | None = None
+    values: npt.ArrayLike,
+    first_step: int = 0,
+    excluded: Iterable[int] = (),
+    not_judged: str | None = None,
+    steps: npt.ArrayLike | None = None,
 ) -> dict[str, Any]:
-    """The growth of one per-step series (bytes at each step's end, in step
-    order; step ``k`` of it is step ``first_step + k`` of the run), judged
-    on the steps not ``excluded`` (run step numbers; see the module
-    documentation). ``not_judged``: why the series cannot be judged (the
-    steps to leave out are unknown); it is described, and that is its verdict."""
+    """The growth of one per-step series (bytes at steps' ends, in step
+    order), judged on the steps not ``excluded`` (run step numbers; see the
+    module documentation). ``steps``: the run step each reading was taken at
+    the end of (increasing; short steps share a reading, so steps may be
+    missing); by default reading ``k`` is step ``first_step + k``. The slope
+    is per judged step whatever the readings' spacing. ``not_judged``: why
+    the series cannot be judged (the steps to leave out are unknown); it is
+    described, and that is its verdict."""
     raw = np.asarray(values, dtype=np.float64)
     n_all = len(raw)
-    steps = first_step + np.arange(n_all)
-    drop = np.isin(steps, np.fromiter((int(s) for s in excluded), dtype=np.int64))
+    at = first_step + np.arange(n_all) if steps is None else np.asarray(steps, dtype=np.int64)
+    if len(at) != n_all:
+        raise ValueError(f"growth: {n_all} readings but {len(at)} step numbers")
+    excl = np.unique(np.fromiter((int(s) for s in excluded), dtype=np.int64))
+    drop = np.isin(at, excl)
     kept = np.flatnonzero(~drop)
+    # Each reading's position among the judged steps (an excluded step
+    # before it does not count): consecutive for a reading at every step.
+    pos = (at - np.searchsorted(excl, at)).astype(np.float64)
     if n_all and drop.any():
         # Stitch: the kept steps' changes only, from the first value on.
         d = np.diff(raw, prepend=raw[0])
@@ -209,17 +222,19 @@ def growth(
             out["verdict"] = "not judged: the series holds non-finite values"
         return out
     idx = np.unique(np.linspace(0, n - 1, min(n, MAX_POINTS)).astype(np.int64))
-    x = idx.astype(np.float64)
+    judged = pos[kept] - pos[kept[0]]
+    x = judged[idx]
     ys = y[idx]
     slope, lo, hi = theil_sen(x, ys)
-    total = slope * (n - 1)
+    span = int(judged[-1]) + 1  # judged steps from the first reading to the last
+    total = slope * (span - 1)
     floor = max(MIN_GROWTH_BYTES, MIN_GROWTH_SHARE * float(np.median(y)))
 
     def step_of(i: int) -> int:
-        return first_step + int(kept[idx[i]])
+        return int(at[kept[idx[i]]])
 
     out.update(growth_b_per_step=slope, growth_ci_b_per_step=[lo, hi], growth_total_b=total)
-    ended = _ended(x, ys, n, floor)
+    ended = _ended(x, ys, span, floor)
     if ended is not None:
         began = hinge_start(x[: ended + 1], ys[: ended + 1])
         rise = _rise(ys, ended, x >= x[ended])

@@ -44,7 +44,8 @@ OPTIONS: tuple[Option, ...] = (
         True,
         ("FASTPROF_MEMORY_STATS",),
         "a boolean",
-        "At every step's end, record the process's resident memory (mem.rss [B], read by the core) and, once "
+        "At every step's end, record the process's resident memory (mem.rss [B], read by the core; steps "
+        "shorter than 20 reads share one) and, once "
         "the job uses CUDA, the allocator's statistics (mem.cuda.*: allocated, reserved, active, their peaks "
         "since the previous step, num_ooms, num_alloc_retries).",
         "True",

@@ -29,6 +29,7 @@ from fastprof._merge import describe_rotated
 from fastprof.reports import html_triggers
 from fastprof.reports.data import _CHUNK, F64, HOST_COLUMNS, I64, RunData, host_rows, human_bytes, step_spans
 from fastprof.reports.finite import encode
+from fastprof.reports.memory import reading_steps
 from fastprof.reports.resumed import describe as describe_resumed
 
 MAX_POINTS = 2000
@@ -412,8 +413,9 @@ def _memory(page: _Page, doc: dict[str, Any], data: RunData) -> None:
         fig.update_xaxes(title_text="step (ordinal on the rank)")
         reduced = False
         for r in ranks:
-            _, v = data.counter(str(r["series"]), int(r["rank"]))
-            x, y = downsample(np.arange(len(v), dtype=np.float64), v.astype(np.float64))
+            ts, v = data.counter(str(r["series"]), int(r["rank"]))
+            at = reading_steps(data, int(r["rank"]), ts)
+            x, y = downsample(at.astype(np.float64), v.astype(np.float64))
             reduced |= len(x) < len(v)
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"rank {r['rank']} {r['series']}"))
             if r["leak"] and r["began_at_step"] is not None:

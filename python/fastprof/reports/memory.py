@@ -13,9 +13,12 @@ import json
 import os
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from fastprof.memory.leaks import MIN_FLAT_SHARE, MIN_GROWTH_BYTES, MIN_GROWTH_SHARE, growth
 from fastprof.memory.operators import operator_table
-from fastprof.reports.data import RunData
+from fastprof.reports.data import RunData, step_spans
 
 #: The allocator's per-step peak.
 CUDA_PEAK = "mem.cuda.allocated_peak [B]"
@@ -32,12 +35,14 @@ def memory_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | No
     per_rank = []
     for r in data.ranks:
         for name in SERIES:
-            _, values = data.counter(name, r)
+            ts, values = data.counter(name, r)
             if len(values):
                 break
         else:
             continue
-        skip = warmup_steps if len(values) > warmup_steps else 0
+        at = reading_steps(data, r, ts)
+        skip = warmup_steps if int(at[-1]) >= warmup_steps else 0
+        judged = at >= skip
         _, peaks = data.counter(CUDA_PEAK, r)
         windows, why = _windows(data, r)
         per_rank.append(
@@ -45,8 +50,8 @@ def memory_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | No
                 "rank": r,
                 "series": name,
                 "warmup_steps_excluded": skip,
-                "window_steps_excluded": len(windows & set(range(skip, len(values)))),
-                **growth(values[skip:], skip, windows, not_judged=why),
+                "window_steps_excluded": len(windows & set(at[judged].tolist())),
+                **growth(values[judged], excluded=windows, not_judged=why, steps=at[judged]),
                 # The highest per-step peak of the allocator (all steps):
                 # what `fastprof diff --max-memory-growth` compares first.
                 "cuda_allocated_peak_b": float(peaks.max()) if len(peaks) else None,
@@ -71,6 +76,22 @@ def memory_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | No
         ),
         "per_rank": per_rank,
     }, None
+
+
+def reading_steps(data: RunData, rank: int, ts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The step each per-step reading (taken at its step's end, sorted by
+    time) belongs to: the last step that ended at or before it, counted from
+    0 in the rank's step spans. Short steps share a reading (the core reads
+    the resident memory within a budget), so a step may have none. Without
+    step spans, reading ``k`` is step ``k``."""
+    steps, _ = step_spans(data, rank)
+    if not len(steps.ts):
+        return np.arange(len(ts), dtype=np.int64)
+    ends = np.sort(steps.end)
+    at = np.searchsorted(ends, ts, side="right") - 1
+    # A reading before the first step's end (none is taken so) counts as step 0;
+    # readings keep increasing step numbers.
+    return np.maximum.accumulate(np.maximum(at, 0)).astype(np.int64)
 
 
 def _windows(data: RunData, rank: int) -> tuple[set[int], str | None]:

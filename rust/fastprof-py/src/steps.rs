@@ -17,6 +17,7 @@
 use crate::convert::text;
 use crate::recording::lookup;
 use crate::session::{surface_notices, PyHooks, Session};
+use fastprof_core::steps::rss::StepRss;
 use fastprof_core::steps::{self, Ended, Fetch, Plan, Position, StepHost, StepMachine};
 use fastprof_core::{clock, registry};
 use pyo3::prelude::*;
@@ -94,7 +95,8 @@ struct LoopIo {
     /// failure is.
     pending: Option<PyErr>,
     /// Per-step host memory (issue #16), when on.
-    rss: Option<RssAtStepEnd>,
+    /// The counter's name and its reader (`record_rss`).
+    rss: Option<(u32, StepRss)>,
     /// Call the hooks' `_on_memory(epoch, batch, batch_in_epoch)` at every
     /// step's end, quiet ones too (the CUDA allocator's per-step statistics
     /// and state-only snapshots, read in Python).
@@ -200,9 +202,9 @@ impl StepHost for PyHost<'_, '_> {
                 action: s.action,
             };
             registry::step_complete(self.io.step_name, s.t0, args, &mut PyHooks(py));
-            if let Some(r) = &mut self.io.rss {
-                if let Some(bytes) = r.read() {
-                    registry::counter(r.name, bytes as f64, &mut PyHooks(py));
+            if let Some((name, r)) = &mut self.io.rss {
+                if let Some(bytes) = r.at_step_end(clock::ticks) {
+                    registry::counter(*name, bytes as f64, &mut PyHooks(py));
                 }
             }
         }
@@ -306,13 +308,16 @@ impl _StepLoop {
         self.m.explicit()
     }
 
-    /// Record the process's resident memory at each step's end as the
-    /// counter `name` (bytes, from /proc/self/statm: one read of a file kept
-    /// open). Returns None when on, else why it cannot be (no procfs).
+    /// Record the process's resident memory at steps' ends as the counter
+    /// `name` (bytes, from /proc/self/statm: one read of a file kept open),
+    /// within the core's budget (`fastprof_core::steps::rss`: every step
+    /// longer than 20 reads gets its own). Returns None when on, else why it
+    /// cannot be (no procfs).
     fn record_rss(&mut self, name: &Bound<'_, PyString>) -> PyResult<Option<String>> {
-        match RssAtStepEnd::open(interned(name)?) {
+        let name = interned(name)?;
+        match StepRss::open() {
             Ok(r) => {
-                self.io.rss = Some(r);
+                self.io.rss = Some((name, r));
                 Ok(None)
             }
             Err(why) => Ok(Some(why)),
@@ -381,39 +386,6 @@ impl _StepLoop {
 
     fn exit_pass(&mut self, py: Python<'_>) -> PyResult<()> {
         self.drive(py, |m, h| m.exit_pass(h))
-    }
-}
-
-/// The process's resident set size, read at a step's end.
-struct RssAtStepEnd {
-    file: std::fs::File,
-    page: u64,
-    name: u32,
-    buf: [u8; 128],
-}
-
-impl RssAtStepEnd {
-    fn open(name: u32) -> Result<Self, String> {
-        let file = std::fs::File::open("/proc/self/statm")
-            .map_err(|e| format!("/proc/self/statm: {e}"))?;
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        let mut r = RssAtStepEnd {
-            file,
-            page: u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096),
-            name,
-            buf: [0; 128],
-        };
-        r.read()
-            .ok_or_else(|| "/proc/self/statm: no resident size in it".to_string())?;
-        Ok(r)
-    }
-
-    /// Bytes resident now (one pread of the open file), None if unreadable.
-    fn read(&mut self) -> Option<u64> {
-        use std::os::unix::fs::FileExt;
-        let n = self.file.read_at(&mut self.buf, 0).ok()?;
-        fastprof_core::sampler::procfs::parse_statm_rss(&self.buf[..n]).map(|p| p * self.page)
     }
 }
 

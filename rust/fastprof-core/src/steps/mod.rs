@@ -19,6 +19,7 @@
 //! where the next begins (the next train fetch) or where the pass ends.
 
 mod anomaly;
+pub mod rss;
 #[cfg(test)]
 mod tests;
 
