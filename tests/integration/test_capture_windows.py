@@ -24,7 +24,9 @@ pytestmark = pytest.mark.timeout(300)
 # The README crash's shape, shortened: 16 batches an epoch, windows at
 # batches 1-3 and 5-7; a slow batch 14 from epoch 1 on asks, at batch 15, for
 # a 5-step capture that runs into the next epoch's window (its warm-up at
-# batch 1); the last one is still running when the run ends.
+# batch 1); the last one is still running when the run ends. The sleep is
+# ~100x a step: anomaly_factor=40 keeps a step that a loaded machine slowed
+# (seen: 10-30x) from taking the capture first.
 JOB = textwrap.dedent(
     """
     import sys, time, torch, fastprof
@@ -34,7 +36,9 @@ JOB = textwrap.dedent(
     prof = fastprof.Profiler(
         sys.argv[1], "run", schedule=fastprof.schedule.epoch(wait=1, warmup=1, active=2), sync_clocks=False,
         torch=fastprof.TorchWindows(),
-        triggers=fastprof.Triggers(min_interval_s=0, anomaly_max=1000, anomaly_window=16, poll_s=0.2),
+        triggers=fastprof.Triggers(
+            min_interval_s=0, anomaly_max=1000, anomaly_window=16, anomaly_factor=40, poll_s=0.2
+        ),
     )
     with prof:
         for epoch in range(4):
