@@ -40,6 +40,8 @@ import io
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -346,6 +348,113 @@ def _has_lightning() -> bool:
 
 CASES = _cases()
 
+# A fork server for the runs that import torch (and Lightning): most of such a
+# run is the interpreter importing them (3-7 s on CI's 2 cores), the same in
+# every run. The server imports them once; each run is a child forked from it
+# (as DataLoader's fork workers are) that becomes the job: its own cwd,
+# environment, argv and stdout/stderr files, then the script run as
+# ``__main__`` at the server's top level, so the job's exit is the
+# interpreter's own (its traceback, exit status, signal, atexit and
+# finalisation), as in ``python job.py``. fastprof is never imported before
+# the fork; the runs without torch and ``fastprof run`` (which hooks torch's
+# import) start a fresh interpreter.
+ZYGOTE = r"""
+import importlib, json, os, select, signal, socket, sys
+
+sock_path, preload = sys.argv[1], [m for m in sys.argv[2].split(",") if m]
+for name in preload:
+    importlib.import_module(name)
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind(sock_path)
+srv.listen(64)
+print("ready", flush=True)
+waiting, job = {}, None
+while job is None:
+    ready, _, _ = select.select([srv], [], [], 0.02)
+    if ready:
+        conn, _ = srv.accept()
+        req = json.loads(conn.makefile().readline())
+        pid = os.fork()
+        if pid == 0:
+            for c in [srv, conn, *waiting.values()]:
+                c.close()
+            job = req
+            break
+        conn.sendall(b"%d\n" % pid)
+        waiting[pid] = conn
+    while waiting:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            break
+        conn = waiting.pop(pid, None)
+        if conn is not None:
+            conn.sendall(b"%d\n" % os.waitstatus_to_exitcode(status))
+            conn.close()
+
+# The child: become `python <script> <args>`.
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
+    f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(f, fd)
+    os.close(f)
+os.chdir(job["cwd"])
+os.environ.clear()
+os.environ.update(job["env"])
+sys.argv = job["argv"]
+sys.path[0] = os.path.dirname(os.path.abspath(job["argv"][0]))
+del waiting, srv, ready, req, conn, pid
+import runpy
+
+runpy.run_path(job["argv"][0], run_name="__main__")
+"""
+
+
+class Zygote:
+    """One fork server (see ZYGOTE) that has imported ``preload``."""
+
+    def __init__(self, root: Path, preload: list[str], env: dict[str, str]) -> None:
+        self.path = root / f"zygote-{'-'.join(preload)}.sock"
+        script = root / "zygote.py"
+        if not script.exists():
+            script.write_text(ZYGOTE)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), str(self.path), ",".join(preload)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line == "ready\n", f"the fork server did not start: {line!r}"
+
+    def run(self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 240) -> Ran:
+        """``python *argv`` (a script and its arguments) as a child of the server."""
+        out, err = cwd / "zygote.stdout", cwd / "zygote.stderr"
+        req = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(self.path))
+            s.sendall(json.dumps(req).encode() + b"\n")
+            with s.makefile() as f:
+                pid = int(f.readline())
+                s.settimeout(timeout)
+                try:
+                    rc = int(f.readline())
+                except TimeoutError:
+                    os.kill(pid, signal.SIGKILL)
+                    rc = -999
+        text = [p.read_text(errors="replace") if p.exists() else "" for p in (out, err)]
+        if rc == -999:
+            text[1] += f"\n[timed out after {timeout} s]"
+        return Ran(rc, text[0], text[1])
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
 
 @dataclass
 class Ran:
@@ -385,6 +494,25 @@ class Runner:
         self.lock = threading.Lock()
         self.bare: dict[tuple[str, str, str, int], concurrent.futures.Future[Ran]] = {}
         self.profiled: dict[Case, concurrent.futures.Future[tuple[Ran, Path]]] = {}
+        self.zygotes: dict[str, Zygote] = {}
+
+    def _zygote(self, kind: str) -> Zygote:
+        """The fork server for ``kind`` ("torch", "lightning"), started once."""
+        with self.lock:
+            if kind not in self.zygotes:
+                preload = ["torch", "lightning"] if kind == "lightning" else ["torch"]
+                self.zygotes[kind] = Zygote(self.root, preload, self.env)
+            return self.zygotes[kind]
+
+    def _job(self, script: str, args: list[str], cwd: Path, env: dict[str, str]) -> Ran:
+        """``python <script> <args>``: forked from a server that imported
+        torch (and Lightning) when the job imports them, else a fresh
+        interpreter."""
+        kind = "lightning" if script == "lightning" else "job"
+        argv = [str(self.scripts[kind]), *args]
+        if args[1].endswith("-light"):
+            return _run([sys.executable, *argv], cwd, env)
+        return self._zygote("lightning" if kind == "lightning" else "torch").run(argv, cwd, env)
 
     def submit(self, case: Case) -> None:
         with self.lock:
@@ -398,12 +526,7 @@ class Runner:
         script, outcome, where, step = key
         out = self.root / ("bare-" + "-".join(map(str, key)))
         out.mkdir()
-        kind = "lightning" if script == "lightning" else "job"
-        return _run(
-            [sys.executable, str(self.scripts[kind]), "bare", script, outcome, where, str(step), str(out)],
-            out,
-            self.env,
-        )
+        return self._job(script, ["bare", script, outcome, where, str(step), str(out)], out, self.env)
 
     def _profiled(self, case: Case) -> tuple[Ran, Path]:
         out = self.root / case.id
@@ -412,16 +535,14 @@ class Runner:
         if case.where == "prof_exit":
             env["FASTPROF_TEST_EXPORT_DELAY_S"] = "1"  # the last window's export keeps the exit going
         args = [case.shape, case.outcome, case.where, str(case.step), str(out)]
-        if case.shape == "lightning":
-            argv = [sys.executable, str(self.scripts["lightning"]), "fastprof", *args]
-        elif case.shape == "run":
+        if case.shape == "run":
             argv = [
                 sys.executable, "-m", "fastprof", "run", "-o", str(out), "--run-name", "m",
                 str(self.scripts["job"]), "fastprof", *args,
             ]  # fmt: skip
-        else:
-            argv = [sys.executable, str(self.scripts["job"]), "fastprof", *args]
-        return _run(argv, out, env), out / "m"
+            return _run(argv, out, env), out / "m"
+        script = "lightning" if case.shape == "lightning" else "job"
+        return self._job(script, ["fastprof", *args], out, env), out / "m"
 
     def result(self, case: Case) -> Result:
         self.submit(case)
@@ -439,6 +560,8 @@ def runner(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             r.submit(callspec.params["case"])
     yield r
     r.pool.shutdown(wait=False, cancel_futures=True)
+    for z in r.zygotes.values():
+        z.close()
 
 
 def _script_frames(stderr: str) -> list[str]:
