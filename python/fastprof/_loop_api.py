@@ -174,6 +174,10 @@ class RunHost(LoopHost, Protocol):
         """The Profiler's own ``optimizer.step()`` hook goes (``fastprof run``
         installs one that replaces it, so each optimizer step counts once)."""
 
+    def hook_torch_phases(self) -> None:
+        """Time each step's phases once torch is imported (``fastprof run``
+        calls it when the job imports torch after the Profiler started)."""
+
     def quiet_torch_windows(self) -> None:
         """Keep Kineto's log lines of the windows triggers open out of the
         job's stderr (a script that asked for no window)."""

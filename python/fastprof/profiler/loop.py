@@ -82,6 +82,7 @@ from fastprof.memory.step_stats import StepMemory
 from fastprof.profiler import exits as _exits
 from fastprof.profiler import outputs as _outputs
 from fastprof.profiler import workers
+from fastprof.profiler.anatomy import Anatomy
 from fastprof.profiler.options import _BY_NAME, OPTIONS
 from fastprof.profiler.plan import ActionPlan
 from fastprof.profiler.schedule import Action, Schedule
@@ -152,6 +153,7 @@ class Profiler:
         sample_hz: float | None = None,
         gate_spans: bool | None = None,
         memory_stats: bool | None = None,
+        anatomy: bool | None = None,
         memory_history: MemoryHistory | bool | None = None,
         triggers: Triggers | bool | None = None,
         model: Any = None,
@@ -166,6 +168,8 @@ class Profiler:
         self.schedule: Schedule = _value(_BY_NAME["schedule"], schedule, env)
         self.gate_spans: bool = _value(_BY_NAME["gate_spans"], gate_spans, env)
         self.memory_stats: bool = _value(_BY_NAME["memory_stats"], memory_stats, env)
+        self.anatomy: bool = _value(_BY_NAME["anatomy"], anatomy, env)
+        self._anatomy = Anatomy() if self.anatomy else None
         self.model_depth: int = _value(_BY_NAME["model_depth"], model_depth, env)
         self.memory_history: MemoryHistory | None = _config_object("memory_history", memory_history, MemoryHistory)
         self.triggers: Triggers | None = _config_object("triggers", triggers, Triggers)
@@ -381,6 +385,7 @@ class Profiler:
             "steps_by_optimizer": self.steps_by_optimizer,
             "schedule": repr(self.schedule),
             "gate_spans": self.gate_spans,
+            "anatomy": "off (anatomy=False)" if self._anatomy is None else self._anatomy.status,
             "memory": {
                 **self._memory.summary(),
                 "history": None if self._history is None else self._history.summary(),
@@ -466,6 +471,7 @@ class Profiler:
         if self.sync_clocks_enabled:
             self._sync("start")
         self._install_optimizer_hook()
+        self.hook_torch_phases()
         self._steps = _core._StepLoop(self, self.recorder.core_session, "step", "profiler.action")
         self._memory.start(self._steps)
         if self.memory_history is not None:
@@ -620,6 +626,8 @@ class Profiler:
         opened and nothing fetched into is the time after the loop, and a
         run of no iterations has no step)."""
         self.remove_optimizer_hook()
+        if self._anatomy is not None:
+            self._anatomy.stop()
         try:
             self._steps.stop()
         except RuntimeError:
@@ -868,6 +876,13 @@ class Profiler:
         if self._opt_handle is not None:
             self._opt_handle.remove()
             self._opt_handle = None
+
+    def hook_torch_phases(self) -> None:
+        """Time each step's forward, backward, optimizer and communication
+        phases (:mod:`fastprof.profiler.anatomy`) once torch is imported: at
+        start, or when ``fastprof run`` sees torch imported later. Never raises."""
+        if self._anatomy is not None and self._state == "running":
+            self._anatomy.start()
 
     def step(self) -> None:
         """End the current training step (the next begins at the train loader's

@@ -39,6 +39,17 @@ OPTIONS: tuple[Option, ...] = (
         _bool,
     ),
     Option(
+        "anatomy",
+        "bool",
+        True,
+        ("FASTPROF_ANATOMY",),
+        "a boolean",
+        "Time every step's forward (the outermost module call), backward, optimizer (step and zero_grad) and "
+        "torch.distributed collectives on the training thread, as phase.* spans: the report's step anatomy.",
+        "True",
+        _bool,
+    ),
+    Option(
         "memory_stats",
         "bool",
         True,

@@ -19,6 +19,7 @@ import numpy as np
 
 from fastprof._core import ConfigError, __version__
 from fastprof.reports import data as _data
+from fastprof.reports.anatomy import anatomy_report
 from fastprof.reports.breakdown import step_breakdown
 from fastprof.reports.csvout import TABLES, write_csv
 from fastprof.reports.finite import encode, report_warning
@@ -34,7 +35,7 @@ from fastprof.reports.time import time_report
 from fastprof.reports.triggers import triggers_report
 
 SCHEMA_ID = "fastprof.report"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 FORMATS = ("json", "csv", "html")
 #: One JSON Schema per schema_version: ``report.v{N}.json``.
 SCHEMA_DIR = Path(__file__).with_name("schema")
@@ -141,6 +142,7 @@ def _build_from(
     breakdown, reason = breakdown_section(data)
     tick("breakdown")
     memory, memory_reason = memory_report(data, int(speed["warmup"]["steps_excluded"]))
+    anatomy, anatomy_reason = anatomy_report(data, int(speed["warmup"]["steps_excluded"]))
     recs = recommend(speed, system, breakdown, memory)
     w0, w1 = data.wall()
     return {
@@ -172,6 +174,8 @@ def _build_from(
         "breakdown_reason": reason,
         "memory": memory,
         "memory_reason": memory_reason,
+        "anatomy": anatomy,
+        "anatomy_reason": anatomy_reason,
         "triggers": triggers_report(data),
         "recommendations": recs,
     }

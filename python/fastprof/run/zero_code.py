@@ -124,6 +124,7 @@ class ZeroCode:
         # this one replaces it, so each optimizer step is counted once.
         self.prof.remove_optimizer_hook()
         self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        self.prof.hook_torch_phases()
         original = DataLoader.__iter__
         zero = self
 

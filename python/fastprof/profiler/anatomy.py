@@ -1,0 +1,250 @@
+"""Always-on step anatomy on the host (issue #25): where each step's time
+goes on the training thread, at every step, with no torch.profiler window.
+
+Each phase is a span on the training thread's timeline, recorded by the core
+as one complete event (begin ticks taken at entry, the record pushed at exit:
+an exception inside a phase still closes it):
+
+- ``phase.forward``: the outermost module call (a global forward pre/post
+  hook pair that counts nesting: only the call at depth 0 is a span);
+- ``phase.backward``: ``Tensor.backward`` / ``torch.autograd.backward``, entry
+  to exit (autograd runs the whole backward pass inside that call);
+- ``phase.optimizer``: the optimizer's step (torch's global step pre/post
+  hooks) and ``Optimizer.zero_grad``;
+- ``phase.communication``: a ``torch.distributed`` collective called from
+  Python, with its op, bytes, process group size and a per-group sequence
+  number (the collectives DDP's reducer runs inside backward are backward's).
+
+``dataloader`` is the train loader's wait (``loader.train.next``, recorded by
+the step loop) and ``other`` what is left of the step. The report
+(:mod:`fastprof.reports.anatomy`) also counts the user's own spans named
+``forward``, ``backward`` and ``optimizer`` as those phases.
+
+Only the training thread's calls are recorded (a DataLoader thread's or an
+evaluation thread's modules are not the step's). A hook never raises into
+the job: a phase it cannot record is left out.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from fastprof import _core
+
+#: The phases, in the order reports list them.
+PHASES = ("dataloader", "forward", "backward", "optimizer", "communication", "other")
+#: The span each phase is recorded as.
+SPANS = {
+    "forward": "phase.forward",
+    "backward": "phase.backward",
+    "optimizer": "phase.optimizer",
+    "communication": "phase.communication",
+}
+#: torch.distributed's collectives (and point-to-point calls the host waits
+#: on) timed as communication.
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+)
+
+
+def _nbytes(x: Any) -> int:
+    """Bytes of a tensor, or of a list of tensors; 0 for anything else."""
+    try:
+        if isinstance(x, (list, tuple)):
+            return sum(_nbytes(t) for t in x)
+        return int(x.numel()) * int(x.element_size())
+    except Exception:  # noqa: BLE001 - an object without a size counts none
+        return 0
+
+
+class Anatomy:
+    """The hooks that record a step's phases on one training thread."""
+
+    def __init__(self) -> None:
+        self.thread_id = threading.get_ident()
+        self.active = False
+        #: What is recorded, or why not (``profiler.json``'s ``anatomy``).
+        self.status = "off"
+        self._names = {phase: _core.name_id(span) for phase, span in SPANS.items()}
+        self._depth = 0
+        self._forward_t0 = 0
+        self._optimizer_t0 = 0
+        self._backward_depth = 0
+        self._undo: list[Callable[[], None]] = []
+        self._seq: dict[Any, int] = {}
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> str:
+        """Install the hooks if torch is imported; returns the status. Never raises."""
+        if self.active:
+            return self.status
+        torch = sys.modules.get("torch")
+        if torch is None:
+            self.status = "waiting for torch to be imported"
+            return self.status
+        self.thread_id = threading.get_ident()
+        try:
+            self._hook_forward(torch)
+            self._hook_backward(torch)
+            self._hook_optimizer(torch)
+            self._hook_collectives()
+        except Exception as e:  # noqa: BLE001 - an old or partial torch: no anatomy, the job goes on
+            self.stop()
+            self.status = f"unavailable: hooking torch failed ({type(e).__name__}: {e})"
+            return self.status
+        self.active = True
+        self.status = "on: forward, backward, optimizer, communication"
+        return self.status
+
+    def stop(self) -> None:
+        """Remove every hook (a patch another library made on top of ours stays)."""
+        undo, self._undo = self._undo, []
+        for u in reversed(undo):
+            try:
+                u()
+            except Exception:  # noqa: BLE001 - best effort at stop
+                pass
+        self.active = False
+
+    # ---------------------------------------------------------------- hooks
+
+    def _hook_forward(self, torch: Any) -> None:
+        from torch.nn.modules import module as m  # lazy: torch is optional
+
+        name = self._names["forward"]
+
+        def pre(_module: Any, _args: Any) -> None:
+            if threading.get_ident() == self.thread_id:
+                if self._depth == 0:
+                    self._forward_t0 = _core._ticks()
+                self._depth += 1
+
+        def post(_module: Any, _args: Any, _out: Any) -> None:
+            if threading.get_ident() == self.thread_id and self._depth > 0:
+                self._depth -= 1
+                if self._depth == 0:
+                    _core._complete(name, self._forward_t0)
+
+        h1 = m.register_module_forward_pre_hook(pre)
+        try:
+            h2 = m.register_module_forward_hook(post, always_call=True)
+        except TypeError:  # torch < 2.0: no always_call
+            h2 = m.register_module_forward_hook(post)
+        self._undo += [h1.remove, h2.remove]
+
+    def _hook_backward(self, torch: Any) -> None:
+        name = self._names["backward"]
+
+        def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def backward(*args: Any, **kwargs: Any) -> Any:
+                if threading.get_ident() != self.thread_id or self._backward_depth:
+                    return fn(*args, **kwargs)
+                t0 = _core._ticks()
+                self._backward_depth = 1
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    self._backward_depth = 0
+                    _core._complete(name, t0)
+
+            return backward
+
+        self._patch(torch.Tensor, "backward", timed)
+        self._patch(torch.autograd, "backward", timed)
+
+    def _hook_optimizer(self, torch: Any) -> None:
+        from torch.optim import optimizer as o  # lazy: torch is optional
+
+        name = self._names["optimizer"]
+
+        def pre(_opt: Any, _args: Any, _kwargs: Any) -> None:
+            if threading.get_ident() == self.thread_id:
+                self._optimizer_t0 = _core._ticks()
+
+        def post(_opt: Any, _args: Any, _kwargs: Any) -> None:
+            if threading.get_ident() == self.thread_id and self._optimizer_t0:
+                _core._complete(name, self._optimizer_t0)
+                self._optimizer_t0 = 0
+
+        h1 = o.register_optimizer_step_pre_hook(pre)
+        h2 = o.register_optimizer_step_post_hook(post)
+        self._undo += [h1.remove, h2.remove]
+
+        def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def zero_grad(*args: Any, **kwargs: Any) -> Any:
+                if threading.get_ident() != self.thread_id:
+                    return fn(*args, **kwargs)
+                t0 = _core._ticks()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    _core._complete(name, t0)
+
+            return zero_grad
+
+        self._patch(torch.optim.Optimizer, "zero_grad", timed)
+
+    def _hook_collectives(self) -> None:
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not getattr(dist, "is_available", lambda: False)():
+            return
+        name = self._names["communication"]
+        for op in COLLECTIVES:
+            if callable(getattr(dist, op, None)):
+                self._patch(dist, op, functools.partial(self._timed_collective, name, op, dist))
+
+    def _timed_collective(self, name: _core.Name, op: str, dist: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != self.thread_id:
+                return fn(*args, **kwargs)
+            t0 = _core._ticks()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._comm_done(name, op, dist, t0, args, kwargs)
+
+        return collective
+
+    def _comm_done(self, name: _core.Name, op: str, dist: Any, t0: int, args: Any, kwargs: Any) -> None:
+        try:
+            group = kwargs.get("group")
+            size = dist.get_world_size(group) if dist.is_initialized() else 1
+            key = id(group) if group is not None else None
+            seq = self._seq.get(key, 0) + 1
+            self._seq[key] = seq
+            nbytes = _nbytes(args[0]) if args else 0
+            _core._complete(name, t0, op=op, bytes=nbytes, group_size=size, seq=seq)
+        except Exception:  # noqa: BLE001 - a collective is never failed by its timing
+            pass
+
+    def _patch(self, owner: Any, attr: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        original = getattr(owner, attr)
+        ours = wrap(original)
+        setattr(owner, attr, ours)
+
+        def undo() -> None:
+            if getattr(owner, attr, None) is ours:
+                setattr(owner, attr, original)
+
+        self._undo.append(undo)

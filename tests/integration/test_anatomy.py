@@ -1,0 +1,215 @@
+"""Always-on step anatomy (issue #25, host part): every step split into
+dataloader, forward, backward, optimizer, communication and other from the
+phase spans the Profiler records on the training thread, with no
+torch.profiler window. Real torch on CPU, real subprocesses; report.json is
+read with Python's json and checked against its JSON Schema."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fastprof
+
+torch = pytest.importorskip("torch")
+
+PHASES = ["dataloader", "forward", "backward", "optimizer", "communication", "other"]
+
+# An unmodified CPU MLP: its loss is a module (so the forward hook sees it).
+MLP = """
+import sys, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+loss_fn = torch.nn.CrossEntropyLoss()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = torch.utils.data.TensorDataset(torch.randn(1536, 64), torch.randint(0, 10, (1536,)))
+loader = torch.utils.data.DataLoader(data, batch_size=64)
+for epoch in range(2):
+    for x, y in loader:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+print("finished", flush=True)
+"""
+
+
+def _report(run_dir: Path, tmp: Path) -> dict[str, Any]:
+    jsonschema = pytest.importorskip("jsonschema")
+    fastprof.report(run_dir, out_dir=tmp / "rep", formats=("json",))
+    doc = json.loads((tmp / "rep" / "report.json").read_text())
+    jsonschema.Draft202012Validator(json.loads(fastprof.reports.SCHEMA_PATH.read_text())).validate(doc)
+    return doc
+
+
+def _spans(trace: Path) -> dict[str, list[dict[str, Any]]]:
+    with gzip.open(trace, "rt") as f:
+        doc = json.load(f)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "X":
+            out.setdefault(e["name"], []).append(e)
+    return out
+
+
+def _check_shares(anatomy: dict[str, Any]) -> dict[str, float]:
+    (r,) = anatomy["per_rank"]
+    assert list(r["phases"]) == PHASES
+    shares = {p: r["phases"][p]["share"] for p in PHASES}
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-9)
+    # The phases' times add up to the steps' time within 1%.
+    total = sum(r["phases"][p]["total_ns"] for p in PHASES)
+    assert total == pytest.approx(r["step_total_ns"], rel=0.01)
+    return shares
+
+
+def test_an_unmodified_mlp_under_fastprof_run_is_mostly_its_four_phases(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(MLP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
+    p = subprocess.run(
+        [sys.executable, "-m", "fastprof", "run", "-o", str(tmp_path), "--run-name", "mlp", "train.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = tmp_path / "mlp"
+    assert "on: forward" in json.loads((run / "rank0" / "profiler.json").read_text())["anatomy"]
+    doc = _report(run, tmp_path)
+    shares = _check_shares(doc["anatomy"])
+    named = shares["dataloader"] + shares["forward"] + shares["backward"] + shares["optimizer"]
+    assert named >= 0.8, shares
+    assert min(shares["forward"], shares["backward"], shares["optimizer"]) > 0, shares
+    assert shares["communication"] == 0
+    assert doc["anatomy_reason"] is None
+
+
+JOB = """
+import sys, torch, fastprof
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = torch.utils.data.DataLoader(torch.randn(256, 32), batch_size=16)
+prof = fastprof.Profiler(sys.argv[1], "run", torch=False, sample_hz=0, **eval(sys.argv[2]))
+with prof:
+    for i, x in enumerate(prof.loader(loader)):
+        if sys.argv[3] == "user":
+            with fastprof.span("forward"):
+                loss = model(x).sum()
+            with fastprof.span("backward"):
+                loss.backward()
+            with fastprof.span("optimizer"):
+                opt.step(); opt.zero_grad()
+        else:
+            loss = model(x).sum(); loss.backward(); opt.step(); opt.zero_grad()
+        prof.step()
+"""
+
+
+def _job(tmp: Path, options: str, mode: str = "plain", env: dict[str, str] | None = None) -> Path:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
+    p = subprocess.run(
+        [sys.executable, "-c", JOB, str(tmp), options, mode],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**e, **(env or {})},
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return tmp / "run"
+
+
+def test_each_step_has_one_forward_backward_and_optimizer_span_inside_it(tmp_path: Path) -> None:
+    run = _job(tmp_path, "{}")
+    spans = _spans(run / "trace.json.gz")
+    steps = sorted(spans["step"], key=lambda e: e["ts"])
+    assert len(steps) == 16
+    for phase in ("phase.forward", "phase.backward"):
+        assert len(spans[phase]) == 16, phase
+    # opt.step() and opt.zero_grad(): two optimizer spans a step.
+    assert len(spans["phase.optimizer"]) == 32
+    tid = steps[0]["tid"]
+    starts = np.array([s["ts"] for s in steps])
+    for name in ("phase.forward", "phase.backward", "phase.optimizer"):
+        for e in spans[name]:
+            assert e["tid"] == tid  # the training thread's timeline
+            k = int(np.searchsorted(starts, e["ts"], side="right")) - 1
+            assert k >= 0 and e["ts"] + e["dur"] <= steps[k]["ts"] + steps[k]["dur"] + 1, (name, e)
+    _check_shares(_report(run, tmp_path)["anatomy"])
+
+
+def test_off_by_option_and_environment_and_said(tmp_path: Path) -> None:
+    for sub, run in (
+        ("a", _job(tmp_path / "a", "{'anatomy': False}")),
+        ("b", _job(tmp_path / "b", "{}", env={"FASTPROF_ANATOMY": "0"})),
+    ):
+        assert not any(n.startswith("phase.") for n in _spans(run / "trace.json.gz")), sub
+        assert json.loads((run / "rank0" / "profiler.json").read_text())["anatomy"] == "off (anatomy=False)"
+        doc = _report(run, tmp_path / sub)
+        assert doc["anatomy"] is None and "anatomy=False" in doc["anatomy_reason"]
+
+
+def test_the_users_own_phase_spans_count_where_fastprof_recorded_none(tmp_path: Path) -> None:
+    run = _job(tmp_path, "{'anatomy': False}", mode="user")
+    shares = _check_shares(_report(run, tmp_path)["anatomy"])
+    assert min(shares["forward"], shares["backward"], shares["optimizer"]) > 0, shares
+
+
+def test_hooks_go_at_stop_and_an_exception_in_forward_still_closes_its_span(tmp_path: Path) -> None:
+    from torch.nn.modules import module as m
+
+    before = (torch.Tensor.backward, torch.autograd.backward, torch.optim.Optimizer.zero_grad)
+    hooks = (len(m._global_forward_pre_hooks), len(m._global_forward_hooks))
+
+    class Boom(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            raise ValueError("boom")
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), Boom())
+    prof = fastprof.Profiler(tmp_path, "run", torch=False, sample_hz=0)
+    with pytest.raises(ValueError, match="boom"), prof:
+        for _ in prof.loader(range(3)):
+            model(torch.ones(2, 4))
+    assert (torch.Tensor.backward, torch.autograd.backward, torch.optim.Optimizer.zero_grad) == before
+    assert (len(m._global_forward_pre_hooks), len(m._global_forward_hooks)) == hooks
+    cols = fastprof.read_columns(prof.trace_path, kinds=["spans"], names=["phase.forward"])
+    assert len(cols.spans["ts"]) == 1  # the failed call, closed by the always-called hook
+
+
+COMM = """
+import os, sys, torch, torch.distributed as dist, fastprof
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
+prof = fastprof.Profiler(sys.argv[1], "run", torch=False, sample_hz=0, sync_clocks=False)
+with prof:
+    for x in prof.loader([torch.ones(256)] * 4):
+        dist.all_reduce(x)
+        dist.barrier()
+        prof.step()
+dist.destroy_process_group()
+"""
+
+
+def test_collectives_are_communication_with_op_bytes_and_a_sequence(tmp_path: Path) -> None:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
+    p = subprocess.run(
+        [sys.executable, "-c", COMM, str(tmp_path), str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=e,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    comm = sorted(_spans(tmp_path / "run" / "trace.json.gz")["phase.communication"], key=lambda e: e["ts"])
+    assert [c["args"]["op"] for c in comm] == ["all_reduce", "barrier"] * 4
+    assert [c["args"]["seq"] for c in comm] == list(range(1, 9))
+    assert {c["args"]["bytes"] for c in comm if c["args"]["op"] == "all_reduce"} == {256 * 4}
+    assert {c["args"]["group_size"] for c in comm} == {1}
