@@ -181,6 +181,7 @@ def test_hooks_go_at_stop_and_an_exception_in_forward_still_closes_its_span(tmp_
             model(torch.ones(2, 4))
     assert (torch.Tensor.backward, torch.autograd.backward, torch.optim.Optimizer.zero_grad) == before
     assert (len(m._global_forward_pre_hooks), len(m._global_forward_hooks)) == hooks
+    assert not any(len(x._forward_pre_hooks) or len(x._forward_hooks) for x in model.modules())
     cols = fastprof.read_columns(prof.trace_path, kinds=["spans"], names=["phase.forward"])
     assert len(cols.spans["ts"]) == 1  # the failed call, closed by the always-called hook
 
@@ -196,6 +197,40 @@ with prof:
         prof.step()
 dist.destroy_process_group()
 """
+
+
+def test_after_the_first_optimizer_step_only_the_outermost_modules_keep_hooks_and_copies_work(tmp_path: Path) -> None:
+    """Global module hooks cost every module call; once the first optimizer
+    step settled which modules are called at depth 0 (the model and the loss
+    module), only those keep hooks, and the model can still be deep-copied
+    and saved whole while they are on (the copy's hooks are inert)."""
+    import copy
+
+    from torch.nn.modules import module as m
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    loss_fn = torch.nn.MSELoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    globals_before = len(m._global_forward_pre_hooks)
+    prof = fastprof.Profiler(tmp_path, "run", torch=False, sample_hz=0)
+    with prof:
+        for i in prof.loader(range(4)):
+            loss_fn(model(torch.ones(2, 4)), torch.zeros(2, 2)).backward()
+            opt.step()
+            opt.zero_grad()
+            if i == 2:
+                assert len(m._global_forward_pre_hooks) == globals_before
+                assert len(model._forward_pre_hooks) == 1 and len(loss_fn._forward_pre_hooks) == 1
+                assert not any(len(x._forward_pre_hooks) for x in model[:])
+                twin = copy.deepcopy(model)
+                torch.save(model, tmp_path / "model.pt")
+                assert torch.equal(twin(torch.ones(1, 4)), model(torch.ones(1, 4)))
+            prof.step()
+    spans = _spans(prof.trace_path)
+    # One forward span per model call and per loss call at depth 0 (the
+    # twin's and the check's calls at step 2 included: they are depth-0 calls).
+    assert len(spans["phase.forward"]) >= 8
+    assert torch.load(tmp_path / "model.pt", weights_only=False)(torch.ones(1, 4)).shape == (1, 2)
 
 
 def test_collectives_are_communication_with_op_bytes_and_a_sequence(tmp_path: Path) -> None:

@@ -5,8 +5,9 @@ Each phase is a span on the training thread's timeline, recorded by the core
 as one complete event (begin ticks taken at entry, the record pushed at exit:
 an exception inside a phase still closes it):
 
-- ``phase.forward``: the outermost module call (a global forward pre/post
-  hook pair that counts nesting: only the call at depth 0 is a span);
+- ``phase.forward``: the outermost module call (global forward hooks learn
+  which modules are called at depth 0 until the first optimizer step, then
+  only those modules keep a pre/post hook pair: see :class:`_Forward`);
 - ``phase.backward``: ``Tensor.backward`` / ``torch.autograd.backward``, entry
   to exit (autograd runs the whole backward pass inside that call);
 - ``phase.optimizer``: the optimizer's step (torch's global step pre/post
@@ -83,8 +84,7 @@ class Anatomy:
         #: What is recorded, or why not (``profiler.json``'s ``anatomy``).
         self.status = "off"
         self._names = {phase: _core.name_id(span) for phase, span in SPANS.items()}
-        self._depth = 0
-        self._forward_t0 = 0
+        self._forward: _Forward | None = None
         self._optimizer_t0 = 0
         self._backward_depth = 0
         self._undo: list[Callable[[], None]] = []
@@ -127,28 +127,12 @@ class Anatomy:
     # ---------------------------------------------------------------- hooks
 
     def _hook_forward(self, torch: Any) -> None:
+        """Learn the step's outermost modules with global hooks, then time
+        only those (see :class:`_Forward`)."""
         from torch.nn.modules import module as m  # lazy: torch is optional
 
-        name = self._names["forward"]
-
-        def pre(_module: Any, _args: Any) -> None:
-            if threading.get_ident() == self.thread_id:
-                if self._depth == 0:
-                    self._forward_t0 = _core._ticks()
-                self._depth += 1
-
-        def post(_module: Any, _args: Any, _out: Any) -> None:
-            if threading.get_ident() == self.thread_id and self._depth > 0:
-                self._depth -= 1
-                if self._depth == 0:
-                    _core._complete(name, self._forward_t0)
-
-        h1 = m.register_module_forward_pre_hook(pre)
-        try:
-            h2 = m.register_module_forward_hook(post, always_call=True)
-        except TypeError:  # torch < 2.0: no always_call
-            h2 = m.register_module_forward_hook(post)
-        self._undo += [h1.remove, h2.remove]
+        self._forward = _Forward(self, m)
+        self._undo.append(self._forward.remove)
 
     def _hook_backward(self, torch: Any) -> None:
         name = self._names["backward"]
@@ -184,6 +168,8 @@ class Anatomy:
             if threading.get_ident() == self.thread_id and self._optimizer_t0:
                 _core._complete(name, self._optimizer_t0)
                 self._optimizer_t0 = 0
+                if self._forward is not None and self._forward.learning:
+                    self._forward.settle()
 
         h1 = o.register_optimizer_step_pre_hook(pre)
         h2 = o.register_optimizer_step_post_hook(post)
@@ -248,3 +234,109 @@ class Anatomy:
                 setattr(owner, attr, original)
 
         self._undo.append(undo)
+
+
+#: Depth-0 module calls seen before the outermost modules are settled on
+#: without an optimizer step.
+LEARN_CALLS = 64
+
+
+def _inert_hook(*_args: Any) -> None:
+    """What a timing hook becomes in a copy or pickle of the module."""
+
+
+class _Hook:
+    """A forward hook on an outermost module: picklable and deep-copyable
+    (as an inert hook), so that ``torch.save(model)`` and
+    ``copy.deepcopy(model)`` work while it is installed."""
+
+    def __init__(self, fn: Callable[..., None]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> None:
+        self.fn(*args)
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return (_get_inert, ())
+
+
+def _get_inert() -> Callable[..., None]:
+    return _inert_hook
+
+
+class _Forward:
+    """``phase.forward``: the outermost module call of the training thread.
+
+    A global forward hook runs for every module call (torch then takes its
+    slow call path: ~7 µs a call measured here), so global hooks only learn
+    which modules are called at depth 0 (the model, a loss module), until
+    the first optimizer step (or :data:`LEARN_CALLS` such calls); then they
+    go and each of those modules gets its own pre/post hook pair: the
+    modules inside them run untouched. A module first called at depth 0
+    after that is not timed."""
+
+    def __init__(self, anatomy: Anatomy, m: Any) -> None:
+        self.anatomy = anatomy
+        self.name = anatomy._names["forward"]
+        self.depth = 0
+        self.t0 = 0
+        self.learning = True
+        self.roots: dict[int, Any] = {}
+        self.calls = 0
+        self.handles = [
+            m.register_module_forward_pre_hook(self._learn_pre),
+            _forward_hook(m.register_module_forward_hook, self._learn_post),
+        ]
+
+    def _pre(self) -> None:
+        if threading.get_ident() == self.anatomy.thread_id:
+            if self.depth == 0:
+                self.t0 = _core._ticks()
+            self.depth += 1
+
+    def _post(self) -> None:
+        if threading.get_ident() == self.anatomy.thread_id and self.depth > 0:
+            self.depth -= 1
+            if self.depth == 0:
+                _core._complete(self.name, self.t0)
+
+    def _learn_pre(self, module: Any, _args: Any) -> None:
+        if self.depth == 0 and threading.get_ident() == self.anatomy.thread_id and len(self.roots) < 16:
+            self.roots.setdefault(id(module), module)
+            self.calls += 1
+        self._pre()
+
+    def _learn_post(self, _module: Any, _args: Any, _out: Any) -> None:
+        self._post()
+        if self.depth == 0 and self.calls >= LEARN_CALLS:
+            self.settle()
+
+    def settle(self) -> None:
+        """Stop learning: time the outermost modules seen so far only."""
+        if not self.learning or self.depth:
+            return
+        self.learning = False
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        for module in self.roots.values():
+            try:
+                self.handles.append(module.register_forward_pre_hook(_Hook(lambda *_: self._pre())))
+                self.handles.append(_forward_hook(module.register_forward_hook, _Hook(lambda *_: self._post())))
+            except Exception:  # noqa: BLE001 - a module that refuses hooks is not timed
+                continue
+        self.roots = {}
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.roots = {}
+
+
+def _forward_hook(register: Callable[..., Any], hook: Callable[..., Any]) -> Any:
+    """``register(hook, always_call=True)`` (torch >= 2.0), else without it."""
+    try:
+        return register(hook, always_call=True)
+    except TypeError:
+        return register(hook)

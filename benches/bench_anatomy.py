@@ -1,0 +1,109 @@
+"""The step anatomy's cost (issue #25): a CPU MLP step of a few ms, and the
+empty loop, with the Profiler's anatomy on and off, beside the same loop with
+no profiler; interleaved rounds, training-thread CPU time beside wall time.
+
+Goals: the anatomy adds <= 1% to a ~3-5 ms CPU step and <= 2 us per step to
+the empty loop.
+
+    .venv/bin/python benches/bench_anatomy.py [--steps 200] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+
+import torch
+
+import fastprof
+from _util import interleaved_cpu, machine
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=200, help="MLP steps per round")
+    ap.add_argument("--empty-steps", type=int, default=20000, help="empty-loop steps per round")
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+        torch.nn.Linear(512, 10),
+    )  # fmt: skip
+    loss_fn = torch.nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = [(torch.randn(64, 256), torch.randint(0, 10, (64,))) for _ in range(16)]
+    tmp = tempfile.mkdtemp(prefix="bench-anatomy-")
+    runs = iter(range(10**9))
+
+    tiny = torch.nn.Linear(4, 2)
+    tiny_opt = torch.optim.SGD(tiny.parameters(), lr=0.01)
+    tiny_x = torch.randn(1, 4)
+
+    def train(prof: fastprof.Profiler | None, steps: int, kind: str) -> None:
+        data = [batches[i % 16] for i in range(steps)]
+        it = prof.loader(data) if prof is not None else data
+        for x, y in it:
+            if kind == "mlp":
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+                opt.step()
+            elif kind == "tiny":  # the hooks' own cost stands out of a ~50 µs step
+                tiny_opt.zero_grad()
+                tiny(tiny_x).sum().backward()
+                tiny_opt.step()
+            if prof is not None:
+                prof.step()
+
+    def case(anatomy: bool | None, kind: str) -> None:
+        steps = args.steps if kind == "mlp" else args.empty_steps // 10 if kind == "tiny" else args.empty_steps
+        if anatomy is None:
+            train(None, steps, kind)
+            return
+        prof = fastprof.Profiler(
+            tmp, f"r{next(runs)}", torch=False, sample_hz=0, merge=False, anatomy=anatomy, triggers=False
+        )
+        with prof:
+            train(prof, steps, kind)
+
+    cases = {
+        "MLP, no profiler": lambda: case(None, "mlp"),
+        "MLP, anatomy=False": lambda: case(False, "mlp"),
+        "MLP, anatomy=True": lambda: case(True, "mlp"),
+        "tiny, anatomy=False": lambda: case(False, "tiny"),
+        "tiny, anatomy=True": lambda: case(True, "tiny"),
+        "empty, anatomy=False": lambda: case(False, "empty"),
+        "empty, anatomy=True": lambda: case(True, "empty"),
+    }
+    case(True, "mlp")  # warm up
+    wall, cpu = interleaved_cpu(cases, args.rounds)
+    print(f"machine: {machine()}, torch {torch.__version__}, 1 thread")
+    per = {
+        k: args.steps if k.startswith("MLP") else args.empty_steps // 10 if k.startswith("tiny") else args.empty_steps
+        for k in cases
+    }
+    best = {k: min(cpu[k]) / per[k] for k in cases}
+    med = {k: statistics.median(cpu[k]) / per[k] for k in cases}
+    print(f"{'':28s} {'thread CPU µs/step (best, median)':>36s}  wall median")
+    for k in cases:
+        print(
+            f"  {k:26s} {best[k] * 1e6:12.2f} {med[k] * 1e6:12.2f}  {statistics.median(wall[k]) / per[k] * 1e6:12.2f}"
+        )
+    step = best["MLP, anatomy=False"]
+    added = best["MLP, anatomy=True"] - step
+    share = added / step
+    print(f"  anatomy on a {step * 1e3:.2f} ms MLP step: +{added * 1e6:.2f} µs ({100 * share:+.2f}%)  target <= 1%  "
+          f"{'PASS' if share <= 0.01 else 'MISS'}")  # fmt: skip
+    hooks = best["tiny, anatomy=True"] - best["tiny, anatomy=False"]
+    print(f"  the hooks' own cost (a one-layer step: forward, backward, step, zero_grad): {hooks * 1e6:+.2f} µs/step")
+    empty = best["empty, anatomy=True"] - best["empty, anatomy=False"]
+    print(
+        f"  anatomy on the empty loop: {empty * 1e6:+.3f} µs/step  target <= 2 µs  "
+        f"{'PASS' if empty <= 2e-6 else 'MISS'}"
+    )
+
+
+if __name__ == "__main__":
+    main()
