@@ -31,6 +31,10 @@ NAMES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "optimizer": (("phase.optimizer",), ("optimizer", "optimizer_step")),
     "communication": (("phase.communication",), ()),
 }
+#: A step this many times the median step is slow.
+SLOW_FACTOR = 2.0
+#: Slow steps listed per rank.
+MAX_SLOW = 10
 NO_ANATOMY = (
     "no step anatomy in this trace: no fastprof step spans with phase spans in them (the Profiler records "
     "them at every step unless anatomy=False, and fastprof run does too)"
@@ -85,7 +89,37 @@ def rank_anatomy(data: RunData, rank: int, warmup_steps: int = 0) -> dict[str, A
         "warmup_steps_excluded": skip,
         "step_total_ns": int(dur.sum()),
         "phases": phases,
+        "slow_steps": slow_steps(dur, per_step, skip),
     }
+
+
+def slow_steps(dur: Any, per_step: dict[str, Any], first: int) -> list[dict[str, Any]]:
+    """The steps over :data:`SLOW_FACTOR` times the median step (at most
+    :data:`MAX_SLOW`, slowest first), each with the phase that made it slow:
+    the one furthest above its own median ("backward 3.1x its median")."""
+    if len(dur) < 4:
+        return []
+    median = float(np.median(dur))
+    slow = np.flatnonzero(dur > SLOW_FACTOR * median)
+    slow = slow[np.argsort(-dur[slow], kind="stable")][:MAX_SLOW]
+    medians = {p: float(np.median(v)) for p, v in per_step.items()}
+    out = []
+    for i in slow:
+        excess = {p: float(v[i]) - medians[p] for p, v in per_step.items()}
+        phase = max(excess, key=lambda p: excess[p])
+        base = medians[phase]
+        out.append(
+            {
+                "step": first + int(i),
+                "dur_ns": int(dur[i]),
+                "median_step_ns": median,
+                "phase": phase,
+                "phase_ns": int(per_step[phase][i]),
+                "phase_median_ns": base,
+                "phase_factor": float(per_step[phase][i]) / base if base > 0 else None,
+            }
+        )
+    return out
 
 
 def anatomy_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | None, str | None]:

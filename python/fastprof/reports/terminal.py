@@ -107,6 +107,7 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None, title: 
         con.print(f"Step-time breakdown: {doc['breakdown_reason']}")
     else:
         con.print(_breakdown_table(doc["breakdown"]))
+    _anatomy(con, doc.get("anatomy"))
     mem = doc.get("memory")
     if mem:
         for o in mem.get("oom") or []:
@@ -149,6 +150,31 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None, title: 
     con.print("[bold]Recommendations[/bold]" if recs else "Recommendations: none fired")
     for r in recs:
         con.print(f"  - {r['message']}")
+
+
+def _anatomy(con: Any, section: dict[str, Any] | None) -> None:
+    """Every step's phases (no torch window needed), and what made the
+    slowest steps slow."""
+    if not section:
+        return
+    t = Table(title="Step anatomy, every step (% of step time; p50 ms per step)")
+    t.add_column("rank", justify="right")
+    for p in section["phases"]:
+        t.add_column(p, justify="right")
+    for r in section["per_rank"]:
+        ph = r["phases"]
+        t.add_row(
+            str(r["rank"]),
+            *(f"{100 * ph[p]['share']:.1f}% ({ph[p]['p50_ns'] / 1e6:.2f})" for p in section["phases"]),
+        )
+    con.print(t)
+    for r in section["per_rank"]:
+        for s in r["slow_steps"][:3]:
+            factor = "" if s["phase_factor"] is None else f" {s['phase_factor']:.1f}x its median"
+            con.print(
+                f"Slow step on rank {r['rank']}: step {s['step']} took {s['dur_ns'] / 1e6:.1f} ms "
+                f"({s['dur_ns'] / s['median_step_ns']:.1f}x the median): {s['phase']}{factor}"
+            )
 
 
 _ROLES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other")
