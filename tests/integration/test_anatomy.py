@@ -289,3 +289,27 @@ def test_a_slow_step_is_named_with_the_phase_that_made_it_slow(
     out = " ".join(capsys.readouterr().out.split())
     assert "Step anatomy, every step" in out
     assert "Slow step on rank 0: step 17 took" in out and ": backward " in out
+
+
+def test_diff_holds_each_phase_to_its_own_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--max-slowdown backward:10%``: the per-step time of a phase is held
+    to its limit (a real run's report.json, and the same with its backward
+    made 50% slower)."""
+    from fastprof.cli.main import main
+
+    run = _job(tmp_path, "{}")
+    base = _report(run, tmp_path)
+    new = json.loads(json.dumps(base))
+    for r in new["anatomy"]["per_rank"]:
+        r["phases"]["backward"]["total_ns"] = int(r["phases"]["backward"]["total_ns"] * 1.5)
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    args = [str(tmp_path / "base.json"), str(tmp_path / "new.json")]
+    capsys.readouterr()
+    assert main(["diff", *args, "--max-slowdown", "10%,backward:10%"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "threshold crossed: anatomy backward (ms/step)" in out and "+50.0%" in out
+    assert main(["diff", *args, "--max-slowdown", "backward:60%"]) == 0
+    assert main(["diff", *args, "--max-slowdown", "forward:5%"]) == 0
+    assert main(["diff", *args, "--max-slowdown", "backwards:5%"]) == 2
+    assert "unknown phase 'backwards'" in capsys.readouterr().err

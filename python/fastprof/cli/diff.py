@@ -50,7 +50,11 @@ def add_parser(verbs: Any) -> None:
     p.add_argument("base", help="baseline: run directory, trace, or report.json")
     p.add_argument("new", help="candidate: run directory, trace, or report.json")
     p.add_argument(
-        "--max-slowdown", default="10%", help="fail when throughput drops or step time grows more (default 10%%)"
+        "--max-slowdown",
+        default="10%",
+        help="fail when throughput drops or step time grows more (default 10%%); PHASE:PCT items, comma-separated "
+        "(e.g. 10%%,backward:5%%), also fail when a step anatomy phase's time per step grows more "
+        f"(phases: {', '.join(ANATOMY_PHASES)})",
     )
     p.add_argument(
         "--max-memory-growth",
@@ -59,6 +63,40 @@ def add_parser(verbs: Any) -> None:
     )
     p.add_argument("--warmup-steps", type=WARMUP_STEPS, help="steps left out of the rates (both runs)")
     p.set_defaults(run=run)
+
+
+ANATOMY_PHASES = ("dataloader", "forward", "backward", "optimizer", "communication", "other")
+
+
+def parse_slowdowns(text: str) -> tuple[float, dict[str, float]]:
+    """``--max-slowdown``: the overall limit (10% unless given) and the
+    per-phase limits (``backward:5%``)."""
+    overall, phases = 10.0, {}
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        phase, sep, pct = item.rpartition(":")
+        if not sep:
+            overall = parse_pct(item, "--max-slowdown")
+        elif phase not in ANATOMY_PHASES:
+            raise ValueError(
+                f"--max-slowdown {item!r}: unknown phase {phase!r} (expected one of {', '.join(ANATOMY_PHASES)})"
+            )
+        else:
+            phases[phase] = parse_pct(pct, f"--max-slowdown {phase}:")
+    return overall, phases
+
+
+def _anatomy_means(doc: dict[str, Any]) -> dict[str, float]:
+    """Each phase's time per step (ms), over every rank (report v4)."""
+    an = doc.get("anatomy")
+    if not an:
+        return {}
+    ranks = an.get("per_rank") or []
+    steps = sum(int(r["steps"]) for r in ranks)
+    if not steps:
+        return {}
+    return {p: sum(float(number(r["phases"][p]["total_ns"])) for r in ranks) / steps / 1e6 for p in ANATOMY_PHASES}
 
 
 def parse_pct(text: str, flag: str) -> float:
@@ -191,7 +229,11 @@ def _breakdown_means(doc: dict[str, Any]) -> dict[str, float]:
 
 
 def compare(
-    base: dict[str, Any], new: dict[str, Any], max_slowdown: float, max_mem: float | None
+    base: dict[str, Any],
+    new: dict[str, Any],
+    max_slowdown: float,
+    max_mem: float | None,
+    phase_limits: dict[str, float] | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """Rows (measure, base, new, change %, limit, verdict) and the exit code."""
     rows: list[dict[str, Any]] = []
@@ -228,6 +270,16 @@ def compare(
     for k in bb:
         if k in nb:
             add(k, bb[k], nb[k], True, None)
+    ab, an = _anatomy_means(base), _anatomy_means(new)
+    limits = phase_limits or {}
+    for p in ANATOMY_PHASES:
+        if p in ab and p in an:
+            add(f"anatomy {p} (ms/step)", ab[p], an[p], True, limits.get(p))
+        elif p in limits:
+            rows.append(
+                {"measure": f"anatomy {p} (ms/step): not in both reports", "base": ab.get(p), "new": an.get(p),
+                 "change_pct": None, "limit_pct": limits[p], "failed": False}
+            )  # fmt: skip
     bm, nm, what = _peak_memory(base, new)
     add(what + " (B)", bm, nm, True, max_mem)
     add("energy per sample (J)", _energy_per_sample(base), _energy_per_sample(new), True, None)
@@ -241,13 +293,13 @@ def fmt(v: float | None) -> str:
 def run(args: argparse.Namespace) -> int:
 
     try:
-        max_slowdown = parse_pct(args.max_slowdown, "--max-slowdown")
+        max_slowdown, phase_limits = parse_slowdowns(args.max_slowdown)
         max_mem = parse_pct(args.max_memory_growth, "--max-memory-growth") if args.max_memory_growth else None
     except ValueError as e:
         raise CommandError(str(e), exit_code=2) from None
     base = load_doc(args.base, args.warmup_steps)
     new = load_doc(args.new, args.warmup_steps)
-    rows, code = compare(base, new, max_slowdown, max_mem)
+    rows, code = compare(base, new, max_slowdown, max_mem, phase_limits)
     t = Table(title=f"fastprof diff: {args.base} -> {args.new}")
     for col in ("measure", "base", "new", "change", "limit", ""):
         t.add_column(col, justify="left" if col == "measure" else "right")
