@@ -7,6 +7,7 @@ read with Python's json and checked against its JSON Schema."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 import subprocess
@@ -313,3 +314,34 @@ def test_diff_holds_each_phase_to_its_own_limit(tmp_path: Path, capsys: pytest.C
     assert main(["diff", *args, "--max-slowdown", "forward:5%"]) == 0
     assert main(["diff", *args, "--max-slowdown", "backwards:5%"]) == 2
     assert "unknown phase 'backwards'" in capsys.readouterr().err
+
+
+def test_an_optimizer_closure_splits_the_optimizer_span_so_phases_never_overlap(tmp_path: Path) -> None:
+    """LBFGS (and Lightning's automatic optimization) run forward and
+    backward inside ``optimizer.step(closure)``: the optimizer's span is cut
+    around them, and the phases of a step tile it without overlap."""
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.LBFGS(model.parameters(), max_iter=3)
+    x, y = torch.randn(16, 8), torch.randn(16, 1)
+
+    def closure() -> Any:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    prof = fastprof.Profiler(tmp_path, "run", torch=False, sample_hz=0)
+    with prof:
+        for _ in prof.loader(range(4)):
+            opt.step(closure)
+            prof.step()
+    spans = _spans(prof.trace_path)
+    phases = sorted(
+        (e["ts"], e["ts"] + e["dur"], n)
+        for n in ("phase.forward", "phase.backward", "phase.optimizer")
+        for e in spans[n]
+    )
+    assert len(spans["phase.forward"]) >= 4 and len(spans["phase.optimizer"]) > 4
+    for (_, end, a), (start, _, b) in itertools.pairwise(phases):
+        assert start >= end - 1, (a, b)  # µs rounding of the trace
+    _check_shares(_report(tmp_path / "run", tmp_path)["anatomy"])

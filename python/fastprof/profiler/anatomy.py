@@ -86,6 +86,8 @@ class Anatomy:
         self._names = {phase: _core.name_id(span) for phase, span in SPANS.items()}
         self._forward: _Forward | None = None
         self._optimizer_t0 = 0
+        #: An optimizer step's closure is running a forward or backward.
+        self._optimizer_paused = False
         self._backward_depth = 0
         self._undo: list[Callable[[], None]] = []
         self._seq: dict[Any, int] = {}
@@ -142,6 +144,7 @@ class Anatomy:
             def backward(*args: Any, **kwargs: Any) -> Any:
                 if threading.get_ident() != self.thread_id or self._backward_depth:
                     return fn(*args, **kwargs)
+                self.pause_optimizer()
                 t0 = _core._ticks()
                 self._backward_depth = 1
                 try:
@@ -149,11 +152,27 @@ class Anatomy:
                 finally:
                     self._backward_depth = 0
                     _core._complete(name, t0)
+                    self.resume_optimizer()
 
             return backward
 
         self._patch(torch.Tensor, "backward", timed)
         self._patch(torch.autograd, "backward", timed)
+
+    def pause_optimizer(self) -> None:
+        """A forward or backward begins inside an optimizer step (a closure,
+        as LBFGS and Lightning run them): the optimizer's span so far is
+        recorded, so that phases never overlap."""
+        if self._optimizer_t0:
+            _core._complete(self._names["optimizer"], self._optimizer_t0)
+            self._optimizer_t0 = 0
+            self._optimizer_paused = True
+
+    def resume_optimizer(self) -> None:
+        """The closure's forward or backward ended: the optimizer step goes on."""
+        if self._optimizer_paused:
+            self._optimizer_paused = False
+            self._optimizer_t0 = _core._ticks()
 
     def _hook_optimizer(self, torch: Any) -> None:
         from torch.optim import optimizer as o  # lazy: torch is optional
@@ -163,6 +182,7 @@ class Anatomy:
         def pre(_opt: Any, _args: Any, _kwargs: Any) -> None:
             if threading.get_ident() == self.thread_id:
                 self._optimizer_t0 = _core._ticks()
+                self._optimizer_paused = False
 
         def post(_opt: Any, _args: Any, _kwargs: Any) -> None:
             if threading.get_ident() == self.thread_id and self._optimizer_t0:
@@ -178,7 +198,8 @@ class Anatomy:
         def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(fn)
             def zero_grad(*args: Any, **kwargs: Any) -> Any:
-                if threading.get_ident() != self.thread_id:
+                # Inside an optimizer step (its closure), the step's span has it.
+                if threading.get_ident() != self.thread_id or self._optimizer_t0:
                     return fn(*args, **kwargs)
                 t0 = _core._ticks()
                 try:
@@ -291,6 +312,7 @@ class _Forward:
     def _pre(self) -> None:
         if threading.get_ident() == self.anatomy.thread_id:
             if self.depth == 0:
+                self.anatomy.pause_optimizer()
                 self.t0 = _core._ticks()
             self.depth += 1
 
@@ -299,6 +321,7 @@ class _Forward:
             self.depth -= 1
             if self.depth == 0:
                 _core._complete(self.name, self.t0)
+                self.anatomy.resume_optimizer()
 
     def _learn_pre(self, module: Any, _args: Any) -> None:
         if self.depth == 0 and threading.get_ident() == self.anatomy.thread_id and len(self.roots) < 16:
