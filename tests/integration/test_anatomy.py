@@ -345,3 +345,28 @@ def test_an_optimizer_closure_splits_the_optimizer_span_so_phases_never_overlap(
     for (_, end, a), (start, _, b) in itertools.pairwise(phases):
         assert start >= end - 1, (a, b)  # µs rounding of the trace
     _check_shares(_report(tmp_path / "run", tmp_path)["anatomy"])
+
+
+def test_the_page_draws_every_steps_phases_and_the_windows_breakdown_too(tmp_path: Path) -> None:
+    """report.html's "Where the step went": a bar per step from the anatomy
+    (not only a torch window's steps), then the window's finer breakdown."""
+    from fastprof.reports.data import load
+    from fastprof.reports.html import anatomy_figures
+
+    e = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
+    job = JOB.replace("torch=False, sample_hz=0, **eval(sys.argv[2])", "sample_hz=0")
+    p = subprocess.run([sys.executable, "-c", job, str(tmp_path), "{}", "plain"], capture_output=True, text=True,
+                       timeout=240, env=e)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = tmp_path / "run"
+    doc = _report(run, tmp_path)
+    assert doc["breakdown"] is not None  # the default schedule's torch window
+    figs, note = anatomy_figures(doc, load(run))
+    (fig,) = figs
+    bars = {t.name: t for t in fig.data}
+    assert {"dataloader", "forward", "backward", "optimizer"} <= set(bars)
+    assert all(len(t.x) == 16 for t in fig.data)  # every step, not only the window's
+    assert "every step" in note
+    fastprof.report(run, out_dir=tmp_path / "page", formats=("html",))
+    html = (tmp_path / "page" / "report.html").read_text()
+    assert "(step anatomy, every step)" in html and "(step-time breakdown)" in html

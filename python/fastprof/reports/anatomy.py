@@ -55,12 +55,12 @@ def _has(data: RunData, rank: int, names: tuple[str, ...]) -> bool:
     return any(len(data.spans(n, rank).ts) for n in names)
 
 
-def rank_anatomy(data: RunData, rank: int, warmup_steps: int = 0) -> dict[str, Any] | None:
-    """One rank's anatomy (steps after the warm-up), None without steps or phases."""
+def per_step_phases(data: RunData, rank: int, skip: int = 0) -> tuple[Any, dict[str, Any]] | None:
+    """Each step's duration and its time in each phase (ns, arrays in step
+    order from step ``skip``), None without fastprof steps or phase spans."""
     steps, source = step_spans(data, rank)
-    if source != "step" or not len(steps.ts):
+    if source != "step" or len(steps.ts) <= skip:
         return None
-    skip = warmup_steps if len(steps.ts) > warmup_steps else 0
     ts, dur = steps.ts[skip:], steps.dur[skip:]
     end = ts + dur
     per_step: dict[str, Any] = {}
@@ -73,6 +73,18 @@ def rank_anatomy(data: RunData, rank: int, warmup_steps: int = 0) -> dict[str, A
         return None
     covered = sum(per_step[p] for p in NAMES)
     per_step["other"] = np.maximum(dur - covered, 0)
+    return dur, per_step
+
+
+def rank_anatomy(data: RunData, rank: int, warmup_steps: int = 0) -> dict[str, Any] | None:
+    """One rank's anatomy (steps after the warm-up), None without steps or phases."""
+    steps, _ = step_spans(data, rank)
+    skip = warmup_steps if len(steps.ts) > warmup_steps else 0
+    got = per_step_phases(data, rank, skip)
+    if got is None:
+        return None
+    dur, per_step = got
+    ts = steps.ts[skip:]
     whole = float(sum(float(v.sum()) for v in per_step.values())) or 1.0
     phases = {}
     for p in PHASES:

@@ -27,6 +27,7 @@ from plotly.offline import get_plotlyjs
 
 from fastprof._merge import describe_rotated
 from fastprof.reports import html_triggers
+from fastprof.reports.anatomy import per_step_phases
 from fastprof.reports.data import _CHUNK, F64, HOST_COLUMNS, I64, RunData, host_rows, human_bytes, step_spans
 from fastprof.reports.finite import encode
 from fastprof.reports.memory import reading_steps
@@ -226,6 +227,39 @@ class _Bars:
         return f" {self.n} steps are drawn as {len(self.starts)} bars, each the mean of {self.per} consecutive steps."
 
 
+def anatomy_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figure], str]:
+    """Every step's phases (the step anatomy), one stacked-bar figure per
+    rank (at most :data:`MAX_RANK_PLOTS`; long runs merged as by
+    :class:`_Bars`), and the note that says so; none without an anatomy."""
+    an = doc.get("anatomy")
+    figs: list[go.Figure] = []
+    merged = ""
+    if not an:
+        return figs, ""
+    colours = {"dataloader": "#e8a33d", "forward": "#4c78a8", "backward": "#72b7b2", "optimizer": "#54a24b",
+               "communication": "#b279a2", "other": "#c8ccd0"}  # fmt: skip
+    for r in an["per_rank"][:MAX_RANK_PLOTS]:
+        got = per_step_phases(data, int(r["rank"]))
+        if got is None:
+            continue
+        dur, per_step = got
+        bars = _Bars(len(dur))
+        fig = _figure(f"Where the step went, rank {r['rank']} (step anatomy, every step)", "ms", barmode="stack")
+        fig.update_xaxes(title_text=bars.axis("step (ordinal on the rank)"))
+        x = np.arange(len(dur))
+        for phase in an["phases"]:
+            y = np.asarray(per_step[phase], dtype=np.float64)
+            if y.any():
+                fig.add_trace(go.Bar(x=bars.x(x), y=bars.y(y) / 1e6, name=phase, marker={"color": colours[phase]}))
+        merged = merged or bars.note()
+        figs.append(fig)
+    return figs, (
+        "Step anatomy: every step split into the train loader's wait, the outermost module call (forward), "
+        "backward, the optimizer and collectives from Python, recorded at every step (no torch.profiler window); "
+        "other is the rest of the step." + merged
+    )
+
+
 def step_part_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figure], str]:
     """Per-step stacked bars of where the step went, one figure per rank (at
     most :data:`MAX_RANK_PLOTS`), and a note saying where the parts come
@@ -276,6 +310,16 @@ def step_part_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figur
 
 
 def _step_parts(page: _Page, doc: dict[str, Any], data: RunData) -> None:
+    """The step anatomy of every step where there is one; then the torch
+    windows' finer breakdown (or, without either, the spans at the top of
+    each step)."""
+    figs, note = anatomy_figures(doc, data)
+    if figs:
+        page.note(note)
+        for fig in figs:
+            page.plot(fig)
+        if not doc.get("breakdown"):
+            return
     figs, note = step_part_figures(doc, data)
     page.note(note)
     for fig in figs:
