@@ -96,6 +96,10 @@ class TriggerHost(LoopHost, Protocol):
     def last_window(self) -> Window | None:
         """The latest torch.profiler window begun, None before the first."""
 
+    def explain_step(self, step: int) -> str | None:
+        """Which phase made step ``step`` slow ("backward 3.1x its median"),
+        from the step anatomy of the recent steps; None without it."""
+
     def watch_step_times(self, window: int, factor: float, mads: float, min_excess_ns: int) -> None:
         """Judge each step's time in the step loop: a step beyond ``factor``
         times the median of the last ``window`` steps (and ``mads`` MADs and

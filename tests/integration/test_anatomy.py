@@ -370,3 +370,41 @@ def test_the_page_draws_every_steps_phases_and_the_windows_breakdown_too(tmp_pat
     fastprof.report(run, out_dir=tmp_path / "page", formats=("html",))
     html = (tmp_path / "page" / "report.html").read_text()
     assert "(step anatomy, every step)" in html and "(step-time breakdown)" in html
+
+
+ANOMALY = """
+import sys, time, torch, fastprof
+torch.manual_seed(0)
+model = torch.nn.Linear(32, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+class Slow(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+    @staticmethod
+    def backward(ctx, g):
+        time.sleep(0.5 if SLOW_NOW else 0.002)
+        return g
+prof = fastprof.Profiler(sys.argv[1], "run", torch=fastprof.TorchWindows(), sample_hz=0, sync_clocks=False,
+                         schedule=fastprof.schedule.epoch(wait=100, warmup=0, active=1, repeat=0),
+                         triggers=fastprof.Triggers(anomaly_window=16, anomaly_factor=10, poll_s=0.05))
+with prof:
+    for i, x in enumerate(prof.loader([torch.randn(8, 32)] * 40)):
+        SLOW_NOW = i == 30
+        Slow.apply(model(x)).sum().backward()
+        opt.step(); opt.zero_grad()
+        prof.step()
+"""
+
+
+def test_the_anomaly_trigger_says_which_phase_made_the_step_slow(tmp_path: Path) -> None:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
+    p = subprocess.run([sys.executable, "-c", ANOMALY, str(tmp_path)], capture_output=True, text=True, timeout=240,
+                       env=e)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    state = json.loads((tmp_path / "run" / "rank0" / "triggers.json").read_text())
+    a = next(a for a in state["anomalies"] if a["step"] == 30)
+    assert a["phase"].startswith("backward ") and a["phase"].endswith("x its median"), a
+    doc = _report(tmp_path / "run", tmp_path)
+    (r,) = doc["triggers"]["per_rank"]
+    assert next(x for x in r["anomalies"] if x["step"] == 30)["phase"] == a["phase"]

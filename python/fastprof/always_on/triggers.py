@@ -745,6 +745,7 @@ class TriggerDriver:
             "median_ms": round(median_ns / 1e6, 3),
             "mad_ms": round(mad_ns / 1e6, 3),
             "factor": round(dur_ns / median_ns, 2) if median_ns else None,
+            "phase": self.prof.explain_step(batch),
             "time": time.time(),
         }
         _core.instant("anomaly", **{k: v for k, v in rec.items() if k != "time"})

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -78,8 +79,12 @@ def _nbytes(x: Any) -> int:
 class Anatomy:
     """The hooks that record a step's phases on one training thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, step_of: Callable[[], int] | None = None) -> None:
         self.thread_id = threading.get_ident()
+        #: The current step's number (the step loop's), for :meth:`explain`.
+        self._step_of = step_of
+        #: Recent steps' time per phase (ticks), for :meth:`explain`.
+        self._recent: OrderedDict[int, dict[str, int]] = OrderedDict()
         self.active = False
         #: What is recorded, or why not (``profiler.json``'s ``anatomy``).
         self.status = "off"
@@ -126,6 +131,44 @@ class Anatomy:
                 pass
         self.active = False
 
+    # ------------------------------------------------------------- records
+
+    def _done(self, phase: str, name: _core.Name, t0: int, **args: Any) -> None:
+        """A phase ended: its span, and its time added to the step's."""
+        _core._complete(name, t0, **args)
+        if self._step_of is None:
+            return
+        try:
+            step = self._step_of()
+        except Exception:  # noqa: BLE001 - the loop cannot be read now: this phase is not kept
+            return
+        took = _core._ticks() - t0
+        row = self._recent.get(step)
+        if row is None:
+            row = self._recent[step] = {}
+            if len(self._recent) > RECENT_STEPS:
+                self._recent.popitem(last=False)
+        row[phase] = row.get(phase, 0) + took
+
+    def explain(self, step: int) -> str | None:
+        """Which recorded phase made step ``step`` slow: the one furthest
+        above its median over the recent steps ("backward 3.1x its median"),
+        or where none of them was ("not forward, backward, optimizer or
+        communication: ..."). None when the step is not among the recent."""
+        row = self._recent.get(step)
+        others = [r for s, r in self._recent.items() if s != step]
+        if row is None or len(others) < 3:
+            return None
+        best, excess, factor = None, 0.0, 0.0
+        for phase, took in row.items():
+            median = float(sorted(r.get(phase, 0) for r in others)[len(others) // 2])
+            if took - median > excess:
+                best, excess = phase, took - median
+                factor = took / median if median > 0 else float("inf")
+        if best is None or factor < 1.5:
+            return "not forward, backward, optimizer or communication: the data loader's wait or the rest of the step"
+        return f"{best} {factor:.1f}x its median" if factor != float("inf") else f"{best} (absent from other steps)"
+
     # ---------------------------------------------------------------- hooks
 
     def _hook_forward(self, torch: Any) -> None:
@@ -151,7 +194,7 @@ class Anatomy:
                     return fn(*args, **kwargs)
                 finally:
                     self._backward_depth = 0
-                    _core._complete(name, t0)
+                    self._done("backward", name, t0)
                     self.resume_optimizer()
 
             return backward
@@ -164,7 +207,7 @@ class Anatomy:
         as LBFGS and Lightning run them): the optimizer's span so far is
         recorded, so that phases never overlap."""
         if self._optimizer_t0:
-            _core._complete(self._names["optimizer"], self._optimizer_t0)
+            self._done("optimizer", self._names["optimizer"], self._optimizer_t0)
             self._optimizer_t0 = 0
             self._optimizer_paused = True
 
@@ -186,7 +229,7 @@ class Anatomy:
 
         def post(_opt: Any, _args: Any, _kwargs: Any) -> None:
             if threading.get_ident() == self.thread_id and self._optimizer_t0:
-                _core._complete(name, self._optimizer_t0)
+                self._done("optimizer", name, self._optimizer_t0)
                 self._optimizer_t0 = 0
                 if self._forward is not None and self._forward.learning:
                     self._forward.settle()
@@ -205,7 +248,7 @@ class Anatomy:
                 try:
                     return fn(*args, **kwargs)
                 finally:
-                    _core._complete(name, t0)
+                    self._done("optimizer", name, t0)
 
             return zero_grad
 
@@ -241,7 +284,7 @@ class Anatomy:
             seq = self._seq.get(key, 0) + 1
             self._seq[key] = seq
             nbytes = _nbytes(args[0]) if args else 0
-            _core._complete(name, t0, op=op, bytes=nbytes, group_size=size, seq=seq)
+            self._done("communication", name, t0, op=op, bytes=nbytes, group_size=size, seq=seq)
         except Exception:  # noqa: BLE001 - a collective is never failed by its timing
             pass
 
@@ -256,6 +299,9 @@ class Anatomy:
 
         self._undo.append(undo)
 
+
+#: Steps whose phase times are kept for :meth:`Anatomy.explain`.
+RECENT_STEPS = 64
 
 #: Depth-0 module calls seen before the outermost modules are settled on
 #: without an optimizer step.
@@ -320,7 +366,7 @@ class _Forward:
         if threading.get_ident() == self.anatomy.thread_id and self.depth > 0:
             self.depth -= 1
             if self.depth == 0:
-                _core._complete(self.name, self.t0)
+                self.anatomy._done("forward", self.name, self.t0)
                 self.anatomy.resume_optimizer()
 
     def _learn_pre(self, module: Any, _args: Any) -> None:

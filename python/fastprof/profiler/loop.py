@@ -169,7 +169,7 @@ class Profiler:
         self.gate_spans: bool = _value(_BY_NAME["gate_spans"], gate_spans, env)
         self.memory_stats: bool = _value(_BY_NAME["memory_stats"], memory_stats, env)
         self.anatomy: bool = _value(_BY_NAME["anatomy"], anatomy, env)
-        self._anatomy = Anatomy() if self.anatomy else None
+        self._anatomy = Anatomy(lambda: self.batch) if self.anatomy else None
         self.model_depth: int = _value(_BY_NAME["model_depth"], model_depth, env)
         self.memory_history: MemoryHistory | None = _config_object("memory_history", memory_history, MemoryHistory)
         self.triggers: Triggers | None = _config_object("triggers", triggers, Triggers)
@@ -883,6 +883,11 @@ class Profiler:
         start, or when ``fastprof run`` sees torch imported later. Never raises."""
         if self._anatomy is not None and self._state == "running":
             self._anatomy.start()
+
+    def explain_step(self, step: int) -> str | None:
+        """Which phase made step ``step`` slow, from the anatomy of the recent
+        steps (None without one)."""
+        return None if self._anatomy is None else self._anatomy.explain(step)
 
     def step(self) -> None:
         """End the current training step (the next begins at the train loader's

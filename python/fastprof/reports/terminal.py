@@ -137,6 +137,7 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None, title: 
             con.print(
                 f"Slow step on rank {r['rank']}: step {a['step']} took {a['duration_ms']:.1f} ms, "
                 f"{_s(a['factor'], '{:.1f}')}x the median {a['median_ms']:.1f} ms ({a['action']})"
+                + (f": {a['phase']}" if a.get("phase") else "")
             )
         for c in r["captures"]:
             last = c["first_step"] + c["steps"] - 1

@@ -68,6 +68,7 @@ def triggers_report(data: _data.RunData) -> dict[str, Any] | None:
                         "median_ms": float(a.get("median_ms") or 0.0),
                         "factor": None if a.get("factor") is None else float(a["factor"]),
                         "action": str(a.get("action")),
+                        "phase": None if a.get("phase") is None else str(a["phase"]),
                     }
                     for a in t.get("anomalies", [])
                 ],
