@@ -73,6 +73,8 @@ def _check_demo_trace(trace_dir: Path, stdout: str, traces) -> None:
     assert all(
         e["name"] in ("step", "loader.train.next", "loader.val.next", "loader.train.iter", "loader.val.iter")
         or e["name"].startswith("torch.window")
+        # The step anatomy's phases of the validation pass, between steps.
+        or e["name"] in ("phase.forward", "phase.optimizer")
         for _, _, d, e in spans
         if d == 0
     )
