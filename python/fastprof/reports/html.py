@@ -227,6 +227,21 @@ class _Bars:
         return f" {self.n} steps are drawn as {len(self.starts)} bars, each the mean of {self.per} consecutive steps."
 
 
+def _stacked_steps(title: str, n: int, series: dict[str, F64], colours: dict[str, str]) -> tuple[go.Figure, _Bars]:
+    """ "Where the step went, <title>": a stacked bar per step (long runs
+    merged by :class:`_Bars`) of each non-zero series (ns), coloured where
+    ``colours`` names one."""
+    bars = _Bars(n)
+    fig = _figure(f"Where the step went, {title}", "ms", barmode="stack")
+    fig.update_xaxes(title_text=bars.axis("step (ordinal on the rank)"))
+    x = np.arange(n)
+    for name, y in series.items():
+        if y.any():
+            marker = {"color": colours[name]} if name in colours else None
+            fig.add_trace(go.Bar(x=bars.x(x), y=bars.y(y) / 1e6, name=name, marker=marker))
+    return fig, bars
+
+
 def anatomy_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figure], str]:
     """Every step's phases (the step anatomy), one stacked-bar figure per
     rank (at most :data:`MAX_RANK_PLOTS`; long runs merged as by
@@ -243,14 +258,8 @@ def anatomy_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figure]
         if got is None:
             continue
         dur, per_step = got
-        bars = _Bars(len(dur))
-        fig = _figure(f"Where the step went, rank {r['rank']} (step anatomy, every step)", "ms", barmode="stack")
-        fig.update_xaxes(title_text=bars.axis("step (ordinal on the rank)"))
-        x = np.arange(len(dur))
-        for phase in an["phases"]:
-            y = np.asarray(per_step[phase], dtype=np.float64)
-            if y.any():
-                fig.add_trace(go.Bar(x=bars.x(x), y=bars.y(y) / 1e6, name=phase, marker={"color": colours[phase]}))
+        series = {p: np.asarray(per_step[p], dtype=np.float64) for p in an["phases"]}
+        fig, bars = _stacked_steps(f"rank {r['rank']} (step anatomy, every step)", len(dur), series, colours)
         merged = merged or bars.note()
         figs.append(fig)
     return figs, (
@@ -293,12 +302,7 @@ def step_part_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figur
         if parts is None:
             continue
         x, series = parts
-        bars = _Bars(len(x))
-        fig = _figure(f"Where the step went, rank {r} (fastprof spans)", "ms", barmode="stack")
-        fig.update_xaxes(title_text=bars.axis("step (ordinal on the rank)"))
-        for name, y in series.items():
-            grey = {"color": "#c8ccd0"} if name == "rest of step" else None
-            fig.add_trace(go.Bar(x=bars.x(x), y=bars.y(y) / 1e6, name=name, marker=grey))
+        fig, bars = _stacked_steps(f"rank {r} (fastprof spans)", len(x), series, {"rest of step": "#c8ccd0"})
         merged = merged or bars.note()
         figs.append(fig)
     return figs, (
