@@ -25,8 +25,9 @@ pytestmark = pytest.mark.timeout(300)
 # batches 1-3 and 5-7; a slow batch 14 from epoch 1 on asks, at batch 15, for
 # a 5-step capture that runs into the next epoch's window (its warm-up at
 # batch 1); the last one is still running when the run ends. The sleep is
-# ~100x a step: anomaly_factor=40 keeps a step that a loaded machine slowed
-# (seen: 10-30x) from taking the capture first.
+# 1.5 s, over 100x a step even on a loaded machine (a step took up to ~15 ms
+# under the full suite with a CPU hog), and anomaly_factor=40 keeps a step
+# that load slowed (seen: 10-30x) from taking the capture first.
 JOB = textwrap.dedent(
     """
     import sys, time, torch, fastprof
@@ -45,7 +46,7 @@ JOB = textwrap.dedent(
             for i, b in enumerate(prof.loader(loader)):
                 model(b).sum().backward(); opt.step(); opt.zero_grad()
                 if epoch >= 1 and i == 14:
-                    time.sleep(0.3)
+                    time.sleep(1.5)
                 prof.step()
     print("finished", flush=True)
     """
