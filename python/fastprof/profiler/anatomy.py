@@ -79,10 +79,10 @@ def _nbytes(x: Any) -> int:
 class Anatomy:
     """The hooks that record a step's phases on one training thread."""
 
-    def __init__(self, step_of: Callable[[], int] | None = None) -> None:
+    def __init__(self) -> None:
         self.thread_id = threading.get_ident()
-        #: The current step's number (the step loop's), for :meth:`explain`.
-        self._step_of = step_of
+        #: The current step's number (the Profiler sets the step loop's), for :meth:`explain`.
+        self.step_of: Callable[[], int] | None = None
         #: Recent steps' time per phase (ticks), for :meth:`explain`.
         self._recent: OrderedDict[int, dict[str, int]] = OrderedDict()
         self.active = False
@@ -109,7 +109,7 @@ class Anatomy:
             return self.status
         self.thread_id = threading.get_ident()
         try:
-            self._hook_forward(torch)
+            self._hook_forward()
             self._hook_backward(torch)
             self._hook_optimizer(torch)
             self._hook_collectives()
@@ -136,10 +136,10 @@ class Anatomy:
     def _done(self, phase: str, name: _core.Name, t0: int, **args: Any) -> None:
         """A phase ended: its span, and its time added to the step's."""
         _core._complete(name, t0, **args)
-        if self._step_of is None:
+        if self.step_of is None:
             return
         try:
-            step = self._step_of()
+            step = self.step_of()
         except Exception:  # noqa: BLE001 - the loop cannot be read now: this phase is not kept
             return
         took = _core._ticks() - t0
@@ -171,7 +171,7 @@ class Anatomy:
 
     # ---------------------------------------------------------------- hooks
 
-    def _hook_forward(self, torch: Any) -> None:
+    def _hook_forward(self) -> None:
         """Learn the step's outermost modules with global hooks, then time
         only those (see :class:`_Forward`)."""
         from torch.nn.modules import module as m  # lazy: torch is optional
@@ -355,14 +355,14 @@ class _Forward:
             _forward_hook(m.register_module_forward_hook, self._learn_post),
         ]
 
-    def _pre(self) -> None:
+    def _pre(self, *_hook_args: Any) -> None:
         if threading.get_ident() == self.anatomy.thread_id:
             if self.depth == 0:
                 self.anatomy.pause_optimizer()
                 self.t0 = _core._ticks()
             self.depth += 1
 
-    def _post(self) -> None:
+    def _post(self, *_hook_args: Any) -> None:
         if threading.get_ident() == self.anatomy.thread_id and self.depth > 0:
             self.depth -= 1
             if self.depth == 0:
@@ -390,8 +390,8 @@ class _Forward:
         self.handles = []
         for module in self.roots.values():
             try:
-                self.handles.append(module.register_forward_pre_hook(_Hook(lambda *_: self._pre())))
-                self.handles.append(_forward_hook(module.register_forward_hook, _Hook(lambda *_: self._post())))
+                self.handles.append(module.register_forward_pre_hook(_Hook(self._pre)))
+                self.handles.append(_forward_hook(module.register_forward_hook, _Hook(self._post)))
             except Exception:  # noqa: BLE001 - a module that refuses hooks is not timed
                 continue
         self.roots = {}

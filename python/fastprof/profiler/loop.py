@@ -55,6 +55,7 @@ process group's store, else marker files, with a bounded wait).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -169,7 +170,7 @@ class Profiler:
         self.gate_spans: bool = _value(_BY_NAME["gate_spans"], gate_spans, env)
         self.memory_stats: bool = _value(_BY_NAME["memory_stats"], memory_stats, env)
         self.anatomy: bool = _value(_BY_NAME["anatomy"], anatomy, env)
-        self._anatomy = Anatomy(lambda: self.batch) if self.anatomy else None
+        self._anatomy = Anatomy() if self.anatomy else None
         self.model_depth: int = _value(_BY_NAME["model_depth"], model_depth, env)
         self.memory_history: MemoryHistory | None = _config_object("memory_history", memory_history, MemoryHistory)
         self.triggers: Triggers | None = _config_object("triggers", triggers, Triggers)
@@ -473,6 +474,9 @@ class Profiler:
         self._install_optimizer_hook()
         self.hook_torch_phases()
         self._steps = _core._StepLoop(self, self.recorder.core_session, "step", "profiler.action")
+        if self._anatomy is not None:
+            # The step's number straight from the loop (no Python frame per phase).
+            self._anatomy.step_of = functools.partial(getattr, self._steps, "batch")
         self._memory.start(self._steps)
         if self.memory_history is not None:
             self._history = history_driver(self.memory_history)

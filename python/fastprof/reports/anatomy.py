@@ -66,8 +66,9 @@ def per_step_phases(data: RunData, rank: int, skip: int = 0) -> tuple[Any, dict[
     per_step: dict[str, Any] = {}
     found = False
     for phase, (ours, theirs) in NAMES.items():
-        names = ours if _has(data, rank, ours) else theirs
-        found |= phase != "dataloader" and bool(names) and _has(data, rank, names)
+        has_ours = _has(data, rank, ours)
+        names = ours if has_ours else theirs
+        found |= phase != "dataloader" and (has_ours or _has(data, rank, theirs))
         per_step[phase] = _phase_ns(data, rank, names, ts, end)
     if not found:
         return None
