@@ -84,8 +84,8 @@ def test_gpu_events_outside_their_step_are_counted() -> None:
     finally:
         sys.path.remove(str(SCRIPT.parent))
 
-    def x(cat: str, name: str, ts: float, dur: float, pid: int = 1, **args: Any) -> dict[str, Any]:
-        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": pid, "args": args}
+    def x(cat: str, name: str, ts: float, dur: float, pid: int = 1, tid: int = 7, **args: Any) -> dict[str, Any]:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": pid, "tid": tid, "args": args}
 
     events = [
         x("user_annotation", "ProfilerStep#1", 0, 100),
@@ -100,7 +100,19 @@ def test_gpu_events_outside_their_step_are_counted() -> None:
         # Launched in step 2 but running 11 µs past its GPU span.
         x("gpu_memcpy", "late_copy", 240, 21, pid=0, correlation=3),
         x("kernel", "no_launch", 30, 1, pid=0, correlation=99),
+        # Kineto leaves these out of ProfilerStep#N's GPU span: launched under a
+        # nested annotation, or from another thread (CUDA autograd's). Counted only.
+        x("user_annotation", "Optimizer.step#AdamW.step", 170, 20),
+        x("cuda_runtime", "cudaLaunchKernel", 175, 2, correlation=4),
+        x("kernel", "multi_tensor_apply", 400, 5, pid=0, correlation=4),
+        x("cuda_runtime", "cudaLaunchKernel", 60, 2, tid=8, correlation=5),
+        x("kernel", "backward_kernel", 300, 5, pid=0, correlation=5),
+        # A kernel that starts before its launch: the clocks are not aligned.
+        x("cuda_runtime", "cudaLaunchKernel", 50, 2, correlation=6),
+        x("kernel", "too_early", 40, 5, pid=0, correlation=6),
     ]
     got = mod.containment(events)
-    assert (got["checked"], got["outside"], got["unmatched"]) == (3, 1, 1)
+    assert (got["checked"], got["outside"], got["unmatched"]) == (4, 1, 1), got
+    assert (got["nested"], got["other_thread"], got["before_launch"]) == (1, 1, 1), got
     assert got["worst_us"][0][1:] == ("late_copy", 2) and got["worst_us"][0][0] == pytest.approx(11)
+    assert got["earliest_before_launch_us"][0] == (pytest.approx(10), "too_early")

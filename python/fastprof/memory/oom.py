@@ -107,11 +107,19 @@ def phase_and_where(tb: TracebackType | list[traceback.FrameSummary] | None) -> 
     return phase, user[:WHERE_FRAMES]
 
 
+def _is_python_file(name: str) -> bool:
+    """A Python frame's file: a ``.py`` path or ``<string>``-like; C++ frames
+    (``.cpp``, ``.h``, a shared object, ``??`` when unresolved) are not."""
+    return name.endswith((".py", ".pyw")) or (name.startswith("<") and name.endswith(">"))
+
+
 def _frame_key(frames: list[dict[str, Any]]) -> str | None:
-    """The innermost Python frame of an allocation outside torch."""
+    """The innermost Python frame of an allocation outside torch and
+    fastprof. torch 2.11 puts C++ frames (``??:0 in torch::unwind::unwind()``)
+    first even with Python stacks, so only Python files count."""
     for f in frames:
         name = str(f.get("filename", ""))
-        if name and _TORCH_DIR not in name and not name.endswith(".cpp") and not name.endswith(".h"):
+        if _is_python_file(name) and _TORCH_DIR not in name and not name.startswith(_FASTPROF_DIR):
             return f"{name}:{f.get('line')} in {f.get('name')}"
     return None
 

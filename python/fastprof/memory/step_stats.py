@@ -13,11 +13,22 @@ At every step's end (quiet steps of the schedule included):
 
 Where CUDA is not used the reason is said once (``profiler.json``'s
 ``memory.cuda``); nothing per step is spent on it.
+
+The CUDA statistics have a budget, as the RSS reading has in the core: they
+are read at a step's end only when the time since the previous reading is at
+least :data:`CUDA_BUDGET_FACTOR` times what a reading costs (a moving average
+of measured readings), so they take at most ~1% of the training thread.
+Measured on an H200 with torch 2.11: ``torch.cuda.memory_stats()`` cost
+193 us (it flattens and sorts ~150 keys in Python), 1.3% of a 15 ms step;
+the nested dictionary it is built from is read here instead. A step longer
+than the gap gets its own reading; shorter steps share one, and the peaks
+are then those since the previous reading.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from fastprof import _core
@@ -38,6 +49,28 @@ CUDA_COUNTERS: tuple[tuple[str, str], ...] = (
 )
 
 
+#: A CUDA reading is taken only when this many readings' cost has passed
+#: since the previous one (1%).
+CUDA_BUDGET_FACTOR = 100
+#: One reading counts at most this many times the average (a preempted one
+#: must not stop the readings for long).
+CUDA_COST_CLAMP = 4.0
+
+
+def _path(key: str) -> tuple[str, ...]:
+    """``allocated_bytes.all.current`` -> its path in the nested statistics."""
+    return tuple(key.split("."))
+
+
+def _pick(nested: dict[str, Any], path: tuple[str, ...]) -> float:
+    v: Any = nested
+    for k in path:
+        if not isinstance(v, dict):
+            return 0.0
+        v = v.get(k, 0)
+    return float(v) if isinstance(v, (int, float)) else 0.0
+
+
 class StepMemory:
     """The Profiler's per-step memory statistics (``memory_stats=True``)."""
 
@@ -50,6 +83,12 @@ class StepMemory:
         self.hooked = False
         self._torch: Any = None
         self._names = [_core.name_id(name) for _, name in CUDA_COUNTERS] if enabled else []
+        self._paths = [_path(key) for key, _ in CUDA_COUNTERS]
+        #: perf_counter_ns at the previous reading's end, its average cost, the gap.
+        self._last_ns = 0
+        self._cost_ns = 0.0
+        self._gap_ns = 0.0
+        self.cuda_readings_skipped = 0
 
     def start(self, steps: Any) -> None:
         """Turn the statistics on in the step loop ``steps`` (a
@@ -77,16 +116,27 @@ class StepMemory:
 
     def on_step_end(self) -> None:
         """Record the CUDA allocator's statistics and reset its peaks (the
-        core calls this at every step's end once CUDA is available)."""
+        core calls this at every step's end once CUDA is available), within
+        the budget (see the module's doc)."""
+        t0 = time.perf_counter_ns()
+        if t0 - self._last_ns < self._gap_ns:
+            self.cuda_readings_skipped += 1
+            return
         cuda = self._torch.cuda
         if not cuda.is_initialized():
             return
-        stats = cuda.memory_stats()
-        for (key, _), name in zip(CUDA_COUNTERS, self._names, strict=True):
-            _core.counter(name, float(stats.get(key, 0)))
+        nested = cuda.memory_stats_as_nested_dict()
+        for path, name in zip(self._paths, self._names, strict=True):
+            _core.counter(name, _pick(nested, path))
         cuda.reset_peak_memory_stats()
+        self._last_ns = t1 = time.perf_counter_ns()
+        cost = float(t1 - t0)
+        self._cost_ns = (
+            cost if not self.cuda_steps else 0.8 * self._cost_ns + 0.2 * min(cost, CUDA_COST_CLAMP * self._cost_ns)
+        )
+        self._gap_ns = CUDA_BUDGET_FACTOR * self._cost_ns
         self.cuda_steps += 1
-        self.cuda = "per step"
+        self.cuda = "per step (within a 1% budget: short steps share a reading)"
 
     def summary(self) -> dict[str, Any]:
         """``profiler.json``'s ``memory``: what was recorded, or why not."""
@@ -95,5 +145,7 @@ class StepMemory:
             "host": self.host,
             "cuda": self.cuda,
             "cuda_steps": self.cuda_steps,
+            "cuda_readings_skipped": self.cuda_readings_skipped,
+            "cuda_reading_us": round(self._cost_ns / 1e3, 2),
             "counters": [RSS_COUNTER, *(name for _, name in CUDA_COUNTERS)],
         }
