@@ -49,6 +49,14 @@ Items (each PASS, FAIL or SKIP with the reason; figures beside):
     a flight dump is written; the always-on Profiler's step time against
     none, interleaved.
 
+12. ``anatomy``: the always-on step anatomy's GPU phase times (#25), CUDA
+    events within a 1% budget, on a GPU-bound step (a wide transformer) and
+    a host-bound one (the check's small one): timed steps recorded, each
+    phase's GPU p50 beside the host's, the GPU-bound one called GPU-bound and
+    the other not, the phases' GPU sum within the step; and the anatomy's
+    cost: the always-on Profiler with anatomy against anatomy=False,
+    interleaved (goal <= 1%).
+
 Without a GPU every item is skipped with the reason and the script exits 0.
 ``--dry-run-cpu`` runs items 3, 4 and 11 on the CPU (no GPU verdict: it checks
 this script's own logic, as the test suite does). ``--quick`` shortens
@@ -1111,6 +1119,99 @@ def check_triggered_window(env: Env, tmp: Path, quick: bool) -> Callable[[Item],
     return fn
 
 
+def check_anatomy(env: Env, tmp: Path, quick: bool) -> Callable[[Item], Any]:
+    def fn(it: Item) -> Any:
+        if not env.cuda and not env.dry:
+            return it.skip(f"no GPU: {env.cuda_reason}")
+        from fastprof.reports import anatomy as ra
+        from fastprof.reports import data as rdata
+
+        torch, dev = env.torch, env.device
+        shapes = {"gpu_bound": dict(batch=32, width=1024), "host_bound": dict(batch=16, width=256)}
+        if env.dry:
+            shapes = {"gpu_bound": dict(batch=4, seq=32, width=64), "host_bound": dict(batch=2, seq=16, width=32)}
+        n = 20 if quick else 40
+        problems: list[str] = []
+        for label, shape in shapes.items():
+            step = transformer_step(torch, dev, **shape)
+            for _ in range(3):
+                step()
+            sync(torch, dev)
+            prof = fastprof.Profiler(
+                out_dir=tmp, run_name=f"anatomy-{label}", schedule="never", merge=False, sync_clocks=False
+            )
+            with prof:
+                for _ in prof.loader(range(n)):
+                    step()
+                    prof.step()
+            sync(torch, dev)
+            status = _load_json(prof.rank_dir / "profiler.json")["anatomy"]
+            a = ra.rank_anatomy(rdata.load(prof.run_dir), 0, 3)
+            g = (a or {}).get("gpu")
+            fig: dict[str, Any] = {"status": status}
+            if g is None:
+                if not env.dry:  # no CUDA in a dry run: the status says so
+                    problems.append(f"{label}: no GPU phase times ({status})")
+                it.figures[label] = fig
+                continue
+            fig.update(
+                timed_steps=g["timed_steps"],
+                gpu_p50_ms={p: round(v["p50_ns"] / 1e6, 3) for p, v in g["phases"].items()},
+                host_p50_ms={p: round(v["host_p50_ns"] / 1e6, 3) for p, v in g["phases"].items()},
+                step_p50_ms=round(g["step_p50_ns"] / 1e6, 3),
+                gpu_to_host=g["gpu_to_host"],
+                verdict=g["verdict"],
+            )
+            it.figures[label] = fig
+            if g["timed_steps"] < n // 4:
+                problems.append(f"{label}: only {g['timed_steps']} of {n} steps timed")
+            total = sum(v["p50_ns"] for v in g["phases"].values())
+            if total > 1.05 * g["step_p50_ns"]:
+                problems.append(f"{label}: the phases' GPU p50 sum {total / 1e6:.2f} ms > the step's")
+            if not env.dry:
+                want = "GPU-bound" if label == "gpu_bound" else ("host-bound", "balanced")
+                if not g["verdict"].startswith(want):
+                    problems.append(f"{label}: verdict {g['verdict'][:40]!r}")
+        # The anatomy's cost on the host-bound step (the hard case: many short launches).
+        step = transformer_step(torch, dev, **shapes["host_bound"])
+        blocks: dict[str, list[float]] = {"off": [], "on": []}
+        for r in range(3 if quick else 7):
+            for case in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                p = fastprof.Profiler(
+                    out_dir=tmp,
+                    run_name=f"anatomy-cost-{case}-{r}",
+                    schedule="never",
+                    merge=False,
+                    sync_clocks=False,
+                    anatomy=case == "on",
+                ).start()
+                times = []
+                for _ in range(20 if quick else 40):
+                    t0 = time.perf_counter()
+                    step()
+                    sync(torch, dev)
+                    times.append(time.perf_counter() - t0)
+                    p.step()
+                p.stop()
+                blocks[case].append(statistics.median(times))
+        off, on = statistics.median(blocks["off"]), statistics.median(blocks["on"])
+        cost = (on / off - 1) * 100
+        it.figures.update(step_ms_anatomy_off=off * 1e3, step_ms_anatomy_on=on * 1e3, anatomy_cost_pct=cost)
+        gb = it.figures.get("gpu_bound", {})
+        detail = (
+            f"GPU-bound: GPU/host {gb.get('gpu_to_host') or 0:.1f}x ({gb.get('timed_steps', 0)} timed); "
+            f"host-bound: GPU/host {it.figures.get('host_bound', {}).get('gpu_to_host') or 0:.2f}x; "
+            f"anatomy on {on * 1e3:.2f} ms vs off {off * 1e3:.2f} ms ({cost:+.2f}%, goal <= 1%)"
+        )
+        if env.dry:
+            return it.verdict(not problems, "dry run on CPU (no GPU verdict): " + ("; ".join(problems) or detail))
+        if cost > 1.0:
+            problems.append(f"anatomy costs {cost:+.2f}%")
+        return it.verdict(not problems, detail + ("; " + "; ".join(problems) if problems else ""))
+
+    return fn
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="gpu_check.json", help="where to write the table as JSON")
@@ -1138,6 +1239,7 @@ def main() -> int:
             run_item("oom_observer", check_oom_observer(env, tmp)),
             run_item("collect_snapshots", check_collect_snapshots(env, tmp)),
             run_item("triggered_window", check_triggered_window(env, tmp, args.quick)),
+            run_item("anatomy", check_anatomy(env, tmp, args.quick)),
         ]
     out = {
         "machine": machine(),

@@ -28,6 +28,7 @@ GPU_ITEMS = (
     "oom_observer",
     "collect_snapshots",
     "triggered_window",
+    "anatomy",
 )
 
 torch = pytest.importorskip("torch")
@@ -72,6 +73,11 @@ def test_the_cpu_dry_run_exercises_the_window_and_overhead_checks(tmp_path: Path
     trig = items["triggered_window"]
     assert trig["status"] == "PASS" and trig["figures"]["latency_steps"] <= 1, trig
     assert trig["figures"]["window"]["active_steps"] == 3 and trig["figures"]["flight_dumps"], trig
+    # The anatomy item: no CUDA, so no GPU phase times, and the status says why.
+    anat = items["anatomy"]
+    assert anat["status"] == "PASS", anat
+    for shape in ("gpu_bound", "host_bound"):
+        assert "GPU phase times: unavailable: no CUDA device" in anat["figures"][shape]["status"], anat
 
 
 def test_gpu_events_outside_their_step_are_counted() -> None:

@@ -21,6 +21,18 @@ the step loop) and ``other`` what is left of the step. The report
 (:mod:`fastprof.reports.anatomy`) also counts the user's own spans named
 ``forward``, ``backward`` and ``optimizer`` as those phases.
 
+Where the job uses CUDA, each phase's time on the GPU is measured too, with
+CUDA events recorded on the current stream at the phase's host begin and end
+(:class:`_GpuPhases`): on a GPU-bound step the host spans only show the
+launches (forward 4.7 ms on the host against 10.7 ms on the GPU, measured on
+an H200). Events cost ~10 µs each to record there, so whole steps are timed
+within a budget: a step is timed only when 100 timed steps' cost has passed
+since the previous one (~1% of the training thread). A timed step's phases
+are read once its events have completed (never waiting: ``query()``), a step
+or more later, as one counter event ``phase.gpu [ms]`` whose series are the
+step number (``step``), each phase's GPU milliseconds and ``span`` (first
+phase begin to last phase end on the GPU).
+
 Only the training thread's calls are recorded (a DataLoader thread's or an
 evaluation thread's modules are not the step's). A hook never raises into
 the job: a phase it cannot record is left out.
@@ -31,7 +43,8 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -96,6 +109,9 @@ class Anatomy:
         self._backward_depth = 0
         self._undo: list[Callable[[], None]] = []
         self._seq: dict[Any, int] = {}
+        #: GPU phase times (CUDA events), where the job can use CUDA.
+        self._gpu: _GpuPhases | None = None
+        self.gpu_status = "off"
 
     # ------------------------------------------------------------ lifecycle
 
@@ -118,11 +134,26 @@ class Anatomy:
             self.status = f"unavailable: hooking torch failed ({type(e).__name__}: {e})"
             return self.status
         self.active = True
-        self.status = "on: forward, backward, optimizer, communication"
+        self.gpu_status = self._start_gpu(torch)
+        self.status = f"on: forward, backward, optimizer, communication; GPU phase times: {self.gpu_status}"
         return self.status
+
+    def _start_gpu(self, torch: Any) -> str:
+        try:
+            if not torch.cuda.is_available():
+                return "unavailable: no CUDA device (torch.cuda.is_available() is False)"
+        except Exception as e:  # noqa: BLE001 - a broken CUDA setup is a reason, not a crash
+            return f"unavailable: torch.cuda.is_available() raised {type(e).__name__}: {e}"
+        self._gpu = _GpuPhases(torch, self)
+        return "CUDA events, within a 1% budget"
 
     def stop(self) -> None:
         """Remove every hook (a patch another library made on top of ours stays)."""
+        if self._gpu is not None:
+            self._gpu.flush()
+            self.gpu_status = self._gpu.summary()
+            self._gpu = None
+            self.status = f"on: forward, backward, optimizer, communication; GPU phase times: {self.gpu_status}"
         undo, self._undo = self._undo, []
         for u in reversed(undo):
             try:
@@ -135,6 +166,8 @@ class Anatomy:
 
     def _done(self, phase: str, name: _core.Name, t0: int, **args: Any) -> None:
         """A phase ended: its span, and its time added to the step's."""
+        if self._gpu is not None:
+            self._gpu.mark(phase, True)
         _core._complete(name, t0, **args)
         if self.step_of is None:
             return
@@ -188,6 +221,8 @@ class Anatomy:
                 if threading.get_ident() != self.thread_id or self._backward_depth:
                     return fn(*args, **kwargs)
                 self.pause_optimizer()
+                if self._gpu is not None:
+                    self._gpu.mark("backward", False)
                 t0 = _core._ticks()
                 self._backward_depth = 1
                 try:
@@ -215,6 +250,8 @@ class Anatomy:
         """The closure's forward or backward ended: the optimizer step goes on."""
         if self._optimizer_paused:
             self._optimizer_paused = False
+            if self._gpu is not None:
+                self._gpu.mark("optimizer", False)
             self._optimizer_t0 = _core._ticks()
 
     def _hook_optimizer(self, torch: Any) -> None:
@@ -224,6 +261,8 @@ class Anatomy:
 
         def pre(_opt: Any, _args: Any, _kwargs: Any) -> None:
             if threading.get_ident() == self.thread_id:
+                if self._gpu is not None:
+                    self._gpu.mark("optimizer", False)
                 self._optimizer_t0 = _core._ticks()
                 self._optimizer_paused = False
 
@@ -244,6 +283,8 @@ class Anatomy:
                 # Inside an optimizer step (its closure), the step's span has it.
                 if threading.get_ident() != self.thread_id or self._optimizer_t0:
                     return fn(*args, **kwargs)
+                if self._gpu is not None:
+                    self._gpu.mark("optimizer", False)
                 t0 = _core._ticks()
                 try:
                     return fn(*args, **kwargs)
@@ -268,6 +309,8 @@ class Anatomy:
         def collective(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != self.thread_id:
                 return fn(*args, **kwargs)
+            if self._gpu is not None:
+                self._gpu.mark("communication", False)
             t0 = _core._ticks()
             try:
                 return fn(*args, **kwargs)
@@ -359,6 +402,8 @@ class _Forward:
         if threading.get_ident() == self.anatomy.thread_id:
             if self.depth == 0:
                 self.anatomy.pause_optimizer()
+                if self.anatomy._gpu is not None:
+                    self.anatomy._gpu.mark("forward", False)
                 self.t0 = _core._ticks()
             self.depth += 1
 
@@ -409,3 +454,139 @@ def _forward_hook(register: Callable[..., Any], hook: Callable[..., Any]) -> Any
         return register(hook, always_call=True)
     except TypeError:
         return register(hook)
+
+
+#: The counter event each timed step's GPU phase times are recorded as.
+GPU_COUNTER = "phase.gpu [ms]"
+#: A step is timed only when this many timed steps' cost has passed since the
+#: previous timed step (1% of the training thread).
+GPU_BUDGET_FACTOR = 100
+#: One timed step's cost counts at most this many times the average.
+GPU_COST_CLAMP = 4.0
+#: Timed steps whose events have not completed yet, kept at most (older ones
+#: are dropped and counted: a GPU this far behind is timed later).
+GPU_PENDING = 8
+#: Marks (phase begins and ends) timed per step at most (a step that calls
+#: its model thousands of times is timed in its first ones only).
+GPU_MARKS = 64
+
+
+class _GpuPhases:
+    """Each phase's time on the GPU, from CUDA events recorded on the current
+    stream at the phase's begin and end on the host (see the module's doc).
+
+    A phase's GPU time is the stream's time between the two events: the
+    phase's kernels and any gap in which the stream waited for the host to
+    launch them. Work the phase puts on other streams is not in it. Never
+    raises: a failure turns GPU timing off with the reason."""
+
+    def __init__(self, torch: Any, anatomy: Anatomy) -> None:
+        self.cuda = torch.cuda
+        self.anatomy = anatomy
+        self.name = _core.name_id(GPU_COUNTER)
+        self.step: int | None = None
+        self.timed = False
+        self.marks: list[tuple[str, bool, Any]] = []
+        self.pending: deque[tuple[int, list[tuple[str, bool, Any]]]] = deque()
+        self.free: list[Any] = []
+        self.cost_ns = 0.0
+        self.gap_ns = 0.0
+        self.last_ns = 0
+        self.step_cost_ns = 0
+        self.timed_steps = 0
+        self.recorded = 0
+        self.dropped = 0
+        self.failed: str | None = None
+
+    def mark(self, phase: str, end: bool) -> None:
+        """A phase begins or ends on the training thread."""
+        try:
+            step_of = self.anatomy.step_of
+            if step_of is None or self.failed:
+                return
+            step = step_of()
+            if step != self.step:
+                self._new_step(step)
+            if not self.timed or len(self.marks) >= GPU_MARKS:
+                return
+            t0 = time.perf_counter_ns()
+            ev = self.free.pop() if self.free else self.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append((phase, end, ev))
+            self.step_cost_ns += time.perf_counter_ns() - t0
+        except Exception as e:  # noqa: BLE001 - timing never fails the step
+            self._fail(e)
+
+    def _new_step(self, step: int) -> None:
+        now = time.perf_counter_ns()
+        if self.timed and self.marks:
+            self.pending.append((int(self.step or 0), self.marks))
+            cost = float(self.step_cost_ns)
+            self.cost_ns = (
+                cost if not self.timed_steps else 0.8 * self.cost_ns + 0.2 * min(cost, GPU_COST_CLAMP * self.cost_ns)
+            )
+            self.gap_ns = GPU_BUDGET_FACTOR * self.cost_ns
+            self.timed_steps += 1
+            if len(self.pending) > GPU_PENDING:
+                _, marks = self.pending.popleft()
+                self.dropped += 1
+                self.free.extend(ev for _, _, ev in marks)
+        self.marks = []
+        self.step_cost_ns = 0
+        self.step = step
+        self._resolve()
+        # From one timed step's start to the next, at least 100 times what timing one costs.
+        self.timed = now - self.last_ns >= self.gap_ns and self.cuda.is_initialized()
+        if self.timed:
+            self.last_ns = now
+
+    def _resolve(self) -> None:
+        """Record the timed steps whose events have all completed (oldest first; never waits)."""
+        while self.pending:
+            step, marks = self.pending[0]
+            if not all(ev.query() for _, _, ev in marks):
+                return
+            self.pending.popleft()
+            ms: dict[str, float] = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0, "communication": 0.0}
+            begun: dict[str, Any] = {}
+            for phase, end, ev in marks:
+                if not end:
+                    begun[phase] = ev
+                elif phase in begun:
+                    ms[phase] = ms.get(phase, 0.0) + begun.pop(phase).elapsed_time(ev)
+            ms["span"] = marks[0][2].elapsed_time(marks[-1][2]) if len(marks) > 1 else 0.0
+            _core.counter(self.name, {"step": float(step), **ms})
+            self.recorded += 1
+            self.free.extend(ev for _, _, ev in marks)
+
+    def flush(self, wait_s: float = 0.5) -> None:
+        """At stop: the last timed step joins the pending ones; those that
+        complete within ``wait_s`` (polled, so a hung GPU never holds the
+        stop) are recorded, the rest counted as dropped."""
+        try:
+            if self.step is not None:
+                self._new_step(-1)
+            deadline = time.monotonic() + wait_s
+            self._resolve()
+            while self.pending and time.monotonic() < deadline:
+                time.sleep(0.001)
+                self._resolve()
+            self.dropped += len(self.pending)
+            self.pending.clear()
+        except Exception as e:  # noqa: BLE001 - best effort at stop
+            self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        self.failed = f"{type(e).__name__}: {e}"
+        self.timed = False
+
+    def summary(self) -> str:
+        """What GPU timing recorded, for profiler.json's anatomy status."""
+        if self.failed:
+            return f"stopped: {self.failed}"
+        if not self.timed_steps:
+            return "CUDA events, within a 1% budget: no step used CUDA"
+        return (
+            f"CUDA events, within a 1% budget: {self.recorded} steps recorded, {self.dropped} not completed in time, "
+            f"{self.cost_ns / 1e3:.1f} us per timed step"
+        )

@@ -96,7 +96,7 @@ def rank_anatomy(data: RunData, rank: int, warmup_steps: int = 0) -> dict[str, A
             "p95_ns": float(np.percentile(v, 95)),
             "share": float(v.sum()) / whole,
         }
-    return {
+    out = {
         "rank": rank,
         "steps": len(ts),
         "warmup_steps_excluded": skip,
@@ -104,6 +104,70 @@ def rank_anatomy(data: RunData, rank: int, warmup_steps: int = 0) -> dict[str, A
         "phases": phases,
         "slow_steps": slow_steps(dur, per_step, skip),
     }
+    gpu = gpu_phases(data, rank, phases, float(np.percentile(dur, 50)))
+    if gpu is not None:
+        out["gpu"] = gpu
+    return out
+
+
+#: The counter each timed step's GPU phase times are in (fastprof.profiler.anatomy.GPU_COUNTER).
+GPU_COUNTER = "phase.gpu [ms]"
+GPU_PHASES = ("forward", "backward", "optimizer", "communication")
+
+
+def gpu_phases(data: RunData, rank: int, host: dict[str, Any], step_p50_ns: float) -> dict[str, Any] | None:
+    """A rank's phases on the GPU (CUDA events, the steps the budget timed)
+    beside the host's, None without them. ``host`` is the rank's ``phases``."""
+    c = data.cols.counters
+    nid = data.name_id(GPU_COUNTER)
+    if nid is None:
+        return None
+    m = (c["name"] == nid) & (c["rank"] == rank)
+    if not m.any():
+        return None
+    ts, ser, val = c["ts"][m], c["series"][m], c["value"][m]
+    by: dict[str, dict[int, float]] = {}
+    for t, sid, v in zip(ts.tolist(), ser.tolist(), val.tolist(), strict=True):
+        by.setdefault(data.cols.names[int(sid)], {})[int(t)] = float(v)
+    events = sorted(by.get("step", {}))
+    if not events:
+        return None
+    phases: dict[str, Any] = {}
+    for p in GPU_PHASES:
+        v = np.array([by.get(p, {}).get(t, 0.0) for t in events]) * 1e6
+        phases[p] = {"p50_ns": float(np.percentile(v, 50)), "host_p50_ns": float(host[p]["p50_ns"])}
+    span = np.array([by.get("span", {}).get(t, 0.0) for t in events]) * 1e6
+    gpu = sum(phases[p]["p50_ns"] for p in GPU_PHASES)
+    on_host = sum(phases[p]["host_p50_ns"] for p in GPU_PHASES)
+    ratio = gpu / on_host if on_host > 0 else None
+    if ratio is None:
+        verdict = "no host phase time to compare with"
+    elif ratio >= GPU_BOUND:
+        verdict = (
+            f"GPU-bound: the phases take {ratio:.1f}x as long on the GPU as on the host, which launches them and "
+            "then waits (the host's 'other' time is the GPU finishing)"
+        )
+    elif ratio <= HOST_BOUND:
+        verdict = (
+            "host-bound: the GPU finishes each phase as the host launches it (Python, launches, data loading or "
+            "synchronisation are the limit, not the GPU's work)"
+        )
+    else:
+        verdict = f"balanced: the phases take {ratio:.1f}x as long on the GPU as on the host"
+    return {
+        "method": "CUDA events on the current stream at each phase's begin and end, in the steps a 1% budget timed",
+        "timed_steps": len(events),
+        "phases": phases,
+        "span_p50_ns": float(np.percentile(span, 50)),
+        "step_p50_ns": step_p50_ns,
+        "gpu_to_host": ratio,
+        "verdict": verdict,
+    }
+
+
+#: GPU phase time over host phase time from which a rank is GPU-bound / up to which host-bound.
+GPU_BOUND = 1.3
+HOST_BOUND = 1.1
 
 
 def slow_steps(dur: Any, per_step: dict[str, Any], first: int) -> list[dict[str, Any]]:

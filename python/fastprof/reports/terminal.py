@@ -170,6 +170,16 @@ def _anatomy(con: Any, section: dict[str, Any] | None) -> None:
         )
     con.print(t)
     for r in section["per_rank"]:
+        g = r.get("gpu")
+        if g:
+            ph = g["phases"]
+            parts = ", ".join(
+                f"{p} {ph[p]['p50_ns'] / 1e6:.2f} ms (host {ph[p]['host_p50_ns'] / 1e6:.2f})"
+                for p in ("forward", "backward", "optimizer", "communication")
+                if ph[p]["p50_ns"] or ph[p]["host_p50_ns"]
+            )
+            con.print(f"On the GPU, rank {r['rank']} ({g['timed_steps']} timed steps, p50): {parts}. {g['verdict']}.")
+    for r in section["per_rank"]:
         for s in r["slow_steps"][:3]:
             factor = "" if s["phase_factor"] is None else f" {s['phase_factor']:.1f}x its median"
             con.print(
