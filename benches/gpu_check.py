@@ -53,7 +53,9 @@ Items (each PASS, FAIL or SKIP with the reason; figures beside):
     events within a 1% budget, on a GPU-bound step (a wide transformer) and
     a host-bound one (the check's small one): timed steps recorded, each
     phase's GPU p50 beside the host's, the GPU-bound one called GPU-bound and
-    the other not, the phases' GPU sum within the step; and the anatomy's
+    the other not, the phases' GPU sum within the step; the anatomy's GPU
+    span of each step against a torch window's over the same steps (goal:
+    median difference <= 2%); and the anatomy's
     cost: the always-on Profiler with anatomy against anatomy=False,
     interleaved (goal <= 1%).
 
@@ -1119,6 +1121,59 @@ def check_triggered_window(env: Env, tmp: Path, quick: bool) -> Callable[[Item],
     return fn
 
 
+def window_agreement(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The anatomy's GPU span of each timed step (``phase.gpu [ms]``'s
+    ``span``: first phase begin to last phase end on the GPU) against a torch
+    window's over the same steps: first start to last end of the GPU work
+    launched (any thread) between the step's first phase span's begin and
+    its last one's end on the host. Relative differences, per step."""
+    phases = ("phase.forward", "phase.backward", "phase.optimizer", "phase.communication")
+    steps: list[tuple[float, float, int]] = []
+    phase_spans: list[tuple[float, float]] = []
+    launches: dict[Any, float] = {}
+    gpu: list[tuple[Any, float, float]] = []
+    anat: dict[int, dict[str, float]] = {}
+    for e in events:
+        ph, name, cat = e.get("ph"), str(e.get("name", "")), str(e.get("cat", ""))
+        args = e.get("args") or {}
+        if ph == "C" and name == "phase.gpu [ms]" and "step" in args:
+            anat[int(args["step"])] = {k: float(v) for k, v in args.items()}
+        if ph != "X":
+            continue
+        ts, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+        if name == "step" and "batch" in args:
+            steps.append((ts, end, int(args["batch"])))
+        elif name in phases:
+            phase_spans.append((ts, end))
+        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in args:
+            launches[args["correlation"]] = ts
+        elif cat in ("kernel", "gpu_memcpy", "gpu_memset") and "correlation" in args:
+            gpu.append((args["correlation"], ts, end))
+    rows = []
+    for lo, hi, batch in sorted(steps):
+        a = anat.get(batch)
+        inside = [(b, c) for b, c in phase_spans if lo <= b and c <= hi]
+        if a is None or not inside:
+            continue
+        first, last = min(b for b, _ in inside), max(c for _, c in inside)
+        work = [(t0, t1) for corr, t0, t1 in gpu if first <= launches.get(corr, -1.0) <= last]
+        if not work:
+            continue
+        win_ms = (max(t1 for _, t1 in work) - min(t0 for t0, _ in work)) / 1e3
+        phase_sum = sum(a.get(k, 0.0) for k in ("forward", "backward", "optimizer", "communication"))
+        rows.append(
+            {
+                "step": batch,
+                "window_span_ms": round(win_ms, 3),
+                "anatomy_span_ms": round(a.get("span", 0.0), 3),
+                "anatomy_phase_sum_ms": round(phase_sum, 3),
+                "span_diff_pct": round(100 * (a.get("span", 0.0) - win_ms) / win_ms, 2) if win_ms else None,
+            }
+        )
+    diffs = [abs(r["span_diff_pct"]) for r in rows if r["span_diff_pct"] is not None]
+    return {"steps": rows, "median_abs_diff_pct": statistics.median(diffs) if diffs else None}
+
+
 def check_anatomy(env: Env, tmp: Path, quick: bool) -> Callable[[Item], Any]:
     def fn(it: Item) -> Any:
         if not env.cuda and not env.dry:
@@ -1137,14 +1192,31 @@ def check_anatomy(env: Env, tmp: Path, quick: bool) -> Callable[[Item], Any]:
             for _ in range(3):
                 step()
             sync(torch, dev)
+            # The GPU-bound run has a torch window over 6 of its steps, to compare the anatomy's GPU span with.
+            windowed = label == "gpu_bound"
             prof = fastprof.Profiler(
-                out_dir=tmp, run_name=f"anatomy-{label}", schedule="never", merge=False, sync_clocks=False
+                out_dir=tmp,
+                run_name=f"anatomy-{label}",
+                schedule=fastprof.schedule.epoch(skip_first=8, wait=0, warmup=1, active=6, repeat=1)
+                if windowed
+                else "never",
+                torch=windowed,
+                merge=windowed,
+                sync_clocks=False,
             )
             with prof:
                 for _ in prof.loader(range(n)):
                     step()
                     prof.step()
             sync(torch, dev)
+            if windowed and prof.trace_path is not None and Path(prof.trace_path).is_file():
+                agree = window_agreement(_load_json(Path(prof.trace_path))["traceEvents"])
+                it.figures["window_agreement"] = agree
+                med = agree["median_abs_diff_pct"]
+                if not env.dry and (med is None or med > 2.0):
+                    problems.append(f"anatomy GPU span vs the torch window's: median |diff| {med}% (goal <= 2%)")
+            elif windowed:
+                problems.append("no unified trace for the windowed run")
             status = _load_json(prof.rank_dir / "profiler.json")["anatomy"]
             a = ra.rank_anatomy(rdata.load(prof.run_dir), 0, 3)
             g = (a or {}).get("gpu")
@@ -1198,8 +1270,11 @@ def check_anatomy(env: Env, tmp: Path, quick: bool) -> Callable[[Item], Any]:
         cost = (on / off - 1) * 100
         it.figures.update(step_ms_anatomy_off=off * 1e3, step_ms_anatomy_on=on * 1e3, anatomy_cost_pct=cost)
         gb = it.figures.get("gpu_bound", {})
+        agree = it.figures.get("window_agreement") or {}
         detail = (
-            f"GPU-bound: GPU/host {gb.get('gpu_to_host') or 0:.1f}x ({gb.get('timed_steps', 0)} timed); "
+            f"GPU-bound: GPU/host {gb.get('gpu_to_host') or 0:.1f}x ({gb.get('timed_steps', 0)} timed), span vs "
+            f"torch window median |diff| {agree.get('median_abs_diff_pct')}% over {len(agree.get('steps') or [])} "
+            "steps; "
             f"host-bound: GPU/host {it.figures.get('host_bound', {}).get('gpu_to_host') or 0:.2f}x; "
             f"anatomy on {on * 1e3:.2f} ms vs off {off * 1e3:.2f} ms ({cost:+.2f}%, goal <= 1%)"
         )

@@ -122,3 +122,40 @@ def test_gpu_events_outside_their_step_are_counted() -> None:
     assert (got["nested"], got["other_thread"], got["before_launch"]) == (1, 1, 1), got
     assert got["worst_us"][0][1:] == ("late_copy", 2) and got["worst_us"][0][0] == pytest.approx(11)
     assert got["earliest_before_launch_us"][0] == (pytest.approx(10), "too_early")
+
+
+def test_the_anatomys_gpu_span_is_compared_with_the_windows_over_the_same_steps() -> None:
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+    def x(cat: str, name: str, ts: float, dur: float, **args: Any) -> dict[str, Any]:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1, "args": args}
+
+    events = [
+        x("fastprof", "step", 0, 1000, batch=3),
+        x("fastprof", "phase.forward", 100, 200),
+        x("fastprof", "phase.backward", 300, 300),
+        # A copy launched before the first phase: not the anatomy's span, not counted.
+        x("cuda_runtime", "cudaMemcpyAsync", 50, 2, correlation=1),
+        x("gpu_memcpy", "copy", 60, 40, correlation=1),
+        x("cuda_runtime", "cudaLaunchKernel", 120, 2, correlation=2),
+        x("kernel", "fwd", 150, 300, correlation=2),
+        x("cuda_runtime", "cudaLaunchKernel", 590, 2, correlation=3),
+        x("kernel", "bwd", 600, 400, correlation=3),
+        {"ph": "C", "name": "phase.gpu [ms]", "ts": 1200, "pid": 1, "args": {"step": 3, "span": 0.86, "forward": 0.3}},
+        # A step the anatomy did not time: left out.
+        x("fastprof", "step", 1000, 1000, batch=4),
+        x("fastprof", "phase.forward", 1100, 200),
+        x("cuda_runtime", "cudaLaunchKernel", 1150, 2, correlation=4),
+        x("kernel", "fwd", 1160, 100, correlation=4),
+    ]
+    got = mod.window_agreement(events)
+    # The window's span of step 3: 150 -> 1000 µs = 0.85 ms; the anatomy's 0.86 ms.
+    assert [(r["step"], r["window_span_ms"], r["anatomy_span_ms"]) for r in got["steps"]] == [(3, 0.85, 0.86)]
+    assert got["median_abs_diff_pct"] == pytest.approx(100 * 0.01 / 0.85, abs=0.01)

@@ -137,6 +137,9 @@ def gpu_phases(data: RunData, rank: int, host: dict[str, Any], step_p50_ns: floa
         v = np.array([by.get(p, {}).get(t, 0.0) for t in events]) * 1e6
         phases[p] = {"p50_ns": float(np.percentile(v, 50)), "host_p50_ns": float(host[p]["p50_ns"])}
     span = np.array([by.get("span", {}).get(t, 0.0) for t in events]) * 1e6
+    summed = sum(np.array([by.get(p, {}).get(t, 0.0) for t in events]) * 1e6 for p in GPU_PHASES)
+    # The stream's time between the phases (a loss outside any module, a copy, a gap).
+    between = np.maximum(span - summed, 0.0)
     gpu = sum(phases[p]["p50_ns"] for p in GPU_PHASES)
     on_host = sum(phases[p]["host_p50_ns"] for p in GPU_PHASES)
     ratio = gpu / on_host if on_host > 0 else None
@@ -159,6 +162,7 @@ def gpu_phases(data: RunData, rank: int, host: dict[str, Any], step_p50_ns: floa
         "timed_steps": len(events),
         "phases": phases,
         "span_p50_ns": float(np.percentile(span, 50)),
+        "between_p50_ns": float(np.percentile(between, 50)),
         "step_p50_ns": step_p50_ns,
         "gpu_to_host": ratio,
         "verdict": verdict,
