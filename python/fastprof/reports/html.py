@@ -27,7 +27,7 @@ from plotly.offline import get_plotlyjs
 
 from fastprof._merge import describe_rotated
 from fastprof.reports import html_triggers
-from fastprof.reports.anatomy import per_step_phases
+from fastprof.reports.anatomy import per_step_phases, straggler_line
 from fastprof.reports.data import _CHUNK, F64, HOST_COLUMNS, I64, RunData, host_rows, human_bytes, step_spans
 from fastprof.reports.finite import encode
 from fastprof.reports.memory import reading_steps
@@ -262,10 +262,16 @@ def anatomy_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figure]
         fig, bars = _stacked_steps(f"rank {r['rank']} (step anatomy, every step)", len(dur), series, colours)
         merged = merged or bars.note()
         figs.append(fig)
+    said = ""
+    for st in an.get("stragglers") or []:
+        said += " Straggler: " + straggler_line(st) + "."
+    for r in an["per_rank"]:
+        if r.get("gpu"):
+            said += f" On the GPU, rank {r['rank']}: {r['gpu']['verdict']}."
     return figs, (
         "Step anatomy: every step split into the train loader's wait, the outermost module call (forward), "
         "backward, the optimizer and collectives from Python, recorded at every step (no torch.profiler window); "
-        "other is the rest of the step." + merged
+        "other is the rest of the step." + merged + said
     )
 
 

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fastprof._merge import describe_rotated
+from fastprof.reports.anatomy import straggler_line
 from fastprof.reports.data import HOST_COLUMNS, host_rows, human_bytes
 from fastprof.reports.resumed import describe as describe_resumed
 
@@ -179,6 +180,8 @@ def _anatomy(con: Any, section: dict[str, Any] | None) -> None:
                 if ph[p]["p50_ns"] or ph[p]["host_p50_ns"]
             )
             con.print(f"On the GPU, rank {r['rank']} ({g['timed_steps']} timed steps, p50): {parts}. {g['verdict']}.")
+    for st in section.get("stragglers") or []:
+        con.print(f"Straggler: {straggler_line(st)}.")
     for r in section["per_rank"]:
         for s in r["slow_steps"][:3]:
             factor = "" if s["phase_factor"] is None else f" {s['phase_factor']:.1f}x its median"
