@@ -15,7 +15,7 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 $(VENV)/.deps: pyproject.toml | $(PY)
-	$(PY) -m pip install -q 'maturin>=1.7,<2' 'numpy>=1.24' 'psutil>=5.9' 'nvidia-ml-py>=12' 'torch>=2.4' 'lightning>=2.2' 'HolisticTraceAnalysis>=0.5' 'rich>=13' 'plotly>=6' 'mlflow-skinny>=2' \
+	$(PY) -m pip install -q 'maturin>=1.7,<2' 'numpy>=1.24' 'psutil>=5.9' 'nvidia-ml-py>=12' 'torch>=2.4' 'lightning>=2.2' 'HolisticTraceAnalysis>=0.5' 'rich>=13' 'plotly>=6' 'mlflow-skinny>=2' 'transformers>=4.40' 'accelerate>=0.30' \
 		'pytest>=8' 'pytest-timeout>=2.3' 'pytest-xdist>=3.5' 'jsonschema>=4.18' 'websocket-client>=1.6' 'pillow>=10' 'ruff>=0.6' 'mypy>=1.11'
 	touch $@
 

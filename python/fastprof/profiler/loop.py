@@ -917,16 +917,22 @@ class Profiler:
 
     # ------------------------------------------------------ framework loops
 
-    def begin_epoch(self, epoch_len: int | None = None) -> None:
+    def begin_epoch(self, epoch_len: int | None = None, *, tile: bool = True) -> None:
         """A pass over the training data starts, in a loop that does not go
         through :meth:`loader` (a framework's): what a train loader's pass
-        does, with ``epoch_len`` its number of batches when known. Until
-        :meth:`end_epoch`, each step begins at :meth:`begin_step`. Never raises."""
+        does, with ``epoch_len`` its number of steps when known. Until
+        :meth:`end_epoch`, each step begins at :meth:`begin_step`.
+
+        ``tile``: steps tile the epoch, each ending where the next begins (what
+        runs between a :meth:`step` and the next fetch is the ending step's).
+        False: a step ends at :meth:`step`, and what runs until the next
+        :meth:`begin_step` (a framework's evaluation, logging, checkpoint) is
+        in no step. Never raises."""
         if self._state != "running":
             return
         n = epoch_len if isinstance(epoch_len, int) and not isinstance(epoch_len, bool) and epoch_len > 0 else None
         self._passes += 1
-        self._steps.start_epoch(n, True)
+        self._steps.start_epoch(n, bool(tile))
 
     def end_epoch(self) -> None:
         """The pass :meth:`begin_epoch` started is over: its last step ends
