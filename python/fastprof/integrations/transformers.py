@@ -67,7 +67,7 @@ __all__ = ["FastprofCallback"]
 EVALUATE_SPAN = "hf.evaluate"
 
 
-class FastprofCallback(_TrainerCallback):  # type: ignore[misc]
+class FastprofCallback(_TrainerCallback):
     """A ``TrainerCallback`` that profiles ``Trainer.train()`` with a
     :class:`fastprof.Profiler` (see the module's doc). ``out_dir``,
     ``run_name`` and ``**options`` are the Profiler's."""
@@ -183,7 +183,7 @@ class FastprofCallback(_TrainerCallback):  # type: ignore[misc]
     def _unpatch(self) -> None:
         for cls, original, ours in reversed(self._patches):
             if cls.__dict__.get("__iter__") is ours:
-                cls.__iter__ = original  # type: ignore[attr-defined]  # a patch made on top of ours stays
+                cls.__iter__ = original  # a patch made on top of ours stays
         self._patches = []
 
     def _open(self, loader: Any, original: Any) -> Iterator[Any]:

@@ -16,7 +16,11 @@ epoch), or any autograd pass once it is gone; never a pass opened inside a
 train pass or under ``no_grad``. Other passes are timed as
 ``loader.val.next`` (``val2``, ... for more loaders) outside the steps. A
 loader class that overrides ``__iter__`` is left alone (its iterator may be
-more than an iterator).
+more than an iterator), except Accelerate's prepared loaders
+(``accelerate.data_loader.DataLoaderShard`` and ``DataLoaderDispatcher``),
+whose ``__iter__`` is patched the same way once ``accelerate.data_loader`` is
+imported: a pass over one is timed, and the DataLoader it wraps
+(``base_dataloader``), iterated inside it, is not timed a second time.
 
 A script that starts its own :class:`fastprof.Profiler` says what its
 steps are: that Profiler records in the run (its ``out_dir`` / ``run_name``
@@ -39,6 +43,7 @@ framework-loop API, and the pieces of ``Profiler.loader`` a pass needs.
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
 import warnings
 import weakref
@@ -61,9 +66,11 @@ class ZeroCode:
     def __init__(self, prof: RunHost) -> None:
         self.prof = prof
         self._finder: AfterImport | None = None
-        self._loader_cls: Any = None
-        self._original: Callable[[Any], Iterator[Any]] | None = None
-        self._patched: Callable[[Any], Iterator[Any]] | None = None
+        #: Loader class -> (its own __iter__, ours), while patched.
+        self._patches: dict[type, tuple[Callable[[Any], Iterator[Any]], Callable[[Any], Iterator[Any]]]] = {}
+        #: Loaders an Accelerate pass wraps (iterated inside it: not timed again).
+        self._wrapped: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._accelerate_finder: AfterImport | None = None
         self._hook: Any = None
         #: (torch.distributed, its init_process_group, ours) while patched.
         self._dist_patch: tuple[Any, Any, Any] | None = None
@@ -102,10 +109,13 @@ class ZeroCode:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        cls = self._loader_cls
-        if cls is not None and cls.__dict__.get("__iter__") is self._patched:
-            cls.__iter__ = self._original  # a patch made on top of ours stays
-        self._loader_cls = None
+        if self._accelerate_finder is not None:
+            self._accelerate_finder.remove()
+            self._accelerate_finder = None
+        for cls, (original, ours) in self._patches.items():
+            if cls.__dict__.get("__iter__") is ours:
+                cls.__iter__ = original  # type: ignore[attr-defined]  # a patch made on top of ours stays
+        self._patches = {}
         if self._dist_patch is not None:
             td, original, ours = self._dist_patch
             if getattr(td, "init_process_group", None) is ours:
@@ -125,17 +135,41 @@ class ZeroCode:
         self.prof.remove_optimizer_hook()
         self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         self.prof.hook_torch_phases()
-        original = DataLoader.__iter__
+        self._patch_loader(DataLoader)
+        if "accelerate.data_loader" in sys.modules:
+            self._on_accelerate()
+        else:
+            self._accelerate_finder = AfterImport("accelerate.data_loader", self._on_accelerate)
+            sys.meta_path.insert(0, self._accelerate_finder)
+        self._patch_init_process_group()
+
+    def _patch_loader(self, cls: type) -> None:
+        """Time every pass over a ``cls`` (see :meth:`open`)."""
+        original = cls.__dict__["__iter__"]
         zero = self
 
         def __iter__(loader: Any) -> Iterator[Any]:
-            return zero.open(loader)
+            return zero.open(loader, cls)
 
         __iter__.__wrapped__ = original  # type: ignore[attr-defined]
         __iter__.__doc__ = original.__doc__
-        self._loader_cls, self._original, self._patched = DataLoader, original, __iter__
-        DataLoader.__iter__ = __iter__  # type: ignore[method-assign,assignment]
-        self._patch_init_process_group()
+        self._patches[cls] = (original, __iter__)
+        cls.__iter__ = __iter__  # type: ignore[attr-defined]
+
+    def _on_accelerate(self) -> None:
+        """Accelerate is imported: its prepared loaders override ``__iter__``
+        (they wrap a DataLoader): time their passes too."""
+        if self.off:
+            return
+        try:
+            adl = importlib.import_module("accelerate.data_loader")
+
+            for name in ("DataLoaderShard", "DataLoaderDispatcher"):
+                cls = getattr(adl, name, None)
+                if isinstance(cls, type) and "__iter__" in cls.__dict__ and cls not in self._patches:
+                    self._patch_loader(cls)
+        except Exception as e:  # noqa: BLE001 - Accelerate's loaders go untimed, the run goes on
+            self._warn("cannot hook Accelerate's DataLoaderShard", e)
 
     def _patch_init_process_group(self) -> None:
         """The clock sync at start: the Profiler started before the script
@@ -207,21 +241,27 @@ class ZeroCode:
 
     # ---------------------------------------------------------- loaders
 
-    def open(self, loader: Any) -> Iterator[Any]:
-        """The patched ``DataLoader.__iter__``: a timed pass, or the loader's
-        own iterator where fastprof has nothing to do."""
-        original = self._original
-        assert original is not None
+    def open(self, loader: Any, cls: type) -> Iterator[Any]:
+        """The patched ``__iter__`` of loader class ``cls``: a timed pass, or
+        the loader's own iterator where fastprof has nothing to do (a
+        subclass with its own ``__iter__``, a loader an Accelerate pass wraps)."""
+        original, ours = self._patches.get(cls) or (cls.__dict__["__iter__"], None)
         try:
-            if type(loader).__iter__ is not self._patched or not self._live():
+            if type(loader).__iter__ is not ours or not self._live() or loader in self._wrapped:
                 return original(loader)
             train = self._is_train(loader)
             name = "train" if train else self._name(loader)
+            inner = getattr(loader, "base_dataloader", None) if cls is not self._torch_loader() else None
+            if inner is not None:
+                self._wrapped.add(inner)
         except Exception as e:  # noqa: BLE001 - never in the way of the job's data
             self._warn("DataLoader timing failed", e)
             return original(loader)
         self._serial += 1
         return _Pass(self, loader, name, train, self._serial, original)
+
+    def _torch_loader(self) -> type | None:
+        return next(iter(self._patches), None)
 
     def _is_train(self, loader: Any) -> bool:
         """Is a pass over ``loader`` opened now the train pass? Not inside
