@@ -200,6 +200,8 @@ with prof:
     for x in prof.loader([torch.ones(256)] * 4):
         dist.all_reduce(x)
         dist.barrier()
+        work = dist.all_reduce(x, async_op=True)  # returns at once: the host waits in wait()
+        work.wait()
         prof.step()
 dist.destroy_process_group()
 """
@@ -250,10 +252,13 @@ def test_collectives_are_communication_with_op_bytes_and_a_sequence(tmp_path: Pa
     )
     assert p.returncode == 0, p.stderr[-3000:]
     comm = sorted(_spans(tmp_path / "run" / "trace.json.gz")["phase.communication"], key=lambda e: e["ts"])
-    assert [c["args"]["op"] for c in comm] == ["all_reduce", "barrier"] * 4
-    assert [c["args"]["seq"] for c in comm] == list(range(1, 9))
-    assert {c["args"]["bytes"] for c in comm if c["args"]["op"] == "all_reduce"} == {256 * 4}
-    assert {c["args"]["group_size"] for c in comm} == {1}
+    # A sync collective's own wait is inside its span, not a span of its own.
+    assert [c["args"]["op"] for c in comm] == ["all_reduce", "barrier", "all_reduce", "wait"] * 4
+    calls = [c for c in comm if c["args"]["op"] != "wait"]
+    assert [c["args"]["seq"] for c in calls] == list(range(1, 13))
+    assert {c["args"]["bytes"] for c in calls if c["args"]["op"] == "all_reduce"} == {256 * 4}
+    assert {c["args"]["group_size"] for c in calls} == {1}
+    assert all(set(c["args"]) == {"op"} for c in comm if c["args"]["op"] == "wait")
 
 
 def test_diff_holds_each_phase_to_its_own_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,9 @@ an exception inside a phase still closes it):
   hooks) and ``Optimizer.zero_grad``;
 - ``phase.communication``: a ``torch.distributed`` collective called from
   Python, with its op, bytes, process group size and a per-group sequence
-  number (the collectives DDP's reducer runs inside backward are backward's).
+  number (the collectives DDP's reducer runs inside backward are backward's),
+  and the host's wait on an async collective's ``Work.wait()`` (op
+  ``wait``); a collective or wait inside a timed collective is that one's.
 
 ``dataloader`` is the train loader's wait (``loader.train.next``, recorded by
 the step loop) and ``other`` what is left of the step. The report
@@ -109,6 +111,8 @@ class Anatomy:
         self._backward_depth = 0
         self._undo: list[Callable[[], None]] = []
         self._seq: dict[Any, int] = {}
+        #: A timed collective is running (a collective or wait inside it is its own).
+        self._in_collective = False
         #: GPU phase times (CUDA events), where the job can use CUDA.
         self._gpu: _GpuPhases | None = None
         self.gpu_status = "off"
@@ -303,11 +307,16 @@ class Anatomy:
         for op in COLLECTIVES:
             if callable(getattr(dist, op, None)):
                 self._patch(dist, op, functools.partial(self._timed_collective, name, op, dist))
+        # An async collective (async_op=True) returns at once: the host waits in Work.wait().
+        work = getattr(dist, "Work", None) or getattr(getattr(dist, "distributed_c10d", None), "Work", None)
+        if isinstance(work, type) and callable(getattr(work, "wait", None)):
+            self._patch(work, "wait", functools.partial(self._timed_wait, name))
 
-    def _timed_collective(self, name: _core.Name, op: str, dist: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def _timed_wait(self, name: _core.Name, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
-        def collective(*args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() != self.thread_id:
+        def wait(*args: Any, **kwargs: Any) -> Any:
+            # Inside a collective the collective's span has it (a sync collective waits on its Work).
+            if threading.get_ident() != self.thread_id or self._in_collective:
                 return fn(*args, **kwargs)
             if self._gpu is not None:
                 self._gpu.mark("communication", False)
@@ -315,6 +324,23 @@ class Anatomy:
             try:
                 return fn(*args, **kwargs)
             finally:
+                self._done("communication", name, t0, op="wait")
+
+        return wait
+
+    def _timed_collective(self, name: _core.Name, op: str, dist: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != self.thread_id or self._in_collective:
+                return fn(*args, **kwargs)
+            if self._gpu is not None:
+                self._gpu.mark("communication", False)
+            t0 = _core._ticks()
+            self._in_collective = True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._in_collective = False
                 self._comm_done(name, op, dist, t0, args, kwargs)
 
         return collective
