@@ -469,3 +469,69 @@ def test_gpu_phase_times_are_recorded_per_timed_step_and_reported_beside_the_hos
     render(doc, file=buf)
     out = " ".join(buf.getvalue().split())
     assert "On the GPU, rank 0 (40 timed steps, p50): forward" in out, out
+
+
+WINDOWED = """
+import sys, torch, fastprof
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                            torch.nn.Linear(1024, 10))
+loss_fn = torch.nn.CrossEntropyLoss()
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data = [(torch.randn(128, 256), torch.randint(0, 10, (128,))) for _ in range(4)]
+prof = fastprof.Profiler(sys.argv[1], "run", sample_hz=0,
+                         schedule=fastprof.schedule.cyclic(wait=3, warmup=1, active=6, repeat=1))
+with prof:
+    for i in prof.loader(range(14)):
+        x, y = data[i % 4]
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+        prof.step()
+"""
+
+
+def test_the_anatomy_agrees_with_a_torch_window_over_the_same_steps(tmp_path: Path) -> None:
+    """Issue #25's proof: over the steps a torch.profiler window covers, each
+    phase's share of the step from the anatomy's spans is within 5 points of
+    the share torch's own CPU ops give it: the top-level ops of the step's
+    thread under ``Optimizer.*`` annotations (optimizer), autograd's
+    ``evaluate_function`` ops (backward), and the rest (forward: the model
+    and the loss). Read from the unified trace with Python's json."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
+    p = subprocess.run(
+        [sys.executable, "-c", WINDOWED, str(tmp_path)], capture_output=True, text=True, timeout=180, env=e
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    with gzip.open(tmp_path / "run" / "trace.json.gz", "rt") as f:
+        events = [x for x in json.load(f)["traceEvents"] if x.get("ph") == "X"]
+    steps = [x for x in events if x["name"].startswith("ProfilerStep#") and x.get("cat") == "user_annotation"]
+    assert len(steps) == 6, [s["name"] for s in steps]
+
+    def within(x: dict[str, Any], s: dict[str, Any]) -> bool:
+        return bool(s["ts"] <= x["ts"] and x["ts"] + x.get("dur", 0) <= s["ts"] + s["dur"])
+
+    ops = [x for x in events if x.get("cat") in ("cpu_op", "user_annotation") and not x["name"].startswith("Profiler")]
+    for s in steps:
+        mine = sorted((x for x in ops if within(x, s)), key=lambda x: (x["tid"], x["ts"], -x["dur"]))
+        top, end = [], {}
+        for x in mine:  # the step's top-level ops, per thread
+            if x["ts"] + x["dur"] <= end.get(x["tid"], -1):
+                continue
+            top.append(x)
+            end[x["tid"]] = x["ts"] + x["dur"]
+        torch_share = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+        for x in top:
+            if x["name"].startswith("Optimizer."):
+                torch_share["optimizer"] += x["dur"] / s["dur"]
+            elif x["name"].startswith("autograd::engine::evaluate_function"):
+                torch_share["backward"] += x["dur"] / s["dur"]
+            elif x["tid"] == s["tid"]:
+                torch_share["forward"] += x["dur"] / s["dur"]
+        ours = {
+            p: sum(x["dur"] for x in events if x["name"] == f"phase.{p}" and within(x, s)) / s["dur"]
+            for p in torch_share
+        }
+        for phase in torch_share:
+            assert abs(ours[phase] - torch_share[phase]) <= 0.05, (s["name"], phase, ours, torch_share)
+        assert min(torch_share.values()) > 0.02, torch_share
