@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 from fastprof import _core
+from fastprof._budget import moving_cost
 
 #: The host counter, recorded by the core at each step's end.
 RSS_COUNTER = "mem.rss [B]"
@@ -52,9 +53,6 @@ CUDA_COUNTERS: tuple[tuple[str, str], ...] = (
 #: A CUDA reading is taken only when this many readings' cost has passed
 #: since the previous one (1%).
 CUDA_BUDGET_FACTOR = 100
-#: One reading counts at most this many times the average (a preempted one
-#: must not stop the readings for long).
-CUDA_COST_CLAMP = 4.0
 
 
 def _path(key: str) -> tuple[str, ...]:
@@ -130,10 +128,7 @@ class StepMemory:
             _core.counter(name, _pick(nested, path))
         cuda.reset_peak_memory_stats()
         self._last_ns = t1 = time.perf_counter_ns()
-        cost = float(t1 - t0)
-        self._cost_ns = (
-            cost if not self.cuda_steps else 0.8 * self._cost_ns + 0.2 * min(cost, CUDA_COST_CLAMP * self._cost_ns)
-        )
+        self._cost_ns = moving_cost(self._cost_ns, float(t1 - t0), self.cuda_steps)
         self._gap_ns = CUDA_BUDGET_FACTOR * self._cost_ns
         self.cuda_steps += 1
         self.cuda = "per step (within a 1% budget: short steps share a reading)"

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastprof import _core
+from fastprof._budget import moving_cost
 
 #: The phases, in the order reports list them.
 PHASES = ("dataloader", "forward", "backward", "optimizer", "communication", "other")
@@ -487,8 +488,6 @@ GPU_COUNTER = "phase.gpu [ms]"
 #: A step is timed only when this many timed steps' cost has passed since the
 #: previous timed step (1% of the training thread).
 GPU_BUDGET_FACTOR = 100
-#: One timed step's cost counts at most this many times the average.
-GPU_COST_CLAMP = 4.0
 #: Timed steps whose events have not completed yet, kept at most (older ones
 #: are dropped and counted: a GPU this far behind is timed later).
 GPU_PENDING = 8
@@ -547,10 +546,7 @@ class _GpuPhases:
         now = time.perf_counter_ns()
         if self.timed and self.marks:
             self.pending.append((int(self.step or 0), self.marks))
-            cost = float(self.step_cost_ns)
-            self.cost_ns = (
-                cost if not self.timed_steps else 0.8 * self.cost_ns + 0.2 * min(cost, GPU_COST_CLAMP * self.cost_ns)
-            )
+            self.cost_ns = moving_cost(self.cost_ns, float(self.step_cost_ns), self.timed_steps)
             self.gap_ns = GPU_BUDGET_FACTOR * self.cost_ns
             self.timed_steps += 1
             if len(self.pending) > GPU_PENDING:

@@ -8,10 +8,20 @@
 //!
 //! Memory is bounded (`history` per metric); disk is bounded by the writer's
 //! segments. The sampler measures its own cost (thread CPU time per tick, tick
-//! latency, time inside NVML) and reports it in the trace metadata.
+//! latency, time inside NVML, and the cost of each NVML call group per
+//! device) and reports it in the trace metadata. NVML is read within a
+//! budget and a per-tick cap ([`schedule`]): on an H200 reading every field
+//! on every tick cost 4.6 ms per tick at 100 Hz.
 
 pub mod gpu;
+pub mod gpus;
+pub mod helper;
+pub mod pcie;
 pub mod procfs;
+pub mod schedule;
+pub mod series;
+
+pub use series::SeriesStore;
 
 use crate::clock;
 use crate::names;
@@ -19,7 +29,6 @@ use crate::registry;
 use gpu::GpuSelect;
 use procfs::{Children, CpuTimes, NetSource, ProcFile};
 use serde_json::{json, Value};
-use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -67,8 +76,17 @@ pub struct SamplerConfig {
     pub gpus: GpuSelect,
     /// Samples kept in memory per metric for `counters()` (the trace keeps all).
     pub history: usize,
-    /// Seconds between PCIe throughput reads (each blocks ~20 ms in the driver).
+    /// Seconds between PCIe throughput reads (each blocks ~20 ms in the
+    /// driver, on the NVML helper thread), for devices without PCIe byte
+    /// counters; byte counters are read every tick where the budget allows
+    /// and at least every 50 ms (they wrap: [`gpu::PCIE_COUNTER_HORIZON_NS`]).
     pub pcie_every_s: f64,
+    /// NVML wall time allowed per device, as a fraction of one core (0.02:
+    /// 20 ms a second). Where calls are slow, the groups are read less often
+    /// than desired rather than costing more; the periods in use are in the
+    /// metadata (`nvml.calls`). Higher buys rate on slow drivers at the
+    /// price of a core's share per GPU: an 8-GPU node pays 8 times this.
+    pub nvml_budget: f64,
     /// Read host/process counters here (/proc); off when the Python layer
     /// samples them with psutil instead (non-Linux hosts).
     pub host: bool,
@@ -94,111 +112,11 @@ impl Default for SamplerConfig {
             gpus: GpuSelect::All,
             history: 1 << 16,
             pcie_every_s: 1.0,
+            nvml_budget: gpus::DEFAULT_NVML_BUDGET,
             host: true,
             panic_after_ticks: None,
         }
     }
-}
-
-/// Bounded per-metric sample history.
-pub struct SeriesStore {
-    names: Vec<String>,
-    data: Vec<VecDeque<(u64, f64)>>,
-    cap: usize,
-}
-
-impl SeriesStore {
-    fn new(cap: usize) -> SeriesStore {
-        SeriesStore {
-            names: Vec::new(),
-            data: Vec::new(),
-            cap: cap.max(2),
-        }
-    }
-
-    fn ensure(&mut self, id: usize, name: &str) {
-        while self.names.len() <= id {
-            self.names.push(String::new());
-            self.data.push(VecDeque::new());
-        }
-        if self.names[id].is_empty() {
-            self.names[id] = name.to_string();
-        }
-    }
-
-    fn push(&mut self, id: usize, ts: u64, v: f64) {
-        let q = &mut self.data[id];
-        if q.len() == self.cap {
-            q.pop_front();
-        }
-        q.push_back((ts, v));
-    }
-
-    /// Every metric: (name, CLOCK_MONOTONIC ns, values).
-    pub fn snapshot(&self) -> Vec<(String, Vec<u64>, Vec<f64>)> {
-        self.names
-            .iter()
-            .zip(&self.data)
-            .map(|(n, q)| {
-                (
-                    n.clone(),
-                    q.iter().map(|x| x.0).collect(),
-                    q.iter().map(|x| x.1).collect(),
-                )
-            })
-            .collect()
-    }
-
-    fn series(&self, name: &str) -> Option<&VecDeque<(u64, f64)>> {
-        self.names
-            .iter()
-            .position(|n| n == name)
-            .map(|i| &self.data[i])
-    }
-
-    /// Joules a GPU used between two CLOCK_MONOTONIC instants: the driver's
-    /// energy counter where supported, else power integrated over time.
-    /// Returns (joules, source).
-    pub fn energy_between(&self, gpu: &str, t0: u64, t1: u64) -> Option<(f64, &'static str)> {
-        if let Some(q) = self
-            .series(&format!("{gpu}.energy [J]"))
-            .filter(|q| q.len() >= 2)
-        {
-            let (a, b) = (interp(q, t0)?, interp(q, t1)?);
-            return Some((b - a, "energy_counter"));
-        }
-        let q = self
-            .series(&format!("{gpu}.power [W]"))
-            .filter(|q| q.len() >= 2)?;
-        Some((integrate(q, t0, t1), "integrated_power"))
-    }
-}
-
-/// Linear interpolation of a series at `t` (clamped to its ends).
-fn interp(q: &VecDeque<(u64, f64)>, t: u64) -> Option<f64> {
-    let (first, last) = (q.front()?, q.back()?);
-    if t <= first.0 {
-        return Some(first.1);
-    }
-    if t >= last.0 {
-        return Some(last.1);
-    }
-    let i = q.partition_point(|x| x.0 <= t);
-    let (a, b) = (q[i - 1], q[i]);
-    Some(a.1 + (b.1 - a.1) * (t - a.0) as f64 / (b.0 - a.0) as f64)
-}
-
-/// Trapezoid integral (value × seconds) of a series over [t0, t1].
-fn integrate(q: &VecDeque<(u64, f64)>, t0: u64, t1: u64) -> f64 {
-    if t1 <= t0 {
-        return 0.0;
-    }
-    let mut pts: Vec<(u64, f64)> = vec![(t0, interp(q, t0).unwrap_or(0.0))];
-    pts.extend(q.iter().copied().filter(|x| x.0 > t0 && x.0 < t1));
-    pts.push((t1, interp(q, t1).unwrap_or(0.0)));
-    pts.windows(2)
-        .map(|w| (w[1].0 - w[0].0) as f64 / 1e9 * (w[0].1 + w[1].1) / 2.0)
-        .sum()
 }
 
 /// The sampler's measured cost, from its thread's CPU clock.
@@ -217,6 +135,8 @@ pub struct SelfCost {
     pub body_cpu_ns_max: u64,
     pub wall_ns_total: u64,
     pub wall_ns_max: u64,
+    /// NVML time on the tick thread; the calls read apart on the helper
+    /// thread are accounted per call group in `nvml.calls`.
     pub nvml_ns_total: u64,
     pub late_ticks: u64,
     /// Wall time of the last [`RECENT_TICKS`] ticks (a ring at
@@ -429,7 +349,15 @@ impl Metrics {
             if self.seen_at.get(c) == Some(&name.as_ptr()) && self.names[c].0.len() == name.len() {
                 c
             } else {
-                let i = match self.names.iter().position(|(n, _)| n == name) {
+                // Out of order (the NVML groups read vary from tick to
+                // tick): the same address again, then the bytes.
+                let by_address = self
+                    .seen_at
+                    .iter()
+                    .position(|&p| p == name.as_ptr())
+                    .filter(|&i| self.names[i].0 == name);
+                let by_name = || self.names.iter().position(|(n, _)| n == name);
+                let i = match by_address.or_else(by_name) {
                     Some(i) => i,
                     None => {
                         self.names.push((name.to_string(), names::intern(name)));
@@ -654,11 +582,10 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
     let mut children = Children::new(std::process::id(), page, 1_000_000_000 / clk_tck);
 
     let nvml = gpu::open(&cfg.gpus);
-    let (mut devices, dev_errors) = match &nvml {
+    let (devices, dev_errors) = match &nvml {
         Ok(n) => gpu::devices(n, &cfg.gpus),
         Err(_) => (Vec::new(), Vec::new()),
     };
-    let nvml_meta = gpu::metadata(&nvml, &devices, &dev_errors);
     let host_meta = if let Some(h) = &host {
         json!({
             "available": true,
@@ -674,6 +601,18 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
     };
     let system_hz = cfg.system_hz.clamp(f64::MIN_POSITIVE, cfg.hz);
     let slow_every = ((cfg.hz / system_hz).round() as u64).max(1);
+    let mut gpus = gpus::GpuSampler::new(
+        devices,
+        cfg.hz,
+        cfg.hz / slow_every as f64,
+        cfg.pcie_every_s,
+        cfg.nvml_budget,
+    );
+    let mut nvml_meta = gpu::metadata(&nvml, &gpus.devices, &dev_errors);
+    if nvml.is_ok() {
+        nvml_meta["budget"] = json!(gpus.budget());
+        nvml_meta["tick_cap_us"] = json!(schedule::TICK_CAP_NS as f64 / 1e3);
+    }
     *sh.meta.lock().unwrap_or_else(|e| e.into_inner()) = json!({
         "hz": cfg.hz,
         "system_hz": cfg.hz / slow_every as f64,
@@ -685,7 +624,6 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
 
     let period = Duration::from_secs_f64(1.0 / cfg.hz);
     let refresh_children_every = ((cfg.hz / 2.0).ceil() as u64).max(1);
-    let pcie_every = ((cfg.hz * cfg.pcie_every_s).ceil() as u64).max(1);
     let mut m = Metrics::new();
     let mut prev = Prev::default();
     let mut namer = registry::Named("fastprof-sampler");
@@ -747,11 +685,7 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
         }
         prev.rusage = ru;
 
-        let mut nvml_ns = 0;
-        let with_pcie = tick_no % pcie_every == 0;
-        for d in devices.iter_mut() {
-            nvml_ns += d.read(with_pcie, &mut |name, v| m.emit(name, v));
-        }
+        let nvml_ns = gpus.tick(mono, &mut |name, v| m.emit(name, v));
         prev.mono = mono;
 
         // Publish: trace counters (through this thread's ring) and history.
@@ -800,7 +734,7 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
         }
         if last_meta.elapsed() >= Duration::from_secs(1) {
             last_meta = std::time::Instant::now();
-            publish_meta(&sh, &devices);
+            publish_meta(&sh, &gpus);
         }
 
         next += period;
@@ -817,12 +751,14 @@ fn run(cfg: SamplerConfig, sh: Arc<SamplerShared>) {
         c.cpu_ns_total = thread_cpu_ns().saturating_sub(cpu_start);
         c.cpu_ticks = c.ticks;
     }
-    publish_meta(&sh, &devices);
+    publish_meta(&sh, &gpus);
 }
 
-fn publish_meta(sh: &SamplerShared, devices: &[gpu::GpuDevice<'_>]) {
+fn publish_meta(sh: &SamplerShared, gpus: &gpus::GpuSampler<'_>) {
     let cost = sh.cost.lock().unwrap_or_else(|e| e.into_inner()).json();
-    let disabled: serde_json::Map<String, Value> = devices
+    let calls = gpus.calls_json();
+    let disabled: serde_json::Map<String, Value> = gpus
+        .devices
         .iter()
         .filter(|d| !d.disabled.is_empty())
         .map(|d| {
@@ -838,6 +774,29 @@ fn publish_meta(sh: &SamplerShared, devices: &[gpu::GpuDevice<'_>]) {
     meta["self_cost"] = cost;
     if let Some(nv) = meta.get_mut("nvml") {
         nv["disabled_fields"] = Value::Object(disabled);
+        if !gpus.devices.is_empty() {
+            nv["calls"] = calls;
+            nv["share"] = gpus.share_json();
+        }
+        if let Some(why) = gpus.helper_error() {
+            nv["helper_error"] = json!(why);
+        }
+        // Sources can fall back while running (a field stops being
+        // supported): per device in the inventory, and by label.
+        if let Some(inv) = nv.get_mut("devices").and_then(Value::as_array_mut) {
+            for (d, inv) in gpus.devices.iter().zip(inv.iter_mut()) {
+                inv["sources"] = d.sources_json();
+                inv["source_fallbacks"] = d.fallbacks_json();
+            }
+        }
+        if !gpus.devices.is_empty() {
+            nv["sources"] = gpus
+                .devices
+                .iter()
+                .map(|d| (d.label.clone(), d.sources_json()))
+                .collect::<serde_json::Map<_, _>>()
+                .into();
+        }
     }
     meta["state"] = json!("running");
 }
@@ -845,26 +804,6 @@ fn publish_meta(sh: &SamplerShared, devices: &[gpu::GpuDevice<'_>]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn energy_from_counter_and_from_power() {
-        let mut s = SeriesStore::new(16);
-        s.ensure(0, "gpu0.energy [J]");
-        s.ensure(1, "gpu1.power [W]");
-        for i in 0..5u64 {
-            s.push(0, i * 1_000_000_000, 100.0 + 50.0 * i as f64);
-            s.push(1, i * 1_000_000_000, 200.0);
-        }
-        let (j, src) = s
-            .energy_between("gpu0", 1_000_000_000, 3_500_000_000)
-            .unwrap();
-        assert!((j - 125.0).abs() < 1e-9 && src == "energy_counter");
-        let (j, src) = s
-            .energy_between("gpu1", 500_000_000, 2_500_000_000)
-            .unwrap();
-        assert!((j - 400.0).abs() < 1e-6 && src == "integrated_power", "{j}");
-        assert!(s.energy_between("gpu7", 0, 1).is_none());
-    }
 
     /// A /proc/stat text: per line (label, busy, idle) jiffies.
     fn stat_text(lines: &[(&str, u64, u64)]) -> Vec<u8> {
@@ -997,16 +936,5 @@ mod tests {
         let meta = sh.meta.lock().unwrap().clone();
         assert_ne!(meta["state"], "failed", "{meta}");
         assert!(meta.get("error").is_none(), "{meta}");
-    }
-
-    #[test]
-    fn history_is_bounded() {
-        let mut s = SeriesStore::new(4);
-        s.ensure(0, "x");
-        for i in 0..10 {
-            s.push(0, i, i as f64);
-        }
-        let snap = s.snapshot();
-        assert_eq!(snap[0].1, vec![6, 7, 8, 9]);
     }
 }
