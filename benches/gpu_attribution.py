@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 
 import fastprof
+from fastprof.profiler import anatomy as anatomy_mod
 from gpu_check import transformer_step
 
 
@@ -49,12 +51,17 @@ def main() -> None:
         "bare loop": bare,
         "+memory_stats": dict(bare, memory_stats=True),
         "+anatomy": dict(bare, anatomy=True),
+        "+anatomy, no CUDA events": dict(bare, anatomy=True),
+        "+anatomy, events every step": dict(bare, anatomy=True),
+        "+triggers": dict(bare, triggers=True),
         "+sampler 10Hz host": dict(bare, sample_hz=10, sample_gpus="none"),
         "+sampler 10Hz nvml": dict(bare, sample_hz=10),
         "+sampler 100Hz nvml": dict(bare, sample_hz=100),
         "defaults (never)": dict(base),
     }
     tmp = Path(tempfile.mkdtemp(prefix="attribution-"))
+    budget = anatomy_mod.GPU_BUDGET_FACTOR
+    status: dict[str, str | None] = {}
     wall: dict[str, list[float]] = {k: [] for k in configs}
     cpu: dict[str, list[float]] = {k: [] for k in configs}
     for r in range(args.rounds):
@@ -62,6 +69,9 @@ def main() -> None:
         for name in order:
             kw = configs[name]
             run = f"r{r}-{name.replace(' ', '_').replace('+', '')}"
+            # The anatomy's CUDA events: off by its environment switch, or every step (no budget).
+            os.environ["FASTPROF_ANATOMY_GPU"] = "0" if name == "+anatomy, no CUDA events" else "1"
+            anatomy_mod.GPU_BUDGET_FACTOR = 0 if name == "+anatomy, events every step" else budget
             p = fastprof.Profiler(out_dir=tmp, run_name=run, **kw).start() if kw else None
             ts, cs = [], []
             for _ in range(args.steps):
@@ -74,10 +84,12 @@ def main() -> None:
                 cs.append(time.thread_time() - c0)
             if p is not None:
                 p.stop()
+                an = getattr(p, "_anatomy", None)
+                status[name] = None if an is None else an.gpu_status
             wall[name].append(statistics.median(ts))
             cpu[name].append(statistics.median(cs))
     b, bc = statistics.median(wall["none"]), statistics.median(cpu["none"])
-    res = {"device": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu", "configs": {}}
+    res: dict = {"device": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu", "configs": {}}
     print(f"device: {res['device']}; median of {args.rounds} interleaved rounds of {args.steps} steps")
     for k in configs:
         w, c = statistics.median(wall[k]), statistics.median(cpu[k])
@@ -87,9 +99,10 @@ def main() -> None:
             "cpu_ms": c * 1e3,
             "cpu_vs_none_pct": 100 * (c / bc - 1),
             "rounds_ms": [round(x * 1e3, 3) for x in wall[k]],
+            "anatomy_gpu": status.get(k),
         }
-        line = f"{k:22s} {w * 1e3:8.3f} ms {100 * (w / b - 1):+6.2f}%"
-        print(f"{line}   cpu {c * 1e3:8.3f} ms {100 * (c / bc - 1):+6.2f}%")
+        line = f"{k:28s} {w * 1e3:8.3f} ms {100 * (w / b - 1):+6.2f}%"
+        print(f"{line}   cpu {c * 1e3:8.3f} ms {100 * (c / bc - 1):+6.2f}%   {status.get(k) or ''}")
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
 
 

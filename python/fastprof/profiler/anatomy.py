@@ -43,6 +43,7 @@ the job: a phase it cannot record is left out.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import time
@@ -144,6 +145,8 @@ class Anatomy:
         return self.status
 
     def _start_gpu(self, torch: Any) -> str:
+        if os.environ.get(GPU_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+            return f"off ({GPU_ENV}=0)"
         try:
             if not torch.cuda.is_available():
                 return "unavailable: no CUDA device (torch.cuda.is_available() is False)"
@@ -483,6 +486,8 @@ def _forward_hook(register: Callable[..., Any], hook: Callable[..., Any]) -> Any
         return register(hook)
 
 
+#: ``FASTPROF_ANATOMY_GPU=0``: the anatomy records host phases only (no CUDA events).
+GPU_ENV = "FASTPROF_ANATOMY_GPU"
 #: The counter event each timed step's GPU phase times are recorded as.
 GPU_COUNTER = "phase.gpu [ms]"
 #: A step is timed only when this many timed steps' cost has passed since the
