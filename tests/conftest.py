@@ -13,6 +13,7 @@ import gzip
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -311,3 +312,31 @@ class PyScript:
 @pytest.fixture
 def pyscript(tmp_path: Path) -> PyScript:
     return PyScript(tmp_path)
+
+
+#: torchrun's own variables: a test's torchrun must not inherit a parent job's.
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun(
+    script: Path, *args: str, cwd: Path, timeout: float, nproc: int = 2, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m torch.distributed.run --nproc-per-node N script args`` on
+    this host (gloo on the loopback interface, no FASTPROF_* or torchrun
+    variables inherited, no sampler unless ``env`` says), asserted to exit 0."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_") and k not in TORCHRUN_VARS}
+    base.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1"]
+    cmd += ["--master-port", str(free_port()), str(script), *args]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**base, **(env or {})}, cwd=cwd)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"torchrun did not finish within {timeout} s\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}")
+    assert r.returncode == 0, f"torchrun failed ({r.returncode})\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    return r

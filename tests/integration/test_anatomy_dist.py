@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 from typing import Any
 
 import pytest
 
 import fastprof
+from conftest import torchrun
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
@@ -60,27 +57,12 @@ WORKER = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("straggler")
     (root / "worker.py").write_text(WORKER)
     out = root / "out"
-    skip = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_") and k not in skip}
-    env.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-    cmd += ["--master-port", str(_free_port()), str(root / "worker.py"), str(out)]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env, cwd=root)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"torchrun did not finish within 150 s\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}")
-    assert r.returncode == 0, f"torchrun failed ({r.returncode})\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    torchrun(root / "worker.py", str(out), cwd=root, timeout=150)
     jsonschema = pytest.importorskip("jsonschema")
     fastprof.report(out / "job", out_dir=root / "rep", formats=("json", "html"))
     doc: dict[str, Any] = json.loads((root / "rep" / "report.json").read_text())

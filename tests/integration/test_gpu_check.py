@@ -80,7 +80,8 @@ def test_the_cpu_dry_run_exercises_the_window_and_overhead_checks(tmp_path: Path
         assert "GPU phase times: unavailable: no CUDA device" in anat["figures"][shape]["status"], anat
 
 
-def test_gpu_events_outside_their_step_are_counted() -> None:
+def _gpu_check_module() -> Any:
+    """benches/gpu_check.py imported as a module (its helpers, no GPU needed)."""
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     assert spec is not None and spec.loader is not None
     sys.path.insert(0, str(SCRIPT.parent))
@@ -89,6 +90,11 @@ def test_gpu_events_outside_their_step_are_counted() -> None:
         spec.loader.exec_module(mod)
     finally:
         sys.path.remove(str(SCRIPT.parent))
+    return mod
+
+
+def test_gpu_events_outside_their_step_are_counted() -> None:
+    mod = _gpu_check_module()
 
     def x(cat: str, name: str, ts: float, dur: float, pid: int = 1, tid: int = 7, **args: Any) -> dict[str, Any]:
         return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": pid, "tid": tid, "args": args}
@@ -125,14 +131,7 @@ def test_gpu_events_outside_their_step_are_counted() -> None:
 
 
 def test_the_anatomys_gpu_span_is_compared_with_the_windows_over_the_same_steps() -> None:
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    mod = _gpu_check_module()
 
     def x(cat: str, name: str, ts: float, dur: float, **args: Any) -> dict[str, Any]:
         return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1, "args": args}
