@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import itertools
 import json
 import os
 import sys
@@ -130,6 +131,23 @@ def test_fit_records_actions_steps_windows_and_summary(tmp_path: Path) -> None:
     for step, batch, fetch in zip(steps, batches, fetches, strict=True):
         for inner in (batch, fetch):
             assert step["ts"] <= inner["ts"] and inner["ts"] + inner["dur"] <= step["ts"] + step["dur"] + 0.002
+    # The step anatomy (issue #25) under Lightning: each training step holds
+    # its backward, a forward (the module's call inside training_step) and
+    # the optimizer's step (split around the closure's forward and backward,
+    # so that phases never overlap).
+    for step in steps:
+
+        def inside(name: str, step: dict[str, Any] = step) -> list[dict[str, Any]]:
+            return [
+                e for e in _spans(doc, name) if step["ts"] <= e["ts"] and e["ts"] + e["dur"] <= step["ts"] + step["dur"]
+            ]
+
+        assert len(inside("phase.backward")) == 1 and len(inside("phase.forward")) >= 1, step
+        assert len(inside("phase.optimizer")) >= 1, step
+        phases = sorted(
+            (e["ts"], e["ts"] + e["dur"]) for n in ("forward", "backward", "optimizer") for e in inside(f"phase.{n}")
+        )
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(phases)), phases
     # Torch windows: in each epoch, warmup at batch 1, active at batches 2 and 3.
     windows = sorted((run / "rank0" / "torch").glob("*.pt.trace.json.gz"))
     assert [w.name for w in windows] == ["ep0-ba3.pt.trace.json.gz", "ep1-ba7.pt.trace.json.gz"]
