@@ -497,7 +497,8 @@ def test_the_anatomy_agrees_with_a_torch_window_over_the_same_steps(tmp_path: Pa
     the share torch's own CPU ops give it: the top-level ops of the step's
     thread under ``Optimizer.*`` annotations (optimizer), autograd's
     ``evaluate_function`` ops (backward), and the rest (forward: the model
-    and the loss). Read from the unified trace with Python's json."""
+    and the loss), each from its first op's start to its last op's end.
+    Read from the unified trace with Python's json."""
     e = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
     p = subprocess.run(
         [sys.executable, "-c", WINDOWED, str(tmp_path)], capture_output=True, text=True, timeout=180, env=e
@@ -520,18 +521,25 @@ def test_the_anatomy_agrees_with_a_torch_window_over_the_same_steps(tmp_path: Pa
                 continue
             top.append(x)
             end[x["tid"]] = x["ts"] + x["dur"]
-        torch_share = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+        # Each phase's extent by torch's ops: the first op's start to the last
+        # one's end (the optimizer's annotations are spans already), so that
+        # time between ops (Python, a preemption under load) counts on both sides.
+        kinds: dict[str, list[dict[str, Any]]] = {"forward": [], "backward": [], "optimizer": []}
         for x in top:
             if x["name"].startswith("Optimizer."):
-                torch_share["optimizer"] += x["dur"] / s["dur"]
+                kinds["optimizer"].append(x)
             elif x["name"].startswith("autograd::engine::evaluate_function"):
-                torch_share["backward"] += x["dur"] / s["dur"]
+                kinds["backward"].append(x)
             elif x["tid"] == s["tid"]:
-                torch_share["forward"] += x["dur"] / s["dur"]
+                kinds["forward"].append(x)
+        torch_share = {"optimizer": sum(x["dur"] for x in kinds["optimizer"]) / s["dur"]}
+        for phase in ("forward", "backward"):
+            xs = kinds[phase]
+            torch_share[phase] = (max(x["ts"] + x["dur"] for x in xs) - min(x["ts"] for x in xs)) / s["dur"]
         ours = {
             p: sum(x["dur"] for x in events if x["name"] == f"phase.{p}" and within(x, s)) / s["dur"]
             for p in torch_share
         }
         for phase in torch_share:
             assert abs(ours[phase] - torch_share[phase]) <= 0.05, (s["name"], phase, ours, torch_share)
-        assert min(torch_share.values()) > 0.02, torch_share
+        assert min(torch_share.values()) > 0, torch_share  # every phase is there

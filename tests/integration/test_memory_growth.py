@@ -23,7 +23,7 @@ pytest.importorskip("torch")
 MIB = 1 << 20
 
 TRAIN = """
-import sys, torch, fastprof
+import sys, time, torch, fastprof
 out, steps, leak_from = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 kept = []
 prof = fastprof.Profiler(out_dir=out, run_name="run", torch=False, sample_hz=0)
@@ -33,6 +33,7 @@ with prof:
         if 0 <= leak_from <= i:
             kept.append(t)  # the classic leak: a tensor kept across steps
         del t  # freed before the next step's (glibc then reuses it: RSS steady)
+        time.sleep(0.002)  # a training step's length: each step gets its own RSS reading (the core's budget)
         prof.step()
 """
 
