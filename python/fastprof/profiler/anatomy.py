@@ -172,6 +172,12 @@ class Anatomy:
 
     # ------------------------------------------------------------- records
 
+    def _begin(self, phase: str) -> int:
+        """A phase begins: its GPU mark (where CUDA events time it) and its start ticks."""
+        if self._gpu is not None:
+            self._gpu.mark(phase, False)
+        return _core._ticks()
+
     def _done(self, phase: str, name: _core.Name, t0: int, **args: Any) -> None:
         """A phase ended: its span, and its time added to the step's."""
         if self._gpu is not None:
@@ -229,9 +235,7 @@ class Anatomy:
                 if threading.get_ident() != self.thread_id or self._backward_depth:
                     return fn(*args, **kwargs)
                 self.pause_optimizer()
-                if self._gpu is not None:
-                    self._gpu.mark("backward", False)
-                t0 = _core._ticks()
+                t0 = self._begin("backward")
                 self._backward_depth = 1
                 try:
                     return fn(*args, **kwargs)
@@ -258,9 +262,7 @@ class Anatomy:
         """The closure's forward or backward ended: the optimizer step goes on."""
         if self._optimizer_paused:
             self._optimizer_paused = False
-            if self._gpu is not None:
-                self._gpu.mark("optimizer", False)
-            self._optimizer_t0 = _core._ticks()
+            self._optimizer_t0 = self._begin("optimizer")
 
     def _hook_optimizer(self, torch: Any) -> None:
         from torch.optim import optimizer as o  # lazy: torch is optional
@@ -269,9 +271,7 @@ class Anatomy:
 
         def pre(_opt: Any, _args: Any, _kwargs: Any) -> None:
             if threading.get_ident() == self.thread_id:
-                if self._gpu is not None:
-                    self._gpu.mark("optimizer", False)
-                self._optimizer_t0 = _core._ticks()
+                self._optimizer_t0 = self._begin("optimizer")
                 self._optimizer_paused = False
 
         def post(_opt: Any, _args: Any, _kwargs: Any) -> None:
@@ -291,9 +291,7 @@ class Anatomy:
                 # Inside an optimizer step (its closure), the step's span has it.
                 if threading.get_ident() != self.thread_id or self._optimizer_t0:
                     return fn(*args, **kwargs)
-                if self._gpu is not None:
-                    self._gpu.mark("optimizer", False)
-                t0 = _core._ticks()
+                t0 = self._begin("optimizer")
                 try:
                     return fn(*args, **kwargs)
                 finally:
@@ -322,9 +320,7 @@ class Anatomy:
             # Inside a collective the collective's span has it (a sync collective waits on its Work).
             if threading.get_ident() != self.thread_id or self._in_collective:
                 return fn(*args, **kwargs)
-            if self._gpu is not None:
-                self._gpu.mark("communication", False)
-            t0 = _core._ticks()
+            t0 = self._begin("communication")
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -337,9 +333,7 @@ class Anatomy:
         def collective(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != self.thread_id or self._in_collective:
                 return fn(*args, **kwargs)
-            if self._gpu is not None:
-                self._gpu.mark("communication", False)
-            t0 = _core._ticks()
+            t0 = self._begin("communication")
             self._in_collective = True
             try:
                 return fn(*args, **kwargs)
@@ -432,9 +426,7 @@ class _Forward:
         if threading.get_ident() == self.anatomy.thread_id:
             if self.depth == 0:
                 self.anatomy.pause_optimizer()
-                if self.anatomy._gpu is not None:
-                    self.anatomy._gpu.mark("forward", False)
-                self.t0 = _core._ticks()
+                self.t0 = self.anatomy._begin("forward")
             self.depth += 1
 
     def _post(self, *_hook_args: Any) -> None:
