@@ -91,6 +91,10 @@ class Signals:
     harmless: set[int] = field(default_factory=set)
     #: fastprof's own handlers (functions), never deferred nor taken for the job's.
     own: set[Any] = field(default_factory=set)
+    #: Depth of the main thread's critical sections (:class:`fastprof._signals.Critical`).
+    critical: int = 0
+    #: fastprof's own handler held by a critical section, with its arguments.
+    held: tuple[Any, int, Any] | None = None
 
 
 @dataclass

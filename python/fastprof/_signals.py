@@ -24,6 +24,15 @@ again and its handler runs where the close returns, so both the saved run and
 the job's outcome survive. SIGTERM (a preemption must not wait for the save)
 and Python's default SIGINT handler (``KeyboardInterrupt`` is not an
 ``Exception``) are never deferred.
+
+**Critical sections.** fastprof's own SIGTERM handler closes the Profiler,
+which stops torch.profiler; landing inside a call into torch.profiler (its
+``step()`` between creating the next ``ProfilerStep#N`` annotation and
+entering it, say) it found torch half-way and lost the window ("Expected
+record to be set"). Such calls run inside :data:`CRITICAL` (main thread,
+a few ms at most, seconds for a window's start): fastprof's handler that
+lands there is held (:func:`held`) and runs as the section ends, the call
+complete.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ from typing import Any
 from fastprof import _core
 from fastprof._process import PROCESS
 
-__all__ = ["call_job", "deferred", "give_back", "is_job", "job_disposition", "own"]
+__all__ = ["CRITICAL", "call_job", "deferred", "give_back", "held", "is_job", "job_disposition", "own"]
 
 # The signals made harmless and fastprof's own handlers: PROCESS.signals.
 #: The attribute :func:`call_job` sets on an exception the job's handler raised.
@@ -165,3 +174,40 @@ def deferred() -> Iterator[None]:
         for signum in came:
             if signum in held:
                 signal.raise_signal(signum)  # its handler runs now, here
+
+
+class Critical:
+    """A section the main thread's fastprof handlers wait for (see the module
+    docs): ``with CRITICAL: ...``. Nested sections count; the outermost one
+    runs a held handler as it ends. Other threads pass through."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            PROCESS.signals.critical += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        state = PROCESS.signals
+        state.critical -= 1
+        if state.critical == 0 and state.held is not None:
+            handler, signum, frame = state.held
+            state.held = None
+            handler(signum, frame)
+
+
+#: The one instance: a section holds no state of its own.
+CRITICAL = Critical()
+
+
+def held(handler: Callable[[int, Any], Any], signum: int, frame: Any) -> bool:
+    """Called first by a fastprof handler: inside a critical section of the
+    main thread, note the call (it runs as the section ends) and say so."""
+    state = PROCESS.signals
+    if state.critical <= 0 or threading.current_thread() is not threading.main_thread():
+        return False
+    if state.held is None:
+        state.held = (handler, signum, frame)
+    return True

@@ -230,6 +230,73 @@ def test_sigterm_inside_the_step_loop(mode, code, tmp_path, pyscript):
     assert not list(run.rglob("*.part"))
 
 
+IN_TORCH = """
+import os, signal, sys
+import torch
+import torch.profiler as tprof
+import fastprof
+
+out, where = sys.argv[1], sys.argv[2]
+hit = []
+
+
+def land(when):
+    # SIGTERM that Python delivers at the next bytecode: inside torch's call.
+    if where == when and not hit:
+        hit.append(when)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+enter = tprof.record_function.__enter__
+def record_enter(self):
+    if self.name == "ProfilerStep#5":
+        land("step")  # created by torch's step(), not entered yet
+    return enter(self)
+tprof.record_function.__enter__ = record_enter
+
+start = tprof.profile.start
+def profile_start(self):
+    start(self)
+    land("start")  # torch records; fastprof has not taken the object yet
+tprof.profile.start = profile_start
+
+stop = tprof.profile.stop
+def profile_stop(self):
+    land("stop")  # the window's last step, before torch stops
+    stop(self)
+tprof.profile.stop = profile_stop
+
+model = torch.nn.Linear(8, 8)
+with fastprof.Profiler(out, "r", schedule=fastprof.schedule.steps([(2, 7), (9, 100000)], warmup=0), sample_hz=0) as prof:
+    for i in range(100000):
+        model(torch.randn(4, 8)).sum().backward()
+        prof.step()
+print("trained on", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("where", "windows"),
+    [("start", [(2, 2)]), ("step", [(2, 4)]), ("stop", [(2, 6)])],
+)
+def test_sigterm_inside_a_torch_profiler_call_saves_the_window(where, windows, tmp_path, pyscript):
+    # Before: landing between torch's creating ProfilerStep#N and entering it
+    # lost the window ("stop: AssertionError: Expected record to be set"), one
+    # torchrun SIGTERM in 20; landing right after torch's start left torch
+    # recording with no window on record. The handler now waits for the call.
+    proc = pyscript.run(IN_TORCH, str(tmp_path / "out"), where, timeout=120)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr[-3000:]
+    assert "trained on" not in proc.stdout
+    assert "torch.profiler failed" not in proc.stderr, proc.stderr[-3000:]
+    run = tmp_path / "out" / "r"
+    summary = _summary(run)
+    assert summary["exit"] == "SIGTERM"
+    got = summary["torch"]["windows"]
+    assert [(w["first_step"], w["last_step"]) for w in got] == windows, got
+    assert all(w["saved"] for w in got), got
+    assert len(_torch_traces(run)) == len(windows)
+
+
 CLOSING = """
 import os, signal, sys, threading, time
 import torch
@@ -407,7 +474,8 @@ def test_torchrun_sigterm_to_the_launcher_saves_every_rank(tmp_path):
     for rank in (0, 1):
         summary = _summary(run, rank)
         assert summary["exit"] == "SIGTERM"
-        assert [w["saved"] for w in summary["torch"]["windows"]] == [True]
+        windows = summary["torch"]["windows"]
+        assert [w["saved"] for w in windows] == [True], f"rank {rank}: {windows}\nstderr:\n{stderr}"
         assert len(_torch_traces(run, rank)) == 1
         assert f"rank {rank}'s data is saved in {run / f'rank{rank}'}" in stderr
     doc = _merge_as_hinted(stderr, run)

@@ -124,6 +124,8 @@ def _chained(previous: Any) -> Any:
     one keeps calling that one, which still knows the job's own handler."""
 
     def on_sigterm(signum: int, frame: Any) -> None:
+        if _signals.held(on_sigterm, signum, frame):
+            return  # inside a call into torch.profiler: runs as it returns
         # Read first: saving stops the last Profiler, which gives SIGTERM back.
         on_top = signal.getsignal(signum) is on_sigterm
         _save_all_at_sigterm()

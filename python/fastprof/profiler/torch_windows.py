@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastprof import _core
+from fastprof import _core, _signals
 from fastprof._core import ConfigError, FastprofWarning
 from fastprof._options import FORMAT_VARIABLES, Option, _bool, _int, _str, _value, check_format, prefixed
 from fastprof.profiler.schedule import Action, to_torch
@@ -363,6 +363,10 @@ class WindowDriver:
         """A step begins: start a window at its first step, step torch through
         it, or stop it when the schedule left it (a window cut short) or the
         step is not one torch takes next in it (then another begins here)."""
+        with _signals.CRITICAL:
+            self._begin(action, step, epoch)
+
+    def _begin(self, action: Action, step: int, epoch: int) -> None:
         if self.failed is not None and self._tp is None:
             return  # no new window after a failure (a window still open runs to its end)
         if self._tp is not None:
@@ -434,6 +438,10 @@ class WindowDriver:
         """End torch's ``ProfilerStep#N`` annotation now (torch's own ``step()``
         and ``stop()`` skip an annotation already ended), so that the profiler
         can end its own step right after it."""
+        with _signals.CRITICAL:
+            self._end_annotation()
+
+    def _end_annotation(self) -> None:
         tp = self._tp
         rec = None if tp is None else getattr(tp, "step_rec_fn", None)
         if rec is None:
@@ -449,6 +457,10 @@ class WindowDriver:
     def end(self, action: Action, epoch: int, batch: int, batch_in_epoch: int) -> None:
         """A step ended (``action`` its action, at that position): a window's
         last step stops it. Outside a window this does nothing."""
+        with _signals.CRITICAL:
+            self._end(action, epoch, batch, batch_in_epoch)
+
+    def _end(self, action: Action, epoch: int, batch: int, batch_in_epoch: int) -> None:
         if self._window is not None:
             self._window.last_step = batch
             self._save_vars = {"epoch": epoch, "batch": batch, "batch_in_epoch": batch_in_epoch}
@@ -477,7 +489,8 @@ class WindowDriver:
     def close(self) -> None:
         """At the profiler's stop: a window still open is stopped (torch saves
         an active window cut short; a warmup is discarded)."""
-        self._stop()
+        with _signals.CRITICAL:
+            self._stop()
 
     # ------------------------------------------------------------- export
 
