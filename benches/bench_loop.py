@@ -51,6 +51,7 @@ Run: .bench-venv/bin/python benches/bench_loop.py [--steps 20000] [--rounds 7] [
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import statistics
 import tempfile
@@ -529,6 +530,40 @@ def run_loops(
     return per, cpu, model
 
 
+DROPS_SCRIPT = """
+import gzip, json, sys, time, warnings
+import fastprof
+n, out = int(sys.argv[1]), sys.argv[2]
+warnings.simplefilter("ignore")
+prof = fastprof.Profiler(out_dir=out, run_name="drops", torch=None)
+with prof:
+    t0 = time.perf_counter()
+    for _ in prof.loader(range(n)):
+        prof.step()
+    t1 = time.perf_counter()
+t2 = time.perf_counter()
+seg = sorted((prof.rank_dir).glob("fastprof.*.json.gz"))[-1]
+other = json.load(gzip.open(seg))["otherData"]
+print(json.dumps({"loop_s": t1 - t0, "close_s": t2 - t1, "events": other["events_written"],
+                  "dropped": other["drops"]["total"], "growth": other["ring_growth"]}))
+"""
+
+
+def drops_at(tmp: Path, steps: int) -> dict[str, Any]:
+    """A fresh process runs ``steps`` empty steps with the default options
+    (no torch window): what the writer kept, dropped, and grew into."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-c", DROPS_SCRIPT, str(steps), str(tmp / "drops")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
 def ratio(a: float, b: float) -> str:
     return f"{a / b:7.1f}x" if b > 0 else "    inf"
 
@@ -539,6 +574,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--model-steps", type=int, default=100, help="CNN steps per case (0: skip)")
     ap.add_argument("--fit-steps", type=int, default=300, help="Lightning Trainer.fit steps per round (0: skip)")
+    ap.add_argument("--drop-steps", type=int, default=1_000_000, help="empty steps checked for drops (0: skip)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: no spin contention)")
     args = ap.parse_args()
     torch = require_torch()
@@ -581,6 +617,7 @@ def main() -> None:
         mem = memory_stats_cost(tmp, batches, args.steps, args.rounds) if prof is not None else None
         lt_actions = lightning_actions(tmp, args.steps * 5, args.rounds) if have_lightning else {}
         lt_fit = lightning_fit(tmp, args.fit_steps, 3) if have_lightning and args.fit_steps else {}
+        drops = drops_at(tmp, args.drop_steps) if args.drop_steps else None
 
     print(
         f"\n1. bookkeeping per step, no model ({args.steps} steps/round, best of {args.rounds} interleaved rounds):"
@@ -650,6 +687,16 @@ def main() -> None:
         b = lt_fit["profiler=None"]
         for k, v in lt_fit.items():
             print(f"  {k:<20} {v:9.1f} µs  {v - b:+8.1f} µs vs profiler=None")
+
+    if drops:
+        g = drops["growth"]
+        print(
+            f"\n4. {args.drop_steps} empty steps, default options (a fresh process): loop {drops['loop_s']:.2f} s,"
+            f" close {drops['close_s']:.2f} s; {drops['events']} events written, {drops['dropped']} dropped;"
+            f" the rings grew {g['chunks']} times, peak {g['peak_bytes'] / 2**20:.0f} MiB"
+            f" of {g['limit_bytes'] / 2**20:.0f} MiB"
+        )
+        print(f"  no drops: {verdict(drops['dropped'] == 0)}")
 
 
 if __name__ == "__main__":

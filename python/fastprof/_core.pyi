@@ -193,6 +193,7 @@ class Session:
         window_bytes: int = 67108864,
         max_disk: int = 0,
         keep_segments: int = 0,
+        buffer_growth: int = 268435456,
     ) -> Session: ...
     def stop(self) -> dict[str, Any]: ...
     @property

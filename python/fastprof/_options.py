@@ -249,6 +249,18 @@ OPTIONS: tuple[Option, ...] = (
         _between(16, MAX_BUFFER_SIZE),
     ),
     Option(
+        "buffer_growth",
+        "size",
+        256 << 20,
+        ("FASTPROF_BUFFER_GROWTH",),
+        "bytes between 0 and 64Gi (accepts 256M; 0 = never grow)",
+        "Memory every thread's ring may grow into together when full (a burst the writer cannot keep up "
+        "with) instead of dropping events; given back once the writer has caught up. Drops are counted past it.",
+        "256 MiB",
+        _size,
+        _between(0, 64 << 30),
+    ),
+    Option(
         "flush_interval",
         "float",
         1.0,
@@ -478,6 +490,8 @@ class Options:
     #: Append to an earlier run of the same name instead of taking a new ``<run_name>-N``.
     resume: bool
     buffer_size: int
+    #: Bytes the rings may grow into together when full (0: never).
+    buffer_growth: int
     flush_interval: float
     segment_size: int
     segment_seconds: float

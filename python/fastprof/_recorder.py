@@ -92,6 +92,7 @@ class Recorder:
         rank: int | None = None,
         resume: bool | None = None,
         buffer_size: int | str | None = None,
+        buffer_growth: int | str | None = None,
         flush_interval: float | None = None,
         segment_size: int | str | None = None,
         segment_seconds: float | None = None,
@@ -195,6 +196,7 @@ class Recorder:
                 window_bytes=o.window_bytes,
                 max_disk=o.max_disk,
                 keep_segments=o.keep_segments,
+                buffer_growth=o.buffer_growth,
             )
             self._pid = os.getpid()
             self._started = True
@@ -336,7 +338,9 @@ class Recorder:
         if stats.dropped > stats.payload_dropped:
             warnings.warn(
                 f"fastprof dropped {stats.dropped - stats.payload_dropped} events because a thread's ring "
-                f"was full (buffer_size={self.options.buffer_size}); raise buffer_size or lower flush_interval",
+                f"was full and the rings had grown as far as buffer_growth allows (buffer_size="
+                f"{self.options.buffer_size}, buffer_growth={self.options.buffer_growth}); raise either, "
+                "or record fewer events per second",
                 _core.FastprofWarning,
                 stacklevel=2,
             )

@@ -1,5 +1,7 @@
 """Ring overflow: with a tiny per-thread ring and a flood of events, every
-event is either recorded or counted as dropped, exactly.
+event is either recorded or counted as dropped, exactly. The bounded ring
+(``buffer_growth=0``) drops at once; the default grows instead, and drops
+only once the growth budget is spent.
 
 The drop count must agree between ``RunStats``, ``otherData.drops`` (total
 and per thread) and the ``FastprofWarning`` emitted at stop.
@@ -27,7 +29,7 @@ def _stop_expecting_drop_warning():
 
 
 def test_instant_flood_counts_every_drop(tmp_path, traces):
-    rec = fastprof.start(out_dir=tmp_path, run_name="flood", buffer_size=64, flush_interval=10.0)
+    rec = fastprof.start(out_dir=tmp_path, run_name="flood", buffer_size=64, buffer_growth=0, flush_interval=10.0)
     tid = threading.get_native_id()
     for _ in range(FLOOD):
         fastprof.instant("flood")
@@ -46,7 +48,7 @@ def test_instant_flood_counts_every_drop(tmp_path, traces):
 
 def test_instant_flood_with_args(tmp_path, traces):
     """Dropped events that carry args are counted the same way (and freed)."""
-    rec = fastprof.start(out_dir=tmp_path, run_name="flood-args", buffer_size=64, flush_interval=10.0)
+    rec = fastprof.start(out_dir=tmp_path, run_name="flood-args", buffer_size=64, buffer_growth=0, flush_interval=10.0)
     n = FLOOD // 4
     for i in range(n):
         fastprof.instant("flood", i=i)
@@ -60,7 +62,7 @@ def test_instant_flood_with_args(tmp_path, traces):
 
 def test_nested_span_flood(tmp_path, traces):
     """A dropped span takes its nested spans with it; each counts as one drop."""
-    rec = fastprof.start(out_dir=tmp_path, run_name="spans", buffer_size=64, flush_interval=10.0)
+    rec = fastprof.start(out_dir=tmp_path, run_name="spans", buffer_size=64, buffer_growth=0, flush_interval=10.0)
     outer_n = FLOOD // 4
     for _ in range(outer_n):
         with fastprof.span("outer"):
@@ -86,7 +88,7 @@ def test_nested_span_flood(tmp_path, traces):
 
 
 def test_threads_count_drops_separately(tmp_path, traces):
-    rec = fastprof.start(out_dir=tmp_path, run_name="threads", buffer_size=64, flush_interval=10.0)
+    rec = fastprof.start(out_dir=tmp_path, run_name="threads", buffer_size=64, buffer_growth=0, flush_interval=10.0)
     per_thread = 60_000
     tids: dict[str, int] = {}
     barrier = threading.Barrier(3)
@@ -117,7 +119,7 @@ def test_threads_count_drops_separately(tmp_path, traces):
 
 def test_recording_resumes_after_overflow(tmp_path, traces):
     """Once the writer drains the ring, new events are recorded again."""
-    rec = fastprof.start(out_dir=tmp_path, run_name="resume", buffer_size=64, flush_interval=0.05)
+    rec = fastprof.start(out_dir=tmp_path, run_name="resume", buffer_size=64, buffer_growth=0, flush_interval=0.05)
     for _ in range(50_000):
         fastprof.instant("burst")
     # Wait until the writer has drained (it flushes every 50 ms).
@@ -129,3 +131,36 @@ def test_recording_resumes_after_overflow(tmp_path, traces):
     run = traces.read(rec.trace_dir)
     assert [e["args"]["i"] for e in run.of("i", "after")] == list(range(10))
     assert len(run.of("i", "burst")) + stats.dropped == 50_000
+
+
+def test_a_full_ring_grows_instead_of_dropping(tmp_path, traces):
+    # The same flood at the default growth budget: nothing is lost, the
+    # growth is on record, and the memory is given back by the end.
+    rec = fastprof.start(out_dir=tmp_path, run_name="grow", buffer_size=64, flush_interval=10.0)
+    for i in range(FLOOD):
+        fastprof.instant("flood")
+    stats = fastprof.stop()
+    assert stats.dropped == 0
+    run = traces.read(rec.trace_dir)
+    assert len(run.of("i", "flood")) == FLOOD
+    growth = run.final["ring_growth"]
+    assert growth["chunks"] > 0
+    assert 0 < growth["peak_bytes"] <= growth["limit_bytes"] == 256 << 20
+    assert run.final["drops"]["total"] == 0
+
+
+def test_past_the_growth_budget_drops_are_counted(tmp_path, traces):
+    # 64 KiB of growth: a 64-slot ring grows to 2048 slots (48 KiB in chunks
+    # of 128..2048 slots alive at once) and then drops what does not fit.
+    rec = fastprof.start(
+        out_dir=tmp_path, run_name="budget", buffer_size=64, buffer_growth="64KiB", flush_interval=10.0
+    )
+    for _ in range(FLOOD):
+        fastprof.instant("flood")
+    stats = _stop_expecting_drop_warning()
+    run = traces.read(rec.trace_dir)
+    recorded = len(run.of("i", "flood"))
+    assert recorded + stats.dropped == FLOOD
+    assert recorded > 64
+    growth = run.final["ring_growth"]
+    assert growth["chunks"] > 0 and growth["peak_bytes"] <= 64 << 10

@@ -5,7 +5,7 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fastprof_core::config::Config;
 use fastprof_core::record::{Kind, Record};
-use fastprof_core::ring::ring;
+use fastprof_core::ring::{ring, Growth};
 use fastprof_core::session::Session;
 use fastprof_core::{names, registry};
 use std::hint::black_box;
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 const BATCH: u64 = 4096;
 
 fn ring_push_drain(c: &mut Criterion) {
-    let (producer, mut consumer) = ring(1 << 16).expect("allocate the ring");
+    let (producer, mut consumer) = ring(1 << 16, &Growth::new(0)).expect("allocate the ring");
     let mut out = Vec::with_capacity(BATCH as usize);
     let mut g = c.benchmark_group("ring");
     g.throughput(Throughput::Elements(BATCH));

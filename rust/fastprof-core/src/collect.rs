@@ -18,7 +18,7 @@ use crate::names;
 use crate::record::{Kind, Record, FLAG_EXCEPTION, FLAG_STEP};
 use crate::registry::{self, NewThread, Target, ThreadMeta, END_SLOT_MISSING};
 use crate::ring::AllocError;
-use crate::ring::Consumer;
+use crate::ring::{Consumer, Growth};
 use crate::sampler::SamplerShared;
 use crate::sink::chrome_gz::ChromeGz;
 use crate::sink::window::{DumpInfo, Window};
@@ -79,6 +79,8 @@ pub struct SessionShared {
     /// budget (see `record::MAX_PAYLOAD_IN_FLIGHT`). Relaxed counters.
     pub(crate) payload_in_flight: AtomicU64,
     pub(crate) payload_drops: AtomicU64,
+    /// The budget every ring of the session grows on (see `ring`).
+    pub(crate) ring_growth: Arc<Growth>,
     /// Threads that got no ring: (tid, name, reason).
     pub(crate) ringless_threads: Mutex<Vec<(u64, String, String)>>,
     pub(crate) commands: Mutex<Vec<Command>>,
@@ -89,6 +91,7 @@ pub struct SessionShared {
 
 impl SessionShared {
     pub(crate) fn new(generation: u64, config: Config) -> SessionShared {
+        let ring_growth = Growth::new(config.buffer_growth);
         SessionShared {
             generation,
             step_name: names::intern(STEP_COUNTER),
@@ -106,6 +109,7 @@ impl SessionShared {
             ringless_drops: AtomicU64::new(0),
             payload_in_flight: AtomicU64::new(0),
             payload_drops: AtomicU64::new(0),
+            ring_growth,
             ringless_threads: Mutex::new(Vec::new()),
             commands: Mutex::new(Vec::new()),
             notices: Mutex::new(Vec::new()),
@@ -218,6 +222,9 @@ impl Target for SessionShared {
     }
     fn payload_drops(&self) -> &AtomicU64 {
         &self.payload_drops
+    }
+    fn ring_growth(&self) -> &Arc<Growth> {
+        &self.ring_growth
     }
 }
 
@@ -1080,6 +1087,15 @@ impl MetaSource for State {
                 "payload_events": self.shared.payload_drops.load(Ordering::Relaxed),
                 "ringless_threads": ringless_threads,
                 "end_slot_missing": END_SLOT_MISSING.load(Ordering::Relaxed),
+            }),
+        );
+        let growth = &self.shared.ring_growth;
+        other.insert(
+            "ring_growth".into(),
+            json!({
+                "chunks": growth.chunks(),
+                "peak_bytes": growth.peak_bytes(),
+                "limit_bytes": self.shared.config.buffer_growth,
             }),
         );
         other.insert(

@@ -21,6 +21,10 @@ pub struct Config {
     /// survive longer bursts without drops but reserve 24 bytes per slot per
     /// recording thread (pages are committed as they are first used).
     pub buffer_size: usize,
+    /// Bytes that the session's rings may hold together beyond their
+    /// `buffer_size` (0 = never grow): a full ring grows into it instead of
+    /// dropping (see `ring`), and gives it back once the writer caught up.
+    pub buffer_growth: u64,
     /// Seconds between writer flushes. A killed process loses at most this
     /// much; shorter intervals cost more syscalls and slightly worse gzip.
     pub flush_interval_s: f64,
@@ -71,6 +75,7 @@ impl Default for Config {
             world_size: 1,
             local_rank: 0,
             buffer_size: 1 << 20,
+            buffer_growth: crate::ring::MAX_GROWN_BYTES,
             flush_interval_s: 1.0,
             segment_size: 256 << 20,
             segment_seconds: 0.0,

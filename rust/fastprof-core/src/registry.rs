@@ -22,7 +22,7 @@
 
 use crate::clock;
 use crate::record::{Extra, Kind, Record, FLAG_EXCEPTION};
-use crate::ring::{self, AllocError, Consumer, Producer, Push};
+use crate::ring::{self, AllocError, Consumer, Growth, Producer, Push};
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -119,6 +119,8 @@ pub trait Target: Send + Sync {
     fn payload_in_flight(&self) -> &AtomicU64;
     /// Events dropped because the payload budget was spent. Relaxed counter.
     fn payload_drops(&self) -> &AtomicU64;
+    /// The budget this session's rings grow on.
+    fn ring_growth(&self) -> &Arc<Growth>;
 }
 
 /// Set when the recording session has a message for the user (a failure,
@@ -364,7 +366,7 @@ fn register(l: &Local, gen: u64, hooks: &mut dyn ThreadHooks) -> bool {
     };
     drop(cur);
     // Outside the lock: a large ring is an mmap and must not stall others.
-    let ring = ring::ring(session.ring_capacity());
+    let ring = ring::ring(session.ring_capacity(), session.ring_growth());
     // A previous generation's ring goes now: its consumer sees the producer gone.
     drop(l.owner.take());
     l.ringless.replace(None);

@@ -4,7 +4,7 @@
 //! test's own thread (the harness's threads allocate too, concurrently).
 
 use fastprof_core::record::{Extra, Kind, Record};
-use fastprof_core::ring::ring;
+use fastprof_core::ring::{ring, Growth};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Mutex;
@@ -51,7 +51,7 @@ fn every_path_frees_each_extra_exactly_once() {
     let mut out = Vec::with_capacity(64);
     let before = live();
     {
-        let (p, mut c) = ring(16).unwrap();
+        let (p, mut c) = ring(16, &Growth::new(0)).unwrap();
         // Pushed then drained and consumed.
         for i in 0..8 {
             assert!(p
@@ -81,6 +81,21 @@ fn every_path_frees_each_extra_exactly_once() {
         assert!(!full.stored());
         // 16 records with extras are still in the ring when both halves drop.
     }
+    {
+        // A grown ring: records left in two chunks, one half-drained.
+        let (p, mut c) = ring(16, &Growth::new(1 << 20)).unwrap();
+        for i in 0..40 {
+            assert!(p
+                .push(Record::with_extra(Kind::Instant, 0, i, extra(i)), 0)
+                .stored());
+        }
+        let mut some = Vec::new();
+        c.drain_upto(&mut some, 10);
+        assert_eq!(some.len(), 10);
+        drop(some);
+        drop(c); // the consumer first: the producer's newest chunk outlives it
+        drop(p);
+    }
     assert_eq!(
         live(),
         before,
@@ -92,6 +107,6 @@ fn every_path_frees_each_extra_exactly_once() {
 fn a_failed_ring_allocation_leaves_nothing_behind() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let before = live();
-    assert!(ring(1 << 60).is_err());
+    assert!(ring(1 << 60, &Growth::new(0)).is_err());
     assert_eq!(live(), before);
 }

@@ -98,6 +98,7 @@ fn tiny_ring_counts_every_drop_and_keeps_nesting() {
     let mut session = Session::start(Config {
         trace_dir: dir.clone(),
         buffer_size: 16,
+        buffer_growth: 0,
         flush_interval_s: 10.0,
         ..Config::default()
     })
