@@ -267,7 +267,8 @@ def profile_stop(self):
 tprof.profile.stop = profile_stop
 
 model = torch.nn.Linear(8, 8)
-with fastprof.Profiler(out, "r", schedule=fastprof.schedule.steps([(2, 7), (9, 100000)], warmup=0), sample_hz=0) as prof:
+sched = fastprof.schedule.steps([(2, 7), (9, 100000)], warmup=0)
+with fastprof.Profiler(out, "r", schedule=sched, sample_hz=0) as prof:
     for i in range(100000):
         model(torch.randn(4, 8)).sum().backward()
         prof.step()

@@ -137,7 +137,7 @@ def test_a_full_ring_grows_instead_of_dropping(tmp_path, traces):
     # The same flood at the default growth budget: nothing is lost, the
     # growth is on record, and the memory is given back by the end.
     rec = fastprof.start(out_dir=tmp_path, run_name="grow", buffer_size=64, flush_interval=10.0)
-    for i in range(FLOOD):
+    for _ in range(FLOOD):
         fastprof.instant("flood")
     stats = fastprof.stop()
     assert stats.dropped == 0

@@ -357,7 +357,7 @@ impl Producer {
     /// gives way to a fresh chunk of the first size (the grown one is freed once
     /// drained).
     fn shrink_if_drained(&self) {
-        if self.mask.get() + 1 <= self.first {
+        if self.mask.get() < self.first {
             return;
         }
         self.refresh_tail();
