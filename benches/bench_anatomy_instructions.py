@@ -135,8 +135,9 @@ def main() -> None:
         f"  anatomy on the MLP step: {added:+,.0f} instructions ({100 * share:+.3f}%)  target <= 1%  "
         f"{'PASS' if share <= 0.01 else 'MISS'}"
     )
-    loop = step - per[("mlp", "none")]
-    print(f"  the Profiler without the anatomy on the same step: {loop:+,.0f} ({100 * loop / per[('mlp', 'none')]:+.3f}%)")
+    bare = per[("mlp", "none")]
+    loop = step - bare
+    print(f"  the Profiler without the anatomy on the same step: {loop:+,.0f} ({100 * loop / bare:+.3f}%)")
     hooks = per[("tiny", "anatomy")] - per[("tiny", "profiler")]
     print(f"  the hooks' own instructions on a one-layer step: {hooks:+,.0f} per step")
     shutil.rmtree(out, ignore_errors=True)
