@@ -352,7 +352,9 @@ class Slow(torch.autograd.Function):
         return x
     @staticmethod
     def backward(ctx, g):
-        time.sleep(0.5 if SLOW_NOW else 0.002)
+        # 20 ms a step: a preemption of the step before the slow one (a
+        # burst counts once, under its first step) needs 10x that.
+        time.sleep(1.0 if SLOW_NOW else 0.02)
         return g
 prof = fastprof.Profiler(sys.argv[1], "run", torch=fastprof.TorchWindows(), sample_hz=0, sync_clocks=False,
                          schedule=fastprof.schedule.epoch(wait=100, warmup=0, active=1, repeat=0),

@@ -61,6 +61,7 @@ def test_without_a_gpu_every_gpu_item_is_skipped_with_its_reason(tmp_path: Path)
 
 
 @needs_no_gpu
+@pytest.mark.timeout(300)  # 104 s under a CPU hog and 3 workers
 def test_the_cpu_dry_run_exercises_the_window_and_overhead_checks(tmp_path: Path) -> None:
     p, doc = _run(tmp_path, "--dry-run-cpu")
     assert p.returncode == 0, p.stdout + p.stderr

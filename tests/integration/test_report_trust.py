@@ -321,6 +321,7 @@ def _readme_diff_flags() -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # two default demo runs and two reports: 120 s under a CPU hog and 3 workers
 def test_the_readme_diff_example_holds_between_two_identical_demo_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
