@@ -332,14 +332,25 @@ impl Producer {
     #[inline(never)]
     fn grow(&self, reserve: u64) -> bool {
         let cap = self.mask.get() + 1;
-        let new_cap = (cap * 2).max((reserve + 2).next_power_of_two());
-        let bytes = new_cap * std::mem::size_of::<Record>() as u64;
+        let least = (self.first * 2).max((reserve + 2).next_power_of_two());
         let Some(growth) = self.growth() else {
             return false;
         };
-        if !growth.charge(bytes) {
-            return false;
-        }
+        // Twice the full chunk; when the budget has no room for that, the
+        // largest chunk that fits (still larger than the first size, so that
+        // the shrink back to it stays a step down), so the budget is used up
+        // before a record is dropped.
+        let mut new_cap = (cap * 2).max(least);
+        let bytes = loop {
+            let bytes = new_cap * std::mem::size_of::<Record>() as u64;
+            if growth.charge(bytes) {
+                break bytes;
+            }
+            if new_cap / 2 < least {
+                return false;
+            }
+            new_cap /= 2;
+        };
         match Buf::new(new_cap as usize, self.head.get(), bytes, &growth) {
             Ok(next) => {
                 growth.chunks.fetch_add(1, Ordering::Relaxed);
@@ -713,6 +724,18 @@ mod tests {
         // Drained: the grown chunk has room again, and no new growth is needed.
         assert!(p.push(rec(40), 0).stored());
         assert_eq!(drain_all(&mut c), vec![40]);
+    }
+
+    #[test]
+    fn the_budget_is_used_up_in_smaller_chunks_before_a_drop() {
+        // Room for 16 + 16 slots, not for the 32 a doubling asks next.
+        let growth = Growth::new(32 * 24);
+        let (p, mut c) = ring(8, &growth).unwrap();
+        let stored = (0..60).filter(|&i| p.push(rec(i), 0).stored()).count();
+        assert_eq!(stored, 8 + 16 + 16);
+        assert_eq!(growth.chunks(), 2);
+        assert_eq!(growth.peak_bytes(), 32 * 24);
+        assert_eq!(drain_all(&mut c), (0..40).collect::<Vec<_>>());
     }
 
     #[test]
