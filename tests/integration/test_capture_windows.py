@@ -25,9 +25,11 @@ pytestmark = pytest.mark.timeout(300)
 # batches 1-3 and 5-7; a slow batch 14 from epoch 1 on asks, at batch 15, for
 # a 5-step capture that runs into the next epoch's window (its warm-up at
 # batch 1); the last one is still running when the run ends. The sleep is
-# 1.5 s, over 100x a step even on a loaded machine (a step took up to ~15 ms
-# under the full suite with a CPU hog), and anomaly_factor=40 keeps a step
-# that load slowed (seen: 10-30x) from taking the capture first.
+# 3 s, over 40x the median step even on a loaded machine (a step took up to
+# ~15 ms under the full suite with a CPU hog; with 3 test workers beside the
+# hog, the median of 16 steps, 6 of them in windows, passed 37 ms and a 1.5 s
+# sleep was no anomaly), and anomaly_factor=40 keeps a step that load slowed
+# (seen: 10-30x) from taking the capture first.
 JOB = textwrap.dedent(
     """
     import sys, time, torch, fastprof
@@ -46,7 +48,7 @@ JOB = textwrap.dedent(
             for i, b in enumerate(prof.loader(loader)):
                 model(b).sum().backward(); opt.step(); opt.zero_grad()
                 if epoch >= 1 and i == 14:
-                    time.sleep(1.5)
+                    time.sleep(3.0)
                 prof.step()
     print("finished", flush=True)
     """

@@ -86,9 +86,15 @@ def test_values_of_the_wrong_kind_are_dropped_with_one_warning(tmp_path, traces)
 
 
 PROCESS = """
-import os, sys, fastprof
-out, k, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+import os, sys, time, fastprof
+out, k, n, procs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rec = fastprof.start(out, "shared", segment_size="64KiB", flush_interval=0.01)
+# All record at once (on a loaded machine they would otherwise run one
+# after another): each waits here, recording, until every one has started.
+open(os.path.join(out, f"started.{k}"), "w").close()
+t = time.monotonic()
+while len([f for f in os.listdir(out) if f.startswith("started.")]) < procs and time.monotonic() - t < 60:
+    time.sleep(0.01)
 for i in range(n):
     with fastprof.span("work", proc=k, i=i, pad=os.urandom(48).hex()):  # incompressible: segments rotate
         pass
@@ -107,7 +113,7 @@ def test_processes_sharing_a_rank_directory_lose_nothing(pyscript, tmp_path, tra
     env["FASTPROF_RESUME"] = "1"
     children = [
         subprocess.Popen(
-            [sys.executable, str(script), str(tmp_path / "runs"), str(k), str(n)],
+            [sys.executable, str(script), str(tmp_path / "runs"), str(k), str(n), str(procs)],
             stderr=subprocess.PIPE,
             text=True,
             env=env,
