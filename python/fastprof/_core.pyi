@@ -9,6 +9,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 __version__: str
 #: The sampler's ticks per second unless set (the one place this default is written).
 DEFAULT_SAMPLE_HZ: float
+DEFAULT_BUFFER_GROWTH: int
 
 class FastprofError(Exception): ...
 class FastprofWarning(UserWarning): ...
@@ -193,7 +194,7 @@ class Session:
         window_bytes: int = 67108864,
         max_disk: int = 0,
         keep_segments: int = 0,
-        buffer_growth: int = 268435456,
+        buffer_growth: int | None = None,
     ) -> Session: ...
     def stop(self) -> dict[str, Any]: ...
     @property

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastprof._core import DEFAULT_SAMPLE_HZ, ConfigError
+from fastprof._core import DEFAULT_BUFFER_GROWTH, DEFAULT_SAMPLE_HZ, ConfigError
 
 U32_MAX = 2**32 - 1
 U64_MAX = 2**64 - 1
@@ -251,12 +251,12 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "buffer_growth",
         "size",
-        256 << 20,
+        DEFAULT_BUFFER_GROWTH,
         ("FASTPROF_BUFFER_GROWTH",),
         "bytes between 0 and 64Gi (accepts 256M; 0 = never grow)",
         "Memory every thread's ring may grow into together when full (a burst the writer cannot keep up "
         "with) instead of dropping events; given back once the writer has caught up. Drops are counted past it.",
-        "256 MiB",
+        f"{DEFAULT_BUFFER_GROWTH >> 20} MiB",
         _size,
         _between(0, 64 << 30),
     ),

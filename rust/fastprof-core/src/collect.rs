@@ -1095,7 +1095,7 @@ impl MetaSource for State {
             json!({
                 "chunks": growth.chunks(),
                 "peak_bytes": growth.peak_bytes(),
-                "limit_bytes": self.shared.config.buffer_growth,
+                "limit_bytes": growth.limit_bytes(),
             }),
         );
         other.insert(

@@ -75,7 +75,7 @@ impl Default for Config {
             world_size: 1,
             local_rank: 0,
             buffer_size: 1 << 20,
-            buffer_growth: crate::ring::MAX_GROWN_BYTES,
+            buffer_growth: crate::ring::DEFAULT_GROWTH_BYTES,
             flush_interval_s: 1.0,
             segment_size: 256 << 20,
             segment_seconds: 0.0,

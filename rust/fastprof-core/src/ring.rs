@@ -14,8 +14,10 @@
 //! that the writer cannot keep up with (a 10^6-step loop of 0.6 µs steps
 //! writes ~6M records in 0.6 s; the writer formats ~2M events/s) is held
 //! instead of dropped. The chunks beyond a ring's first size are charged to
-//! one process-wide budget, [`MAX_GROWN_BYTES`]; past it, a full chunk
-//! drops the record and the caller counts the drop, as a bounded ring does.
+//! a [`Growth`] budget that all rings of a recording session share
+//! (`Config::buffer_growth`, [`DEFAULT_GROWTH_BYTES`] by default); past it,
+//! the largest chunk that still fits is taken, and then a full chunk drops
+//! the record and the caller counts the drop, as a bounded ring does.
 //! Once the writer has caught up (checked at each quarter-chunk nudge), the
 //! producer links a fresh chunk of the first size, so a grown chunk is freed
 //! as soon as it is drained and memory goes back to the first size.
@@ -48,7 +50,7 @@ use std::sync::{Arc, OnceLock};
 /// The default growth budget a recording session gives all its rings
 /// together (the bytes of chunks beyond a ring's first size alive at one
 /// time; `Config::buffer_growth`).
-pub const MAX_GROWN_BYTES: u64 = 256 << 20;
+pub const DEFAULT_GROWTH_BYTES: u64 = 256 << 20;
 
 /// A growth budget shared by rings (a session's), and what they drew on it.
 #[derive(Debug, Default)]
@@ -71,6 +73,11 @@ impl Growth {
     /// Chunks allocated past a ring's first size.
     pub fn chunks(&self) -> u64 {
         self.chunks.load(Ordering::Relaxed)
+    }
+
+    /// The budget, in bytes.
+    pub fn limit_bytes(&self) -> u64 {
+        self.limit
     }
 
     /// The most bytes grown chunks held at one time.
@@ -215,15 +222,14 @@ pub struct Producer {
     slots: Cell<*const UnsafeCell<MaybeUninit<Record>>>,
     mask: Cell<u64>,
     nudge_mask: Cell<u64>,
-    /// The newest chunk's shared head.
-    shared_head: Cell<*const AtomicU64>,
     /// Private copy of `tail`, refreshed only when the chunk looks full, so
     /// the common push touches no shared line but its own `head`.
     cached_tail: Cell<u64>,
     /// Private copy of `head` (only this half writes it).
     head: Cell<u64>,
-    /// The newest chunk (never read on the push path; swapped on growth).
-    buf: Cell<Option<Arc<Buf>>>,
+    /// The newest chunk; replaced only by `switch_to`, which no reference
+    /// obtained through `chunk()` outlives.
+    buf: UnsafeCell<Arc<Buf>>,
     /// The newest chunk's first index.
     start: Cell<u64>,
     /// The ring's first size (what it shrinks back to).
@@ -253,11 +259,10 @@ pub fn ring(capacity: usize, growth: &Arc<Growth>) -> Result<(Producer, Consumer
         slots: Cell::new(buf.slots.as_ptr()),
         mask: Cell::new(buf.mask),
         nudge_mask: Cell::new(buf.nudge_mask),
-        shared_head: Cell::new(&buf.head.0),
         cached_tail: Cell::new(0),
         head: Cell::new(0),
         start: Cell::new(0),
-        buf: Cell::new(Some(buf.clone())),
+        buf: UnsafeCell::new(buf.clone()),
         first: capacity as u64,
         _alive: alive.clone(),
     };
@@ -297,8 +302,7 @@ impl Producer {
         }
         self.head.set(head + 1);
         // Release: publishes the slot written above to the consumer.
-        // SAFETY: `shared_head` points into the chunk `buf` keeps alive.
-        unsafe { &*self.shared_head.get() }.store(head + 1, Ordering::Release);
+        self.chunk().head.0.store(head + 1, Ordering::Release);
         if (head + 1) & self.nudge_mask.get() == 0 {
             self.shrink_if_drained();
             Push::Nudge
@@ -317,13 +321,18 @@ impl Producer {
     }
 
     fn refresh_tail(&self) {
-        let buf = self.buf.take();
-        if let Some(b) = &buf {
-            // Acquire: pairs with the consumer's Release store of tail, so
-            // the slots it freed are no longer being read.
-            self.cached_tail.set(b.tail.0.load(Ordering::Acquire));
-        }
-        self.buf.set(buf);
+        // Acquire: pairs with the consumer's Release store of tail, so the
+        // slots it freed are no longer being read.
+        self.cached_tail
+            .set(self.chunk().tail.0.load(Ordering::Acquire));
+    }
+
+    /// The newest chunk.
+    #[inline(always)]
+    fn chunk(&self) -> &Buf {
+        // SAFETY: only `switch_to` replaces the Arc, and no reference from
+        // here is held across it (the Producer is not Sync: one thread).
+        unsafe { &*self.buf.get() }
     }
 
     /// The newest chunk is full: go on in one twice its size, if the
@@ -333,9 +342,7 @@ impl Producer {
     fn grow(&self, reserve: u64) -> bool {
         let cap = self.mask.get() + 1;
         let least = (self.first * 2).max((reserve + 2).next_power_of_two());
-        let Some(growth) = self.growth() else {
-            return false;
-        };
+        let growth = self.chunk().growth.clone();
         // Twice the full chunk; when the budget has no room for that, the
         // largest chunk that fits (still larger than the first size, so that
         // the shrink back to it stays a step down), so the budget is used up
@@ -380,34 +387,23 @@ impl Producer {
         if tail <= self.start.get() || self.head.get() - tail > quarter {
             return;
         }
-        let Some(growth) = self.growth() else {
-            return;
-        };
+        let growth = self.chunk().growth.clone();
         if let Ok(next) = Buf::new(self.first as usize, self.head.get(), 0, &growth) {
             self.switch_to(next);
         }
-    }
-
-    fn growth(&self) -> Option<Arc<Growth>> {
-        let buf = self.buf.take();
-        let growth = buf.as_ref().map(|b| b.growth.clone());
-        self.buf.set(buf);
-        growth
     }
 
     fn switch_to(&self, next: Arc<Buf>) {
         self.slots.set(next.slots.as_ptr());
         self.mask.set(next.mask);
         self.nudge_mask.set(next.nudge_mask);
-        self.shared_head.set(&next.head.0);
         self.cached_tail.set(self.head.get());
         self.start.set(self.head.get());
-        let old = self.buf.replace(Some(next.clone()));
-        if let Some(old) = old {
-            // After the last Release store of old's head: the consumer that
-            // reads `next` reads old's final head.
-            let _ = old.next.set(next);
-        }
+        // SAFETY: see `chunk`; no reference into the old chunk is live here.
+        let old = std::mem::replace(unsafe { &mut *self.buf.get() }, next.clone());
+        // After the last Release store of old's head: the consumer that reads
+        // `next` reads old's final head.
+        let _ = old.next.set(next);
     }
 }
 

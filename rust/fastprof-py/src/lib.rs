@@ -254,5 +254,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(clock_info, m)?)?;
     m.add("__version__", fastprof_core::VERSION)?;
     m.add("DEFAULT_SAMPLE_HZ", fastprof_core::sampler::DEFAULT_HZ)?;
+    m.add(
+        "DEFAULT_BUFFER_GROWTH",
+        fastprof_core::ring::DEFAULT_GROWTH_BYTES,
+    )?;
     Ok(())
 }

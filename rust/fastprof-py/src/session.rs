@@ -164,7 +164,7 @@ impl Session {
                         extra_config_json, sample_hz=0.0, sample_per_cpu=false, sample_gpus=None,
                         sample_history=65536, sample_host=true, sample_system_hz=10.0,
                         window_seconds=0.0, window_bytes=67108864, max_disk=0,
-                        keep_segments=0, buffer_growth=268435456))]
+                        keep_segments=0, buffer_growth=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -189,7 +189,7 @@ impl Session {
         window_bytes: u64,
         max_disk: u64,
         keep_segments: u32,
-        buffer_growth: u64,
+        buffer_growth: Option<u64>,
     ) -> PyResult<Self> {
         let gpus = gpu_select(sample_gpus);
         let sampler = (sample_hz != 0.0).then(|| SamplerConfig {
@@ -208,7 +208,7 @@ impl Session {
             world_size,
             local_rank,
             buffer_size,
-            buffer_growth,
+            buffer_growth: buffer_growth.unwrap_or(fastprof_core::ring::DEFAULT_GROWTH_BYTES),
             flush_interval_s: flush_interval,
             segment_size,
             segment_seconds,
