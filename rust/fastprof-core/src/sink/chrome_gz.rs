@@ -60,6 +60,9 @@ struct Segment {
     events: u64,
     /// CLOCK_MONOTONIC ns of the oldest event start and newest event end written.
     range: Option<(u64, u64)>,
+    /// Uncompressed bytes given to the encoder since its last sync flush:
+    /// what it may still hold and emit with the next write.
+    pending: u64,
 }
 
 pub struct ChromeGz {
@@ -80,8 +83,8 @@ pub struct ChromeGz {
     finished: Vec<PathBuf>,
     bytes_compressed: u64,
     rotation: Rotation,
-    /// Most compressed bytes one write, flush or close has added to a file:
-    /// what the next may add, reserved under the disk cap.
+    /// Most compressed bytes one write, flush or close has added to a file
+    /// so far (a close's tail can pass the encoder's bound; see `reserve`).
     max_step: u64,
     /// `dir` resolved, to name adopted files relative to it.
     dir_resolved: Option<PathBuf>,
@@ -119,9 +122,8 @@ impl ChromeGz {
             finished: Vec::new(),
             bytes_compressed: 0,
             rotation: Rotation::new(max_disk, keep_segments, header.start_mono_ns),
-            // Until measured: the most one batch formats, which compresses
-            // to less.
-            max_step: super::batch_limit(segment_size) as u64,
+            // Until measured, `reserve` holds a batch's worth anyway.
+            max_step: 0,
             dir_resolved: std::fs::canonicalize(&dir).ok(),
             header,
         };
@@ -169,6 +171,7 @@ impl ChromeGz {
             opened_ns: clock::monotonic_ns(),
             events: 0,
             range: None,
+            pending: 0,
         };
         self.buf.clear();
         write_head(&mut self.buf, &self.header);
@@ -248,6 +251,18 @@ impl ChromeGz {
         Ok(())
     }
 
+    /// What the next write, flush or close may add to the open file at most:
+    /// the most one has added so far, or, when more is waiting in the
+    /// encoder (a writer held up on a loaded machine takes a larger batch
+    /// than any before), zlib's bound for what it holds plus the next batch.
+    fn reserve(&self) -> u64 {
+        let pending = self.seg.as_ref().map_or(0, |s| s.pending);
+        let raw = pending + super::batch_limit(self.segment_size) as u64 + 1024;
+        // deflateBound: stored blocks' headers, the stream's own.
+        let bound = raw + (raw >> 12) + (raw >> 14) + (raw >> 25) + 64;
+        self.max_step.max(bound)
+    }
+
     /// Keep under the disk cap: delete the oldest closed segments while the
     /// files and what the next write may add exceed it.
     fn enforce_cap(&mut self) {
@@ -255,7 +270,7 @@ impl ChromeGz {
             return;
         }
         let open = self.seg.as_ref().map_or(0, |s| s.gz.get_ref().bytes);
-        for gone in self.rotation.enforce(open, self.max_step) {
+        for gone in self.rotation.enforce(open, self.reserve()) {
             self.finished.retain(|p| *p != gone);
         }
     }
@@ -280,8 +295,10 @@ impl Sink for ChromeGz {
                 self.buf.clear();
                 write_thread_name(&mut self.buf, self.header.pid, c.tid, &c.thread_name);
                 seg.gz.write_all(&self.buf)?;
+                seg.pending += self.buf.len() as u64;
             }
             seg.gz.write_all(&batch.bytes[c.range.clone()])?;
+            seg.pending += c.range.len() as u64;
             seg.events += c.events as u64;
             seg.range = Some(match seg.range {
                 Some((s, e)) => (s.min(c.start_ns), e.max(c.end_ns)),
@@ -303,6 +320,7 @@ impl Sink for ChromeGz {
             // A zlib sync flush, then the file: everything so far decodes.
             let before = s.gz.get_ref().bytes;
             s.gz.flush()?;
+            s.pending = 0;
             self.max_step = self.max_step.max(s.gz.get_ref().bytes - before);
         }
         self.check_still_there()?;
@@ -346,17 +364,28 @@ impl Sink for ChromeGz {
             .display()
             .to_string();
         let open = self.seg.as_ref().map_or(0, |s| s.gz.get_ref().bytes);
+        let reserve = self.reserve();
         let why = self
             .rotation
-            .adopt(resolved, name, kind, bytes, open, self.max_step);
+            .adopt(resolved, name, kind, bytes, open, reserve);
         self.enforce_cap();
         why
     }
 }
 
-/// One past the highest `fastprof.{N}.json.gz[.part]` index in `dir`.
+/// A hidden file in a rank directory holding the first segment index to use:
+/// a run resumed on another node, whose earlier segments are in object
+/// storage and not on this disk, continues their numbering (written by the
+/// Python side, which lists the store; see `fastprof._spool`).
+pub const FIRST_INDEX_FILE: &str = ".fastprof-first-index";
+
+/// One past the highest `fastprof.{N}.json.gz[.part]` index in `dir`, and
+/// at least the index [`FIRST_INDEX_FILE`] names.
 fn next_free_index(dir: &Path) -> Result<u32> {
-    let mut next = 0;
+    let mut next = std::fs::read_to_string(dir.join(FIRST_INDEX_FILE))
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+        .unwrap_or(0);
     for entry in std::fs::read_dir(dir).map_err(|e| CoreError::io(dir, e))? {
         let name = entry.map_err(|e| CoreError::io(dir, e))?.file_name();
         let name = name.to_string_lossy();

@@ -193,7 +193,7 @@ impl Rotation {
             if !(too_many || too_big) {
                 break;
             }
-            if too_big && !vanished_checked {
+            if !vanished_checked {
                 // Another file removed meanwhile (torch's num_traces_to_keep,
                 // by hand) takes no disk: forgotten rather than counted, so
                 // nothing else is deleted for it (a handful of stats, only
@@ -230,18 +230,24 @@ impl Rotation {
         gone
     }
 
-    /// Forget the other files no longer on disk; true when any was.
+    /// Forget the files no longer on disk; true when any was.
     fn forget_vanished(&mut self) -> bool {
         let before = self.closed.len();
         let mut freed = 0;
+        let mut segments = 0;
         self.closed.retain(|c| {
-            let keep = c.index.is_some() || c.path.exists();
+            // A segment gone too: sent to object storage and freed from the
+            // spool by the uploader, or removed by hand. Either way it takes
+            // no disk, and deleting it again would count as data lost.
+            let keep = c.path.exists();
             if !keep {
                 freed += c.bytes;
+                segments += usize::from(c.index.is_some());
             }
             keep
         });
         self.closed_bytes -= freed;
+        self.segments_kept -= segments;
         self.closed.len() != before
     }
 
@@ -414,7 +420,7 @@ mod tests {
     }
 
     #[test]
-    fn off_tracks_nothing_and_a_file_removed_by_hand_is_not_an_error() {
+    fn off_tracks_nothing_and_a_segment_removed_by_hand_is_forgotten() {
         let d = dir("off");
         let mut off = Rotation::new(0, 0, 0);
         off.closed(0, file(&d, 0, 10), 10, 1, None);
@@ -425,8 +431,11 @@ mod tests {
         r.closed(1, p0.clone(), 10, 1, None);
         r.closed(2, file(&d, 2, 10), 10, 1, None);
         std::fs::remove_file(&p0).unwrap();
-        assert_eq!(r.enforce(0, 0), vec![p0]);
-        assert_eq!(r.to_json().unwrap()["segments"], 1);
+        // Gone already (by hand, or sent to the store by the uploader): not an
+        // error, and not a deletion of the cap's (nothing was lost by it).
+        assert!(r.enforce(0, 0).is_empty());
+        assert!(r.to_json().is_none());
+        assert_eq!(r.segments_kept, 1);
         std::fs::remove_dir_all(&d).unwrap();
     }
 
@@ -546,6 +555,27 @@ mod tests {
         assert!(r.enforce(0, 5500).is_empty());
         assert_eq!(r.closed_bytes, 20);
         assert_eq!(r.to_json().unwrap()["files"], 0);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_segment_freed_by_the_uploader_is_forgotten_not_counted_as_deleted() {
+        // With out_dir a URL, the uploader removes each segment from the
+        // spool once it is in the store: the cap must not count it as lost.
+        let d = dir("uploaded");
+        let mut r = Rotation::new(35, 2, 0);
+        for i in 0..3 {
+            r.closed(i, file(&d, i, 10), 10, 1, None);
+        }
+        std::fs::remove_file(d.join("fastprof.0.json.gz")).unwrap();
+        std::fs::remove_file(d.join("fastprof.1.json.gz")).unwrap();
+        assert!(r.enforce(10, 0).is_empty());
+        assert!(r.to_json().is_none_or(|j| j["segments"] == 0));
+        assert_eq!(r.segments_kept, 1);
+        // Later segments are counted as before.
+        r.closed(3, file(&d, 3, 10), 10, 1, None);
+        r.closed(4, file(&d, 4, 10), 10, 1, None);
+        assert_eq!(r.enforce(0, 0), vec![d.join("fastprof.2.json.gz")]);
         std::fs::remove_dir_all(&d).unwrap();
     }
 }
