@@ -78,13 +78,18 @@ pub fn read_columns(
     Ok(d)
 }
 
-/// What was read from each file, as Python dicts (read_columns and analyze_steps).
+/// What was read from each file, as Python dicts (read_columns and
+/// analyze_steps): `path` a `pathlib.Path`, or the URL as a `str`.
 pub(crate) fn file_dicts(py: Python<'_>, files: Vec<FileInfo>) -> PyResult<Vec<Bound<'_, PyDict>>> {
     files
         .into_iter()
         .map(|f| {
             let fd = PyDict::new(py);
-            fd.set_item("path", f.path)?;
+            // A URL stays text: a pathlib.Path would fold its `//`.
+            match fastprof_core::trace::remote::url_of(&f.path) {
+                Some(url) => fd.set_item("path", url)?,
+                None => fd.set_item("path", &f.path)?,
+            }
             fd.set_item("kind", f.kind)?;
             fd.set_item("rank", f.rank)?;
             fd.set_item("base_ns", f.base_ns)?;

@@ -110,6 +110,15 @@ impl From<Error> for PyErr {
                     err
                 }
                 CoreError::Io { path, source } => {
+                    // The storage backend's own exception, when it says
+                    // more as itself (see `PyIoError::reraise`).
+                    if let Some(p) = source
+                        .get_ref()
+                        .and_then(|e| e.downcast_ref::<crate::remote::PyIoError>())
+                        .filter(|p| p.reraise(py))
+                    {
+                        return p.err.clone_ref(py);
+                    }
                     let cls = match source.kind() {
                         std::io::ErrorKind::NotFound => &FILE_NOT_FOUND,
                         std::io::ErrorKind::PermissionDenied => &PERMISSION,

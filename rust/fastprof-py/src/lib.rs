@@ -8,6 +8,7 @@ mod columns;
 mod convert;
 mod errors;
 mod recording;
+mod remote;
 mod session;
 mod signals;
 mod steps;
@@ -247,6 +248,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_span_depth, m)?)?;
     m.add_function(wrap_pyfunction!(read_trace, m)?)?;
     m.add_function(wrap_pyfunction!(trace_inputs, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::_set_remote, m)?)?;
     m.add_function(wrap_pyfunction!(analyze::analyze_steps, m)?)?;
     m.add_function(wrap_pyfunction!(merge, m)?)?;
     m.add_function(wrap_pyfunction!(columns::read_columns, m)?)?;

@@ -126,8 +126,9 @@ pub(crate) fn read(inputs: &[PathBuf]) -> Result<Reading> {
     let mut files: Vec<(PathBuf, bool)> = Vec::new();
     let mut warnings = Vec::new();
     for input in inputs {
-        let from_dir = input.is_dir() || input.to_string_lossy().contains(['*', '?']);
-        for f in inputs::expand_warn(std::slice::from_ref(input), &mut warnings)? {
+        let expanded = inputs::expand_warn(std::slice::from_ref(input), &mut warnings)?;
+        let from_dir = inputs::names_many(input, &expanded);
+        for f in expanded {
             if !files.iter().any(|(p, _)| *p == f) {
                 files.push((f, from_dir));
             }

@@ -1,7 +1,7 @@
 //! Traces written by hand, breakdowns computed by hand.
 
 use super::*;
-use crate::test_support::gzip;
+use crate::test_support::{gzip, Scratch};
 
 const BASE: i64 = 1_700_000_000_000_000_000;
 
@@ -286,16 +286,8 @@ fn merged_trace_rows_per_rank_and_fastprof_steps() {
     );
 }
 
-fn tempdir() -> PathBuf {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "fastprof-analyze-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn tempdir() -> Scratch {
+    Scratch::new("analyze")
 }
 /// Many steps with gaps between them, kernels spanning several steps,
 /// nested and overlapping on two streams: every per-step figure that depends

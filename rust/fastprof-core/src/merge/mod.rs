@@ -303,7 +303,7 @@ pub fn merge(opts: &MergeOptions) -> Result<MergeSummary> {
     };
     let total: u64 = 2 * files
         .iter()
-        .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .map(|p| inputs::input_len(p, &found.listed))
         .sum::<u64>();
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));

@@ -16,8 +16,16 @@
 //! A file named explicitly is always taken (a foreign non-trace file is then
 //! an error of the reader that names it). Temporary files left by a process
 //! that no longer exists are removed while walking ([`Inputs::removed`]).
+//!
+//! A URL (`s3://bucket/runs/run1`, see [`crate::trace::remote`]) is listed
+//! through the registered storage backend and the objects under it go
+//! through the same rules, by their keys relative to the URL, as the files
+//! of a directory; one object named by its URL is a file named explicitly.
+//! No globs in URLs, and nothing is removed from a store.
 
 use crate::error::{CoreError, Result};
+use crate::trace::remote;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// Whether a file name looks like a trace we merge.
@@ -115,6 +123,30 @@ pub struct Inputs {
     pub own: Vec<PathBuf>,
     /// Temporary files of dead processes removed on the way.
     pub removed: Vec<PathBuf>,
+    /// Sizes of the objects found under URLs, as listed (a local file's is
+    /// asked of the file system: see [`input_len`]).
+    pub listed: HashMap<PathBuf, u64>,
+}
+
+/// The size of an input as found: a URL's from its listing in `found`, a
+/// local file's from the file system; 0 when unknown (progress only).
+pub fn input_len(path: &Path, listed: &HashMap<PathBuf, u64>) -> u64 {
+    match listed.get(path) {
+        Some(&n) => n,
+        None if remote::url_of(path).is_some() => 0,
+        None => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+    }
+}
+
+/// Whether `input` named a folder of inputs rather than one file: a
+/// directory, a glob, or a URL that listed anything other than exactly
+/// itself. `expanded` is what [`expand_warn`] made of it. The readers skip a
+/// non-trace met in a folder with a warning but fail on one named.
+pub fn names_many(input: &Path, expanded: &[PathBuf]) -> bool {
+    match remote::url_of(input) {
+        Some(_) => expanded != std::slice::from_ref(&input.to_path_buf()),
+        None => input.is_dir() || input.to_string_lossy().contains(['*', '?']),
+    }
 }
 
 /// What a path is, following symlinks, for messages: "a directory", "a
@@ -309,12 +341,76 @@ pub fn expand_warn(args: &[PathBuf], warnings: &mut Vec<String>) -> Result<Vec<P
     Ok(found.files)
 }
 
+/// One URL named by the user: the objects at or under it, by the rules of a
+/// directory walk applied to their keys relative to it (every component
+/// checked for hidden/temporary names, as the walk never enters such a
+/// folder), in the order that walk would take them (component by
+/// component, sorted). The one object equal to the URL is a file named.
+fn add_url(a: &Path, url: &str, found: &mut Inputs) -> Result<()> {
+    if url.contains('*') {
+        return Err(CoreError::io(
+            a,
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "glob patterns are not supported in URLs: name the run directory (a prefix) instead",
+            ),
+        ));
+    }
+    let objects = remote::list(url).map_err(|e| CoreError::io(a, e))?;
+    if objects.is_empty() {
+        return Err(not_found(a, "no such object or prefix"));
+    }
+    let base = url.trim_end_matches('/');
+    if let [(only, size)] = objects.as_slice() {
+        if only.trim_end_matches('/') == base {
+            found.files.push(a.to_path_buf());
+            found.listed.insert(a.to_path_buf(), *size);
+            return Ok(());
+        }
+    }
+    let mut under: Vec<(Vec<&str>, &str, u64)> = Vec::new();
+    for (obj, size) in &objects {
+        let Some(rel) = obj.strip_prefix(base).and_then(|r| r.strip_prefix('/')) else {
+            // Not under the URL: a backend that returns another form than
+            // the one asked. Said, not guessed at.
+            found
+                .warnings
+                .push(format!("{obj}: skipped, listed for {url} but not under it"));
+            continue;
+        };
+        let comps: Vec<&str> = rel.split('/').filter(|c| !c.is_empty()).collect();
+        if comps.is_empty() || comps.iter().any(|c| is_hidden_or_temp(c)) {
+            continue;
+        }
+        under.push((comps, obj, *size));
+    }
+    under.sort();
+    for (comps, obj, size) in under {
+        let name = comps.last().expect("checked non-empty");
+        if !is_trace_name(name) {
+            continue;
+        }
+        let p = PathBuf::from(obj);
+        if is_own_path(&p, name) {
+            found.own.push(p);
+        } else {
+            found.listed.insert(p.clone(), size);
+            found.files.push(p);
+        }
+    }
+    Ok(())
+}
+
 /// Walk the inputs: trace files, what was skipped and why, fastprof's own
 /// non-trace files met inside directories, dead writers' temp files removed.
 pub fn find(args: &[PathBuf]) -> Result<Inputs> {
     let mut found = Inputs::default();
     let mut seen = Seen::new();
     for a in args {
+        if let Some(url) = remote::url_of(a) {
+            add_url(a, url, &mut found)?;
+            continue;
+        }
         let s = a.to_string_lossy();
         if a.symlink_metadata().is_err() && s.contains(['*', '?']) {
             let matched = glob(&s)?;
@@ -329,9 +425,13 @@ pub fn find(args: &[PathBuf]) -> Result<Inputs> {
         }
     }
     let mut seen = std::collections::HashSet::new();
-    found
-        .files
-        .retain(|p| seen.insert(p.canonicalize().unwrap_or_else(|_| p.clone())));
+    found.files.retain(|p| {
+        let key = match remote::url_of(p) {
+            Some(_) => p.clone(),
+            None => p.canonicalize().unwrap_or_else(|_| p.clone()),
+        };
+        seen.insert(key)
+    });
     Ok(found)
 }
 

@@ -11,6 +11,8 @@
 //!   trace (merge, columns and the analysis all take their files from it):
 //!   hidden and temporary files never are, fastprof's own non-trace JSON
 //!   (`profiler.json`, `report.json`, memory timelines) is skipped and named.
+//! * [`remote`]: inputs named by URL (`s3://...`), listed and streamed
+//!   through the storage backend the Python package registers.
 //! * [`columns`]: spans, instants and counters as numpy-ready columns, with
 //!   filters, epoch-ns timestamps, ranks and steps, in memory proportional
 //!   to the rows kept.
@@ -26,4 +28,5 @@ pub mod columns;
 pub(crate) mod filemeta;
 pub mod inputs;
 pub mod reader;
+pub mod remote;
 pub mod scan;

@@ -1,14 +1,11 @@
 //! Tests of the columns reader on small traces written to a temporary directory.
 
 use super::*;
-use crate::test_support::gzip;
+use crate::test_support::{gzip, Scratch};
 
-/// A fresh directory for one test.
-fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("fastprof-columns-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory for one test, removed when it ends.
+fn dir(name: &str) -> Scratch {
+    Scratch::new(&format!("columns-{name}"))
 }
 
 fn write(path: &Path, text: &str) -> PathBuf {

@@ -169,10 +169,16 @@ pub struct Scanner {
 }
 
 impl Scanner {
-    /// Open a file: gzip (magic 1f 8b; multi-member OK) or plain.
+    /// Open a file: gzip (magic 1f 8b; multi-member OK) or plain. A path
+    /// holding a URL (see [`crate::trace::remote`]) is an object streamed
+    /// through the registered storage backend, read as a file is: a failing
+    /// read is an I/O error naming the URL, not a truncated trace.
     pub fn open(path: &Path) -> Result<Scanner> {
-        let file = std::fs::File::open(path).map_err(|e| CoreError::io(path, e))?;
-        let mut scanner = Scanner::from_reader(path, Box::new(file));
+        let source: Box<dyn Read + Send> = match crate::trace::remote::url_of(path) {
+            Some(url) => crate::trace::remote::open(url).map_err(|e| CoreError::io(path, e))?,
+            None => Box::new(std::fs::File::open(path).map_err(|e| CoreError::io(path, e))?),
+        };
+        let mut scanner = Scanner::from_reader(path, source);
         scanner.file_backed = true;
         Ok(scanner)
     }
