@@ -26,7 +26,15 @@ from typing import Any
 
 import pytest
 
+# torch runs single-threaded in the tests and every job they start (the
+# variable is inherited): CI runs 3 test workers on 2 cores, where OpenMP's
+# waiting threads spin on the cores the other jobs need. Beside a CPU hog,
+# `fastprof demo` took 41 s of CPU with torch's default threads and 22 s with
+# one. Set before torch is first imported here; a test may still ask for more.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import fastprof
+from moto_s3 import moto_server, s3_url  # noqa: F401  (fixtures: a real S3 server and a fresh bucket)
 
 # Variables that change where or how the recorder runs; cleared for every test.
 ENV_VARS = (
@@ -50,6 +58,8 @@ ENV_VARS = (
     "FASTPROF_HOST_SAMPLER",
     "FASTPROF_WINDOW_SECONDS",
     "FASTPROF_WINDOW_BYTES",
+    "FASTPROF_SPOOL_DIR",
+    "FASTPROF_UPLOAD_TIMEOUT",
     "FASTPROF_CLOCK",
     "FASTPROF_TEST_SAMPLER_PANIC_AFTER",
     "FASTPROF_TEST_CLOCK_SKEW_NS",
@@ -341,3 +351,28 @@ def torchrun(
         pytest.fail(f"torchrun did not finish within {timeout} s\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}")
     assert r.returncode == 0, f"torchrun failed ({r.returncode})\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
     return r
+
+
+# ------------------------------------------------------------- scheduling
+
+#: The files that take longest (minutes of CPU each, measured on CI's 2
+#: cores), run first: pytest-xdist hands files to workers in collection order,
+#: and one of these started last kept one worker busy alone at the end (a
+#: core idle for minutes). Longest first; the rest keep their order.
+LONGEST_FIRST = (
+    "test_exit_matrix.py",
+    "test_triggers.py",
+    "test_run_cmd.py",
+    "test_readme.py",
+    "test_exits.py",
+    "test_run_dir.py",
+    "test_doctor.py",
+    "test_storage_runs.py",
+    "test_anatomy.py",
+    "test_cli_exits.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order

@@ -14,6 +14,7 @@ Spans, instants and counters go into per-thread Rust ring buffers; a Rust
 writer thread streams them as gzip Chrome traces that Perfetto UI opens.
 """
 
+from fastprof import _remote  # noqa: F401  (registers the storage backend URL inputs are read through)
 from fastprof._columns import Columns, read_columns
 from fastprof._core import (
     AlreadyRunningError,

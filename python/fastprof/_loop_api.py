@@ -126,6 +126,8 @@ class RunEndHost(LoopHost, Protocol):
     merge_timeout: float
     #: Set by the merge: the unified trace and what the merger said.
     trace_path: Path | None
+    #: A URL run's unified trace in the store, once put there (trace_path is then None).
+    trace_url: str | None
     merge_summary: dict[str, Any] | None
 
     @property

@@ -26,12 +26,14 @@ import os
 import re
 import string
 import sys
+import tempfile
 import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastprof import _storage
 from fastprof._core import DEFAULT_BUFFER_GROWTH, DEFAULT_SAMPLE_HZ, ConfigError
 
 U32_MAX = 2**32 - 1
@@ -197,8 +199,9 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         "fastprof_runs",
         ("FASTPROF_OUT_DIR",),
-        "a directory path (format variables allowed)",
-        "Parent of the run directory `<out_dir>/<run_name>/rank{R}/`.",
+        "a directory path or a storage URL: s3://, gs://, az://, file:// (format variables allowed)",
+        "Parent of the run directory `<out_dir>/<run_name>/rank{R}/`. A URL records into `spool_dir` and "
+        "uploads each closed file there (needs `fastprof[s3]`, `[gcs]` or `[azure]`; see docs/object-storage.md).",
         "`fastprof_runs`",
         _str,
         lambda v: v != "",
@@ -421,7 +424,36 @@ OPTIONS: tuple[Option, ...] = (
         _size,
         _between(1 << 20, 16 << 30),
     ),
+    Option(
+        "spool_dir",
+        "path",
+        None,
+        ("FASTPROF_SPOOL_DIR",),
+        "a directory path (format variables allowed)",
+        "With `out_dir` a URL (`s3://`, `gs://`, `az://`, `file://`): the local folder a rank records into "
+        "before its files are uploaded (each file leaves it once in the store), `<spool_dir>/<run_name>/rank{R}/`.",
+        "`<tempdir>/fastprof-spool/<bucket and path>`",
+        _str,
+        lambda v: v != "",
+    ),
+    Option(
+        "upload_timeout",
+        "float",
+        20.0,
+        ("FASTPROF_UPLOAD_TIMEOUT",),
+        "seconds between 0 and 3600",
+        "With `out_dir` a URL: the most seconds the end of a recording (a normal end, SIGTERM) waits for "
+        "the last uploads; what is not sent by then stays in the spool, and stderr names the command that sends it.",
+        "20 s",
+        _float,
+        _between(0, 3600),
+    ),
 )
+
+#: ``segment_seconds`` when ``out_dir`` is a URL and it is not given: a
+#: segment closes, and so is uploaded, at least this often (at the default
+#: ``segment_size`` a rank's segment would otherwise stay open for hours).
+URL_SEGMENT_SECONDS = 300.0
 
 #: Read from torchrun's environment only (no argument, no FASTPROF_ variable).
 TORCHRUN: tuple[Option, ...] = (
@@ -511,6 +543,19 @@ class Options:
     #: Flight-recorder window in seconds (0 = off) and the compressed bytes it may hold.
     window_seconds: float
     window_bytes: int
+    #: With a URL ``out_dir``: the local spool root (``out_dir`` is then
+    #: ``<spool_dir>``: everything is written there first) and the bound of
+    #: the last uploads.
+    spool_dir: Path | None
+    upload_timeout: float
+    #: The URL ``out_dir`` was given as (None: a local run directory). The
+    #: run's objects go to ``<out_url>/<run_name>/rank{R}/...``.
+    out_url: str | None = None
+
+    @property
+    def run_url(self) -> str | None:
+        """``<out_url>/<run_name>``, or None for a local run."""
+        return None if self.out_url is None else f"{self.out_url}/{self.run_name}"
 
     @property
     def run_dir(self) -> Path:
@@ -645,9 +690,28 @@ def _format(key: str, text: str, fmt: Mapping[str, Any], given: Mapping[str, Any
     try:
         return text.format(**fmt)
     except (KeyError, IndexError, ValueError, AttributeError) as e:
-        origin = _origin(BY_NAME[key], given[key], env)
+        origin = _origin(BY_NAME[key], given.get(key), env)
         known = ", ".join("{" + k + "}" for k in fmt)
         raise ConfigError(f"invalid {origin}: unknown or malformed format variable {e} (known: {known})") from None
+
+
+def spool_name(url: str) -> str:
+    """The default spool folder of ``url``: its bucket and path as one
+    plain name (``s3://b/runs`` -> ``s3-b-runs``), so jobs writing to
+    different places on one host never share a spool."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", url).strip("-.") or "store"
+
+
+def _explicit(opt: Option, given: object, env: Mapping[str, str]) -> object:
+    """The value given for ``opt`` by argument or environment, None when
+    neither gave one (its default applies)."""
+    if given is not None:
+        return given
+    for var in opt.env:
+        raw = env.get(var)
+        if raw is not None and raw.strip() != "":
+            return raw
+    return None
 
 
 def resolve(
@@ -685,7 +749,23 @@ def resolve(
             f"({seg} bytes each: the open one and a closed one), so at least {2 * seg} bytes, got "
             f"{v['max_disk']}; raise max_disk or lower segment_size"
         )
-    v["out_dir"] = Path(_format("out_dir", v["out_dir"], fmt, given, env))
+    out = _format("out_dir", v["out_dir"], fmt, given, env)
+    v["out_url"] = None
+    if _storage.is_url(out):
+        # Records into a local spool; the uploader sends what closes.
+        v["out_url"] = out.rstrip("/")
+        spool = (
+            _format("spool_dir", v["spool_dir"], fmt, given, env)
+            if v["spool_dir"]
+            else os.path.join(tempfile.gettempdir(), "fastprof-spool", spool_name(out))
+        )
+        v["spool_dir"] = Path(spool)
+        out = spool
+        if _explicit(BY_NAME["segment_seconds"], given.get("segment_seconds"), env) is None:
+            v["segment_seconds"] = URL_SEGMENT_SECONDS
+    elif v["spool_dir"] is not None:
+        v["spool_dir"] = Path(_format("spool_dir", v["spool_dir"], fmt, given, env))  # used only with a URL
+    v["out_dir"] = Path(out)
     v["sample_gpus"] = resolve_gpus(v["sample_gpus"], env, v["local_rank"], v["world_size"])
     if v["host_sampler"] == "auto":
         v["host_sampler"] = "procfs" if sys.platform.startswith("linux") else "psutil"

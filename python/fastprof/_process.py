@@ -23,6 +23,8 @@ Who holds what:
   ``@fastprof.memory.collect`` (:mod:`fastprof.memory.collector`);
 * ``run_dirs_chosen``: run directories chosen by this process so far
   (:mod:`fastprof._rundir`: the job's n-th run);
+* ``spool_said``: whether this process named its upload spool on stderr
+  (:mod:`fastprof._spool`: once per process);
 * ``async_spans``: one key per asyncio task for the decorator's async spans
   (:mod:`fastprof._decorate`).
 
@@ -152,6 +154,7 @@ class Process:
         self.oom = Oom()
         self.collect = Collect()
         self.run_dirs_chosen = 0
+        self.spool_said = False
         self.async_spans = AsyncSpans()
 
     def after_fork_in_child(self) -> None:

@@ -31,6 +31,7 @@ from fastprof._options import Options, resolve
 from fastprof._options import docstring as options_docstring
 from fastprof._process import PROCESS
 from fastprof._psutil_sampler import PsutilHostSampler
+from fastprof._spool import Spool
 
 # The recorder running now, fastprof run's and those that joined it:
 # PROCESS.recorders (fastprof._process).
@@ -56,6 +57,10 @@ class RunStats:
     #: ``bytes``, ``events``, the time range ``ts_start``/``ts_end`` (µs of trace
     #: time) and the newest deletions one by one (``deleted``); None when nothing was.
     rotated: dict[str, Any] | None = None
+    #: With ``out_dir`` a URL: what was uploaded, what failed and what is
+    #: left in the spool (:meth:`fastprof._uploader.Uploader.close`); None
+    #: for a local run, or until a Profiler that owns the upload ends it.
+    upload: dict[str, Any] | None = None
 
 
 def _distributed_info(rank: int, world_size: int) -> dict[str, Any]:
@@ -107,6 +112,8 @@ class Recorder:
         host_sampler: str | None = None,
         window_seconds: float | None = None,
         window_bytes: int | str | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+        upload_timeout: float | None = None,
     ) -> None:
         # The parameters are exactly the table's options (a test holds them
         # equal), so they go to resolve() by name without being listed again.
@@ -127,6 +134,14 @@ class Recorder:
         #: Extra keys for the trace's ``otherData`` (set before :meth:`start`);
         #: a ``"distributedInfo"`` entry is written at the top level, as Kineto does.
         self.metadata: dict[str, Any] = {}
+        o = self.options
+        #: With ``out_dir`` a URL: the spool's upload (see :mod:`fastprof._spool`).
+        self.spool: Spool | None = (
+            Spool(o.out_url, o.spool_dir, o.upload_timeout) if o.out_url is not None and o.spool_dir else None
+        )
+        #: Set by a Profiler that owns this recorder: it ends the upload
+        #: itself, once its own files (profiler.json, memory) are written.
+        self.hold_upload = False
 
     @property
     def run_dir(self) -> Path:
@@ -167,6 +182,11 @@ class Recorder:
         self.choose_run_dir()
         o = self.options
         extra: dict[str, Any] = {**self.metadata, "out_dir": str(o.out_dir), "local_world_size": o.local_world_size}
+        if o.out_url is not None:
+            extra["out_url"] = o.out_url
+        spool = self.spool if self._trace_dir is None else None
+        if spool is not None and o.resume:
+            _seed_segment_index(self.trace_dir, spool.next_segment(o.run_name, o.rank))
         if o.sample_hz and o.sample_gpus != []:
             extra["gpu_inventory"] = inventory()
         use_psutil = bool(o.sample_hz) and o.host_sampler == "psutil"
@@ -200,6 +220,8 @@ class Recorder:
             )
             self._pid = os.getpid()
             self._started = True
+            if spool is not None:
+                spool.start(self.trace_dir, o.run_name, o.rank, o.local_rank)
             # Processes spawned from here (DataLoader workers under spawn or
             # forkserver) learn that their spans are not recorded.
             os.environ["FASTPROF_RECORDING_PID"] = str(self._pid)
@@ -236,7 +258,9 @@ class Recorder:
         if self._choice is not None or self._trace_dir is not None:
             return
         o = self.options
-        choice = _rundir.choose(o.out_dir, o.run_name, o.rank, o.world_size, o.local_world_size, o.resume)
+        choice = _rundir.choose(
+            o.out_dir, o.run_name, o.rank, o.world_size, o.local_world_size, o.resume, remote=self.spool
+        )
         self._choice = choice
         if choice.run_name != o.run_name:
             self.options = dataclasses.replace(o, run_name=choice.run_name)
@@ -317,6 +341,8 @@ class Recorder:
             rotated=raw["rotated"],
         )
         self.stats = stats
+        if self.spool is not None and not self.hold_upload:
+            stats.upload = self.spool.finish()
         if stats.error:
             warnings.warn(f"fastprof stopped recording early: {stats.error}", _core.FastprofWarning, stacklevel=2)
         if stats.sampler_error:
@@ -451,6 +477,19 @@ class Recorder:
     def __repr__(self) -> str:
         state = "running" if self._started else "stopped"
         return f"<fastprof.Recorder {state} trace_dir={str(self.trace_dir)!r}>"
+
+
+def _seed_segment_index(trace_dir: Path, first: int) -> None:
+    """Make the recording's first segment ``fastprof.<first>.json.gz``: a
+    resumed run whose earlier segments are in the store, not in this spool
+    (the core reads the hidden file; see ``sink::chrome_gz::FIRST_INDEX_FILE``)."""
+    if first <= 0:
+        return
+    try:
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        (trace_dir / ".fastprof-first-index").write_text(str(first))
+    except OSError:
+        pass  # the segments then collide with the store's, kept in the spool and said at the end
 
 
 def start(

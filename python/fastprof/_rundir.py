@@ -45,6 +45,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -57,7 +58,17 @@ from typing import Any
 from fastprof import _dist
 from fastprof._process import PROCESS
 
-__all__ = ["CLAIM", "RESUME_GAP", "Choice", "choose", "job_identity", "release"]
+__all__ = [
+    "CLAIM",
+    "RANK_DIR",
+    "RESUME_GAP",
+    "Choice",
+    "choose",
+    "in_rank_dir",
+    "job_identity",
+    "object_url",
+    "release",
+]
 
 #: The run directory's claim (hidden: no reader takes it for a trace).
 CLAIM = ".fastprof-run"
@@ -73,6 +84,26 @@ _DONE_MARKER = ".fastprof-done"
 _SEGMENT_PREFIX = "fastprof."
 _SEGMENT_SUFFIXES = (".json.gz", ".json.gz.part")
 _RANK_FILES = ("profiler.json", _DONE_MARKER)
+#: A rank's folder in a run directory; group 1 its rank.
+RANK_DIR = re.compile(r"^rank(\d+)$")
+
+
+def in_rank_dir(path: str) -> str:
+    """A path's or URL's part from its last ``rank{R}`` folder on
+    (``rank0/torch/ep0-ba4.pt.trace.json.gz``), "" when it has none."""
+    parts = path.replace(os.sep, "/").split("/")
+    for i in range(len(parts) - 1, -1, -1):
+        if RANK_DIR.match(parts[i]):
+            return "/".join(parts[i:])
+    return ""
+
+
+def object_url(recorded: str, run_url: str) -> str | None:
+    """A file a rank of a run on object storage recorded in its spool
+    (profiler.json and triggers.json name it by that path), as the URL of its
+    object under ``run_url``; None when the path has no rank folder."""
+    tail = in_rank_dir(recorded)
+    return f"{run_url.rstrip('/')}/{tail}" if tail else None
 
 
 @dataclass(frozen=True)
@@ -282,14 +313,27 @@ def _takes(run_dir: Path, rank: int, job: str | None) -> tuple[bool, tuple[Path,
         return True, (claim.path, job, claim.made_dir)
 
 
-def _decide(out_dir: Path, base: str, rank: int, job: str | None) -> tuple[str, tuple[Path, str, bool] | None]:
+def _decide(
+    out_dir: Path, base: str, rank: int, job: str | None, remote: Any = None
+) -> tuple[str, tuple[Path, str, bool] | None]:
     for n in range(1, MAX_SUFFIX + 1):
         name = base if n == 1 else f"{base}-{n}"
+        if remote is not None and _in_store(remote, name, rank, job):
+            continue
         took, claimed = _takes(out_dir / name, rank, job)
         if took:
             return name, claimed
     _say(f"{out_dir / base} and {MAX_SUFFIX - 1} suffixed names hold earlier runs; this run appends to the first")
     return base, None
+
+
+def _in_store(remote: Any, name: str, rank: int, job: str | None) -> bool:
+    """With ``out_dir`` a URL: whether the store already holds a run named
+    ``name`` (a job with no shared name: this rank's folder of it). Unknown
+    (the store unreachable at start) counts as free: the objects of an
+    earlier run are then never overwritten all the same (written once)."""
+    key = name if job is not None else f"{name}/rank{rank}"
+    return bool(remote.holds(key))
 
 
 def release(choice: Choice) -> None:
@@ -339,6 +383,7 @@ def choose(
     local_world_size: int,
     resume: bool,
     env: Mapping[str, str] | None = None,
+    remote: Any = None,
 ) -> Choice:
     """The run directory this recording takes (see the module). Never raises:
     when the directory cannot be looked at, the name asked for is kept (and
@@ -358,7 +403,7 @@ def choose(
                     f"{resumed['idle_s']:.1f} s ago, which the report shows as idle time"
                 )
             return Choice(run_name, resumed=resumed)
-        name, claimed = _shared(out_dir, run_name, rank, job)
+        name, claimed = _shared(out_dir, run_name, rank, job, remote)
         if name != run_name:
             if rank == 0:
                 _say(
@@ -374,17 +419,19 @@ def choose(
         return Choice(run_name)
 
 
-def _shared(out_dir: Path, base: str, rank: int, job: str | None) -> tuple[str, tuple[Path, str, bool] | None]:
+def _shared(
+    out_dir: Path, base: str, rank: int, job: str | None, remote: Any = None
+) -> tuple[str, tuple[Path, str, bool] | None]:
     """:func:`_decide`, by rank 0 for every rank of a process group (shared
     through its store), by each rank itself without one."""
     group_rank = _group_rank()
     store = None if group_rank is None or job is None else _store()
     if store is None:
-        return _decide(out_dir, base, rank, job)
+        return _decide(out_dir, base, rank, job, remote)
     key = f"fastprof/run_dir/{job}"
     asked = {"out_dir": str(out_dir), "run_name": base}
     if group_rank == 0:
-        name, claimed = _decide(out_dir, base, rank, job)
+        name, claimed = _decide(out_dir, base, rank, job, remote)
         try:
             store.set(key, json.dumps({**asked, "chosen": name}))
         except Exception as e:  # noqa: BLE001 - the other ranks decide alone
@@ -398,10 +445,10 @@ def _shared(out_dir: Path, base: str, rank: int, job: str | None) -> tuple[str, 
             f"rank {group_rank}: rank 0 did not say its run directory within {STORE_WAIT_S:g} s "
             f"({type(e).__name__}); deciding alone"
         )
-        return _decide(out_dir, base, rank, job)
+        return _decide(out_dir, base, rank, job, remote)
     if {k: told.get(k) for k in asked} == asked and isinstance(told.get("chosen"), str):
         return str(told["chosen"]), None
-    return _decide(out_dir, base, rank, job)  # rank 0 records elsewhere (a per-rank run_name)
+    return _decide(out_dir, base, rank, job, remote)  # rank 0 records elsewhere (a per-rank run_name)
 
 
 def _say(message: str) -> None:

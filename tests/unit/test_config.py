@@ -77,7 +77,24 @@ def test_recorder_parameters_are_the_table():
 
 def test_options_fields_are_the_table_and_torchrun():
     fields = {f.name for f in dataclasses.fields(Options)}
-    assert fields == {o.name for o in OPTIONS + TORCHRUN}
+    # out_url: what out_dir was given as when it is a URL (derived, not an option).
+    assert fields == {o.name for o in OPTIONS + TORCHRUN} | {"out_url"}
+
+
+def test_a_url_out_dir_records_into_a_spool_with_segments_closing_on_time(tmp_path: Path):
+    o = resolve("s3://bucket/runs/", "r", env={})
+    assert o.out_url == "s3://bucket/runs" and o.run_url == "s3://bucket/runs/r"
+    assert o.spool_dir is not None and o.out_dir == o.spool_dir
+    assert o.spool_dir.name == "s3-bucket-runs" and o.spool_dir.parent.name == "fastprof-spool"
+    assert o.segment_seconds == 300 and o.upload_timeout == 20
+    # Given ones win, from arguments or the environment.
+    o = resolve("s3://b/x", "r", env={"FASTPROF_SPOOL_DIR": str(tmp_path), "FASTPROF_SEGMENT_SECONDS": "0"})
+    assert o.out_dir == tmp_path and o.segment_seconds == 0
+    assert resolve("s3://b/x", "r", env={}, segment_seconds=5.0).segment_seconds == 5.0
+    # A path is a path: C://x is a Windows drive, runs/s3: a folder.
+    for path in ("runs", "runs/s3:", "C://x"):
+        o = resolve(path, "r", env={})
+        assert o.out_url is None and o.run_url is None and o.segment_seconds == 0
 
 
 def test_defaults_pass_their_own_checks():
@@ -147,6 +164,8 @@ GOOD = {
     "host_sampler": ("psutil", "psutil", "procfs", "procfs"),
     "window_seconds": ("60", 60.0, 86400, 86400.0),
     "window_bytes": ("128MiB", 128 << 20, "1MiB", 1 << 20),
+    "spool_dir": ("/tmp/spool-{rank}", Path("/tmp/spool-3"), "/tmp/given-spool", Path("/tmp/given-spool")),
+    "upload_timeout": ("5", 5.0, 0, 0.0),
     "world_size": ("8", 8, None, None),
     "local_rank": ("1", 1, None, None),
     "local_world_size": ("2", 2, None, None),
@@ -215,6 +234,8 @@ BAD = {
     "host_sampler": ["magic", 3, ""],
     "window_seconds": [0.5, -1, 86401, math.nan, math.inf, True, "long"],
     "window_bytes": [0, "1KiB", (1 << 20) - 1, (16 << 30) + 1, 2**64, -1, True, "huge"],
+    "spool_dir": ["", 3, "/tmp/{nope}"],
+    "upload_timeout": [-1, 3601, math.nan, math.inf, True, "soon"],
 }
 
 
@@ -277,6 +298,9 @@ BAD_ENV = [
     ("FASTPROF_WINDOW_SECONDS", "0.5"),
     ("FASTPROF_WINDOW_BYTES", "1KiB"),
     ("FASTPROF_WINDOW_BYTES", "lots"),
+    ("FASTPROF_SPOOL_DIR", "/tmp/{nope}"),
+    ("FASTPROF_UPLOAD_TIMEOUT", "-1"),
+    ("FASTPROF_UPLOAD_TIMEOUT", "forever"),
 ]
 
 

@@ -47,8 +47,9 @@ def run(step_s: float, steps: int, cost_s: float = 0.0002) -> tuple[StepMemory, 
 
 
 def test_steps_longer_than_the_gap_each_get_a_reading() -> None:
-    # gap = 100 x 0.2 ms = 20 ms; steps of 30 ms (a preempted reading can
-    # only lengthen the gap up to 4x for one step: allow one or two shared).
+    # gap = 100 x 0.2 ms = 20 ms; steps of 30 ms. A reading's cost is the
+    # thread's CPU time: a preempted one is not longer (beside a CPU hog, in
+    # wall time, one stretched the gap past the next steps: 8 readings of 15).
     sm, cuda = run(step_s=0.03, steps=15)
     assert cuda.reads == cuda.resets == sm.cuda_steps
     assert cuda.reads >= 13 and sm.cuda_readings_skipped == 15 - cuda.reads

@@ -101,6 +101,8 @@ __all__ = ["LIVE_FILE", "OPTIONS", "STATE_FILE", "TRIGGER_FILE", "TriggerDriver"
 
 #: The trigger file's name (in the run directory for every rank, in a rank's folder for that rank).
 TRIGGER_FILE = "TRIGGER"
+#: Seconds between two looks at a URL run's trigger objects in the store.
+REMOTE_POLL_S = 10.0
 #: Written in a rank's folder while its Profiler runs (pid, host, signal).
 LIVE_FILE = "live.json"
 #: A rank's record of requests, captures, dumps and anomalies.
@@ -389,6 +391,13 @@ class TriggerDriver:
         self._t_start = time.monotonic()
         self._flight_ok = bool(float(prof.recorder.options.window_seconds) > 0)
         self._stopping = False
+        # A URL run (issue #26): the trigger objects ``fastprof trigger <url>``
+        # puts in the store, read every REMOTE_POLL_S (not every poll_s: 512
+        # ranks would be 512 requests a second).
+        spool = prof.recorder.spool
+        self._remote = spool.open() if spool is not None else None
+        self._remote_run = prof.recorder.options.run_name
+        self._remote_next = 0.0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -588,6 +597,9 @@ class TriggerDriver:
                 self._post_outbox()
                 if self.cfg.file:
                     self._read_files()
+                    if self._remote is not None and time.monotonic() >= self._remote_next:
+                        self._remote_next = time.monotonic() + REMOTE_POLL_S
+                        self._read_remote()
                 if self._store is not None:
                     self._read_store()
                 self._refresh_exports()
@@ -646,6 +658,35 @@ class TriggerDriver:
                     self.requests.append({"source": "file", "file": str(path), "error": str(e), "time": time.time()})
                     continue
                 self._queue_request({**req, "source": "file", "scope": scope, "file": str(path)}, flag)
+
+    def _read_remote(self) -> None:
+        """The trigger objects of a URL run: ``<url>/<run>/TRIGGER`` (read
+        by the ranks that read the run's file) and ``.../rank{R}/TRIGGER``;
+        each taken once (deleted), as a trigger file is. A store that fails
+        is a note, never an error of the job."""
+        store = self._remote
+        if store is None:
+            return
+        run_file = self.rank == 0 or self.world == 1 or self._store is None
+        keys = ([f"{self._remote_run}/{TRIGGER_FILE}"] if run_file else []) + [
+            f"{self._remote_run}/rank{self.rank}/{TRIGGER_FILE}"
+        ]
+        for key in keys:
+            if store.info(key) is None:
+                continue
+            with store.open(key) as f:
+                text = f.read(1 << 16).decode(errors="replace")
+            with contextlib.suppress(Exception):
+                store.fs.rm_file(store.path(key))  # consumed: one request per object put
+            url = store.url_of(key)
+            scope = "rank" if "/rank" in key[len(self._remote_run) :] else "run"
+            try:
+                req = parse_request(text, url)
+            except ValueError as e:
+                self._warn_once(f"{e}; ignored (write {{}} or use: fastprof trigger {store.url_of(self._remote_run)})")
+                self.requests.append({"source": "file", "file": url, "error": str(e), "time": time.time()})
+                continue
+            self._queue_request({**req, "source": "file", "scope": scope, "file": url})
 
     def _read_trigger(self, path: Path) -> str | None:
         """A trigger file's text (its first 64 KiB), or None when there is

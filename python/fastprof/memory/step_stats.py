@@ -17,7 +17,10 @@ Where CUDA is not used the reason is said once (``profiler.json``'s
 The CUDA statistics have a budget, as the RSS reading has in the core: they
 are read at a step's end only when the time since the previous reading is at
 least :data:`CUDA_BUDGET_FACTOR` times what a reading costs (a moving average
-of measured readings), so they take at most ~1% of the training thread.
+of measured readings, in the training thread's own CPU time: a reading the
+scheduler preempted did not cost the preemption, and on a loaded machine one
+such reading stretched the gap past the next steps), so they take at most
+~1% of the training thread.
 Measured on an H200 with torch 2.11: ``torch.cuda.memory_stats()`` cost
 193 us (it flattens and sorts ~150 keys in Python), 1.3% of a 15 ms step;
 the nested dictionary it is built from is read here instead. A step longer
@@ -82,7 +85,7 @@ class StepMemory:
         self._torch: Any = None
         self._names = [_core.name_id(name) for _, name in CUDA_COUNTERS] if enabled else []
         self._paths = [_path(key) for key, _ in CUDA_COUNTERS]
-        #: perf_counter_ns at the previous reading's end, its average cost, the gap.
+        #: perf_counter_ns at the previous reading's end, its average CPU cost, the gap.
         self._last_ns = 0
         self._cost_ns = 0.0
         self._gap_ns = 0.0
@@ -123,12 +126,13 @@ class StepMemory:
         cuda = self._torch.cuda
         if not cuda.is_initialized():
             return
+        c0 = time.thread_time_ns()
         nested = cuda.memory_stats_as_nested_dict()
         for path, name in zip(self._paths, self._names, strict=True):
             _core.counter(name, _pick(nested, path))
         cuda.reset_peak_memory_stats()
-        self._last_ns = t1 = time.perf_counter_ns()
-        self._cost_ns = moving_cost(self._cost_ns, float(t1 - t0), self.cuda_steps)
+        self._last_ns = time.perf_counter_ns()
+        self._cost_ns = moving_cost(self._cost_ns, float(time.thread_time_ns() - c0), self.cuda_steps)
         self._gap_ns = CUDA_BUDGET_FACTOR * self._cost_ns
         self.cuda_steps += 1
         self.cuda = "per step (within a 1% budget: short steps share a reading)"

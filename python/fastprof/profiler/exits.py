@@ -189,13 +189,16 @@ def _save_all_at_sigterm() -> None:
                 prof.dump_flight_recorder("sigterm")
 
         for prof, saved in _close_all("SIGTERM"):
+            run_url = prof.recorder.options.run_url
+            place = prof.rank_dir if run_url is None else f"{run_url}/rank{prof.rank}"
             where = (
-                f"rank {prof.rank}'s data is saved in {prof.rank_dir}"
+                f"rank {prof.rank}'s data is saved in {place}"
                 if saved
-                else f"rank {prof.rank}'s run was being closed; what is in {prof.rank_dir} may be incomplete"
+                else f"rank {prof.rank}'s run was being closed; what is in {place} may be incomplete"
             )
             print(
-                f"fastprof: SIGTERM: {where}; build the unified trace with: {merge_command(prof.run_dir)}",
+                f"fastprof: SIGTERM: {where}; build the unified trace with: "
+                f"{merge_command(prof.run_dir if run_url is None else run_url)}",
                 file=sys.stderr,
                 flush=True,
             )

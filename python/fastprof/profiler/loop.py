@@ -55,6 +55,7 @@ process group's store, else marker files, with a bounded wait).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -235,6 +236,8 @@ class Profiler:
                 recorder_options["window_seconds"] = DEFAULT_FLIGHT_SECONDS
             self.recorder = recorder or Recorder(out_dir, run_name, sample_hz=sample_hz, **recorder_options)
             self._owns_recorder = True
+            # Its upload ends once profiler.json and the memory files are written (outputs.finish).
+            self.recorder.hold_upload = True
         self.dist: _dist.DistInfo = _dist.dist_info()
         self._state = "new"
         self._thread_id: int | None = None
@@ -256,6 +259,7 @@ class Profiler:
         self._begun: dict[str, int] = {}
         self._passes = 0  # train passes begun (the loop's own count stands in for it)
         self.trace_path: Path | None = None
+        self.trace_url: str | None = None
         self.merge_summary: dict[str, Any] | None = None
         self.steps_by_optimizer = 0
         #: fastprof run's Profiler: what to undo when a script's own Profiler
@@ -616,6 +620,11 @@ class Profiler:
                 raise
             warnings.warn(f"fastprof: Profiler.stop failed: {type(e).__name__}: {e}", FastprofWarning, stacklevel=4)
         finally:
+            spool = self.recorder.spool
+            if self._owns_recorder and spool is not None and spool.result is None and not self.recorder.active:
+                # The end above failed before its upload: the files still go, or are named.
+                with contextlib.suppress(Exception):
+                    spool.finish()
             self._state = "stopped"
             _exits.unregister(self)
             _oom.unwatch(self)

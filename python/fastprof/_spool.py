@@ -1,0 +1,283 @@
+"""A recording whose ``out_dir`` is a URL (issue #26): what a
+:class:`fastprof.Recorder` does besides recording into its local spool.
+
+The recorder writes ``<spool_dir>/<run_name>/rank{R}/...`` exactly as into a
+local run directory (so every writer, the Profiler's torch windows and memory
+files included, is unchanged); a :class:`fastprof._uploader.Uploader` thread
+sends each closed file to ``<out_url>/<run_name>/rank{R}/...`` and frees the
+spool of it. This module opens the store (a missing extra is one line on
+stderr and the job trains on, its recording kept in the spool), starts and
+ends the uploader within ``upload_timeout``, says on stderr what could not be
+sent and the one command that sends it later, and makes the few bounded
+synchronous requests the end of a run needs (the done object that tells rank 0
+a rank is in the store, rank 0's unified trace).
+
+Nothing here raises into the job, and nothing waits on the network from the
+training thread except at the end, for at most ``upload_timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fastprof import _storage
+from fastprof._core import ConfigError
+from fastprof._process import PROCESS
+from fastprof._uploader import SEGMENT, Uploader
+
+__all__ = ["DONE_OBJECT", "Spool", "bounded", "upload_command"]
+
+T = TypeVar("T")
+
+#: The object a rank puts once every file of its rank folder is in the store:
+#: rank 0 of a job with no shared filesystem waits for it before merging.
+#: Hidden, so no reader takes it for a trace.
+DONE_OBJECT = ".fastprof-done"
+
+#: Seconds a run-name check of the store may take at start before the name
+#: is taken as it is (a store that hangs never holds the job's start longer).
+CHECK_TIMEOUT_S = 10.0
+
+
+def bounded(fn: Callable[[], T], timeout_s: float, what: str) -> T:
+    """``fn()`` on a daemon thread, waited for at most ``timeout_s``: a
+    store that hangs (botocore retries a refused connection for seconds)
+    never holds the caller longer. Raises ``TimeoutError`` naming ``what``
+    past it, or what ``fn`` raised."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="fastprof-store", daemon=True)
+    t.start()
+    t.join(max(0.0, timeout_s))
+    if t.is_alive():
+        raise TimeoutError(f"{what}: no answer from the store within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+def upload_command(spool_run_dir: Path | str, out_url: str) -> str:
+    """The command that sends what a run left in its spool."""
+    return f"fastprof upload {shlex.quote(str(spool_run_dir))} {shlex.quote(out_url)}"
+
+
+def say(message: str) -> None:
+    try:
+        print(f"fastprof: {message}", file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001 - a closed stderr is no reason to fail
+        pass
+
+
+class Spool:
+    """One Recorder's link to the store of its URL ``out_dir``."""
+
+    def __init__(self, out_url: str, spool_root: Path, upload_timeout: float) -> None:
+        self.out_url = out_url
+        self.spool_root = spool_root
+        self.upload_timeout = upload_timeout
+        self.store: _storage.Store | None = None
+        #: Why there is no store (a missing extra): the one line already said.
+        self.error: str | None = None
+        self._opened = False
+        self.uploader: Uploader | None = None
+        self.run_name: str | None = None
+        self.rank = 0
+        self.rank_dir: Path | None = None
+        #: What :meth:`finish` returned (None until then).
+        self.result: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------- start
+
+    def open(self) -> _storage.Store | None:
+        """The store, opened once (no request is made yet). A protocol whose
+        package is missing: the line naming the extra, said once, and None:
+        the job records into the spool alone."""
+        if not self._opened:
+            self._opened = True
+            try:
+                self.store = _storage.open_store(self.out_url, what="out_dir")
+            except ConfigError as e:
+                self.error = str(e)
+                say(f"{e}; recording into the local spool {self.spool_root} instead")
+        return self.store
+
+    def holds(self, key: str) -> bool | None:
+        """Whether the store has any object under ``key`` (a run name taken
+        by an earlier run); None when it cannot tell in time (unreachable)."""
+        store = self.open()
+        if store is None:
+            return None
+        try:
+            return bounded(lambda: store.has_any(key), CHECK_TIMEOUT_S, f"checking {store.url_of(key)}")
+        except Exception as e:  # noqa: BLE001 - the name is then taken as it is
+            say(f"could not check {store.url_of(key)} for an earlier run ({type(e).__name__}: {e})")
+            return None
+
+    def next_segment(self, run_name: str, rank: int) -> int:
+        """One past the highest segment number of this rank in the store
+        (0 when none, or when the store cannot tell): a resumed run on a new
+        node continues the numbering instead of colliding with its objects."""
+        store = self.open()
+        if store is None:
+            return 0
+        try:
+            keys = bounded(lambda: store.list(f"{run_name}/rank{rank}"), CHECK_TIMEOUT_S, "listing the run")
+        except Exception:  # noqa: BLE001 - a conflict then keeps the files in the spool, said at the end
+            return 0
+        best = -1
+        for k in keys:
+            m = SEGMENT.match(k.rsplit("/", 1)[-1])
+            if k.count("/") == 2 and m:
+                best = max(best, int(m.group(1)))
+        return best + 1
+
+    def start(self, rank_dir: Path, run_name: str, rank: int, local_rank: int) -> None:
+        """Start the uploader of ``rank_dir`` (the recorder has just created it)."""
+        self.run_name, self.rank, self.rank_dir = run_name, rank, rank_dir
+        store = self.open()
+        if store is None:
+            return
+        self.uploader = Uploader(rank_dir, store, f"{run_name}/rank{rank}").start()
+        if local_rank == 0 and not PROCESS.spool_said:
+            PROCESS.spool_said = True
+            say(
+                f"recording to {store.url_of(run_name)} through the local spool {self.spool_root / run_name} "
+                "(spool_dir, FASTPROF_SPOOL_DIR); files leave it once uploaded"
+            )
+
+    def stats(self) -> dict[str, Any] | None:
+        """The uploader's counters so far (for ``profiler.json``)."""
+        if self.result is not None:
+            return self.result
+        if self.uploader is not None:
+            return self.uploader.stats()
+        if self.error is not None:
+            return {"url": f"{self.out_url}/{self.run_name}/rank{self.rank}", "error": self.error}
+        return None
+
+    # --------------------------------------------------------------- end
+
+    def put(self, local: Path, key: str, *, rewritable: bool = False, timeout_s: float | None = None) -> str | None:
+        """Upload one file now, bounded; None when done, else why not."""
+        store = self.open()
+        if store is None:
+            return self.error or "no store"
+        try:
+            bounded(
+                lambda: store.put(local, key, rewritable=rewritable),
+                self.upload_timeout if timeout_s is None else timeout_s,
+                f"uploading {local}",
+            )
+        except Exception as e:  # noqa: BLE001 - said by the caller; the file stays in the spool
+            return f"{type(e).__name__}: {' '.join(str(e).split())}"
+        return None
+
+    def finish(
+        self, deadline: float | None = None, amend: Callable[[dict[str, Any]], Path | None] | None = None
+    ) -> dict[str, Any]:
+        """The uploader's last pass over the rank folder (every file now,
+        the newest segment included) within ``upload_timeout`` (or until the
+        monotonic ``deadline``); then the done object. Says on stderr what
+        is left in the spool and the command that sends it; frees the spool
+        of the rank folder when nothing is. Returns the upload's account.
+
+        ``amend``, given that account, rewrites a file of the rank folder
+        with it (the Profiler's ``profiler.json``) and returns its path: sent
+        again at once when everything else is in the store (before the done
+        object), else left in the spool with the rest for ``fastprof upload``."""
+        if self.result is not None:
+            return self.result
+        if deadline is None:
+            deadline = time.monotonic() + self.upload_timeout
+        spool_run = self.spool_root / (self.run_name or "")
+        if self.uploader is None:
+            self.result = {"url": f"{self.out_url}/{self.run_name}/rank{self.rank}", "error": self.error}
+            if self.rank_dir is not None and self.rank_dir.is_dir():
+                say(
+                    f"the recording of rank {self.rank} is in {self.rank_dir}; send it with: "
+                    f"{upload_command(spool_run, self.out_url)}"
+                )
+            return self.result
+        out = self.uploader.close(max(0.0, deadline - time.monotonic()))
+        left = out["left_in_spool"]
+        if amend is not None and self.rank_dir is not None:
+            # The final account goes into the file either way: sent now when the
+            # rest is in the store, else with the rest by fastprof upload.
+            try:
+                again = amend(out)
+            except Exception:  # noqa: BLE001 - the file as first sent stands
+                again = None
+            if again is not None and not left["files"]:
+                rel = again.relative_to(self.rank_dir).as_posix()
+                why = self.put(
+                    again,
+                    f"{self.run_name}/rank{self.rank}/{rel}",
+                    rewritable=True,
+                    timeout_s=max(1.0, deadline - time.monotonic()),
+                )
+                if why is not None:
+                    out["left_in_spool"] = left = {"files": 1, "bytes": again.stat().st_size}
+                    out["last_error"] = why
+        if not left["files"]:
+            self._forget_live(deadline)
+            done = self.rank_dir / DONE_OBJECT if self.rank_dir is not None else None
+            if done is not None:
+                with contextlib.suppress(OSError):
+                    done.write_text(str(os.getpid()))
+                why = self.put(
+                    done,
+                    f"{self.run_name}/rank{self.rank}/{DONE_OBJECT}",
+                    rewritable=True,
+                    timeout_s=max(1.0, deadline - time.monotonic()),
+                )
+                out["done_object"] = why is None
+                if why is None:
+                    self._free()
+        else:
+            last = f" (last error: {out['last_error']})" if out.get("last_error") else ""
+            late = " in time" if out.get("timed_out") else ""
+            say(
+                f"{left['files']} file(s), {left['bytes'] / 1e6:.1f} MB, of rank {self.rank} could not be sent to "
+                f"{out['url']}{late}{last}; they are in {self.rank_dir}; send them with: "
+                f"{upload_command(spool_run, self.out_url)}"
+            )
+        self.result = out
+        return out
+
+    def _forget_live(self, deadline: float) -> None:
+        """``live.json`` says a rank is running (``fastprof trigger`` asks
+        it); the job removes its own at the end, and the object goes too."""
+        store = self.store
+        if store is None or self.rank_dir is None or (self.rank_dir / "live.json").exists():
+            return
+        key = f"{self.run_name}/rank{self.rank}/live.json"
+        with contextlib.suppress(Exception):
+            bounded(lambda: store.fs.rm_file(store.path(key)), max(1.0, deadline - time.monotonic()), "live.json")
+
+    def _free(self) -> None:
+        """Remove the rank folder from the spool (every file is in the store),
+        and the run's folder when that left it empty of other ranks."""
+        if self.rank_dir is None:
+            return
+        shutil.rmtree(self.rank_dir, ignore_errors=True)
+        run = self.rank_dir.parent
+        with contextlib.suppress(OSError):
+            if all(p.name.startswith(".") for p in run.iterdir()):
+                for p in run.iterdir():
+                    p.unlink()
+                run.rmdir()

@@ -1,0 +1,298 @@
+"""Object storage for run directories (issue #26): a run's files on S3, GCS,
+Azure or any other fsspec filesystem, reached by URL.
+
+fastprof never talks to a storage service itself: it goes through fsspec and
+the protocol's own package (s3fs, gcsfs, adlfs), so credentials, endpoints,
+profiles and retries come from the environment and config files users already
+keep for that library (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``,
+``GOOGLE_APPLICATION_CREDENTIALS``, ...), never from fastprof options.
+
+Objects are written once. A run's file names carry the rank and the segment
+number (``<run>/rank3/fastprof.12.json.gz``), so two nodes writing the same
+run never name the same object; :meth:`Store.put` refuses an object that is
+already there with other content instead of replacing it (on S3 with a
+conditional ``If-None-Match`` write, so two writers racing cannot both win),
+except for the few files fastprof itself rewrites (``profiler.json``,
+``triggers.json``, ...), whose newest version is the one to keep.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import os
+import re
+from dataclasses import dataclass
+from typing import IO, Any
+
+from fastprof._core import ConfigError, FastprofError
+
+__all__ = [
+    "EXTRAS",
+    "REWRITTEN",
+    "Store",
+    "StoreConflictError",
+    "is_url",
+    "open_store",
+]
+
+#: ``<scheme>://`` (two letters at least: ``C://x`` is a Windows drive, not
+#: a URL), or an fsspec chain (``simplecache::s3://...``).
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+(://|::)")
+
+#: Protocol -> (the fastprof extra that installs it, the package it needs).
+EXTRAS: dict[str, tuple[str, str]] = {
+    "s3": ("s3", "s3fs"),
+    "s3a": ("s3", "s3fs"),
+    "gs": ("gcs", "gcsfs"),
+    "gcs": ("gcs", "gcsfs"),
+    "az": ("azure", "adlfs"),
+    "abfs": ("azure", "adlfs"),
+    "abfss": ("azure", "adlfs"),
+}
+
+#: File names fastprof writes again while a run goes on (state that is
+#: replaced, not appended): their newest version replaces the object.
+#: Everything else is written once and never changes after it is closed.
+REWRITTEN = frozenset(
+    {
+        "profiler.json",
+        "triggers.json",
+        "live.json",
+        # Memory summaries, rewritten by a later collection or OOM of the run.
+        "collected.json",
+        "collected.yaml",
+        "model_summary.json",
+        "model_summary.txt",
+        "operators.json",
+        "operators.csv",
+        "oom.json",
+        # Rank 0's unified trace, rebuilt by a later merge (fastprof merge --force).
+        "trace.json.gz",
+        # A rank's done object: put again by a resumed run.
+        ".fastprof-done",
+    }
+)
+
+#: Bytes fsspec fetches per ranged read (its read-ahead block) of an object
+#: being read, instead of the filesystem's default (s3fs: 50 MiB, which
+#: would fetch most segments whole). What one open object holds in memory,
+#: besides the core's 1 MiB scanning buffer; a merge has one open per worker.
+READ_BLOCK = 4 << 20
+
+#: Bytes of one part of a multipart upload to S3 (its minimum is 5 MiB).
+PUT_PART = 8 << 20
+
+#: Objects up to this size already in the store are compared byte for byte
+#: before being taken as "the same file uploaded earlier"; bigger ones (the
+#: segments, hundreds of MiB) by size only, not to read them back.
+_COMPARE_BYTES = 4 << 20
+
+
+class StoreConflictError(FastprofError, FileExistsError):
+    """An object is already in the store under this name with other content:
+    another writer's file (two nodes given the same rank) or an earlier run's.
+    It is left as it is; the local file stays where it was."""
+
+
+def is_url(text: str | os.PathLike[str]) -> bool:
+    """Whether ``text`` names a place through fsspec (``s3://b/runs``,
+    ``file:///tmp/x``, ``simplecache::s3://...``) rather than a local path.
+    ``C:\\runs`` and ``runs/s3:`` are paths."""
+    return isinstance(text, str) and _URL.match(text) is not None
+
+
+def _protocol(url: str) -> str:
+    """The storage protocol of ``url``: a chain's last link
+    (``simplecache::s3://b/x`` is stored on s3)."""
+    return url.split("::")[-1].split("://", 1)[0].lower()
+
+
+def _missing(url: str, what: str, e: BaseException) -> ConfigError:
+    """The one line for a URL whose protocol cannot be used here."""
+    proto = _protocol(url)
+    if proto in EXTRAS:
+        extra, package = EXTRAS[proto]
+        why = "is not installed" if importlib.util.find_spec(package) is None else f"cannot be imported: {e}"
+        return ConfigError(f"{what} {url} needs the {extra} extra: pip install 'fastprof[{extra}]' ({package} {why})")
+    if isinstance(e, ImportError):
+        return ConfigError(f"{what} {url}: the {proto}:// protocol needs a package that is not installed ({e})")
+    return ConfigError(f"{what} {url}: unknown storage protocol {proto!r} ({e})")
+
+
+@dataclass(frozen=True)
+class PutResult:
+    """What :meth:`Store.put` did: ``"uploaded"``, or ``"same"`` (the object
+    was already there with this content: nothing sent)."""
+
+    action: str
+    size: int
+
+
+class Store:
+    """An fsspec filesystem and a root inside it: keys are paths relative to
+    the root (``<run>/rank0/fastprof.0.json.gz``), always with ``/``.
+
+    Every method may block on the network; callers that must not wait (the
+    training thread) go through :class:`fastprof._uploader.Uploader`."""
+
+    def __init__(self, url: str, fs: Any, root: str) -> None:
+        self.url = url
+        self.fs = fs
+        self.root = root.rstrip("/")
+        protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+        #: Whether the filesystem can create an object only if absent (S3's
+        #: ``If-None-Match: *``): then a race between two writers has one loser.
+        self.exclusive = bool(protocols & {"s3", "s3a"})
+        #: A real directory tree (``file://``): folders are made before a put.
+        self.folders = bool(protocols & {"file", "local"})
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    def path(self, key: str) -> str:
+        """The filesystem path of ``key``."""
+        key = key.strip("/")
+        return f"{self.root}/{key}" if key else self.root
+
+    def url_of(self, key: str) -> str:
+        """The URL of ``key``, as messages show it."""
+        return f"{self.url.rstrip('/')}/{key.strip('/')}"
+
+    def info(self, key: str) -> dict[str, Any] | None:
+        """The object's metadata (``size`` at least), or None when there is no
+        such object. Never from a listing cached earlier: another node may
+        have written since."""
+        p = self.path(key)
+        self.fs.invalidate_cache(p)
+        try:
+            info: dict[str, Any] = self.fs.info(p)
+        except FileNotFoundError:
+            return None
+        return info if info.get("type", "file") == "file" else None
+
+    def exists(self, key: str) -> bool:
+        """Whether an object ``key`` is there."""
+        return self.info(key) is not None
+
+    def has_any(self, prefix: str) -> bool:
+        """Whether any object is under ``prefix`` (one listing of its first
+        level, not of the whole tree)."""
+        base = self.path(prefix)
+        self.fs.invalidate_cache(base)
+        try:
+            return bool(self.fs.ls(base, detail=False))
+        except FileNotFoundError:
+            return False
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Keys of every object under ``prefix`` (recursively), sorted."""
+        base = self.path(prefix)
+        self.fs.invalidate_cache(base)
+        try:
+            found = self.fs.find(base, withdirs=False)
+        except FileNotFoundError:
+            return []
+        root = self.root + "/" if self.root else ""
+        return sorted(p[len(root) :] if p.startswith(root) else p for p in found)
+
+    def open(self, key: str, mode: str = "rb") -> IO[bytes]:
+        """A file object for reading ``key``: fsspec's remote files read by
+        ranges as they are consumed (and seek), so a reader streams an
+        object in bounded memory without downloading it first."""
+        if mode != "rb":
+            raise ValueError(f"Store.open: mode {mode!r}: only 'rb' (objects are written by put)")
+        # Never the size of a listing cached earlier: a rewritten object (triggers.json
+        # polled by fastprof trigger) would be read at its old length.
+        self.fs.invalidate_cache(self.path(key))
+        # A bounded read-ahead: s3fs's default block (50 MiB) would hold an object
+        # of that size whole in memory at the first read.
+        f: IO[bytes] = self.fs.open(self.path(key), "rb", block_size=READ_BLOCK)
+        return f
+
+    def cat_ranges(
+        self, keys: builtins.list[str], starts: builtins.list[int], ends: builtins.list[int]
+    ) -> builtins.list[bytes]:
+        """Byte ranges ``[start, end)`` of several objects, fetched together
+        (concurrently where the filesystem is asynchronous, as s3fs is)."""
+        out: builtins.list[bytes] = self.fs.cat_ranges([self.path(k) for k in keys], starts, ends)
+        return out
+
+    def put(self, local_path: str | os.PathLike[str], key: str, *, rewritable: bool = False) -> PutResult:
+        """Upload the whole file ``local_path`` to ``key``.
+
+        An object already there with the same content is left alone (an
+        upload repeated after a crash, ``fastprof upload`` run twice). One
+        with other content is replaced only when ``rewritable`` (a file
+        fastprof rewrites, :data:`REWRITTEN`); otherwise it raises
+        :class:`StoreConflictError` and nothing is written."""
+        local = os.fspath(local_path)
+        size = os.path.getsize(local)
+        target = self.path(key)
+        if self.folders:
+            self.fs.makedirs(self.fs._parent(target), exist_ok=True)
+        parts = self._parts(size)
+        if rewritable:
+            self.fs.put_file(local, target, **parts)
+            return PutResult("uploaded", size)
+        if self._same(local, size, key):
+            return PutResult("same", size)
+        try:
+            if self.exclusive:
+                self.fs.put_file(local, target, mode="create", **parts)
+            else:
+                self.fs.put_file(local, target, **parts)
+        except FileExistsError:
+            # Another writer created it between our check and our write.
+            if self._same(local, size, key):
+                return PutResult("same", size)
+            raise self._conflict(key, size) from None
+        return PutResult("uploaded", size)
+
+    def _parts(self, size: int) -> dict[str, int]:
+        """s3fs sends a file below two parts in one request, read whole into
+        memory (its default part is 50 MiB, so a 90 MiB breakdown.csv took
+        90 MiB): parts of :data:`PUT_PART` bytes, two in flight, bound what
+        an upload holds (S3 allows 10,000 parts: larger files, larger parts)."""
+        if not self.exclusive:
+            return {}
+        return {"chunksize": max(PUT_PART, -(-size // 10_000)), "max_concurrency": 2}
+
+    def _same(self, local: str, size: int, key: str) -> bool:
+        """True when the object is there with this file's content, False when
+        it is absent; a conflict when it holds something else."""
+        info = self.info(key)
+        if info is None:
+            return False
+        if int(info.get("size") or 0) != size:
+            raise self._conflict(key, size, int(info.get("size") or 0))
+        if size > _COMPARE_BYTES:
+            return True
+        with open(local, "rb") as f:
+            mine = f.read()
+        if self.fs.cat_file(self.path(key)) != mine:
+            raise self._conflict(key, size, size)
+        return True
+
+    def _conflict(self, key: str, size: int, theirs: int | None = None) -> StoreConflictError:
+        held = f" ({theirs} bytes)" if theirs is not None else ""
+        return StoreConflictError(
+            f"{self.url_of(key)} already exists with other content{held} than this {size}-byte file; "
+            "not overwritten (another node with the same rank, or an earlier run in the same place?)"
+        )
+
+
+def open_store(url: str, what: str = "out_dir") -> Store:
+    """The :class:`Store` for ``url`` (an fsspec URL, :func:`is_url`).
+
+    Nothing is contacted yet: a wrong endpoint or missing credentials show at
+    the first upload. A protocol whose package is absent is a
+    :class:`ConfigError` of one line naming the fastprof extra that brings
+    it; ``what`` names the setting the URL came from in that line."""
+    try:
+        import fsspec.core  # installed with every protocol's package (s3fs, gcsfs, adlfs)
+
+        fs, root = fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as e:
+        raise _missing(url, what, e) from None
+    return Store(url, fs, root)
