@@ -67,6 +67,16 @@ def check_out_dir(out: Path) -> None:
         raise CommandError(f"--out-dir {out}: {base} is not writable; give a directory to record in", 2)
 
 
+def _placed(path: Any, prof: Any, run_url: str | None) -> str:
+    """A file of the run as the user finds it: a URL run's object URL."""
+    if run_url is None:
+        return str(path)
+    try:
+        return f"{run_url}/{Path(path).relative_to(prof.run_dir).as_posix()}"
+    except ValueError:
+        return str(path)
+
+
 def resolve_device(name: str | None) -> Any:
     """The torch device to train on, checked before anything is recorded: a
     name torch does not know, a device type other than cpu/cuda, or cuda
@@ -181,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         schedule=schedule_for(per_epoch),
         torch=fastprof.TorchWindows(record_shapes=True),
     )
-    check_out_dir(prof.run_dir.parent)
+    check_out_dir(prof.run_dir.parent)  # a URL run's spool
     with prof:
         if not args.quiet:
             # Once started: a run name an earlier run holds becomes NAME-2 at the start.
@@ -193,18 +203,21 @@ def run(args: argparse.Namespace) -> int:
         train(prof, args.steps, args.batch_size, args.workers, device, progress=not args.quiet)
         fastprof.instant("train_end")
     stats = prof.recorder.stats
-    trace = prof.trace_path
+    trace = prof.trace_path if prof.trace_url is None else prof.trace_url
+    run_url = prof.recorder.options.run_url
+    where = str(prof.run_dir) if run_url is None else run_url
     if stats is None:
         # The run directory could not be written after all (the warning above says why).
         raise CommandError(f"{prof.run_dir}: nothing recorded", exit_code=1)
     if args.quiet:
         print(trace)
         return 0
-    print(f"\nrecorded {stats.events_written} events ({stats.dropped} dropped) in {prof.rank_dir}")
+    rank_place = prof.rank_dir if run_url is None else f"{run_url}/rank{prof.rank}"
+    print(f"\nrecorded {stats.events_written} events ({stats.dropped} dropped) in {rank_place}")
     for wdw in prof.windows:
         if wdw["saved"]:
             print(
-                f"torch window steps {wdw['first_step']}-{wdw['last_step']}: {wdw['path']} "
+                f"torch window steps {wdw['first_step']}-{wdw['last_step']}: {_placed(wdw['path'], prof, run_url)} "
                 f"(training thread stalled {wdw['stop_stall_s'] * 1e3:.1f} ms at its end; "
                 f"export {wdw['export_s'] * 1e3:.0f} ms off the training thread)"
             )
@@ -216,8 +229,9 @@ def run(args: argparse.Namespace) -> int:
         gpu = "sampled" if nvml.get("available") else f"unavailable ({nvml.get('reason', '?')})"
         print(f"sampled: peak RSS {rss.max() / 2**20:.0f} MiB; GPU: {gpu}")
     print(f"\nunified trace: {trace}")
-    print("open it:  drag the file into https://ui.perfetto.dev (or chrome://tracing)")
-    print(f"redo it:  fastprof merge {prof.run_dir} -o {trace} --force")
-    print(f"report:   fastprof report {shlex.quote(str(prof.run_dir))}   (where the time of a step goes)")
+    fetch = "" if run_url is None else "copy it from the store, then "
+    print(f"open it:  {fetch}drag the file into https://ui.perfetto.dev (or chrome://tracing)")
+    print(f"redo it:  fastprof merge {shlex.quote(where)} -o {shlex.quote(str(trace))} --force")
+    print(f"report:   fastprof report {shlex.quote(where)}   (where the time of a step goes)")
     sys.stdout.flush()
     return 0

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fastprof._core import FastprofError
+from fastprof._storage import is_url, open_store
 from fastprof.cli.errors import CommandError, describe, exit_code
 from fastprof.cli.report import WARMUP_STEPS
 from fastprof.reports import report
@@ -157,6 +158,8 @@ def validate(doc: Any, path: str) -> dict[str, Any]:
 
 
 def load_doc(path: str, warmup: int | None) -> dict[str, Any]:
+    if is_url(path):
+        return _load_url(path, warmup)
     p = Path(path)
     if not p.exists():
         raise CommandError(f"{path}: no such file or directory (expected a run directory, trace or report.json)", 2)
@@ -171,6 +174,26 @@ def load_doc(path: str, warmup: int | None) -> dict[str, Any]:
             return validate(doc, path)
     try:
         return dict(report(p, formats=(), warmup_steps=warmup).data)
+    except (FastprofError, ValueError, OSError) as e:
+        raise CommandError(describe(e), exit_code=exit_code(e)) from None
+
+
+def _load_url(url: str, warmup: int | None) -> dict[str, Any]:
+    """A run (or trace, or report.json) on object storage: a report.json
+    object is read as one; anything else is reported in place."""
+    try:
+        if url.endswith(".json") and not url.endswith(".pt.trace.json"):
+            store = open_store(url, what="input")
+            info = store.info("")
+            if info is not None and int(info.get("size") or 0) <= MAX_REPORT_BYTES:
+                with store.open("") as f:
+                    try:
+                        doc = json.loads(f.read())
+                    except ValueError as e:
+                        raise CommandError(f"{url}: not a fastprof report ({describe(e)})", 2) from None
+                if isinstance(doc, dict) and doc.get("schema") == "fastprof.report":
+                    return validate(doc, url)
+        return dict(report(url, formats=(), warmup_steps=warmup).data)
     except (FastprofError, ValueError, OSError) as e:
         raise CommandError(describe(e), exit_code=exit_code(e)) from None
 

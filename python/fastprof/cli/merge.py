@@ -10,12 +10,15 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
+import io
 import math
 import os
 import re
 import signal
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -27,8 +30,9 @@ from fastprof import _core
 from fastprof._core import FastprofError
 from fastprof._merge import MAX_THREADS, describe_rotated, merge
 from fastprof._options import parse_size
+from fastprof._storage import is_url, open_store
 from fastprof.cli.args import seconds
-from fastprof.cli.errors import CommandError
+from fastprof.cli.errors import CommandError, describe, exit_code
 
 THREADS_ENV = "FASTPROF_MERGE_THREADS"
 
@@ -146,7 +150,13 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise _Terminated
 
 
-def default_output(inputs: list[str]) -> Path:
+def default_output(inputs: list[str]) -> Path | str:
+    if is_url(inputs[0]):
+        url = inputs[0].rstrip("/")
+        for suffix in (".json.gz.part", ".json.gz", ".json"):
+            if url.endswith(suffix):
+                return f"{url[: -len(suffix)]}.merged.json.gz"
+        return f"{url}/trace.json.gz"
     first = Path(inputs[0])
     if first.is_dir():
         return first / "trace.json.gz"
@@ -203,7 +213,12 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(e), exit_code=2) from None
     if steps and (args.start is not None or args.end is not None):
         raise CommandError("--steps and --start/--end are exclusive", exit_code=2)
-    output = Path(args.output) if args.output else default_output(args.inputs)
+    target = args.output if args.output else default_output(args.inputs)
+    # An output URL: merged into a local file, then put in the store.
+    out_url = target if isinstance(target, str) and is_url(target) else None
+    if out_url is not None:
+        return _merge_to_url(args, out_url)
+    output = Path(target)
     cats = [c.strip() for group in args.include_cat for c in group.split(",") if c.strip()]
     excl = [c.strip() for group in args.exclude_cat for c in group.split(",") if c.strip()]
     whole = not (ranks or steps or cats or excl or max_bytes or args.start is not None or args.end is not None)
@@ -275,4 +290,37 @@ def run(args: argparse.Namespace) -> int:
     print(f"  alignment: baseTimeNanoseconds + per-rank offsets, uncertainty {s['uncertainty_ns']} ns")
     print(f"  {mb:.1f} MB of JSON -> {s['bytes_written'] / 1e6:.1f} MB in {dt:.2f} s ({mb / max(dt, 1e-9):.0f} MB/s)")
     print("\nopen it: drag the file into https://ui.perfetto.dev")
+    return 0
+
+
+def _merge_to_url(args: argparse.Namespace, out_url: str) -> int:
+    """``fastprof merge ... -o s3://.../trace.json.gz``: the merge goes to a
+    local temporary file (the inputs are read in place, URLs or not), which
+    is then put in the store; an object already there is replaced only with
+    ``--force``."""
+    try:
+        store = open_store(out_url, what="output")
+        held = store.info("")
+    except (FastprofError, OSError, ValueError) as e:
+        raise CommandError(describe(e), exit_code=exit_code(e)) from None
+    if held is not None and not args.force:
+        raise CommandError(f"{out_url} already exists; use --force to replace it", exit_code=1)
+    with tempfile.TemporaryDirectory(prefix="fastprof-merge-") as tmp:
+        local = Path(tmp) / "trace.json.gz"
+        inner = argparse.Namespace(**{**vars(args), "output": str(local), "force": True})
+        quiet_print = inner.quiet
+        inner.quiet = True  # the local path is not what the user asked for
+        with contextlib.redirect_stdout(io.StringIO()) as said:
+            code = run(inner)
+        if code != 0:
+            return code
+        try:
+            store.put(local, "", rewritable=True)
+        except Exception as e:  # noqa: BLE001 - botocore, aiohttp, OSError: one line
+            raise CommandError(
+                f"{out_url}: could not put the merged trace ({type(e).__name__}: {' '.join(str(e).split())})",
+                exit_code=1,
+            ) from None
+    del said
+    print(out_url if quiet_print else f"merged {', '.join(args.inputs)} -> {out_url}")
     return 0

@@ -6,6 +6,7 @@ Examples:
   fastprof report fastprof_runs/run-1              # writes fastprof_runs/run-1/reports/
   fastprof report run-1/trace.json.gz -o out --verbose
   fastprof report rank0/torch/ep0-ba4.pt.trace.json.gz --batch-size 32
+  fastprof report s3://bucket/runs/run-1           # read in place; writes s3://bucket/runs/run-1/reports/
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from fastprof._core import FastprofError
 from fastprof._report import report  # the public wrapper: it logs to MLflow when asked
+from fastprof._storage import is_url
 from fastprof.cli.args import integer
 from fastprof.cli.errors import CommandError, describe, exit_code
 from fastprof.reports.csvout import tables
@@ -26,7 +28,11 @@ BATCH_SIZE = integer(1, 10**9, "a number of samples")
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="a run directory written by fastprof.Profiler, or one fastprof / torch.profiler trace")
+    p.add_argument(
+        "path",
+        help="a run directory written by fastprof.Profiler (or its URL: s3://, gs://, az://, file://), "
+        "or one fastprof / torch.profiler trace",
+    )
     p.add_argument(
         "--warmup-steps", type=WARMUP_STEPS, help="steps left out of the rates (default: schedule skip_first, else 1)"
     )
@@ -53,7 +59,7 @@ def add_parser(verbs: Any) -> None:
 
 def build(args: argparse.Namespace, out_dir: str | None, formats: tuple[str, ...], progress: bool) -> Any:
     """Run :func:`fastprof.report` for a verb, bad input as one line, exit 2."""
-    if not Path(args.path).exists():
+    if not is_url(args.path) and not Path(args.path).exists():
         raise CommandError(f"{args.path}: no such file or directory (expected a run directory or a trace)", exit_code=2)
     try:
         rep = report(
@@ -77,11 +83,15 @@ def build(args: argparse.Namespace, out_dir: str | None, formats: tuple[str, ...
 def run(args: argparse.Namespace) -> int:
     rep = build(args, args.output, ("json", "csv", "html"), progress=sys.stderr.isatty() and not args.quiet)
     if args.quiet:
-        for f in rep.files:
+        for f in rep.files or rep.urls:
             print(f)
         return 0
     rep.print(verbose=args.verbose)
-    if rep.files:
+    if rep.urls:
+        folder = rep.urls[0].rsplit("/", 1)[0]
+        print(f"\nput {len(rep.urls)} files in {folder}/ (report.json, report.html, one CSV per table)")
+        print(f"compare two runs: fastprof diff {args.path} OTHER_RUN")
+    elif rep.files:
         print(f"\nwrote {len(rep.files)} files to {rep.files[0].parent} (report.json, report.html, one CSV per table)")
         empty = [f"{name}.csv" for name, rows in tables(rep.data).items() if not rows]
         if empty:

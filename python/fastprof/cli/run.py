@@ -34,6 +34,7 @@ from fastprof import run as zero
 from fastprof._core import DEFAULT_SAMPLE_HZ
 from fastprof._loop_api import RunHost
 from fastprof._options import BY_NAME, _value
+from fastprof._storage import is_url
 from fastprof.cli.args import option
 from fastprof.cli.errors import CommandError
 from fastprof.profiler.loop import Profiler
@@ -102,7 +103,9 @@ def add_parser(verbs: Any) -> None:
 def _profiler_options(args: argparse.Namespace) -> dict[str, Any]:
     env = os.environ
     # Absolute: a script that changes directory must not move the run's files.
-    out_dir = os.path.abspath(os.fspath(_value(BY_NAME["out_dir"], args.out_dir, env)))
+    out_dir = os.fspath(_value(BY_NAME["out_dir"], args.out_dir, env))
+    if not is_url(out_dir):  # a URL (s3://...) is the store's, kept as it is
+        out_dir = os.path.abspath(out_dir)
     run_name = args.run_name if args.run_name is not None else _torchrun_run_name(env)
     kw: dict[str, Any] = {"out_dir": out_dir, "run_name": run_name, "sample_hz": args.sample_hz}
     if args.resume:
@@ -233,6 +236,9 @@ def _next_command(prof: RunHost, label: str) -> None:
     run_dir = str(prof.run_dir)
     rel = os.path.relpath(run_dir)
     shown = rel if not rel.startswith("..") else run_dir
+    run_url = prof.recorder.options.run_url
+    if run_url is not None:
+        shown = run_url
     world = int(prof.recorder.options.world_size)
     ranks = f", {world} ranks" if world > 1 else ""
     print(

@@ -15,16 +15,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fastprof.always_on.triggers import LIVE_FILE, STATE_FILE, TRIGGER_FILE, new_request_id
+from fastprof._rundir import object_url
+from fastprof._storage import is_url, open_store
+from fastprof.always_on.triggers import LIVE_FILE, REMOTE_POLL_S, STATE_FILE, TRIGGER_FILE, new_request_id
 from fastprof.cli.args import integer, seconds
-from fastprof.cli.errors import CommandError
+from fastprof.cli.errors import CommandError, describe
 from fastprof.memory._files import write_atomic
 
 __all__ = ["add_parser", "run"]
@@ -41,7 +46,7 @@ def add_parser(verbs: Any) -> None:
             "for them."
         ),
     )
-    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (<out>/<run_name>)")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (<out>/<run_name>), or its URL (s3://...)")
     p.add_argument(
         "--steps",
         type=integer(1, 10_000, "a number of steps"),
@@ -100,6 +105,8 @@ def _alive(info: dict[str, Any]) -> bool | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if is_url(args.run_dir):
+        return _run_url(args)
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         what = "not a directory" if run_dir.exists() else "no such run directory"
@@ -133,13 +140,7 @@ def run(args: argparse.Namespace) -> int:
             )
         targets = [r]
         where = live[r]["dir"] / TRIGGER_FILE
-    rid = new_request_id()
-    req: dict[str, Any] = {"id": rid, "time": time.time(), "from": f"{socket.gethostname()}:{os.getpid()}"}
-    if args.steps is not None:
-        req["steps"] = args.steps
-    if args.flight:
-        req["capture"] = False
-        req["flight"] = True
+    rid, req = _request(args)
     try:
         write_atomic(where, json.dumps(req))
     except OSError as e:
@@ -222,16 +223,46 @@ def _files_for(state: dict[str, Any], rid: str, flight_only: bool) -> tuple[bool
 def _wait(
     run_dir: Path, live: dict[int, dict[str, Any]], targets: list[int], rid: str, limit: float, flight: bool
 ) -> int:
+    def read(r: int) -> Any:
+        try:
+            return json.loads((live[r]["dir"] / STATE_FILE).read_text())
+        except (OSError, ValueError, RecursionError):
+            return None  # being rewritten (or not ours): read again at the next poll
+
+    return _answers(
+        targets,
+        rid,
+        flight,
+        limit,
+        read,
+        show=lambda path, r: path,
+        gone=lambda pending: not any(_alive(live[r]) is not False for r in pending),
+        pause=0.2,
+        where=str(run_dir),
+    )
+
+
+def _answers(
+    targets: list[int],
+    rid: str,
+    flight: bool,
+    limit: float,
+    read: Callable[[int], Any],
+    show: Callable[[str, int], str],
+    gone: Callable[[set[int]], bool],
+    pause: float,
+    where: str,
+) -> int:
+    """Wait (``limit`` s at most) for each target rank's ``triggers.json``
+    (``read(rank)``: its parsed content, None while unreadable) to answer
+    request ``rid``; print what each answered, its files through ``show``.
+    Exit status: 0 answered, 1 a rank answered with problems, 3 no answer."""
     deadline = time.monotonic() + limit
     pending = set(targets)
     failed = False
     while pending and time.monotonic() < deadline:
         for r in sorted(pending):
-            f = live[r]["dir"] / STATE_FILE
-            try:
-                state = json.loads(f.read_text())
-            except (OSError, ValueError, RecursionError):
-                continue  # being rewritten (or not ours): read again at the next poll
+            state = read(r)
             if not isinstance(state, dict):
                 continue
             done, files, problems, notes = _files_for(state, rid, flight)
@@ -244,16 +275,104 @@ def _wait(
                 failed = True
                 print(f"  rank {r}: {p}")
             for path in files:
-                print(f"  rank {r}: {path}")
+                print(f"  rank {r}: {show(path, r)}")
         if pending:
-            if not any(_alive(live[r]) is not False for r in pending):
+            if gone(pending):
                 break
-            time.sleep(0.2)
+            time.sleep(pause)
     if pending:
         print(
             f"fastprof trigger: no answer from rank(s) {', '.join(map(str, sorted(pending)))} within {limit:g} s "
-            f"(a job between steps, or stopped); see {run_dir}/rank*/{STATE_FILE} later",
+            f"(a job between steps, or stopped); see {where}/rank*/{STATE_FILE} later",
             file=sys.stderr,
         )
         return 3
     return 1 if failed else 0
+
+
+def _run_url(args: argparse.Namespace) -> int:
+    """``fastprof trigger s3://.../run``: a run whose ranks upload to object
+    storage (issue #26). The trigger is an object the ranks look for every
+    ``REMOTE_POLL_S``; their ``triggers.json`` objects (uploaded as they
+    are rewritten) say when the files are there."""
+    url = args.run_dir.rstrip("/")
+    try:
+        store = open_store(url, what="run")
+        keys = store.list("")
+    except CommandError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a store's error is one line
+        raise CommandError(f"{url}: {describe(e)}") from None
+    ranks = sorted({int(m.group(1)) for k in keys if (m := re.match(r"^rank(\d+)/", k))})
+    if not ranks:
+        raise CommandError(f"{url}: not a fastprof run (no rank*/ objects under it)", 2)
+    live = [r for r in ranks if f"rank{r}/{LIVE_FILE}" in keys and f"rank{r}/profiler.json" not in keys]
+    if not live:
+        if any(f"rank{r}/profiler.json" in keys for r in ranks):
+            raise CommandError(
+                f"{url}: the run has finished (profiler.json written); nothing to trigger. "
+                f"See its report: fastprof report {url}"
+            )
+        raise CommandError(f"{url}: no live fastprof job with triggers (no rank*/{LIVE_FILE} object)")
+    if args.rank == "all":
+        targets, key = live, TRIGGER_FILE
+    else:
+        if args.rank not in live:
+            raise CommandError(f"rank {args.rank} is not running in {url} (live ranks: {', '.join(map(str, live))})")
+        targets, key = [args.rank], f"rank{args.rank}/{TRIGGER_FILE}"
+    if args.signal:
+        print(
+            "fastprof trigger: --signal is ignored for a run in object storage (its pids are on other hosts)",
+            file=sys.stderr,
+        )
+    rid, req = _request(args)
+    with tempfile.TemporaryDirectory(prefix="fastprof-trigger-") as tmp:
+        local = Path(tmp) / TRIGGER_FILE
+        local.write_text(json.dumps(req))
+        try:
+            store.put(local, key, rewritable=True)
+        except Exception as e:  # noqa: BLE001
+            raise CommandError(f"{store.url_of(key)}: cannot put the trigger object ({describe(e)})") from None
+    what = "a flight dump" if args.flight else "a capture and a flight dump"
+    print(
+        f"fastprof trigger: asked rank(s) {', '.join(map(str, targets))} of {url} for {what} (request {rid}); "
+        f"the ranks look for it every {REMOTE_POLL_S:g} s"
+    )
+    for r in targets:
+        print(
+            f"  rank {r}: files land in {url}/rank{r}/torch and {url}/rank{r}/flight; record: "
+            f"{url}/rank{r}/{STATE_FILE}"
+        )
+    if args.wait <= 0:
+        return 0
+
+    def read(r: int) -> Any:
+        try:
+            with store.open(f"rank{r}/{STATE_FILE}") as f:
+                return json.loads(f.read())
+        except Exception:  # noqa: BLE001 - not there yet, or being replaced: next look
+            return None
+
+    return _answers(
+        targets,
+        rid,
+        args.flight,
+        args.wait,
+        read,
+        show=lambda path, _r: object_url(path, url) or path,
+        gone=lambda pending: False,  # pids on other hosts: only the time limit ends the wait
+        pause=2.0,
+        where=url,
+    )
+
+
+def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """A new request's id and the trigger file's content, as the job parses it."""
+    rid = new_request_id()
+    req: dict[str, Any] = {"id": rid, "time": time.time(), "from": f"{socket.gethostname()}:{os.getpid()}"}
+    if args.steps is not None:
+        req["steps"] = args.steps
+    if args.flight:
+        req["capture"] = False
+        req["flight"] = True
+    return rid, req

@@ -33,7 +33,10 @@ import numpy.typing as npt
 
 from fastprof._columns import Columns, read_columns
 from fastprof._core import FastprofError, FastprofFileNotFoundError, trace_inputs
+from fastprof._rundir import RANK_DIR, in_rank_dir, object_url
+from fastprof._storage import is_url
 from fastprof.reports.finite import counter_warnings
+from fastprof.reports.remote import RemoteRun, open_url
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -62,7 +65,6 @@ KINETO_CATEGORIES = frozenset(
         "user_annotation",
     }
 )
-_RANK_DIR = re.compile(r"^rank(\d+)$")
 
 
 class ReportInputError(FastprofError, ValueError):
@@ -88,6 +90,9 @@ class RunData:
     path: Path
     run_dir: Path | None
     cols: Columns
+    #: A run on object storage: its URL (``path`` and ``run_dir`` are then
+    #: the local view of its side documents; see :mod:`fastprof.reports.remote`).
+    source: str | None = None
     #: rank -> parsed rank{R}/profiler.json (of a segment read alone: the
     #: one beside it, when it is that recording's, see :func:`load`)
     profiler: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -228,17 +233,28 @@ def resolve(path: str | os.PathLike[str]) -> tuple[Path, Path | None]:
     return p, None
 
 
-def load(path: str | os.PathLike[str], fold: bool = True, resolved: tuple[Path, Path | None] | None = None) -> RunData:
+def load(
+    path: str | os.PathLike[str],
+    fold: bool = True,
+    resolved: tuple[Path | str, Path | None] | None = None,
+    remote: RemoteRun | None = None,
+) -> RunData:
     """Read a run directory (its unified ``trace.json.gz`` when there is one,
     else every rank's segments and torch windows) or a single trace.
     ``fold``: spans of :data:`KINETO_CATEGORIES` as totals, not rows.
     ``resolved``: :func:`resolve`'s answer for ``path``, when the caller has it.
+    ``remote``: a run on object storage (:mod:`fastprof.reports.remote`):
+    its traces read by URL, its side documents from its local view.
 
     Raises :class:`fastprof.FastprofFileNotFoundError` for a missing path,
     :class:`fastprof.TraceError` for a file that is not a trace and
     :class:`ReportInputError` for a directory holding no trace."""
     p = Path(path)
-    target, run_dir = resolve(p) if resolved is None else resolved
+    target: Path | str
+    if remote is not None:
+        target, run_dir = remote.target, remote.view
+    else:
+        target, run_dir = resolve(p) if resolved is None else resolved
     # Instants are in no report; each unused column is dropped as soon as read.
     cols = read_columns(
         target,
@@ -252,12 +268,17 @@ def load(path: str | os.PathLike[str], fold: bool = True, resolved: tuple[Path, 
     for table in (cols.spans, cols.counters):
         for key in _UNUSED:
             table.pop(key, None)
+    shown = remote.url if remote is not None else p
     if not cols.files or (
         not len(cols.spans["ts"]) and not len(cols.counters["ts"]) and not len(cols.folded.get("rank", ()))
     ):
-        raise ReportInputError(f"{p}: no trace events found (expected a fastprof run directory or a trace file)")
+        raise ReportInputError(f"{shown}: no trace events found (expected a fastprof run directory or a trace file)")
     data = RunData(path=p, run_dir=run_dir, cols=cols)
-    if run_dir is not None:
+    if remote is not None:
+        data.source = remote.url
+        if run_dir is not None:
+            _read_side_documents(data, run_dir, remote.segments)
+    elif run_dir is not None:
         _read_side_documents(data, run_dir)
     elif p.name.startswith("fastprof.") and p.name.endswith(".json.gz"):
         data.alone = p
@@ -284,7 +305,7 @@ def _read_own_profiler(data: RunData, segment: Path, other: dict[str, Any] | Non
         return
     if not isinstance(doc, dict):
         return
-    m = _RANK_DIR.match(segment.parent.name)
+    m = RANK_DIR.match(segment.parent.name)
     if other is not None:
         same = doc.get("run_name") == other.get("run_name") and doc.get("rank") == other.get("rank")
     else:
@@ -293,9 +314,10 @@ def _read_own_profiler(data: RunData, segment: Path, other: dict[str, Any] | Non
         data.profiler[int(doc.get("rank") or 0)] = doc
 
 
-def _read_side_documents(data: RunData, run_dir: Path) -> None:
+def _read_side_documents(data: RunData, run_dir: Path, segments: list[str] | None = None) -> None:
+    """``segments``: a URL run's segment URLs (its view holds none)."""
     for rank_dir in sorted(run_dir.glob("rank*")):
-        m = _RANK_DIR.match(rank_dir.name)
+        m = RANK_DIR.match(rank_dir.name)
         if not m or not rank_dir.is_dir():
             continue
         rank = int(m.group(1))
@@ -315,14 +337,22 @@ def _read_side_documents(data: RunData, run_dir: Path) -> None:
             except (OSError, ValueError):
                 data.cols.warnings.append(f"{summary}: not valid JSON; its schedule and windows are left out")
         # The last closed segment of each recording holds its final counts.
-        last: dict[str, tuple[int, Path]] = {}
-        for seg in rank_dir.rglob("fastprof.*.json.gz"):
-            parts = seg.name.split(".")
+        last: dict[str, tuple[int, Path | str]] = {}
+        found: list[tuple[str, str, Path | str]] = (
+            [(str(s.parent), s.name, s) for s in rank_dir.rglob("fastprof.*.json.gz")]
+            if segments is None
+            else [
+                (str(run_dir / rel.rsplit("/", 1)[0]), rel.rsplit("/", 1)[1], url)
+                for url in segments
+                if (rel := in_rank_dir(url)) and rel.split("/")[0] == rank_dir.name and url.endswith(".json.gz")
+            ]
+        )
+        for key, name, seg in found:
+            parts = name.split(".")
             try:
                 n = int(parts[-3])
             except (ValueError, IndexError):
                 continue
-            key = str(seg.parent)
             if key not in last or n > last[key][0]:
                 last[key] = (n, seg)
         for parent, (_, seg) in sorted(last.items()):
@@ -335,12 +365,32 @@ def _read_side_documents(data: RunData, run_dir: Path) -> None:
                 data.worker_other.setdefault(rank, []).append(other)
 
 
-def read_other_data(path: Path) -> dict[str, Any] | None:
+def where_now(data: RunData, recorded: str) -> str:
+    """Where a file a rank wrote (a torch window, a flight dump: profiler.json
+    holds the absolute path it had then) is now. A run on object storage was
+    recorded in a spool the uploader emptied: the file is its object,
+    ``<run URL>/rank{R}/...``. A run directory moved or copied since: the same
+    ``rank{R}/...`` under where it is now. Otherwise the recorded path."""
+    if data.source is not None and is_url(data.source):
+        return object_url(recorded, data.source) or recorded
+    tail = in_rank_dir(recorded)
+    if os.path.exists(recorded) or not tail or data.run_dir is None:
+        return recorded
+    moved = data.run_dir / tail
+    return str(moved) if moved.exists() else recorded
+
+
+def read_other_data(path: Path | str) -> dict[str, Any] | None:
     """The ``otherData`` object at the end of a fastprof segment, found by
-    decompressing the file as a stream and keeping only its tail."""
+    decompressing the file as a stream and keeping only its tail. ``path``
+    may be a URL (an object read by ranged reads)."""
     tail = b""
     try:
-        with open(path, "rb") as f:
+        if isinstance(path, str) and is_url(path):
+            opened = open_url(path)
+        else:
+            opened = open(path, "rb")
+        with opened as f:
             d = zlib.decompressobj(zlib.MAX_WBITS | 16)
             while True:
                 chunk = f.read(1 << 20)
@@ -352,7 +402,7 @@ def read_other_data(path: Path) -> dict[str, Any] | None:
                     d = zlib.decompressobj(zlib.MAX_WBITS | 16)
                     tail = (tail + d.decompress(rest))[-_TAIL_BYTES:]
             tail = (tail + d.flush())[-_TAIL_BYTES:]
-    except (OSError, zlib.error):
+    except Exception:  # noqa: BLE001 - OSError, zlib.error, a store's error: no counts, the report goes on
         return None
     at = tail.rfind(b'"otherData":')
     if at < 0:

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from fastprof._storage import is_url, open_store
 from fastprof.memory.leaks import MIN_FLAT_SHARE, MIN_GROWTH_BYTES, MIN_GROWTH_SHARE, growth
 from fastprof.memory.operators import operator_table
-from fastprof.reports.data import RunData, step_spans
+from fastprof.reports.data import RunData, step_spans, where_now
+from fastprof.reports.remote import open_url
 
 #: The allocator's per-step peak.
 CUDA_PEAK = "mem.cuda.allocated_peak [B]"
@@ -182,6 +186,29 @@ MAX_OPERATOR_TRACE_BYTES = 64 << 20
 MAX_OPERATOR_WINDOWS = 64
 
 
+def _size(path: str) -> int:
+    """A window trace's size: a file's, or (a run on object storage) its object's."""
+    if not is_url(path):
+        return os.path.getsize(path)
+    info = open_store(path, what="input").info("")
+    if info is None:
+        raise FileNotFoundError(2, "no such object", path)
+    return int(info.get("size") or 0)
+
+
+def _operator_table(path: str) -> Any:
+    """:func:`operator_table` of a window trace; an object is read into a
+    temporary file first (the table reads the trace whole)."""
+    if not is_url(path):
+        return operator_table(path, top=TOP_OPERATORS)
+    name = path.rsplit("/", 1)[-1]
+    with tempfile.TemporaryDirectory(prefix="fastprof-window-") as tmp:
+        local = os.path.join(tmp, name)
+        with open_url(path) as src, open(local, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        return operator_table(local, top=TOP_OPERATORS)
+
+
 def _window_stem(rank: int, path: str) -> str:
     """``operators.rank{R}.<window file name without its trace suffix>``."""
     name = os.path.basename(path)
@@ -220,7 +247,7 @@ def _operators(data: RunData) -> dict[str, Any] | None:
     last_of_first: tuple[int, str, Any] | None = None
     lowest = saved[0][0]
     for rank, w in saved:
-        path = str(w["path"])
+        path = where_now(data, str(w["path"]))
         row: dict[str, Any] = {
             "rank": rank,
             "window": path,
@@ -232,7 +259,7 @@ def _operators(data: RunData) -> dict[str, Any] | None:
         }
         windows.append(row)
         try:
-            size = os.path.getsize(path)
+            size = _size(path)
             if size > MAX_OPERATOR_TRACE_BYTES:
                 row["reason"] = (
                     f"{size / 2**20:.0f} MB on disk: over {MAX_OPERATOR_TRACE_BYTES >> 20} MB, it is read whole"
@@ -242,7 +269,7 @@ def _operators(data: RunData) -> dict[str, Any] | None:
                     "fastprof.memory.operator_table(path) reads it"
                 )
                 continue
-            table = operator_table(path, top=TOP_OPERATORS)
+            table = _operator_table(path)
         except (OSError, ValueError) as e:
             row["reason"] = str(e)
             data.cols.warnings.append(f"{path}: no operator table ({e})")

@@ -10,6 +10,7 @@ import re
 import secrets
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from fastprof._core import ConfigError, __version__
+from fastprof._storage import is_url
 from fastprof.reports import data as _data
 from fastprof.reports.anatomy import anatomy_report
 from fastprof.reports.breakdown import step_breakdown
@@ -27,6 +29,7 @@ from fastprof.reports.jsonout import write_json
 from fastprof.reports.memory import memory_report
 from fastprof.reports.ranks import ranks_report
 from fastprof.reports.recommendations import recommend
+from fastprof.reports.remote import RemoteRun, open_run
 from fastprof.reports.resumed import resumed_report
 from fastprof.reports.rotation import rotation_report
 from fastprof.reports.speed import speed_report
@@ -51,6 +54,8 @@ class Report:
 
     data: dict[str, Any]
     files: list[Path] = field(default_factory=list)
+    #: A report of a run on object storage: the objects its files were put as.
+    urls: list[str] = field(default_factory=list)
 
     def __getitem__(self, key: str) -> Any:
         return self.data[key]
@@ -150,8 +155,8 @@ def _build_from(
         "schema_version": SCHEMA_VERSION,
         "fastprof_version": __version__,
         "source": {
-            "path": str(data.path),
-            "run_dir": None if data.run_dir is None else str(data.run_dir),
+            "path": data.source or str(data.path),
+            "run_dir": data.source if data.source is not None else None if data.run_dir is None else str(data.run_dir),
             "inputs": [
                 {
                     "path": str(f["path"]),
@@ -226,7 +231,49 @@ def report(
                 f"invalid option {opt}: expected an integer >= {0 if opt == 'warmup_steps' else 1}, got {v!r}"
             )
     tick = _Progress(progress)
+    if isinstance(path, str) and is_url(path):
+        return _report_url(path, out_dir, fmts, verbose, tick, warmup_steps, batch_size)
     out = Path(out_dir) if out_dir is not None else default_out_dir(path)
+    return _report(path, out, fmts, verbose, tick, warmup_steps, batch_size)
+
+
+def _report_url(
+    url: str,
+    out_dir: str | os.PathLike[str] | None,
+    fmts: list[str],
+    verbose: bool,
+    tick: _Progress,
+    warmup_steps: int | None,
+    batch_size: int | None,
+) -> Report:
+    """A report of a run (or a trace) on object storage: read in place, its
+    files put in ``<url>/reports/`` (next to a trace given alone), or
+    written to ``out_dir`` when given."""
+    tick(f"listing {url}")
+    with open_run(url) as run:
+        local = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="fastprof-report-")) / "reports"
+        try:
+            rep = _report(url, local, fmts, verbose, tick, warmup_steps, batch_size, remote=run)
+            if out_dir is None and rep.files:
+                tick(f"putting {len(rep.files)} files in the store")
+                rep.urls = run.put_reports(local, [f.name for f in rep.files])
+                rep.files = []
+            return rep
+        finally:
+            if out_dir is None:
+                shutil.rmtree(local.parent, ignore_errors=True)
+
+
+def _report(
+    path: str | os.PathLike[str],
+    out: Path,
+    fmts: list[str],
+    verbose: bool,
+    tick: _Progress,
+    warmup_steps: int | None,
+    batch_size: int | None,
+    remote: RemoteRun | None = None,
+) -> Report:
     staging: Path | None = None
     try:
         if fmts:
@@ -235,10 +282,10 @@ def report(
         # over the traces is the report's largest memory, so it runs before
         # the columns are read, and keeps a few numbers per rank.
         tick(f"step-time breakdown of {path}")
-        resolved = _data.resolve(path)
+        resolved = _data.resolve(path) if remote is None else (remote.target, remote.view)
         breakdown = _breakdown(resolved[0], staging if "csv" in fmts else None, out)
         tick(f"breakdown: {len(breakdown)} steps")
-        data = _data.load(path, fold=not verbose, resolved=resolved)
+        data = _data.load(path, fold=not verbose, resolved=resolved, remote=remote)
         data.breakdown = breakdown
         tick(f"read {len(data.cols.spans['ts'])} spans, {len(data.cols.counters['ts'])} counter samples")
         doc = build_from(data, verbose, warmup_steps, batch_size, tick)
@@ -251,7 +298,7 @@ def report(
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _breakdown(target: Path, staging: Path | None, out: Path) -> Any:
+def _breakdown(target: Path | str, staging: Path | None, out: Path) -> Any:
     """:func:`fastprof.reports.breakdown.step_breakdown` of ``target`` (what
     :func:`fastprof.reports.data.load` reads), writing breakdown.csv into
     ``staging`` (none without steps); a failure to write it names ``out``,

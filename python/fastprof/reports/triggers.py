@@ -14,7 +14,11 @@ from fastprof.reports import data as _data
 __all__ = ["triggers_report"]
 
 
-def _capture(c: dict[str, Any]) -> dict[str, Any]:
+def _file(data: _data.RunData, path: Any) -> Any:
+    return _data.where_now(data, str(path)) if path else path
+
+
+def _capture(data: _data.RunData, c: dict[str, Any]) -> dict[str, Any]:
     w = c.get("window") or {}
     return {
         "source": str(c.get("source")),
@@ -22,7 +26,7 @@ def _capture(c: dict[str, Any]) -> dict[str, Any]:
         "steps": int(c.get("steps", 0)),
         "status": str(c.get("status")),
         "late_by_steps": int(c.get("late_by_steps", 0)),
-        "file": w.get("path"),
+        "file": _file(data, w.get("path")),
         "error": w.get("error"),
     }
 
@@ -72,12 +76,12 @@ def triggers_report(data: _data.RunData) -> dict[str, Any] | None:
                     }
                     for a in t.get("anomalies", [])
                 ],
-                "captures": [_capture(c) for c in t.get("captures", [])],
+                "captures": [_capture(data, c) for c in t.get("captures", [])],
                 "flight_dumps": [
                     {
                         "reason": str(d.get("reason")),
                         "step": int(d.get("step", 0)),
-                        "file": d.get("path"),
+                        "file": _file(data, d.get("path")),
                         "error": d.get("error"),
                     }
                     for d in t.get("flight_dumps", [])

@@ -1,0 +1,120 @@
+"""A report of a run on object storage (issue #26): ``fastprof report
+s3://bucket/runs/run1``.
+
+The traces are read where they are: the core's input walker lists the URL and
+its scanner streams each object by ranged reads (``fastprof._remote``), so a
+report of a bucket run holds what a report of a local run holds, and nothing
+is downloaded first. The run's side documents (``profiler.json``,
+``triggers.json``, the memory profiling's small JSON files: kilobytes) are
+copied into a temporary *view* folder laid out as the run directory is, so the
+report reads them as it reads a local run's. The report's files are written
+locally, then put in ``<url>/reports/`` (or left in ``--out-dir``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastprof._core import FastprofFileNotFoundError
+from fastprof._storage import Store, open_store
+from fastprof._uploader import SEGMENT as _SEGMENT
+
+__all__ = ["SIDE_MAX_BYTES", "RemoteRun", "open_run"]
+
+#: Side documents larger than this are not copied into the view (an allocator
+#: snapshot, a torch memory timeline: no report section reads those).
+SIDE_MAX_BYTES = 16 << 20
+
+
+def _is_trace_name(name: str) -> bool:
+    return name.endswith((".json", ".json.gz")) or (name.startswith("fastprof.") and name.endswith(".json.gz.part"))
+
+
+def _side(key: str) -> bool:
+    """Whether object ``key`` (relative to the run) is a side document a
+    report reads: not hidden, not the report folder, not a trace (but
+    fastprof's own JSON, which has a trace's suffix, is)."""
+    parts = key.split("/")
+    name = parts[-1]
+    if any(p.startswith(".") for p in parts) or parts[0] == "reports" or name.startswith("flight-"):
+        return False
+    if name in ("profiler.json", "triggers.json", "live.json", "oom.json"):
+        return True
+    if "memory" in parts[:-1]:
+        return name.endswith((".json", ".txt", ".yaml", ".csv"))
+    return not _is_trace_name(name) and name.endswith((".json", ".txt", ".yaml"))
+
+
+@dataclass
+class RemoteRun:
+    """A URL run: where its traces are read from (``target``: the unified
+    trace when rank 0 wrote one, else the run URL), the local ``view`` of its
+    side documents (None for a single trace), and its segments' URLs."""
+
+    url: str
+    store: Store
+    target: str
+    view: Path | None
+    segments: list[str] = field(default_factory=list)
+
+    def put_reports(self, folder: Path, names: list[str]) -> list[str]:
+        """Put a report's files (``folder/<name>``) in ``<url>/reports/``,
+        replacing an earlier report's; returns their URLs."""
+        base = "reports" if self.view is not None else ""
+        out = []
+        for n in names:
+            key = f"{base}/{n}" if base else n
+            self.store.put(folder / n, key, rewritable=True)
+            out.append(self.store.url_of(key))
+        return out
+
+
+@contextlib.contextmanager
+def open_run(url: str) -> Iterator[RemoteRun]:
+    """The :class:`RemoteRun` of ``url``, its view removed afterwards.
+    Raises :class:`fastprof.FastprofFileNotFoundError` naming the URL when
+    nothing is there, and the store's one-line :class:`fastprof.ConfigError`
+    when its protocol's extra is missing."""
+    url = url.rstrip("/")
+    store = open_store(url, what="input")
+    info = store.info("")
+    if info is not None:  # one object: a trace read alone
+        yield RemoteRun(url, store, url, None)
+        return
+    keys = store.list("")
+    if not keys:
+        raise FastprofFileNotFoundError(2, "no such file or directory (nothing stored under this URL)", url)
+    view = Path(tempfile.mkdtemp(prefix="fastprof-view-"))
+    try:
+        segments = []
+        for key in keys:
+            parts = key.split("/")
+            if _SEGMENT.match(parts[-1]) and parts[0].startswith("rank"):
+                segments.append(store.url_of(key))
+            elif _side(key):
+                meta: dict[str, Any] = store.info(key) or {}
+                if int(meta.get("size") or 0) <= SIDE_MAX_BYTES:
+                    dest = view / key
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    with store.open(key) as src, open(dest, "wb") as dst:
+                        shutil.copyfileobj(src, dst, 1 << 20)
+        # Rank folders with nothing copied still exist in the view (as locally).
+        for key in keys:
+            first = key.split("/")[0]
+            if first.startswith("rank") and "/" in key:
+                (view / first).mkdir(exist_ok=True)
+        target = store.url_of("trace.json.gz") if "trace.json.gz" in keys else url
+        yield RemoteRun(url, store, target, view, segments)
+    finally:
+        shutil.rmtree(view, ignore_errors=True)
+
+
+def open_url(url: str) -> Any:
+    """A binary file object reading ``url`` by ranged reads."""
+    return open_store(url, what="input").open("")
