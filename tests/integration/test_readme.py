@@ -21,6 +21,7 @@ fails here, and so does a fence without one of these three languages.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
@@ -33,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from moto_s3 import MotoServer
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 LANGS = ("python", "bash", "text")
@@ -118,8 +121,35 @@ def blocks(text: str | None = None) -> list[Block]:
     return out
 
 
+#: A real S3 server (moto's) for the blocks that name an ``s3://`` bucket,
+#: started once when README has one; the blocks reach it through the
+#: standard AWS environment, as a user's job reaches its store.
+_S3: MotoServer | None = None
+
+
+def _s3_env() -> dict[str, str]:
+    global _S3
+    text = README.read_text()
+    buckets = sorted(set(re.findall(r"s3://([a-z0-9][a-z0-9.-]+)/", text)))
+    if not buckets:
+        return {}
+    if _S3 is None:
+        import s3fs
+
+        server = MotoServer()
+        server.start()
+        atexit.register(server.stop)
+        os.environ.update(server.env())
+        s3fs.S3FileSystem.clear_instance_cache()
+        for b in buckets:
+            s3fs.S3FileSystem().mkdir(b)
+        _S3 = server
+    return _S3.env()
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
+    env.update(_s3_env())
     # `fastprof`, `torchrun`: the console scripts beside this interpreter.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     # torchrun's rendezvous on a port no other test is using (its --master-port).
