@@ -355,9 +355,11 @@ CASES = _cases()
 # environment, argv and stdout/stderr files, then the script run as
 # ``__main__`` at the server's top level, so the job's exit is the
 # interpreter's own (its traceback, exit status, signal, atexit and
-# finalisation), as in ``python job.py``. fastprof is never imported before
-# the fork; the runs without torch and ``fastprof run`` (which hooks torch's
-# import) start a fresh interpreter.
+# finalisation), as in ``python job.py`` (or ``python -m module``). fastprof
+# is never imported before the fork. The runs without torch start a fresh
+# interpreter. ``fastprof run`` forks too: it finds torch already imported
+# and wraps it at once; its import hook (torch imported by the script) is
+# test_run_cmd's, with fresh interpreters.
 ZYGOTE = r"""
 import importlib, json, os, select, signal, socket, sys
 
@@ -401,20 +403,25 @@ for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
 os.chdir(job["cwd"])
 os.environ.clear()
 os.environ.update(job["env"])
-sys.argv = job["argv"]
-sys.path[0] = os.path.dirname(os.path.abspath(job["argv"][0]))
 del waiting, srv, ready, req, conn, pid
 import runpy
 
-runpy.run_path(job["argv"][0], run_name="__main__")
+if job["argv"][0] == "-m":  # python -m module args
+    sys.argv = job["argv"][1:]
+    sys.path[0] = os.getcwd()
+    runpy.run_module(job["argv"][1], run_name="__main__", alter_sys=True)
+else:
+    sys.argv = job["argv"]
+    sys.path[0] = os.path.dirname(os.path.abspath(job["argv"][0]))
+    runpy.run_path(job["argv"][0], run_name="__main__")
 """
 
 
 class Zygote:
     """One fork server (see ZYGOTE) that has imported ``preload``."""
 
-    def __init__(self, root: Path, preload: list[str], env: dict[str, str]) -> None:
-        self.path = root / f"zygote-{'-'.join(preload)}.sock"
+    def __init__(self, root: Path, name: str, preload: list[str], env: dict[str, str]) -> None:
+        self.path = root / f"zygote-{name}.sock"
         script = root / "zygote.py"
         if not script.exists():
             script.write_text(ZYGOTE)
@@ -500,8 +507,12 @@ class Runner:
         """The fork server for ``kind`` ("torch", "lightning"), started once."""
         with self.lock:
             if kind not in self.zygotes:
-                preload = ["torch", "lightning"] if kind == "lightning" else ["torch"]
-                self.zygotes[kind] = Zygote(self.root, preload, self.env)
+                # torch._dynamo: the first optimizer imports it (torch.optim's
+                # compile guard), ~3 s of CPU per job on CI's cores otherwise.
+                preload = ["torch", "torch._dynamo", "torch.profiler", "torch.utils.data"]
+                if kind == "lightning":
+                    preload.append("lightning")
+                self.zygotes[kind] = Zygote(self.root, kind, preload, self.env)
             return self.zygotes[kind]
 
     def _job(self, script: str, args: list[str], cwd: Path, env: dict[str, str]) -> Ran:
@@ -537,10 +548,9 @@ class Runner:
         args = [case.shape, case.outcome, case.where, str(case.step), str(out)]
         if case.shape == "run":
             argv = [
-                sys.executable, "-m", "fastprof", "run", "-o", str(out), "--run-name", "m",
-                str(self.scripts["job"]), "fastprof", *args,
+                "-m", "fastprof", "run", "-o", str(out), "--run-name", "m", str(self.scripts["job"]), "fastprof", *args,
             ]  # fmt: skip
-            return _run(argv, out, env), out / "m"
+            return self._zygote("torch").run(argv, out, env), out / "m"
         script = "lightning" if case.shape == "lightning" else "job"
         return self._job(script, ["fastprof", *args], out, env), out / "m"
 
