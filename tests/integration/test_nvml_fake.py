@@ -46,7 +46,8 @@ def pcie_tx(load: float) -> float:
 
 
 # Runs in the child: idle phase at load 0, busy phase at load 90, with
-# margins around each measured window so the fake has seen the new load.
+# margins around each measured window so the fake has seen the new load
+# (and a tick stamped inside a window read it before the load changed).
 SCRIPT = """
 import json, os, sys, time
 import fastprof
@@ -67,6 +68,9 @@ if mode == "full":
     marks["idle0"] = time.monotonic_ns()
     time.sleep(0.8)
     marks["idle1"] = time.monotonic_ns()
+    # A tick stamps its time before it reads NVML: one preempted between
+    # the two can carry a time inside the idle window and a busy reading.
+    time.sleep(0.3)
     set_load(90)
     time.sleep(0.3)
     marks["busy0"] = time.monotonic_ns()

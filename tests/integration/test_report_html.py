@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.request
@@ -103,7 +104,14 @@ class Browser:
             "--window-size=1400,1000",
             "about:blank",
         ]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        # Chromium puts its singleton socket folder in TMPDIR: one of its own,
+        # removed at close (a short path: a socket's path has at most 107
+        # bytes, and pytest's tmp_path under xdist is longer).
+        self.tmpdir = tempfile.mkdtemp(prefix="fastprof-chromium-")
+        env = {**os.environ, "TMPDIR": self.tmpdir}
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=env
+        )
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 30
         while not (port_file.is_file() and port_file.read_text().strip()):
@@ -158,6 +166,7 @@ class Browser:
                 self.proc.wait()
         if self.proc.stderr:
             self.proc.stderr.close()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
