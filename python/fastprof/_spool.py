@@ -152,7 +152,10 @@ class Spool:
         store = self.open()
         if store is None:
             return
-        self.uploader = Uploader(rank_dir, store, f"{run_name}/rank{rank}").start()
+        # An outage is said while the job runs by the node's local rank 0
+        # alone (a store down for one rank is down for its node).
+        warn = say if local_rank == 0 else None
+        self.uploader = Uploader(rank_dir, store, f"{run_name}/rank{rank}", warn=warn).start()
         if local_rank == 0 and not PROCESS.spool_said:
             PROCESS.spool_said = True
             say(

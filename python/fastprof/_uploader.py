@@ -22,6 +22,12 @@ end calls :meth:`Uploader.close` with a time bound. Nothing here raises into
 the job: a failed upload is counted, retried with exponential backoff (one
 clock for the whole store: an outage is not hammered file by file), and what
 could not be sent stays in the spool for ``fastprof upload``.
+
+A job that runs for days must not learn at its end that nothing went up: with
+``warn`` given (the node's local rank 0), an outage is said on stderr while
+the job runs, once :data:`WARN_AFTER_FAILURES` tries in a row have failed
+(botocore has retried each already), again at most every ``remind_s`` with
+what waits in the spool, and once more when uploads resume.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +51,9 @@ SEGMENT = re.compile(r"^fastprof\.(\d+)\.json\.gz(\.part)?$")
 _TEMP_SUFFIXES = (".tmp", ".part")
 #: Names that are commands to the job (``fastprof trigger``), not its output.
 _INPUTS = frozenset({"TRIGGER"})
+#: Failed tries in a row before an outage is said (1 + 2 + 4 s of backoff at
+#: the defaults: a blip that the next try gets through is not worth a line).
+WARN_AFTER_FAILURES = 3
 
 
 def is_candidate(name: str, *, final: bool) -> bool:
@@ -124,6 +133,8 @@ class Uploader:
         backoff_s: float = 1.0,
         backoff_cap_s: float = 30.0,
         rewritten: Collection[str] = REWRITTEN,
+        warn: Callable[[str], None] | None = None,
+        remind_s: float = 3600.0,
     ) -> None:
         self.local_dir = Path(local_dir)
         self.store = store
@@ -132,6 +143,8 @@ class Uploader:
         self.backoff_s = backoff_s
         self.backoff_cap_s = backoff_cap_s
         self.rewritten = frozenset(rewritten)
+        self.warn = warn
+        self.remind_s = remind_s
         self._lock = threading.Lock()  # guards _totals and nothing else: held for no I/O
         self._totals = _Totals()
         self._wake = threading.Event()
@@ -144,6 +157,9 @@ class Uploader:
         self._refused: dict[str, tuple[int, int]] = {}  # conflicts: not retried until the file changes
         self._fails_in_row = 0
         self._next_try = 0.0
+        self._outage_since: float | None = None  # monotonic time of the outage's first failure
+        self._outage_failures = 0
+        self._warned_at: float | None = None  # when the outage was last said (None: not yet)
 
     # ------------------------------------------------------------ public
 
@@ -259,6 +275,7 @@ class Uploader:
         self._sent[rel] = sig
         self._fails_in_row = 0
         self._next_try = 0.0
+        self._outage_over()
         deleted = False
         if not rewritable:
             deleted = self._delete_if_unchanged(local, sig)
@@ -296,6 +313,51 @@ class Uploader:
             t.last_error = message
             t.last_error_time = time.time()
             t.backoff_s = delay
+        self._outage_goes_on(message)
+
+    # ------------------------------------------------------------ outages
+
+    def _outage_goes_on(self, message: str) -> None:
+        """Count a failure into the outage, and say it (then remind of it)
+        while the job runs: at the end, :meth:`close`'s caller says what is
+        left in the spool."""
+        now = time.monotonic()
+        if self._outage_since is None:
+            self._outage_since, self._outage_failures = now, 0
+        self._outage_failures += 1
+        if self.warn is None or self._stop or self._outage_failures < WARN_AFTER_FAILURES:
+            return
+        where = self.store.url_of(self.prefix)
+        if self._warned_at is None:
+            self._say(
+                f"uploads to {where} are failing ({self._outage_failures} tries in a row; last error: {message}); "
+                f"retrying with backoff up to {self.backoff_cap_s:g} s, the files wait in the spool {self.local_dir}"
+            )
+        elif now - self._warned_at >= self.remind_s:
+            files, size = self._left()
+            self._say(
+                f"uploads to {where} still failing after {_duration(now - self._outage_since)} "
+                f"({self._outage_failures} tries; last error: {message}); {files} file(s), {size / 1e6:.1f} MB "
+                f"wait in the spool {self.local_dir}"
+            )
+        else:
+            return
+        self._warned_at = now
+
+    def _outage_over(self) -> None:
+        if self._outage_since is not None and self._warned_at is not None:
+            self._say(
+                f"uploads to {self.store.url_of(self.prefix)} resumed after "
+                f"{_duration(time.monotonic() - self._outage_since)} ({self._outage_failures} failed tries)"
+            )
+        self._outage_since, self._outage_failures, self._warned_at = None, 0, None
+
+    def _say(self, message: str) -> None:
+        try:
+            if self.warn is not None:
+                self.warn(message)
+        except Exception:  # noqa: BLE001 - a line on stderr is never worth the upload thread
+            pass
 
     def _left(self) -> tuple[int, int]:
         """Files (and bytes) of the spool folder the store does not have in
@@ -309,3 +371,11 @@ class Uploader:
         except Exception:  # noqa: BLE001 - a count for a message, never an error of its own
             pass
         return files, size
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

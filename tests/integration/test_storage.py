@@ -307,6 +307,61 @@ def test_outage_is_retried_counted_and_loses_nothing(
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_an_outage_is_said_while_the_job_runs_reminded_and_its_end_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job of days must not learn at its end that nothing went up: a
+    bucket that is not there (a typo, or not made yet) is said once its
+    tries have failed WARN_AFTER_FAILURES times in a row, reminded at most
+    every remind_s with what waits in the spool, and its end is said when
+    the bucket is there; the final pass says nothing (the end's own line
+    does)."""
+    from fastprof._uploader import WARN_AFTER_FAILURES
+
+    server = MotoServer()
+    server.start()
+    try:
+        _point_at(monkeypatch, server)
+        name = f"later-{os.getpid()}-{time.monotonic_ns()}"
+        store = open_store(f"s3://{name}/runs")
+        rank = tmp_path / "spool" / "run" / "rank0"
+        _write(rank / "fastprof.0.json.gz", _segment(0, 0))
+        _write(rank / "fastprof.1.json.gz.part", b"open")
+        said: list[str] = []
+        t0 = time.monotonic()
+        up = Uploader(
+            rank, store, "run/rank0", interval_s=0.05, backoff_s=0.05, backoff_cap_s=0.1, warn=said.append, remind_s=0.5
+        ).start()
+        wait_until(lambda: said, what="the outage said")
+        failures = up.stats()["failures"]
+        assert failures >= WARN_AFTER_FAILURES, failures
+        first = said[0]
+        assert first.startswith(f"uploads to s3://{name}/runs/run/rank0 are failing (")
+        assert "NoSuchBucket" in first or "does not exist" in first, first
+        assert f"the files wait in the spool {rank}" in first, first
+        # Reminded, never once per try: the tries come every ~0.1 s.
+        wait_until(lambda: len(said) >= 2, what="a reminder")
+        time.sleep(0.6)
+        elapsed = time.monotonic() - t0
+        reminders = [m for m in said[1:] if "still failing after" in m]
+        # What `fastprof upload` would send: the closed segment and the open one.
+        assert reminders and all("2 file(s), 0.0 MB wait in the spool" in m for m in reminders), said
+        assert len(reminders) == len(said) - 1 <= elapsed / 0.5 + 1, (elapsed, said)
+        assert up.stats()["failures"] >= WARN_AFTER_FAILURES - 1 + len(said)
+
+        _bucket(name)  # the bucket is there now: the next try goes through
+        wait_until(lambda: not (rank / "fastprof.0.json.gz").exists(), what="segment 0 uploaded")
+        wait_until(lambda: "resumed after" in said[-1], what="the end of the outage said")
+        assert said[-1].startswith(f"uploads to s3://{name}/runs/run/rank0 resumed after ")
+        n = len(said)
+        server.stop()  # the final pass fails: its caller says what is left, not the uploader
+        summary = up.close(timeout_s=2)
+        assert len(said) == n, said[n:]
+        assert summary["left_in_spool"]["files"] == 1  # the open segment
+    finally:
+        server.stop()
+
+
 # ------------------------------------------------------------ the command
 
 

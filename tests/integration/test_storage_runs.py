@@ -236,6 +236,59 @@ def test_a_store_outage_never_fails_the_job_and_fastprof_upload_sends_the_rest(t
         s3fs.S3FileSystem.clear_instance_cache()
 
 
+#: Steps until the file argv[2] exists (the test makes it once stderr said the outage).
+UNTIL_TOLD = """
+import os, sys, time
+import fastprof
+out, stop = sys.argv[1], sys.argv[2]
+with fastprof.Profiler(out, "job", torch=False, segment_seconds=0.5, upload_timeout=1.0) as prof:
+    t0 = time.monotonic()
+    while not os.path.exists(stop) and time.monotonic() - t0 < 120:
+        sum(range(20_000))
+        time.sleep(0.02)
+        prof.step()
+"""
+
+
+def test_a_bucket_that_is_not_there_is_said_while_the_job_runs(moto_server: MotoServer, tmp_path: Path) -> None:
+    """A typo in the bucket's name must not be learnt at the end of a job of
+    days: stderr says the uploads are failing while the job trains, once."""
+    script, stop, spool = tmp_path / "job.py", tmp_path / "stop", tmp_path / "spool"
+    script.write_text(UNTIL_TOLD)
+    url = f"s3://no-such-bucket-{os.getpid()}-{time.monotonic_ns()}/runs"
+    p = subprocess.Popen(
+        [sys.executable, str(script), url, str(stop)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=child_env(moto_server, FASTPROF_SPOOL_DIR=str(spool)),
+    )
+    assert p.stderr is not None
+    lines: list[str] = []
+    try:
+        for line in p.stderr:  # the job runs (up to 120 s) until told
+            lines.append(line)
+            if "are failing" in line:
+                break
+        stop.touch()
+        code, _out, rest = _finish(p)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    err = "".join(lines) + rest
+    assert code == 0, err
+    failing = [line for line in err.splitlines() if "are failing" in line]
+    assert len(failing) == 1, err
+    assert failing[0].startswith(f"fastprof: uploads to {url}/job/rank0 are failing (3 tries in a row; "), err
+    assert "NoSuchBucket" in failing[0] or "does not exist" in failing[0], err
+    assert f"the files wait in the spool {spool / 'job' / 'rank0'}" in failing[0], err
+    # Then the end's own account, and the command that sends the rest.
+    assert err.index("are failing") < err.index("could not be sent to"), err
+    assert f"send them with: fastprof upload {spool / 'job'} {url}" in err, err
+    assert "resumed" not in err and "Traceback" not in err, err
+
+
 def test_sigterm_uploads_what_is_closed_and_dies_as_without_fastprof(
     s3_url: str, moto_server: MotoServer, tmp_path: Path
 ) -> None:
