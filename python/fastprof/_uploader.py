@@ -51,8 +51,9 @@ SEGMENT = re.compile(r"^fastprof\.(\d+)\.json\.gz(\.part)?$")
 _TEMP_SUFFIXES = (".tmp", ".part")
 #: Names that are commands to the job (``fastprof trigger``), not its output.
 _INPUTS = frozenset({"TRIGGER"})
-#: Failed tries in a row before an outage is said (1 + 2 + 4 s of backoff at
-#: the defaults: a blip that the next try gets through is not worth a line).
+#: Failed tries in a row before an outage is said (the third comes after 1 + 2 s
+#: of backoff at the defaults: a blip that the next try gets through is not
+#: worth a line).
 WARN_AFTER_FAILURES = 3
 
 
