@@ -480,7 +480,9 @@ model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.n
                             torch.nn.Linear(1024, 10))
 loss_fn = torch.nn.CrossEntropyLoss()
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-data = [(torch.randn(128, 256), torch.randint(0, 10, (128,))) for _ in range(4)]
+# Batches of 1024: a step of ~60 ms of work, so that a preemption between our
+# hook and torch's first op (a time slice, ours alone) is a small share of it.
+data = [(torch.randn(1024, 256), torch.randint(0, 10, (1024,))) for _ in range(4)]
 prof = fastprof.Profiler(sys.argv[1], "run", sample_hz=0,
                          schedule=fastprof.schedule.cyclic(wait=3, warmup=1, active=6, repeat=1))
 with prof:
@@ -553,13 +555,14 @@ def test_the_anatomy_agrees_with_a_torch_window_over_the_same_steps(tmp_path: Pa
             total_ours[phase] = total_ours.get(phase, 0.0) + ours[phase] * s["dur"]
             total_torch[phase] = total_torch.get(phase, 0.0) + torch_share[phase] * s["dur"]
         assert min(torch_share.values()) > 0, torch_share  # every phase is there
-    # A step is ~5 ms of work, and a loaded machine preempts for a time slice
-    # (~10 ms) between our hook and torch's own annotation (CI saw zero_grad's
-    # span 10.4 points over torch's in one step of six; beside a CPU hog, five
-    # phase shares of 18 were off by more than 10 points); such a preemption
-    # is ours alone and lands in a few steps. A wrong attribution lands in
-    # every step, so in the median, and in the window's total, which is the
-    # claim.
+    # A loaded machine preempts for a time slice (~10 ms) between our hook
+    # and torch's own annotation: such a preemption is ours alone and lands in
+    # a few steps. With steps of ~5 ms of work, CI saw zero_grad's span 10.4
+    # points over torch's in one step of six; beside a CPU hog, five phase
+    # shares of 18 were off by more than 10 points, and one 8 ms preemption in
+    # backward put the window's total 5.3 points over. Steps are now ~60 ms
+    # of work (batches of 1024). A wrong attribution lands in every step, so
+    # in the median, and in the window's total, which is the claim.
     for phase, d in diffs.items():
         assert sorted(d)[len(d) // 2] <= 0.10, (phase, d, seen)
     span = sum(s["dur"] for s in steps)
