@@ -558,6 +558,11 @@ class Options:
         return None if self.out_url is None else f"{self.out_url}/{self.run_name}"
 
     @property
+    def rank_url(self) -> str | None:
+        """``<out_url>/<run_name>/rank{R}`` (where this rank's objects go), or None for a local run."""
+        return None if self.out_url is None else f"{self.run_url}/rank{self.rank}"
+
+    @property
     def run_dir(self) -> Path:
         return self.out_dir / self.run_name
 

@@ -60,6 +60,7 @@ from fastprof._process import PROCESS
 
 __all__ = [
     "CLAIM",
+    "DONE_MARKER",
     "RANK_DIR",
     "RESUME_GAP",
     "Choice",
@@ -79,11 +80,13 @@ RESUME_GAP = "fastprof.resume_gap [s]"
 STORE_WAIT_S = 60.0
 #: Suffixes tried before giving up and appending (said on stderr).
 MAX_SUFFIX = 10_000
-_DONE_MARKER = ".fastprof-done"
+#: A rank's "I am done" marker: a file in its folder (local runs), the same
+#: name as an object in the store (runs on object storage; see fastprof._spool).
+DONE_MARKER = ".fastprof-done"
 #: Files of a rank folder that mean a recording was there.
 _SEGMENT_PREFIX = "fastprof."
 _SEGMENT_SUFFIXES = (".json.gz", ".json.gz.part")
-_RANK_FILES = ("profiler.json", _DONE_MARKER)
+_RANK_FILES = ("profiler.json", DONE_MARKER)
 #: A rank's folder in a run directory; group 1 its rank.
 RANK_DIR = re.compile(r"^rank(\d+)$")
 
@@ -368,7 +371,7 @@ def _resume(out_dir: Path, base: str, rank: int, job: str | None) -> dict[str, A
         return None
     # The earlier run's done marker would tell rank 0 this rank is done
     # before it is; its unified trace holds only the earlier run.
-    (own / _DONE_MARKER).unlink(missing_ok=True)
+    (own / DONE_MARKER).unlink(missing_ok=True)
     if rank == 0:
         (run_dir / "trace.json.gz").unlink(missing_ok=True)
     now = time.time_ns()

@@ -32,16 +32,12 @@ from typing import Any, TypeVar
 from fastprof import _storage
 from fastprof._core import ConfigError
 from fastprof._process import PROCESS
+from fastprof._rundir import DONE_MARKER
 from fastprof._uploader import SEGMENT, Uploader
 
-__all__ = ["DONE_OBJECT", "Spool", "bounded", "upload_command"]
+__all__ = ["Spool", "bounded", "upload_command"]
 
 T = TypeVar("T")
-
-#: The object a rank puts once every file of its rank folder is in the store:
-#: rank 0 of a job with no shared filesystem waits for it before merging.
-#: Hidden, so no reader takes it for a trace.
-DONE_OBJECT = ".fastprof-done"
 
 #: Seconds a run-name check of the store may take at start before the name
 #: is taken as it is (a store that hangs never holds the job's start longer).
@@ -238,13 +234,13 @@ class Spool:
                     out["last_error"] = why
         if not left["files"]:
             self._forget_live(deadline)
-            done = self.rank_dir / DONE_OBJECT if self.rank_dir is not None else None
+            done = self.rank_dir / DONE_MARKER if self.rank_dir is not None else None
             if done is not None:
                 with contextlib.suppress(OSError):
                     done.write_text(str(os.getpid()))
                 why = self.put(
                     done,
-                    f"{self.run_name}/rank{self.rank}/{DONE_OBJECT}",
+                    f"{self.run_name}/rank{self.rank}/{DONE_MARKER}",
                     rewritable=True,
                     timeout_s=max(1.0, deadline - time.monotonic()),
                 )

@@ -69,8 +69,6 @@ REWRITTEN = frozenset(
         "oom.json",
         # Rank 0's unified trace, rebuilt by a later merge (fastprof merge --force).
         "trace.json.gz",
-        # A rank's done object: put again by a resumed run.
-        ".fastprof-done",
     }
 )
 

@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     if args.quiet:
         print(trace)
         return 0
-    rank_place = prof.rank_dir if run_url is None else f"{run_url}/rank{prof.rank}"
+    rank_place = prof.recorder.options.rank_url or prof.rank_dir
     print(f"\nrecorded {stats.events_written} events ({stats.dropped} dropped) in {rank_place}")
     for wdw in prof.windows:
         if wdw["saved"]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import socket
 import sys
@@ -25,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fastprof._rundir import object_url
+from fastprof._rundir import RANK_DIR, object_url
 from fastprof._storage import is_url, open_store
 from fastprof.always_on.triggers import LIVE_FILE, REMOTE_POLL_S, STATE_FILE, TRIGGER_FILE, new_request_id
 from fastprof.cli.args import integer, seconds
@@ -303,7 +302,7 @@ def _run_url(args: argparse.Namespace) -> int:
         raise
     except Exception as e:  # noqa: BLE001 - a store's error is one line
         raise CommandError(f"{url}: {describe(e)}") from None
-    ranks = sorted({int(m.group(1)) for k in keys if (m := re.match(r"^rank(\d+)/", k))})
+    ranks = sorted({int(m.group(1)) for k in keys if "/" in k and (m := RANK_DIR.match(k.split("/", 1)[0]))})
     if not ranks:
         raise CommandError(f"{url}: not a fastprof run (no rank*/ objects under it)", 2)
     live = [r for r in ranks if f"rank{r}/{LIVE_FILE}" in keys and f"rank{r}/profiler.json" not in keys]

@@ -17,19 +17,17 @@ Credentials and endpoints come from the storage library's own environment
 from __future__ import annotations
 
 import argparse
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastprof._rundir import RANK_DIR
 from fastprof._storage import REWRITTEN, Store, StoreConflictError, is_url, open_store
 from fastprof._uploader import closed_files
 from fastprof.cli.errors import CommandError
 from fastprof.reports.data import human_bytes
 
 __all__ = ["add_parser", "run"]
-
-_RANK = re.compile(r"^rank\d+$")
 
 
 def add_parser(verbs: Any) -> None:
@@ -62,7 +60,7 @@ def _runs(spool: Path) -> list[Path]:
     else its sub-folders that do."""
 
     def is_run(d: Path) -> bool:
-        return any(c.is_dir() and _RANK.match(c.name) for c in d.iterdir())
+        return any(c.is_dir() and RANK_DIR.match(c.name) for c in d.iterdir())
 
     if is_run(spool):
         return [spool]
@@ -86,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         groups: dict[str, list[tuple[str, int]]] = {}
         for rel, st in closed_files(run_dir, final=True):
             top = rel.split("/", 1)[0]
-            groups.setdefault(top if _RANK.match(top) else "run", []).append((rel, st.st_size))
+            groups.setdefault(top if RANK_DIR.match(top) else "run", []).append((rel, st.st_size))
         for group in sorted(groups, key=_group_order):
             tally = _Tally()
             for rel, size in groups[group]:

@@ -189,8 +189,8 @@ def _save_all_at_sigterm() -> None:
                 prof.dump_flight_recorder("sigterm")
 
         for prof, saved in _close_all("SIGTERM"):
-            run_url = prof.recorder.options.run_url
-            place = prof.rank_dir if run_url is None else f"{run_url}/rank{prof.rank}"
+            run_url, rank_url = prof.recorder.options.run_url, prof.recorder.options.rank_url
+            place = prof.rank_dir if rank_url is None else rank_url
             where = (
                 f"rank {prof.rank}'s data is saved in {place}"
                 if saved

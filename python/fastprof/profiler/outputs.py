@@ -23,11 +23,10 @@ from fastprof import _core, _dist
 from fastprof._core import FastprofWarning
 from fastprof._loop_api import LoopHost, RunEndHost
 from fastprof._merge import merge
-from fastprof._spool import DONE_OBJECT, Spool, bounded, say, upload_command
+from fastprof._rundir import DONE_MARKER, RANK_DIR
+from fastprof._spool import Spool, bounded, say, upload_command
 
 __all__ = ["finish", "merge_command", "update_rotation", "write_summary"]
-
-_DONE_MARKER = ".fastprof-done"
 
 
 def write_summary(prof: RunEndHost) -> None:
@@ -109,7 +108,7 @@ def finish(prof: RunEndHost, wait: bool = True, merged: bool = True) -> None:
         if prof.recorder.stats is not None:
             prof.recorder.stats.upload = result
     if prof.rank_dir.is_dir():  # a URL run's rank folder is gone once all of it is in the store
-        (prof.rank_dir / _DONE_MARKER).write_text(str(os.getpid()))
+        (prof.rank_dir / DONE_MARKER).write_text(str(os.getpid()))
     world = int(prof.recorder.options.world_size)
     store = _dist.default_store()
     key = f"fastprof/{prof.recorder.options.run_name}/done/"
@@ -182,7 +181,7 @@ def _merge_in_store(prof: RunEndHost, spool: Spool, run_url: str) -> None:
             stacklevel=5,
         )
         return
-    ranks = sorted({k.split("/")[1] for k in keys if k.count("/") >= 2 and k.split("/")[1].startswith("rank")})
+    ranks = sorted({k.split("/")[1] for k in keys if k.count("/") >= 2 and RANK_DIR.match(k.split("/")[1])})
     if not ranks:
         return
     prof.run_dir.mkdir(parents=True, exist_ok=True)
@@ -215,14 +214,14 @@ def _wait_for_ranks(prof: LoopHost, world: int, store: Any, key: str, timeout: f
         if look:
             next_look = time.monotonic() + 1.0
         for r in sorted(pending):
-            done = (prof.run_dir / f"rank{r}" / _DONE_MARKER).exists()
+            done = (prof.run_dir / f"rank{r}" / DONE_MARKER).exists()
             if not done and store is not None:
                 try:
                     done = bool(store.check([key + str(r)]))
                 except Exception:  # noqa: BLE001
                     store = None
             if not done and look and remote is not None:
-                key_r = f"{run_name}/rank{r}/{DONE_OBJECT}"
+                key_r = f"{run_name}/rank{r}/{DONE_MARKER}"
                 try:
                     done = bounded(functools.partial(remote.exists, key_r), 5.0, "the done object")
                 except Exception:  # noqa: BLE001 - the store is down: the wait ends at its timeout

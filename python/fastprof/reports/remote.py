@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fastprof._core import FastprofFileNotFoundError
+from fastprof._rundir import RANK_DIR
 from fastprof._storage import Store, open_store
 from fastprof._uploader import SEGMENT as _SEGMENT
 
@@ -95,7 +96,7 @@ def open_run(url: str) -> Iterator[RemoteRun]:
         segments = []
         for key in keys:
             parts = key.split("/")
-            if _SEGMENT.match(parts[-1]) and parts[0].startswith("rank"):
+            if _SEGMENT.match(parts[-1]) and RANK_DIR.match(parts[0]):
                 segments.append(store.url_of(key))
             elif _side(key):
                 meta: dict[str, Any] = store.info(key) or {}
@@ -107,7 +108,7 @@ def open_run(url: str) -> Iterator[RemoteRun]:
         # Rank folders with nothing copied still exist in the view (as locally).
         for key in keys:
             first = key.split("/")[0]
-            if first.startswith("rank") and "/" in key:
+            if RANK_DIR.match(first) and "/" in key:
                 (view / first).mkdir(exist_ok=True)
         target = store.url_of("trace.json.gz") if "trace.json.gz" in keys else url
         yield RemoteRun(url, store, target, view, segments)

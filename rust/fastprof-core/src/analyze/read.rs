@@ -123,17 +123,8 @@ pub(crate) struct Reading {
 
 /// Read `inputs` (files, directories, globs, as `fastprof merge` takes them).
 pub(crate) fn read(inputs: &[PathBuf]) -> Result<Reading> {
-    let mut files: Vec<(PathBuf, bool)> = Vec::new();
     let mut warnings = Vec::new();
-    for input in inputs {
-        let expanded = inputs::expand_warn(std::slice::from_ref(input), &mut warnings)?;
-        let from_dir = inputs::names_many(input, &expanded);
-        for f in expanded {
-            if !files.iter().any(|(p, _)| *p == f) {
-                files.push((f, from_dir));
-            }
-        }
-    }
+    let mut files = inputs::expand_each(inputs, &mut warnings)?;
     // fastprof segments first: a rank's clock offset is known when its
     // torch traces are placed.
     files.sort_by_key(|(p, _)| {

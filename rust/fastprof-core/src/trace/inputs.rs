@@ -142,7 +142,7 @@ pub fn input_len(path: &Path, listed: &HashMap<PathBuf, u64>) -> u64 {
 /// directory, a glob, or a URL that listed anything other than exactly
 /// itself. `expanded` is what [`expand_warn`] made of it. The readers skip a
 /// non-trace met in a folder with a warning but fail on one named.
-pub fn names_many(input: &Path, expanded: &[PathBuf]) -> bool {
+pub(crate) fn names_many(input: &Path, expanded: &[PathBuf]) -> bool {
     match remote::url_of(input) {
         Some(_) => expanded != std::slice::from_ref(&input.to_path_buf()),
         None => input.is_dir() || input.to_string_lossy().contains(['*', '?']),
@@ -339,6 +339,23 @@ pub fn expand_warn(args: &[PathBuf], warnings: &mut Vec<String>) -> Result<Vec<P
     let found = find(args)?;
     warnings.extend(found.warnings);
     Ok(found.files)
+}
+
+/// Each input expanded in turn (as [`expand_warn`]), every file once (where
+/// it is first met), with whether its input named a folder of inputs (see
+/// `names_many`): what the step analysis and the column read take.
+pub fn expand_each(inputs: &[PathBuf], warnings: &mut Vec<String>) -> Result<Vec<(PathBuf, bool)>> {
+    let mut files: Vec<(PathBuf, bool)> = Vec::new();
+    for input in inputs {
+        let expanded = expand_warn(std::slice::from_ref(input), warnings)?;
+        let from_dir = names_many(input, &expanded);
+        for f in expanded {
+            if !files.iter().any(|(p, _)| *p == f) {
+                files.push((f, from_dir));
+            }
+        }
+    }
+    Ok(files)
 }
 
 /// One URL named by the user: the objects at or under it, by the rules of a

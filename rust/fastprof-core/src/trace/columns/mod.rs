@@ -241,17 +241,8 @@ pub fn read_columns(inputs: &[PathBuf], opts: &ColumnsOptions) -> Result<Columns
             "cannot be combined with a time window (start_ns / end_ns)",
         ));
     }
-    let mut files: Vec<(PathBuf, bool)> = Vec::new();
     let mut input_warnings = Vec::new();
-    for input in inputs {
-        let expanded = inputs::expand_warn(std::slice::from_ref(input), &mut input_warnings)?;
-        let from_dir = inputs::names_many(input, &expanded);
-        for f in expanded {
-            if !files.iter().any(|(p, _)| *p == f) {
-                files.push((f, from_dir));
-            }
-        }
-    }
+    let mut files = inputs::expand_each(inputs, &mut input_warnings)?;
     // fastprof segments first, so that a rank's clock offset is known when
     // its torch traces are placed.
     files.sort_by_key(|(p, _)| !is_fastprof_name(p));
