@@ -756,6 +756,10 @@ def resolve(
         )
     out = _format("out_dir", v["out_dir"], fmt, given, env)
     v["out_url"] = None
+    # A URL that names no place (s3:// with no bucket, a scheme nobody
+    # serves) is refused here, before a spool or a local folder named after
+    # it (./s3:/run) exists.
+    _storage.check_location(out, _origin(BY_NAME["out_dir"], given.get("out_dir"), env))
     if _storage.is_url(out):
         # Records into a local spool; the uploader sends what closes.
         v["out_url"] = out.rstrip("/")

@@ -32,6 +32,8 @@ __all__ = [
     "REWRITTEN",
     "Store",
     "StoreConflictError",
+    "check_location",
+    "check_url",
     "is_url",
     "open_store",
 ]
@@ -98,6 +100,74 @@ def is_url(text: str | os.PathLike[str]) -> bool:
     ``file:///tmp/x``, ``simplecache::s3://...``) rather than a local path.
     ``C:\\runs`` and ``runs/s3:`` are paths."""
     return isinstance(text, str) and _URL.match(text) is not None
+
+
+#: Protocols whose first path component is a bucket (a container, an
+#: account): a URL without one names no place. The local ones (``file``,
+#: ``local``) need a path, ``memory`` nothing.
+_LOCAL = frozenset({"file", "local"})
+_NO_BUCKET = frozenset({"memory", "data", "http", "https"}) | _LOCAL
+#: What the first component of each such protocol is called, for the message.
+_BUCKET_WORD = {"az": "container", "abfs": "container", "abfss": "container", "adl": "store"}
+#: ``s3:/bucket`` (one slash): a URL that lost a slash, which as a local path
+#: would make a folder named ``s3:`` (group 1 the scheme).
+_ONE_SLASH = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+):/?(?!/)")
+
+
+def _served() -> frozenset[str]:
+    """Protocols some filesystem serves: fsspec's known and registered
+    implementations (installed or not: a missing package is the extra's
+    line, not an unknown protocol), or without fsspec the ones fastprof
+    knows of."""
+    try:
+        from fsspec.registry import known_implementations, registry
+    except ImportError:
+        return frozenset(EXTRAS) | _NO_BUCKET
+    return frozenset(known_implementations) | frozenset(registry)
+
+
+def check_url(url: str, what: str = "out_dir") -> str:
+    """Refuse, before anything is created or run, a URL that names no place:
+    a scheme no filesystem serves (``foo://x``), an object store's URL
+    without its bucket (``s3://``, ``s3:///runs``), ``file://`` without a
+    path. Raises a one-line :class:`ConfigError` naming ``what`` (the
+    setting it came from) and the URL; returns ``url`` unchanged."""
+    links = url.split("::")
+    served = _served()
+    for link in links:
+        proto = link.split("://", 1)[0].lower() if "://" in link else link.lower()
+        if proto not in served:
+            raise ConfigError(
+                f"{what} {url}: no filesystem serves {proto}:// (expected s3://BUCKET/prefix, gs://..., az://..., file:///path)"
+            )
+    last = links[-1]
+    if "://" not in last:
+        raise ConfigError(f"{what} {url}: the chain ends without a URL (expected e.g. simplecache::s3://BUCKET/prefix)")
+    proto, rest = last.split("://", 1)
+    proto = proto.lower()
+    if proto in _LOCAL:
+        if not rest.strip("/"):
+            raise ConfigError(f"{what} {url}: {proto}:// needs a path: {proto}:///absolute/path")
+    elif proto not in _NO_BUCKET and not rest.split("/", 1)[0].strip():
+        word = _BUCKET_WORD.get(proto, "bucket")
+        raise ConfigError(f"{what} {url}: {proto}:// needs a {word}: {proto}://{word.upper()}/prefix")
+    return url
+
+
+def check_location(text: str | os.PathLike[str], what: str) -> str | os.PathLike[str]:
+    """:func:`check_url` for a URL; for a local path, refuse one whose first
+    folder is a storage scheme (``s3:/bucket/x``, a URL that lost a slash),
+    which would otherwise become a local folder named ``s3:``. Returns
+    ``text`` unchanged."""
+    if is_url(text):
+        return check_url(os.fspath(text), what)
+    m = _ONE_SLASH.match(os.fspath(text))
+    if m and m.group(1).lower() in _served() - {"file", "local"}:
+        raise ConfigError(
+            f"{what} {os.fspath(text)}: a local path that starts with the storage scheme {m.group(1)}: "
+            f"(a URL needs two slashes: {m.group(1)}://...; a folder of that name: ./{os.fspath(text)})"
+        )
+    return text
 
 
 def _protocol(url: str) -> str:
@@ -286,7 +356,9 @@ def open_store(url: str, what: str = "out_dir") -> Store:
     Nothing is contacted yet: a wrong endpoint or missing credentials show at
     the first upload. A protocol whose package is absent is a
     :class:`ConfigError` of one line naming the fastprof extra that brings
-    it; ``what`` names the setting the URL came from in that line."""
+    it; ``what`` names the setting the URL came from in that line. A URL
+    that names no place is refused first (:func:`check_url`)."""
+    check_url(url, what)
     try:
         import fsspec.core  # installed with every protocol's package (s3fs, gcsfs, adlfs)
 

@@ -13,10 +13,12 @@ import re
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from fastprof._core import ConfigError
 from fastprof._options import BY_NAME, _parsed
+from fastprof._storage import check_location, is_url
 from fastprof.profiler.options import _BY_NAME as PROFILER
 
-__all__ = ["Parser", "integer", "option", "plain", "seconds"]
+__all__ = ["Parser", "integer", "location", "option", "plain", "seconds", "url"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -72,6 +74,29 @@ def option(name: str) -> Callable[[str], Any]:
         return v
 
     return parse
+
+
+def location(text: str) -> str:
+    """An argparse type for a flag or argument that names a place (a local
+    path or a storage URL): a URL that names no place (``s3://`` with no
+    bucket, ``foo://x``: a scheme nobody serves) or a local path that is a
+    URL with a slash lost (``s3:/b``) is refused as the command line is
+    parsed, before anything is created or run."""
+    try:
+        check_location(text, "")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).strip()) from None
+    return text
+
+
+def url(text: str) -> str:
+    """An argparse type for an argument that must be a storage URL."""
+    location(text)
+    if not is_url(text):
+        raise argparse.ArgumentTypeError(
+            f"{text}: not a storage URL (expected s3://BUCKET/prefix, gs://..., az://..., file:///path)"
+        )
+    return text
 
 
 _ROLE = re.compile(r"``(.+?)``", re.S)

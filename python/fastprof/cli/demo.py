@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import fastprof
-from fastprof.cli.args import integer
+from fastprof.cli.args import integer, location
 from fastprof.cli.errors import CommandError
 from fastprof.workloads import make_workload, require_torch
 
@@ -32,7 +32,9 @@ def add_parser(verbs: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("-o", "--out-dir", default=None, help="parent of the run directory (default: fastprof_runs)")
+    p.add_argument(
+        "-o", "--out-dir", type=location, default=None, help="parent of the run directory (default: fastprof_runs)"
+    )
     p.add_argument("--run-name", default=None, help="run directory name (default: run-<timestamp>)")
     p.add_argument(
         "--steps",

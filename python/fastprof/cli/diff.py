@@ -28,6 +28,7 @@ from rich.table import Table
 
 from fastprof._core import FastprofError
 from fastprof._storage import is_url, open_store
+from fastprof.cli.args import location
 from fastprof.cli.errors import CommandError, describe, exit_code
 from fastprof.cli.report import WARMUP_STEPS
 from fastprof.reports import report
@@ -48,8 +49,8 @@ def add_parser(verbs: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("base", help="baseline: run directory, trace, or report.json")
-    p.add_argument("new", help="candidate: run directory, trace, or report.json")
+    p.add_argument("base", type=location, help="baseline: run directory, trace, or report.json (or their URL)")
+    p.add_argument("new", type=location, help="candidate: run directory, trace, or report.json (or their URL)")
     p.add_argument(
         "--max-slowdown",
         default="10%",

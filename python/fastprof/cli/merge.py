@@ -31,7 +31,7 @@ from fastprof._core import FastprofError
 from fastprof._merge import MAX_THREADS, describe_rotated, merge
 from fastprof._options import parse_size
 from fastprof._storage import is_url, open_store
-from fastprof.cli.args import seconds
+from fastprof.cli.args import location, seconds
 from fastprof.cli.errors import CommandError, describe, exit_code
 
 THREADS_ENV = "FASTPROF_MERGE_THREADS"
@@ -51,8 +51,15 @@ def add_parser(verbs: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("inputs", nargs="+", help="trace files, directories (searched recursively) or glob patterns")
-    p.add_argument("-o", "--output", help="output file (.json.gz, or .json for plain); default: derived from the input")
+    p.add_argument(
+        "inputs", nargs="+", type=location, help="trace files, directories (searched recursively) or glob patterns"
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        type=location,
+        help="output file (.json.gz, or .json for plain); default: derived from the input",
+    )
     p.add_argument("-f", "--force", action="store_true", help="overwrite the output if it exists")
     p.add_argument("--ranks", help="keep only these ranks, e.g. 0,2-3")
     p.add_argument("--start", type=WINDOW_S, help="window start, seconds from the start of the timeline")

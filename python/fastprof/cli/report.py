@@ -19,7 +19,7 @@ from typing import Any
 from fastprof._core import FastprofError
 from fastprof._report import report  # the public wrapper: it logs to MLflow when asked
 from fastprof._storage import is_url
-from fastprof.cli.args import integer
+from fastprof.cli.args import integer, location
 from fastprof.cli.errors import CommandError, describe, exit_code
 from fastprof.reports.csvout import tables
 
@@ -30,6 +30,7 @@ BATCH_SIZE = integer(1, 10**9, "a number of samples")
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "path",
+        type=location,
         help="a run directory written by fastprof.Profiler (or its URL: s3://, gs://, az://, file://), "
         "or one fastprof / torch.profiler trace",
     )
@@ -52,7 +53,7 @@ def add_parser(verbs: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_common(p)
-    p.add_argument("-o", "--output", help="output directory (default: <run>/reports/)")
+    p.add_argument("-o", "--output", type=location, help="output directory or storage URL (default: <run>/reports/)")
     p.add_argument("-q", "--quiet", action="store_true", help="no tables, no progress; print the files written")
     p.set_defaults(run=run)
 

@@ -31,11 +31,11 @@ import time
 from typing import Any
 
 from fastprof import run as zero
-from fastprof._core import DEFAULT_SAMPLE_HZ
+from fastprof._core import DEFAULT_SAMPLE_HZ, ConfigError
 from fastprof._loop_api import RunHost
-from fastprof._options import BY_NAME, _value
-from fastprof._storage import is_url
-from fastprof.cli.args import option
+from fastprof._options import BY_NAME, _origin, _value
+from fastprof._storage import check_location, is_url
+from fastprof.cli.args import location, option
 from fastprof.cli.errors import CommandError
 from fastprof.profiler.loop import Profiler
 
@@ -53,6 +53,7 @@ def add_parser(verbs: Any) -> None:
         "--out-dir",
         "--out",
         dest="out_dir",
+        type=location,
         default=None,
         help="parent of the run directory (default: fastprof_runs)",
     )
@@ -104,6 +105,11 @@ def _profiler_options(args: argparse.Namespace) -> dict[str, Any]:
     env = os.environ
     # Absolute: a script that changes directory must not move the run's files.
     out_dir = os.fspath(_value(BY_NAME["out_dir"], args.out_dir, env))
+    if args.out_dir is None:  # FASTPROF_OUT_DIR: refused before the script starts, as -o is
+        try:
+            check_location(out_dir, _origin(BY_NAME["out_dir"], None, env))
+        except ConfigError as e:
+            raise CommandError(str(e), exit_code=2) from None
     if not is_url(out_dir):  # a URL (s3://...) is the store's, kept as it is
         out_dir = os.path.abspath(out_dir)
     run_name = args.run_name if args.run_name is not None else _torchrun_run_name(env)

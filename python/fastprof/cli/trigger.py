@@ -27,7 +27,7 @@ from typing import Any
 from fastprof._rundir import RANK_DIR, object_url
 from fastprof._storage import is_url, open_store
 from fastprof.always_on.triggers import LIVE_FILE, REMOTE_POLL_S, STATE_FILE, TRIGGER_FILE, new_request_id
-from fastprof.cli.args import integer, seconds
+from fastprof.cli.args import integer, location, seconds
 from fastprof.cli.errors import CommandError, describe
 from fastprof.memory._files import write_atomic
 
@@ -45,7 +45,9 @@ def add_parser(verbs: Any) -> None:
             "for them."
         ),
     )
-    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (<out>/<run_name>), or its URL (s3://...)")
+    p.add_argument(
+        "run_dir", metavar="RUN_DIR", type=location, help="the run directory (<out>/<run_name>), or its URL (s3://...)"
+    )
     p.add_argument(
         "--steps",
         type=integer(1, 10_000, "a number of steps"),

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from fastprof._rundir import RANK_DIR
-from fastprof._storage import REWRITTEN, Store, StoreConflictError, is_url, open_store
+from fastprof._storage import REWRITTEN, Store, StoreConflictError, open_store
 from fastprof._uploader import closed_files
+from fastprof.cli.args import location, url
 from fastprof.cli.errors import CommandError
 from fastprof.reports.data import human_bytes
 
@@ -37,8 +38,12 @@ def add_parser(verbs: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("spool", metavar="SPOOL", help="a run directory of the spool (<spool>/<run>), or the spool")
-    p.add_argument("url", metavar="URL", help="the job's out_dir: s3://bucket/runs, gs://..., az://..., file://...")
+    p.add_argument(
+        "spool", metavar="SPOOL", type=location, help="a run directory of the spool (<spool>/<run>), or the spool"
+    )
+    p.add_argument(
+        "url", metavar="URL", type=url, help="the job's out_dir: s3://bucket/runs, gs://..., az://..., file://..."
+    )
     p.add_argument("--delete", action="store_true", help="delete each local file once its object is in the store")
     p.set_defaults(run=run)
 
@@ -69,8 +74,6 @@ def _runs(spool: Path) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     spool = Path(args.spool)
-    if not is_url(args.url):
-        raise CommandError(f"{args.url}: not a storage URL (expected s3://bucket/prefix, gs://..., file://...)", 2)
     if not spool.is_dir():
         what = "not a directory" if spool.exists() else "no such directory"
         raise CommandError(f"{spool}: {what} (expected a spool or one of its run directories)", 2)

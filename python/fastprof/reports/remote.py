@@ -26,7 +26,7 @@ from fastprof._rundir import RANK_DIR
 from fastprof._storage import Store, open_store
 from fastprof._uploader import SEGMENT as _SEGMENT
 
-__all__ = ["SIDE_MAX_BYTES", "RemoteRun", "open_run"]
+__all__ = ["SIDE_MAX_BYTES", "RemoteRun", "open_run", "put_reports"]
 
 #: Side documents larger than this are not copied into the view (an allocator
 #: snapshot, a torch memory timeline: no report section reads those).
@@ -64,16 +64,17 @@ class RemoteRun:
     view: Path | None
     segments: list[str] = field(default_factory=list)
 
-    def put_reports(self, folder: Path, names: list[str]) -> list[str]:
-        """Put a report's files (``folder/<name>``) in ``<url>/reports/``,
-        replacing an earlier report's; returns their URLs."""
-        base = "reports" if self.view is not None else ""
-        out = []
-        for n in names:
-            key = f"{base}/{n}" if base else n
-            self.store.put(folder / n, key, rewritable=True)
-            out.append(self.store.url_of(key))
-        return out
+
+def put_reports(store: Store, folder: Path, names: list[str], base: str) -> list[str]:
+    """Put a report's files (``folder/<name>``) in the store under ``base``
+    (``reports`` of a run, "" for a URL given as the output), replacing an
+    earlier report's; returns their URLs."""
+    out = []
+    for n in names:
+        key = f"{base}/{n}" if base else n
+        store.put(folder / n, key, rewritable=True)
+        out.append(store.url_of(key))
+    return out
 
 
 @contextlib.contextmanager

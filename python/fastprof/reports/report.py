@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from fastprof._core import ConfigError, __version__
-from fastprof._storage import is_url
+from fastprof._storage import check_location, check_url, is_url, open_store
 from fastprof.reports import data as _data
 from fastprof.reports.anatomy import anatomy_report
 from fastprof.reports.breakdown import step_breakdown
@@ -29,7 +29,7 @@ from fastprof.reports.jsonout import write_json
 from fastprof.reports.memory import memory_report
 from fastprof.reports.ranks import ranks_report
 from fastprof.reports.recommendations import recommend
-from fastprof.reports.remote import RemoteRun, open_run
+from fastprof.reports.remote import RemoteRun, open_run, put_reports
 from fastprof.reports.resumed import resumed_report
 from fastprof.reports.rotation import rotation_report
 from fastprof.reports.speed import speed_report
@@ -231,10 +231,35 @@ def report(
                 f"invalid option {opt}: expected an integer >= {0 if opt == 'warmup_steps' else 1}, got {v!r}"
             )
     tick = _Progress(progress)
+    out_url = os.fspath(out_dir) if out_dir is not None and is_url(out_dir) else None
+    if out_url is not None:
+        check_url(out_url, "output")
+    elif out_dir is not None:
+        check_location(out_dir, "output")
     if isinstance(path, str) and is_url(path):
         return _report_url(path, out_dir, fmts, verbose, tick, warmup_steps, batch_size)
+    if out_url is not None:
+        return _staged_in_store(
+            out_url, tick, lambda local: _report(path, local, fmts, verbose, tick, warmup_steps, batch_size)
+        )
     out = Path(out_dir) if out_dir is not None else default_out_dir(path)
     return _report(path, out, fmts, verbose, tick, warmup_steps, batch_size)
+
+
+def _staged_in_store(url: str, tick: _Progress, write: Any) -> Report:
+    """A report whose files go to the store at ``url``: ``write(folder)``
+    writes them into a temporary folder, which is put there and removed."""
+    store = open_store(url, what="output")
+    local = Path(tempfile.mkdtemp(prefix="fastprof-report-")) / "reports"
+    try:
+        rep: Report = write(local)
+        if rep.files:
+            tick(f"putting {len(rep.files)} files in {url}")
+            rep.urls = put_reports(store, local, [f.name for f in rep.files], "")
+            rep.files = []
+        return rep
+    finally:
+        shutil.rmtree(local.parent, ignore_errors=True)
 
 
 def _report_url(
@@ -248,20 +273,28 @@ def _report_url(
 ) -> Report:
     """A report of a run (or a trace) on object storage: read in place, its
     files put in ``<url>/reports/`` (next to a trace given alone), or
-    written to ``out_dir`` when given."""
+    written to ``out_dir`` when given (a folder, or a URL)."""
     tick(f"listing {url}")
     with open_run(url) as run:
-        local = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="fastprof-report-")) / "reports"
-        try:
-            rep = _report(url, local, fmts, verbose, tick, warmup_steps, batch_size, remote=run)
-            if out_dir is None and rep.files:
-                tick(f"putting {len(rep.files)} files in the store")
-                rep.urls = run.put_reports(local, [f.name for f in rep.files])
-                rep.files = []
-            return rep
-        finally:
-            if out_dir is None:
+
+        def write(local: Path) -> Report:
+            return _report(url, local, fmts, verbose, tick, warmup_steps, batch_size, remote=run)
+
+        if out_dir is None:
+            store, base = run.store, "reports" if run.view is not None else ""
+            local = Path(tempfile.mkdtemp(prefix="fastprof-report-")) / "reports"
+            try:
+                rep = write(local)
+                if rep.files:
+                    tick(f"putting {len(rep.files)} files in the store")
+                    rep.urls = put_reports(store, local, [f.name for f in rep.files], base)
+                    rep.files = []
+                return rep
+            finally:
                 shutil.rmtree(local.parent, ignore_errors=True)
+        if is_url(out_dir):
+            return _staged_in_store(os.fspath(out_dir), tick, write)
+        return write(Path(out_dir))
 
 
 def _report(
