@@ -68,6 +68,7 @@ __all__ = [
     "in_rank_dir",
     "job_identity",
     "object_url",
+    "process_identity",
     "release",
 ]
 
@@ -151,6 +152,13 @@ def _me() -> dict[str, Any]:
     return {"host": socket.gethostname(), "boot": _boot_id(), "pid": pid, "pid_start": _proc_start(pid)}
 
 
+def process_identity() -> dict[str, Any]:
+    """This process (host, boot, pid, pid_start), and ``id``, a name for a
+    job that is this process alone."""
+    me = _me()
+    return {**me, "id": f"process:{me['boot']}:{me['pid']}:{me['pid_start']}"}
+
+
 def job_identity(env: Mapping[str, str], world_size: int, local_world_size: int) -> str | None:
     """The name every rank of this job gives it without talking (without the
     choice count), or None where the ranks share none (see the module)."""
@@ -172,8 +180,7 @@ def job_identity(env: Mapping[str, str], world_size: int, local_world_size: int)
         return f"group:{token}"
     if run_id is not None or world_size > 1:
         return None
-    me = _me()
-    return f"process:{me['boot']}:{me['pid']}:{me['pid_start']}"
+    return str(process_identity()["id"])
 
 
 def _store() -> Any:
@@ -321,22 +328,16 @@ def _decide(
 ) -> tuple[str, tuple[Path, str, bool] | None]:
     for n in range(1, MAX_SUFFIX + 1):
         name = base if n == 1 else f"{base}-{n}"
-        if remote is not None and _in_store(remote, name, rank, job):
-            continue
         took, claimed = _takes(out_dir / name, rank, job)
+        if took and remote is not None and remote.claim(name, rank, job) is False:
+            # The store's name is another job's (or an earlier run's): this
+            # spool folder is not taken after all.
+            release(Choice(name, claimed=claimed))
+            continue
         if took:
             return name, claimed
     _say(f"{out_dir / base} and {MAX_SUFFIX - 1} suffixed names hold earlier runs; this run appends to the first")
     return base, None
-
-
-def _in_store(remote: Any, name: str, rank: int, job: str | None) -> bool:
-    """With ``out_dir`` a URL: whether the store already holds a run named
-    ``name`` (a job with no shared name: this rank's folder of it). Unknown
-    (the store unreachable at start) counts as free: the objects of an
-    earlier run are then never overwritten all the same (written once)."""
-    key = name if job is not None else f"{name}/rank{rank}"
-    return bool(remote.holds(key))
 
 
 def release(choice: Choice) -> None:
@@ -400,6 +401,8 @@ def choose(
         job = None if base_job is None else f"{base_job}#{n}"
         if resume:
             resumed = _resume(out_dir, run_name, rank, job)
+            if remote is not None:
+                remote.claim(run_name, rank, job, force=True)
             if resumed is not None and rank == 0:
                 _say(
                     f"resuming the run in {out_dir / run_name}: its earlier recording ended "
@@ -450,6 +453,8 @@ def _shared(
         )
         return _decide(out_dir, base, rank, job, remote)
     if {k: told.get(k) for k in asked} == asked and isinstance(told.get("chosen"), str):
+        if remote is not None:
+            remote.note_claim(str(told["chosen"]), rank, job)
         return str(told["chosen"]), None
     return _decide(out_dir, base, rank, job, remote)  # rank 0 records elsewhere (a per-rank run_name)
 

@@ -19,6 +19,7 @@ training thread except at the end, for at most ``upload_timeout`` seconds.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import shutil
@@ -32,10 +33,15 @@ from typing import Any, TypeVar
 from fastprof import _storage
 from fastprof._core import ConfigError
 from fastprof._process import PROCESS
-from fastprof._rundir import DONE_MARKER
+from fastprof._rundir import CLAIM, DONE_MARKER, process_identity
 from fastprof._uploader import SEGMENT, Uploader
 
-__all__ = ["Spool", "bounded", "upload_command"]
+__all__ = ["STORE_CLAIM", "Spool", "bounded", "claim_in_store", "read_store_claim", "upload_command"]
+
+#: In a spool's rank folder (hidden: never uploaded by name): which claim of
+#: the store this rank's files belong to, ``{"key": ..., "job": ...}``, so
+#: that ``fastprof upload`` sends them only where that job's claim stands.
+STORE_CLAIM = ".fastprof-store-claim"
 
 T = TypeVar("T")
 
@@ -72,6 +78,58 @@ def upload_command(spool_run_dir: Path | str, out_url: str) -> str:
     return f"fastprof upload {shlex.quote(str(spool_run_dir))} {shlex.quote(out_url)}"
 
 
+def claim_key(run_name: str, rank: int, job: str | None) -> str:
+    """The claim object of a run name in the store: the run's for a job
+    whose ranks share a name, else this rank's folder's."""
+    return f"{run_name}/{CLAIM}" if job is not None else f"{run_name}/rank{rank}/{CLAIM}"
+
+
+def claim_in_store(store: _storage.Store, key: str, job: str, *, force: bool = False) -> str | None:
+    """Claim ``key`` (:func:`claim_key`) for ``job``: None when the name is
+    this job's (claimed now, or earlier by the same job), else who holds it.
+
+    The claim is created only if absent (:meth:`fastprof._storage.Store.create`:
+    on S3 a conditional write), so two jobs starting together under one name
+    have one winner; the other takes ``<name>-2``. A name whose folder holds
+    objects and no claim is an earlier run's (an older fastprof's). ``force``
+    (resume: appending on purpose) writes the claim whatever held it."""
+    body = json.dumps({"job": job, **process_identity(), "time": time.time()}).encode()
+    if force:
+        store.fs.pipe_file(store.path(key), body)
+        return None
+    held = _claim_of(store, key)
+    if held is None:
+        if store.has_any(key.rsplit("/", 1)[0]):
+            return "an earlier run"
+        if store.create(key, body):
+            return None
+        held = _claim_of(store, key)
+    if held is not None and held.get("job") == job:
+        return None
+    return f"job {held.get('job')}" if held is not None else "another job"
+
+
+def _claim_of(store: _storage.Store, key: str) -> dict[str, Any] | None:
+    raw = store.read(key)
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {"job": "(unreadable claim)"}
+    return value if isinstance(value, dict) else {"job": "(unreadable claim)"}
+
+
+def read_store_claim(rank_dir: Path) -> tuple[str, str] | None:
+    """The (key, job) a spool's rank folder was recorded under, or None (a
+    spool of an older fastprof's, or a folder that is not a rank's)."""
+    try:
+        value = json.loads((rank_dir / STORE_CLAIM).read_text())
+        return str(value["key"]), str(value["job"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def say(message: str) -> None:
     try:
         print(f"fastprof: {message}", file=sys.stderr, flush=True)
@@ -96,6 +154,10 @@ class Spool:
         self.rank_dir: Path | None = None
         #: What :meth:`finish` returned (None until then).
         self.result: dict[str, Any] | None = None
+        #: The store claim this rank records under (key, job), and whether
+        #: the store confirmed it at start.
+        self._claim: tuple[str, str] | None = None
+        self._claim_checked = False
 
     # ------------------------------------------------------------- start
 
@@ -112,17 +174,37 @@ class Spool:
                 say(f"{e}; recording into the local spool {self.spool_root} instead")
         return self.store
 
-    def holds(self, key: str) -> bool | None:
-        """Whether the store has any object under ``key`` (a run name taken
-        by an earlier run); None when it cannot tell in time (unreachable)."""
+    def claim(self, run_name: str, rank: int, job: str | None, *, force: bool = False) -> bool | None:
+        """Claim ``run_name`` in the store for this job (:func:`claim_in_store`;
+        ``job`` None: a job whose ranks share no name claims this rank's
+        folder for this process). True when it is this job's, False when
+        another job or an earlier run holds it; None when the store cannot
+        tell in time (unreachable: the uploader claims it before its first
+        upload, and sends nothing if it turns out to be another's)."""
         store = self.open()
         if store is None:
             return None
+        key = claim_key(run_name, rank, job)
+        me = job if job is not None else process_identity()["id"]
+        self._claim = (key, me)
         try:
-            return bounded(lambda: store.has_any(key), CHECK_TIMEOUT_S, f"checking {store.url_of(key)}")
-        except Exception as e:  # noqa: BLE001 - the name is then taken as it is
-            say(f"could not check {store.url_of(key)} for an earlier run ({type(e).__name__}: {e})")
+            held = bounded(
+                lambda: claim_in_store(store, key, me, force=force),
+                CHECK_TIMEOUT_S,
+                f"claiming {store.url_of(run_name)}",
+            )
+        except Exception as e:  # noqa: BLE001 - the name is then taken as it is; the uploader claims it later
+            say(f"could not check {store.url_of(run_name)} for an earlier run ({type(e).__name__}: {e})")
+            self._claim_checked = False
             return None
+        self._claim_checked = held is None
+        return held is None
+
+    def note_claim(self, run_name: str, rank: int, job: str) -> None:
+        """The run name rank 0 claimed for this job: this rank's uploader
+        checks the claim before its first upload."""
+        self._claim = (claim_key(run_name, rank, job), job)
+        self._claim_checked = False
 
     def next_segment(self, run_name: str, rank: int) -> int:
         """One past the highest segment number of this rank in the store
@@ -151,7 +233,18 @@ class Spool:
         # An outage is said while the job runs by the node's local rank 0
         # alone (a store down for one rank is down for its node).
         warn = say if local_rank == 0 else None
-        self.uploader = Uploader(rank_dir, store, f"{run_name}/rank{rank}", warn=warn).start()
+        claim = self._claim
+        if claim is not None:
+            with contextlib.suppress(OSError):
+                (rank_dir / STORE_CLAIM).write_text(json.dumps({"key": claim[0], "job": claim[1]}))
+        check = None
+        if claim is not None and not self._claim_checked:
+            key, job = claim
+
+            def check() -> str | None:
+                return claim_in_store(store, key, job)
+
+        self.uploader = Uploader(rank_dir, store, f"{run_name}/rank{rank}", warn=warn, claim=check).start()
         if local_rank == 0 and not PROCESS.spool_said:
             PROCESS.spool_said = True
             say(

@@ -19,6 +19,7 @@ except for the few files fastprof itself rewrites (``profiler.json``,
 from __future__ import annotations
 
 import builtins
+import hashlib
 import importlib.util
 import os
 import re
@@ -83,10 +84,8 @@ READ_BLOCK = 4 << 20
 #: Bytes of one part of a multipart upload to S3 (its minimum is 5 MiB).
 PUT_PART = 8 << 20
 
-#: Objects up to this size already in the store are compared byte for byte
-#: before being taken as "the same file uploaded earlier"; bigger ones (the
-#: segments, hundreds of MiB) by size only, not to read them back.
-_COMPARE_BYTES = 4 << 20
+#: Bytes read at a time when a local file is compared with its object.
+_COMPARE_BLOCK = 4 << 20
 
 
 class StoreConflictError(FastprofError, FileExistsError):
@@ -181,6 +180,7 @@ def _missing(url: str, what: str, e: BaseException) -> ConfigError:
     proto = _protocol(url)
     if proto in EXTRAS:
         extra, package = EXTRAS[proto]
+
         why = "is not installed" if importlib.util.find_spec(package) is None else f"cannot be imported: {e}"
         return ConfigError(f"{what} {url} needs the {extra} extra: pip install 'fastprof[{extra}]' ({package} {why})")
     if isinstance(e, ImportError):
@@ -286,6 +286,42 @@ class Store:
         out: builtins.list[bytes] = self.fs.cat_ranges([self.path(k) for k in keys], starts, ends)
         return out
 
+    def create(self, key: str, data: bytes) -> bool:
+        """Write ``data`` as ``key`` only if no object is there: True when
+        this call created it, False when one was there already. Atomic where
+        the store can do it (S3's ``If-None-Match``, a local ``O_EXCL``
+        open): two writers racing have one winner. Elsewhere a check and a
+        write, which a race can still pass twice."""
+        target = self.path(key)
+        if self.folders:
+            self.fs.makedirs(self.fs._parent(target), exist_ok=True)
+            try:
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return True
+        if self.exclusive:
+            try:
+                self.fs.pipe_file(target, data, mode="create")
+            except FileExistsError:
+                return False
+            return True
+        if self.info(key) is not None:
+            return False
+        self.fs.pipe_file(target, data)
+        return True
+
+    def read(self, key: str) -> bytes | None:
+        """The whole (small) object ``key``, or None when there is none."""
+        self.fs.invalidate_cache(self.path(key))
+        try:
+            data: bytes = self.fs.cat_file(self.path(key))
+        except FileNotFoundError:
+            return None
+        return data
+
     def put(self, local_path: str | os.PathLike[str], key: str, *, rewritable: bool = False) -> PutResult:
         """Upload the whole file ``local_path`` to ``key``.
 
@@ -328,19 +364,33 @@ class Store:
 
     def _same(self, local: str, size: int, key: str) -> bool:
         """True when the object is there with this file's content, False when
-        it is absent; a conflict when it holds something else."""
+        it is absent; a conflict when it holds something else. Never by size
+        alone: a file the caller then deletes (the spool's) must really be
+        in the store (:meth:`same_content`)."""
         info = self.info(key)
         if info is None:
             return False
-        if int(info.get("size") or 0) != size:
+        if not self.same_content(local, key, info):
             raise self._conflict(key, size, int(info.get("size") or 0))
-        if size > _COMPARE_BYTES:
-            return True
-        with open(local, "rb") as f:
-            mine = f.read()
-        if self.fs.cat_file(self.path(key)) != mine:
-            raise self._conflict(key, size, size)
         return True
+
+    def same_content(self, local: str | os.PathLike[str], key: str, info: dict[str, Any] | None = None) -> bool:
+        """Whether object ``key`` holds exactly the bytes of ``local``: sizes
+        first; then S3's ETag where it is an MD5 this fastprof can compute
+        (one part, or the parts :meth:`put` sends); else the object is read
+        back by blocks and compared, stopping at the first difference."""
+        info = self.info(key) if info is None else info
+        size = os.path.getsize(local)
+        if info is None or int(info.get("size") or 0) != size:
+            return False
+        etag = str(info.get("ETag") or info.get("etag") or "").strip('"')
+        if etag and etag in _etags(local, size, self._parts(size).get("chunksize")):
+            return True
+        with open(local, "rb") as mine, self.fs.open(self.path(key), "rb", block_size=_COMPARE_BLOCK) as theirs:
+            while a := mine.read(_COMPARE_BLOCK):
+                if theirs.read(len(a)) != a:
+                    return False
+            return not theirs.read(1)
 
     def _conflict(self, key: str, size: int, theirs: int | None = None) -> StoreConflictError:
         held = f" ({theirs} bytes)" if theirs is not None else ""
@@ -348,6 +398,22 @@ class Store:
             f"{self.url_of(key)} already exists with other content{held} than this {size}-byte file; "
             "not overwritten (another node with the same rank, or an earlier run in the same place?)"
         )
+
+
+def _etags(local: str | os.PathLike[str], size: int, part: int | None) -> set[str]:
+    """The ETags S3 gives ``local``'s content: the MD5 of the whole (one
+    PUT), and with parts of ``part`` bytes the MD5 of their MD5s, ``-N``."""
+    whole = hashlib.md5(usedforsecurity=False)
+    parts: list[bytes] = []
+    with open(local, "rb") as f:
+        while chunk := f.read(part or _COMPARE_BLOCK):
+            whole.update(chunk)
+            if part:
+                parts.append(hashlib.md5(chunk, usedforsecurity=False).digest())
+    out = {whole.hexdigest()}
+    if len(parts) > 1:
+        out.add(f"{hashlib.md5(b''.join(parts), usedforsecurity=False).hexdigest()}-{len(parts)}")
+    return out
 
 
 def open_store(url: str, what: str = "out_dir") -> Store:

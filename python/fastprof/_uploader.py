@@ -136,6 +136,7 @@ class Uploader:
         rewritten: Collection[str] = REWRITTEN,
         warn: Callable[[str], None] | None = None,
         remind_s: float = 3600.0,
+        claim: Callable[[], str | None] | None = None,
     ) -> None:
         self.local_dir = Path(local_dir)
         self.store = store
@@ -146,6 +147,11 @@ class Uploader:
         self.rewritten = frozenset(rewritten)
         self.warn = warn
         self.remind_s = remind_s
+        #: Claims the run name in the store before the first upload (the
+        #: store was unreachable when the job started): None when the name is
+        #: this job's, else who holds it, and then nothing is ever sent.
+        self._claim = claim
+        self._claim_holder: str | None = None
         self._lock = threading.Lock()  # guards _totals and nothing else: held for no I/O
         self._totals = _Totals()
         self._wake = threading.Event()
@@ -232,6 +238,8 @@ class Uploader:
         """One pass over the folder. Stops at the first failure that is not
         the file's own (the store is down: the next file would fail too)."""
         try:
+            if not self._claimed():
+                return
             files = closed_files(self.local_dir, final=final) if self.local_dir.is_dir() else []
             seen, self._seen = self._seen, {rel: (st.st_size, st.st_mtime_ns) for rel, st in files}
             for rel, sig in self._seen.items():
@@ -245,6 +253,38 @@ class Uploader:
                     return
         except Exception as e:  # noqa: BLE001 - the job must never see an uploader's error
             self._failed(f"{type(e).__name__}: {e}")
+
+    def _claimed(self) -> bool:
+        """Whether this job may send into the run's name in the store: the
+        claim, made once (retried with the backoff while the store fails).
+        A name another job holds: nothing is sent, said once; the files stay
+        in the spool."""
+        if self._claim_holder is not None:
+            return False
+        if self._claim is None:
+            return True
+        if time.monotonic() < self._next_try or self._expired():
+            return False
+        try:
+            holder = self._claim()
+        except Exception as e:  # noqa: BLE001 - the store failed: retried with backoff
+            self._failed(f"claiming {self.store.url_of(self.prefix)}: {type(e).__name__}: {' '.join(str(e).split())}")
+            return False
+        if holder is None:
+            self._claim = None
+            return True
+        self._claim_holder = holder
+        message = (
+            f"{self.store.url_of(self.prefix.rsplit('/', 1)[0])} is {holder}'s run, not this job's "
+            f"(both started under one name while the store could not be asked); nothing is sent there, "
+            f"the files stay in the spool {self.local_dir}"
+        )
+        with self._lock:
+            self._totals.conflicts += 1
+            self._totals.last_error = message
+            self._totals.last_error_time = time.time()
+        self._say(message)
+        return False
 
     def _expired(self) -> bool:
         return self._final_deadline is not None and time.monotonic() >= self._final_deadline

@@ -8,8 +8,10 @@ Examples:
 
 The URL is the job's ``out_dir``: a run directory ``<spool>/<run>`` goes to
 ``<URL>/<run>/``. Run it again as often as needed: an object already there
-with the same size is skipped. An object there with another size is never
-replaced, except the files fastprof rewrites (``profiler.json``, ...).
+with the same content is skipped. An object there with other content is
+never replaced, except the files fastprof rewrites (``profiler.json``, ...)
+of the job's own run: a run name that another job claimed in the store is
+refused whole (exit 2), nothing sent.
 Credentials and endpoints come from the storage library's own environment
 (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ...).
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fastprof._rundir import RANK_DIR
+from fastprof._spool import claim_in_store, read_store_claim
 from fastprof._storage import REWRITTEN, Store, StoreConflictError, open_store
 from fastprof._uploader import closed_files
 from fastprof.cli.args import location, url
@@ -81,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     if not runs:
         raise CommandError(f"{spool}: no run directory here (no rank*/ folders in it or its sub-folders)", 2)
     store = open_store(args.url, what="URL")
+    owned = {run_dir: _claimed(store, run_dir, spool) for run_dir in runs}
     total = _Tally()
     conflicts: list[str] = []
     for run_dir in runs:
@@ -91,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         for group in sorted(groups, key=_group_order):
             tally = _Tally()
             for rel, size in groups[group]:
-                _send(store, run_dir, rel, size, tally, conflicts, delete=args.delete)
+                _send(store, run_dir, rel, size, tally, conflicts, delete=args.delete, owned=owned[run_dir])
             print(f"fastprof upload: {run_dir.name}/{group}: {tally.line()}")
             total.uploaded += tally.uploaded
             total.uploaded_bytes += tally.uploaded_bytes
@@ -101,8 +105,32 @@ def run(args: argparse.Namespace) -> int:
     print(f"fastprof upload: total: {total.line()} -> {where}")
     if conflicts:
         more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
-        raise CommandError(f"{conflicts[0]}{more}; the local files stay in {spool}")
+        raise CommandError(f"{conflicts[0]}{more}; the local files stay in {spool}", 2)
     return 0
+
+
+def _claimed(store: Store, run_dir: Path, spool: Path) -> bool:
+    """Whether the run's name in the store is this spool's job's (its
+    claim, made now if the job never could): then the files fastprof
+    rewrites replace their objects. A name another job claimed: refused
+    whole, before anything is sent. A spool that names no claim (an older
+    fastprof's): nothing is replaced, rewritten files included."""
+    claims = {c for d in run_dir.iterdir() if d.is_dir() and RANK_DIR.match(d.name) and (c := read_store_claim(d))}
+    for key, job in sorted(claims):
+        try:
+            holder = claim_in_store(store, key, job)
+        except Exception as e:  # noqa: BLE001 - botocore, aiohttp, OSError: all "the store failed"
+            raise CommandError(
+                f"{store.url_of(key)}: could not be read ({type(e).__name__}: {' '.join(str(e).split())}); "
+                f"nothing uploaded: run this command again when the store is reachable"
+            ) from None
+        if holder is not None:
+            raise CommandError(
+                f"{store.url_of(run_dir.name)} is {holder}'s run, not the one recorded in {run_dir}; nothing "
+                f"uploaded (another job took the name; the local files stay in {spool})",
+                2,
+            )
+    return bool(claims)
 
 
 def _group_order(group: str) -> tuple[int, int]:
@@ -110,14 +138,21 @@ def _group_order(group: str) -> tuple[int, int]:
 
 
 def _send(
-    store: Store, run_dir: Path, rel: str, size: int, tally: _Tally, conflicts: list[str], *, delete: bool
+    store: Store,
+    run_dir: Path,
+    rel: str,
+    size: int,
+    tally: _Tally,
+    conflicts: list[str],
+    *,
+    delete: bool,
+    owned: bool,
 ) -> None:
     key = f"{run_dir.name}/{rel}"
     local = run_dir / rel
-    rewritable = rel.rsplit("/", 1)[-1] in REWRITTEN
+    rewritable = owned and rel.rsplit("/", 1)[-1] in REWRITTEN
     try:
-        info = store.info(key)
-        if info is not None and int(info.get("size") or 0) == size:
+        if store.same_content(local, key):
             tally.skipped += 1
         else:
             store.put(local, key, rewritable=rewritable)

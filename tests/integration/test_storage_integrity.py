@@ -1,0 +1,257 @@
+"""Nothing mixed, nothing lost in object storage (issue #34, items 2 and 3),
+against moto's S3 server run as a process:
+
+- two jobs started together under one run name on one URL take two names
+  (the name is claimed in the store with a conditional create);
+- a job that could not claim its name at start (the store was down) and
+  finds it another job's sends nothing there, and ``fastprof upload`` of
+  its spool is refused whole (exit 2), rewritten files included;
+- a spool file is freed only when its object has its content, never
+  because an object of the same size is there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+import s3fs
+
+from fastprof._spool import claim_in_store
+from fastprof._storage import Store, StoreConflictError, open_store
+from fastprof._uploader import Uploader
+from moto_s3 import MotoServer, child_env
+
+#: A job that waits for a barrier file before it starts recording (so two
+#: start as together as two processes can), then takes a few steps.
+JOB = """
+import os, sys, time
+import fastprof
+out, name, gate = sys.argv[1], sys.argv[2], sys.argv[3]
+while not os.path.exists(gate):
+    time.sleep(0.001)
+prof = fastprof.Profiler(out, name, torch=False, sample_hz=0)
+with prof:
+    for i in range(3):
+        sum(range(20_000))
+        prof.step()
+print("RUN", prof.run_dir.name, flush=True)
+"""
+
+
+def _fs() -> s3fs.S3FileSystem:
+    fs = s3fs.S3FileSystem()
+    fs.invalidate_cache()
+    return fs
+
+
+def _start(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    return subprocess.Popen(
+        [sys.executable, str(script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+
+
+def _done(p: subprocess.Popen[str]) -> tuple[int, str, str]:
+    out, err = p.communicate(timeout=180)
+    return p.returncode, out, err
+
+
+def test_two_jobs_started_together_under_one_name_take_two_names(
+    s3_url: str, moto_server: MotoServer, tmp_path: Path
+) -> None:
+    gate = tmp_path / "go"
+    # Two nodes: each job has its own spool, and sees the other only in the store.
+    jobs = [
+        _start(
+            tmp_path, child_env(moto_server, FASTPROF_SPOOL_DIR=str(tmp_path / f"spool{i}")), s3_url, "tw", str(gate)
+        )
+        for i in range(2)
+    ]
+    gate.touch()
+    results = [_done(p) for p in jobs]
+    for code, _out, err in results:
+        assert code == 0, err
+        assert "could not be sent" not in err and "refused" not in err, err
+    names = sorted(next(ln.split()[1] for ln in out.splitlines() if ln.startswith("RUN ")) for _c, out, _e in results)
+    assert names == ["tw", "tw-2"], results
+    fs = _fs()
+    root = s3_url.removeprefix("s3://")
+    for name in names:
+        summary = json.loads(fs.cat_file(f"{root}/{name}/rank0/profiler.json"))
+        assert summary["upload"]["url"] == f"{s3_url}/{name}/rank0"
+        assert summary["upload"]["conflicts"] == 0
+    # Each name claimed by one job, a different one each.
+    assert len({json.loads(fs.cat_file(f"{root}/{n}/.fastprof-run"))["job"] for n in names}) == 2
+
+
+def test_a_job_that_could_not_claim_its_name_never_writes_into_another_jobs_run(
+    s3_url: str, moto_server: MotoServer, tmp_path: Path
+) -> None:
+    gate = tmp_path / "go"
+    gate.touch()
+    # Job A records into "tw" with the store up.
+    code, _out, err = _done(
+        _start(tmp_path, child_env(moto_server, FASTPROF_SPOOL_DIR=str(tmp_path / "spoolA")), s3_url, "tw", str(gate))
+    )
+    assert code == 0, err
+    fs = _fs()
+    root = s3_url.removeprefix("s3://")
+    before = {k: fs.cat_file(k) for k in fs.find(f"{root}/tw")}
+    # Job B on another node starts while its store is unreachable: it cannot
+    # ask whether "tw" is taken, records into its spool and keeps it there.
+    down = child_env(moto_server, FASTPROF_SPOOL_DIR=str(tmp_path / "spoolB"), AWS_ENDPOINT_URL="http://127.0.0.1:9")
+    code, _out, err = _done(_start(tmp_path, down, s3_url, "tw", str(gate)))
+    assert code == 0, err
+    command = next(ln for ln in err.splitlines() if "fastprof upload " in ln).split("send them with: ", 1)[1]
+    spool_run = tmp_path / "spoolB" / "tw"
+    assert (spool_run / "rank0" / "profiler.json").is_file()
+    # The command it printed, with the store back: refused whole, one line, exit 2.
+    p = subprocess.run(
+        [sys.executable, "-m", "fastprof", *command.split()[1:]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(moto_server),
+    )
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert len(p.stderr.strip().splitlines()) == 1 and "another job took the name" in p.stderr, p.stderr
+    fs.invalidate_cache()
+    after = {k: fs.cat_file(k) for k in fs.find(f"{root}/tw")}
+    assert after == before  # not one object replaced, profiler.json included
+    assert (spool_run / "rank0" / "profiler.json").is_file()
+
+
+def test_an_uploader_that_finds_its_name_claimed_by_another_job_sends_nothing(s3_url: str, tmp_path: Path) -> None:
+    store = open_store(s3_url)
+    assert claim_in_store(store, "tw/.fastprof-run", "job-A") is None
+    assert claim_in_store(store, "tw/.fastprof-run", "job-A") is None  # the same job again: still its own
+    rank = tmp_path / "rank0"
+    rank.mkdir()
+    (rank / "profiler.json").write_text('{"from": "B"}')
+    (rank / "fastprof.0.json.gz").write_bytes(b"B" * 100)
+    (rank / "fastprof.1.json.gz").write_bytes(b"B" * 10)
+    said: list[str] = []
+    up = Uploader(
+        rank,
+        store,
+        "tw/rank0",
+        interval_s=0.05,
+        warn=said.append,
+        claim=lambda: claim_in_store(store, "tw/.fastprof-run", "job-B"),
+    ).start()
+    out = up.close(20)
+    assert store.list("tw") == ["tw/.fastprof-run"]
+    assert out["uploaded_files"] == 0 and out["conflicts"] == 1 and out["left_in_spool"]["files"] == 3
+    assert len(said) == 1 and "job job-A's run" in said[0], said
+
+
+def _same_size_other_content(store: Store, tmp_path: Path, size: int) -> Path:
+    """An object ``run/rank0/fastprof.0.json.gz`` of ``size`` bytes, and a
+    local file of the same name and size with other bytes (the last one)."""
+    theirs = tmp_path / "theirs"
+    theirs.write_bytes(os.urandom(size))
+    store.put(theirs, "run/rank0/fastprof.0.json.gz")
+    rank = tmp_path / "spool" / "run" / "rank0"
+    rank.mkdir(parents=True)
+    mine = bytearray(theirs.read_bytes())
+    mine[-1] ^= 0xFF
+    (rank / "fastprof.0.json.gz").write_bytes(bytes(mine))
+    return rank / "fastprof.0.json.gz"
+
+
+@pytest.mark.parametrize("size", [1000, (4 << 20) + 17], ids=["small", "over-4MiB"])
+def test_a_spool_file_is_never_freed_because_an_object_of_its_size_is_there(
+    s3_url: str, moto_server: MotoServer, tmp_path: Path, size: int
+) -> None:
+    store = open_store(s3_url)
+    mine = _same_size_other_content(store, tmp_path, size)
+    kept = mine.read_bytes()
+    # The uploader (a resumed run's segment numbered as an earlier one): refused, kept.
+    up = Uploader(mine.parent, store, "run/rank0", interval_s=0.05).start()
+    out = up.close(30)
+    assert mine.read_bytes() == kept
+    assert out["conflicts"] == 1 and out["deleted_local"] == 0
+    with pytest.raises(StoreConflictError):
+        store.put(mine, "run/rank0/fastprof.0.json.gz")
+    # fastprof upload --delete: not "already there", not deleted.
+    p = subprocess.run(
+        [sys.executable, "-m", "fastprof", "upload", str(tmp_path / "spool" / "run"), s3_url, "--delete"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(moto_server),
+    )
+    assert p.returncode == 2 and "already exists with other content" in p.stderr, (p.stdout, p.stderr)
+    assert mine.read_bytes() == kept
+    # The same content is recognised as such, and then freed.
+    fs = _fs()
+    fs.pipe_file(f"{s3_url.removeprefix('s3://')}/run/rank0/fastprof.0.json.gz", kept)
+    assert store.same_content(mine, "run/rank0/fastprof.0.json.gz")
+    p = subprocess.run(
+        [sys.executable, "-m", "fastprof", "upload", str(tmp_path / "spool" / "run"), s3_url, "--delete"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(moto_server),
+    )
+    assert p.returncode == 0 and "1 already there" in p.stdout, (p.stdout, p.stderr)
+    assert not mine.exists()
+
+
+def test_a_multipart_object_is_recognised_by_its_etag(s3_url: str, tmp_path: Path) -> None:
+    """A file put in parts (its ETag the MD5 of the parts' MD5s) is the same
+    content when compared again, without reading it back."""
+    store = open_store(s3_url)
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom((8 << 20) * 2 + 5))
+    store.put(big, "run/big")
+    info = store.info("run/big")
+    assert info is not None and str(info.get("ETag", "")).strip('"').endswith("-3")
+    reads = []
+    real_open = store.fs.open
+
+    def counting_open(*a: object, **k: object) -> object:
+        reads.append(a)
+        return real_open(*a, **k)
+
+    store.fs.open = counting_open  # type: ignore[method-assign]
+    try:
+        assert store.same_content(big, "run/big")
+    finally:
+        del store.fs.open
+    assert reads == []
+
+
+def test_two_claims_racing_have_one_winner(s3_url: str) -> None:
+    store = open_store(s3_url)
+    results: list[str | None] = []
+    lock = threading.Lock()
+    start = threading.Barrier(8)
+
+    def claim(i: int) -> None:
+        start.wait()
+        held = claim_in_store(store, "race/.fastprof-run", f"job-{i}")
+        with lock:
+            results.append(held)
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count(None) == 1, results
