@@ -255,3 +255,38 @@ def test_two_claims_racing_have_one_winner(s3_url: str) -> None:
     for t in threads:
         t.join()
     assert results.count(None) == 1, results
+
+
+def test_merge_of_a_bucket_run_that_merged_itself_is_up_to_date(
+    s3_url: str, moto_server: MotoServer, tmp_path: Path
+) -> None:
+    """Item 4: as on local disk, ``fastprof merge URL`` after a run that
+    merged itself says "up to date" and exits 0; with a filter or --force it
+    merges again."""
+    gate = tmp_path / "go"
+    gate.touch()
+    code, _out, err = _done(
+        _start(tmp_path, child_env(moto_server, FASTPROF_SPOOL_DIR=str(tmp_path / "spool")), s3_url, "m", str(gate))
+    )
+    assert code == 0, err
+    run_url = f"{s3_url}/m"
+
+    def merge(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fastprof", "merge", run_url, *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=child_env(moto_server),
+        )
+
+    p = merge()
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert f"{run_url}/trace.json.gz is up to date" in p.stdout
+    p = merge("-q")
+    assert p.returncode == 0 and p.stdout.strip() == f"{run_url}/trace.json.gz", p.stdout
+    # A filtered merge is not the whole one: it must not be taken as done.
+    p = merge("--ranks", "0")
+    assert p.returncode == 1 and "use --force" in p.stderr, p.stderr
+    p = merge("--force")
+    assert p.returncode == 0 and "merged" in p.stdout, p.stderr

@@ -181,28 +181,77 @@ _MERGE_MARKER = re.compile(
 )
 
 
-def up_to_date(inputs: list[str], output: Path) -> int | None:
+def up_to_date(inputs: list[str], output: Path | str) -> int | None:
     """The number of inputs when ``output`` is the whole merge of ``inputs``
     as they are now (a merge output of that many inputs, none of them
     modified after it), else None: the caller merges, or refuses to
-    overwrite. The inputs as the core's walker finds them (the merge's own)."""
+    overwrite. The inputs as the core's walker finds them (the merge's own);
+    ``output`` and the inputs may be URLs (times from the store's listing)."""
     try:
-        with open(output, "rb") as f:
+        if isinstance(output, str) and is_url(output):
+            store = open_store(output, what="output")
+            info = store.info("")
+            done = _mtime_ns(info) if info is not None else None
+            opened: Any = store.open("")
+        else:
+            output = Path(output)
+            done = output.stat().st_mtime_ns
+            opened = open(output, "rb")
+        with opened as f:
             head = f.read(1 << 16)
-        if head[:2] == b"\x1f\x8b":
-            with gzip.open(output, "rb") as g:
-                head = g.read(1 << 16)
-        done = output.stat().st_mtime_ns
+            if head[:2] == b"\x1f\x8b":
+                f.seek(0)
+                with gzip.GzipFile(fileobj=f) as g:
+                    head = g.read(1 << 16)
         files, _own, _removed, _warnings = _core.trace_inputs(list(inputs))
-        out = output.resolve()
-        found = [Path(f) for f in files if Path(f).resolve() != out]
-        newest = max((f.stat().st_mtime_ns for f in found), default=None)
-    except (OSError, EOFError, FastprofError):
+        times = _input_times(inputs)
+        out = _same_name(output)
+        found = [f for f in files if _same_name(f) != out]
+        newest = max((times[f] if f in times else Path(f).stat().st_mtime_ns for f in found), default=None)
+    except (OSError, EOFError, FastprofError, ValueError, KeyError):
         return None  # the merge itself says what is wrong
     m = _MERGE_MARKER.match(head)
-    if m is None or newest is None or newest > done or int(m.group(1)) != len(found):
+    if m is None or done is None or newest is None or newest > done or int(m.group(1)) != len(found):
         return None
     return len(found)
+
+
+def _same_name(path: Path | str) -> str:
+    return path.rstrip("/") if isinstance(path, str) and is_url(path) else str(Path(path).resolve())
+
+
+def _mtime_ns(info: dict[str, Any]) -> int | None:
+    """An object's modification time from the store's metadata (S3's
+    ``LastModified``, a datetime; local ``mtime``, seconds)."""
+    v = info.get("LastModified") or info.get("last_modified") or info.get("mtime") or info.get("created")
+    if v is not None and hasattr(v, "timestamp"):
+        return int(v.timestamp() * 1e9)
+    return int(float(v) * 1e9) if isinstance(v, (int, float)) else None
+
+
+def _input_times(inputs: list[str]) -> dict[str, int]:
+    """The modification times of every object under the URL inputs, by URL
+    (one listing per input, not a request per object); local files are
+    stat'ed by the caller. A time the store does not give is missing, and
+    the caller then merges."""
+    out: dict[str, int] = {}
+    for url in inputs:
+        if not is_url(url):
+            continue
+        store = open_store(url, what="input")
+        store.fs.invalidate_cache(store.root)
+        found: dict[str, dict[str, Any]] = store.fs.find(store.root, withdirs=False, detail=True)
+        if not found:
+            info = store.info("")
+            found = {store.root: info} if info is not None else {}
+        prefix = store.root.rstrip("/")
+        base = url.rstrip("/")
+        for path, info in found.items():
+            t = _mtime_ns(info)
+            if t is not None:
+                rel = path.rstrip("/")[len(prefix) :].lstrip("/")
+                out[f"{base}/{rel}" if rel else base] = t
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -228,8 +277,7 @@ def run(args: argparse.Namespace) -> int:
     output = Path(target)
     cats = [c.strip() for group in args.include_cat for c in group.split(",") if c.strip()]
     excl = [c.strip() for group in args.exclude_cat for c in group.split(",") if c.strip()]
-    whole = not (ranks or steps or cats or excl or max_bytes or args.start is not None or args.end is not None)
-    if whole and not args.force and output.is_file():
+    if _whole(args) and not args.force and output.is_file():
         n = up_to_date(args.inputs, output)
         if n is not None:
             # The README's `fastprof merge <run>` after a run that merged itself: nothing to do.
@@ -300,6 +348,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _whole(args: argparse.Namespace) -> bool:
+    """Whether the merge asked for is the whole run (no filter): only then
+    is an earlier whole merge what it would write."""
+    return not (
+        args.ranks
+        or args.steps
+        or any(g.strip(", ") for g in args.include_cat)
+        or any(g.strip(", ") for g in args.exclude_cat)
+        or args.max_bytes
+        or args.start is not None
+        or args.end is not None
+    )
+
+
 def _merge_to_url(args: argparse.Namespace, out_url: str) -> int:
     """``fastprof merge ... -o s3://.../trace.json.gz``: the merge goes to a
     local temporary file (the inputs are read in place, URLs or not), which
@@ -311,6 +373,11 @@ def _merge_to_url(args: argparse.Namespace, out_url: str) -> int:
     except (FastprofError, OSError, ValueError) as e:
         raise CommandError(describe(e), exit_code=exit_code(e)) from None
     if held is not None and not args.force:
+        n = up_to_date(args.inputs, out_url) if _whole(args) else None
+        if n is not None:
+            # `fastprof merge s3://.../run` after a run that merged itself: nothing to do.
+            print(out_url if args.quiet else f"{out_url} is up to date: the merge of its {n} inputs, newer than each")
+            return 0
         raise CommandError(f"{out_url} already exists; use --force to replace it", exit_code=1)
     with tempfile.TemporaryDirectory(prefix="fastprof-merge-") as tmp:
         local = Path(tmp) / "trace.json.gz"
