@@ -37,6 +37,7 @@ __all__ = [
     "check_url",
     "is_url",
     "open_store",
+    "store_failure",
 ]
 
 #: ``<scheme>://`` (two letters at least: ``C://x`` is a Windows drive, not
@@ -414,6 +415,28 @@ def _etags(local: str | os.PathLike[str], size: int, part: int | None) -> set[st
     if len(parts) > 1:
         out.add(f"{hashlib.md5(b''.join(parts), usedforsecurity=False).hexdigest()}-{len(parts)}")
     return out
+
+
+#: The packages whose exceptions mean "the store failed" (a refused
+#: connection, expired credentials, a throttled request): the storage
+#: libraries fsspec reaches a store through, and their HTTP clients.
+_STORE_PACKAGES = frozenset(
+    {"botocore", "aiobotocore", "boto3", "s3fs", "aiohttp", "gcsfs", "google", "adlfs", "azure", "fsspec", "urllib3"}
+)
+
+
+def store_failure(e: BaseException) -> str | None:
+    """One line for an error a storage library raised (``e`` or what caused
+    it), naming what failed, or None when ``e`` is not such an error."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if type(cur).__module__.split(".", 1)[0] in _STORE_PACKAGES:
+            text = " ".join(str(cur).split()) or type(cur).__name__
+            return f"the store failed or cannot be reached ({type(cur).__name__}: {text})"
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def open_store(url: str, what: str = "out_dir") -> Store:

@@ -68,9 +68,7 @@ def _verbs(run: Path, url: str, script: Path) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize(("url", "says"), BAD, ids=[b[0] for b in BAD])
-def test_every_verb_refuses_a_url_that_names_no_place(
-    url: str, says: str, run_dir: Path, tmp_path: Path
-) -> None:
+def test_every_verb_refuses_a_url_that_names_no_place(url: str, says: str, run_dir: Path, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     marker = tmp_path / "script-ran"
@@ -132,3 +130,35 @@ def test_a_report_to_a_bucket_url_puts_its_files_there(run_dir: Path, s3_url: st
     listed = {k.rsplit("/", 1)[-1] for k in fs.ls(s3_url.removeprefix("s3://") + "/rep")}
     assert names <= listed
     assert not Path("s3:").exists()
+
+
+def test_a_store_that_cannot_be_reached_is_one_line_for_every_verb(run_dir: Path, tmp_path: Path) -> None:
+    """Item 5: the store down (nothing listens on the endpoint): every verb
+    says one line naming the failure, exit 1, never the library's traceback."""
+    dead = {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_MAX_ATTEMPTS": "1",
+    }
+    url = "s3://bucket/runs/r"
+    spool = tmp_path / "spool" / "r"
+    (spool / "rank0").mkdir(parents=True)
+    (spool / "rank0" / "profiler.json").write_text("{}")
+    verbs = {
+        "report": ["report", url],
+        "report -o": ["report", str(run_dir), "-o", "s3://bucket/out"],
+        "summary": ["summary", url],
+        "diff": ["diff", str(run_dir), url],
+        "merge": ["merge", url],
+        "merge -o": ["merge", str(run_dir), "-o", "s3://bucket/out.json.gz"],
+        "trigger": ["trigger", url, "--wait", "1"],
+        "upload": ["upload", str(spool), "s3://bucket/runs"],
+    }
+    for verb, argv in verbs.items():
+        p = _cli(tmp_path, *argv, env=dead)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 1, (verb, p.returncode, p.stderr)
+        assert len(lines) == 1 and "Traceback" not in p.stderr, (verb, p.stderr)
+        assert "127.0.0.1:9" in lines[0], (verb, lines[0])

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from fastprof import __version__
 from fastprof._core import FastprofError
+from fastprof._storage import store_failure
 from fastprof.cli import demo, diff, doctor, merge, report, run, summary, trigger, upload
 from fastprof.cli.args import Parser, plain
 from fastprof.cli.errors import CommandError, describe, exit_code
@@ -87,6 +88,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + 13  # SIGPIPE
+    except Exception as e:
+        # A store that is down or refuses us (botocore, aiohttp, ...): one
+        # line, whatever verb and code path met it, not the library's traceback.
+        # Never under `fastprof run`: the script's own exception is its own.
+        line = store_failure(e) if args.verb != "run" else None
+        if line is None:
+            raise
+        print(f"fastprof {args.verb}: error: {line}; try again when it is reachable", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
