@@ -290,3 +290,50 @@ def test_merge_of_a_bucket_run_that_merged_itself_is_up_to_date(
     assert p.returncode == 1 and "use --force" in p.stderr, p.stderr
     p = merge("--force")
     assert p.returncode == 0 and "merged" in p.stdout, p.stderr
+
+
+LOOP = """
+import sys, time
+import fastprof
+prof = fastprof.Profiler(sys.argv[1], "job", torch=False, sample_hz=0, upload_timeout=2.0)
+with prof:
+    for i in range(100000):
+        time.sleep(0.01)
+        prof.step()
+        if i == 0:
+            print("STEPPING", flush=True)
+"""
+
+
+def test_after_sigterm_with_the_store_down_stderr_says_only_where_the_data_is(
+    moto_server: MotoServer, tmp_path: Path
+) -> None:
+    """Item 7: with the store unreachable, SIGTERM's lines say the files
+    wait in the spool, and never that the rank's data is saved in the store;
+    the merge command they print works."""
+    import shlex
+    import signal
+
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    spool = tmp_path / "spool"
+    env = child_env(moto_server, FASTPROF_SPOOL_DIR=str(spool), AWS_ENDPOINT_URL="http://127.0.0.1:9")
+    p = subprocess.Popen(
+        [sys.executable, str(script), "s3://bucket/runs"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert p.stdout is not None and p.stdout.readline().strip() == "STEPPING"
+    p.send_signal(signal.SIGTERM)
+    _out, err = p.communicate(timeout=120)
+    assert p.returncode == -signal.SIGTERM, err
+    assert "data is saved in s3://" not in err, err
+    line = next(ln for ln in err.splitlines() if "SIGTERM:" in ln)
+    assert f"data is saved in {spool / 'job' / 'rank0'}" in line, line
+    assert "could not be sent" in err and "fastprof upload" in err
+    merge = shlex.split(line.split("build the unified trace with: ", 1)[1])
+    m = subprocess.run([sys.executable, "-m", "fastprof", *merge[1:]], capture_output=True, text=True, timeout=120)
+    assert m.returncode == 0, m.stderr

@@ -180,6 +180,17 @@ def _at_exit() -> None:
     _close_all("exit")
 
 
+def _all_in_store(prof: ExitHost) -> bool:
+    """Whether a rank recording to object storage has every file in the
+    store: its upload's account says nothing was left in the spool."""
+    spool = getattr(prof.recorder, "spool", None)
+    result = getattr(spool, "result", None)
+    if not isinstance(result, dict) or result.get("error"):
+        return False
+    left = result.get("left_in_spool") or {}
+    return not left.get("files") and result.get("done_object", True) is not False
+
+
 def _save_all_at_sigterm() -> None:
     try:
         for prof in _live():
@@ -190,9 +201,16 @@ def _save_all_at_sigterm() -> None:
 
         for prof, saved in _close_all("SIGTERM"):
             run_url, rank_url = prof.recorder.options.run_url, prof.recorder.options.rank_url
+            if rank_url is not None and not _all_in_store(prof):
+                # The store did not take it all (unreachable, a missing extra, out
+                # of time): the data is in the local spool, and only there.
+                run_url, rank_url = None, None
+                spooled = " (the local spool: the upload command is above)"
+            else:
+                spooled = ""
             place = prof.rank_dir if rank_url is None else rank_url
             where = (
-                f"rank {prof.rank}'s data is saved in {place}"
+                f"rank {prof.rank}'s data is saved in {place}{spooled}"
                 if saved
                 else f"rank {prof.rank}'s run was being closed; what is in {place} may be incomplete"
             )
