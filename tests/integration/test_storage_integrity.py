@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -337,3 +338,56 @@ def test_after_sigterm_with_the_store_down_stderr_says_only_where_the_data_is(
     merge = shlex.split(line.split("build the unified trace with: ", 1)[1])
     m = subprocess.run([sys.executable, "-m", "fastprof", *merge[1:]], capture_output=True, text=True, timeout=120)
     assert m.returncode == 0, m.stderr
+
+
+def test_a_run_still_being_written_is_read_whatever_moved_since_the_listing(s3_url: str, tmp_path: Path) -> None:
+    """Item 6: between the store's listing and the read of an object, a
+    live run renames its open segment (``.part`` closed) or frees an object.
+    The readers (columns, the report that ``summary`` prints) follow the
+    rename, and skip what is gone with a note, instead of FileNotFoundError."""
+    import fastprof
+    from fastprof import _core
+    from fastprof._remote import FsspecRemote, register
+
+    out = tmp_path / "runs"
+    with fastprof.Recorder(out_dir=out, run_name="live", sample_hz=0, segment_seconds=0.2, flush_interval=0.05) as rec:
+        for i in range(60):
+            with fastprof.span("step", step=i):
+                sum(range(50_000))
+            if i % 10 == 9:
+                time.sleep(0.35)
+    rank = rec.trace_dir
+    segments = sorted((p.name for p in rank.glob("fastprof.*.json.gz")), key=lambda n: int(n.split(".")[1]))
+    assert len(segments) >= 3, segments
+    store = open_store(s3_url)
+    for p in rank.iterdir():
+        store.put(p, f"live/rank0/{p.name}")
+    whole = fastprof.read_columns(f"{s3_url}/live")
+    # The listing a reader gets was taken while the run went on: the last
+    # segment was still open (.part, renamed since), one object since freed.
+    last, freed = segments[-1], segments[0]
+    fs = _fs()
+    root = f"{s3_url.removeprefix('s3://')}/live/rank0"
+    fs.rm_file(f"{root}/{freed}")
+
+    class Stale(FsspecRemote):
+        def list(self, url: str) -> list[tuple[str, int]]:
+            listed = super().list(url)
+            out_ = [(u + ".part", n) if u.endswith("/" + last) and u != url else (u, n) for u, n in listed]
+            ghost = f"{s3_url}/live/rank0/{freed}"
+            return sorted([*out_, (ghost, 100)]) if ghost.startswith(url.rstrip("/") + "/") else out_
+
+    _core._set_remote(Stale())
+    try:
+        cols = fastprof.read_columns(f"{s3_url}/live")
+        rep = fastprof.report(f"{s3_url}/live", out_dir=tmp_path / "rep", formats=())
+    finally:
+        import fastprof._remote as remote_mod
+
+        remote_mod._registered = False
+        register()
+    freed_spans = len(whole.spans["ts"]) - len(cols.spans["ts"])
+    assert 0 < freed_spans < len(whole.spans["ts"])  # the freed segment's spans only, the renamed one's read
+    gone = f"{s3_url}/live/rank0/{freed}: skipped, gone since it was listed"
+    assert any(w.startswith(gone) for w in cols.warnings), cols.warnings
+    assert any(gone in w for w in rep.data["source"]["warnings"]), rep.data["source"]["warnings"]

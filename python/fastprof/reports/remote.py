@@ -100,12 +100,17 @@ def open_run(url: str) -> Iterator[RemoteRun]:
             if _SEGMENT.match(parts[-1]) and RANK_DIR.match(parts[0]):
                 segments.append(store.url_of(key))
             elif _side(key):
-                meta: dict[str, Any] = store.info(key) or {}
+                meta = store.info(key)
+                if meta is None:
+                    continue  # gone since the listing (a live run's live.json, removed at its end)
                 if int(meta.get("size") or 0) <= SIDE_MAX_BYTES:
                     dest = view / key
                     dest.parent.mkdir(parents=True, exist_ok=True)
-                    with store.open(key) as src, open(dest, "wb") as dst:
-                        shutil.copyfileobj(src, dst, 1 << 20)
+                    try:
+                        with store.open(key) as src, open(dest, "wb") as dst:
+                            shutil.copyfileobj(src, dst, 1 << 20)
+                    except FileNotFoundError:
+                        dest.unlink(missing_ok=True)  # gone between the two requests: as if never listed
         # Rank folders with nothing copied still exist in the view (as locally).
         for key in keys:
             first = key.split("/")[0]

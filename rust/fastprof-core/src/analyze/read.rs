@@ -18,7 +18,7 @@ use crate::error::{CoreError, Result};
 use crate::trace::columns::FileInfo;
 use crate::trace::filemeta::{FileMeta, MetaEvent};
 use crate::trace::inputs;
-use crate::trace::scan::{self, str_text as text, Fields, Item, Scanner};
+use crate::trace::scan::{self, str_text as text, Fields, Item};
 
 /// A GPU activity.
 #[derive(Debug, Clone, Copy)]
@@ -153,6 +153,12 @@ pub(crate) fn read(inputs: &[PathBuf]) -> Result<Reading> {
                 info.skipped = Some("not a trace".into());
                 r.files.push(info);
             }
+            Err(e) if *from_dir && inputs::is_gone(&e) => {
+                r.warnings.push(inputs::gone_warning(path));
+                let mut info = FileMeta::new(path).info;
+                info.skipped = Some("gone since listed".into());
+                r.files.push(info);
+            }
             Err(e) => return Err(e),
         }
     }
@@ -180,7 +186,7 @@ impl Reading {
     /// Scan one file; its records join their ranks only once it has been
     /// read completely (a merge output to skip leaves nothing behind).
     fn file(&mut self, path: &Path, skip_merged: bool) -> Result<FileInfo> {
-        let mut sc = Scanner::open(path)?;
+        let mut sc = inputs::open_listed(path)?;
         let mut meta = FileMeta::new(path);
         let mut recs = FileRecords::default();
         while let Some(item) = sc.next_item()? {

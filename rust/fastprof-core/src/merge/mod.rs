@@ -363,19 +363,10 @@ fn show_inputs(inputs: &[PathBuf]) -> String {
     s.join(", ")
 }
 
-/// Open an input, following a rename: a recording closes its open segment
-/// `X.part` by renaming it to `X` (same bytes, then more), possibly between
-/// the two passes of a merge.
+/// Open an input, following a rename between the listing (or pass 1) and
+/// this open ([`inputs::open_listed`]).
 fn open_input(path: &Path) -> Result<Scanner> {
-    match Scanner::open(path) {
-        Err(CoreError::Io { source, .. })
-            if source.kind() == std::io::ErrorKind::NotFound
-                && path.extension().is_some_and(|e| e == "part") =>
-        {
-            Scanner::open(&path.with_extension(""))
-        }
-        other => other,
-    }
+    inputs::open_listed(path)
 }
 
 /// Run `f` on each item on up to `threads` threads; results in input order.
@@ -527,7 +518,8 @@ fn read_inputs(
     let is_part = |p: &Path| p.extension().is_some_and(|e| e == "part");
     let infos = parallel(files.clone(), threads, cancel, |p| {
         match open_input(&p).and_then(|sc| plan::scan_input(p.clone(), sc, done, cancel)) {
-            Err(CoreError::Trace { reason, .. }) if is_part(&p) => Ok(Err(reason)),
+            Err(CoreError::Trace { reason, .. }) if is_part(&p) => Ok(Err(Some(reason))),
+            Err(e) if inputs::is_gone(&e) => Ok(Err(None)),
             other => other.map(Ok),
         }
     });
@@ -535,7 +527,7 @@ fn read_inputs(
     for (r, path) in first_error(infos)?.into_iter().zip(&files) {
         match r {
             Ok(info) => read.push(info),
-            Err(reason) => {
+            Err(Some(reason)) => {
                 summary.warnings.push(format!(
                     "{}: skipped, an open segment with nothing readable yet ({reason})",
                     path.display()
@@ -543,6 +535,12 @@ fn read_inputs(
                 summary
                     .skipped_files
                     .push(format!("{} (empty open segment)", path.display()));
+            }
+            Err(None) => {
+                summary.warnings.push(inputs::gone_warning(path));
+                summary
+                    .skipped_files
+                    .push(format!("{} (gone since listed)", path.display()));
             }
         }
     }

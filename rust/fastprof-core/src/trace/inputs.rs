@@ -25,6 +25,7 @@
 
 use crate::error::{CoreError, Result};
 use crate::trace::remote;
+use crate::trace::scan::Scanner;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -290,6 +291,37 @@ fn glob(pattern: &str) -> Result<Vec<PathBuf>> {
         .into_iter()
         .map(|p| p.strip_prefix("./").map(Path::to_path_buf).unwrap_or(p))
         .collect())
+}
+
+/// Open a trace the walker listed, following a rename: a recording closes
+/// its open segment `X.part` by renaming it to `X` (same bytes, then more),
+/// possibly between the listing and this open, on disk or in a bucket (a
+/// run still being written). Every reader opens its inputs through this.
+pub fn open_listed(path: &Path) -> Result<Scanner> {
+    match Scanner::open(path) {
+        Err(CoreError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound
+                && path.extension().is_some_and(|e| e == "part") =>
+        {
+            Scanner::open(&path.with_extension(""))
+        }
+        other => other,
+    }
+}
+
+/// Whether `e` says a listed input is no longer there (the recording's disk
+/// cap deleted it, or the uploader freed it from a spool, since it was
+/// listed): the readers skip it with a warning instead of failing.
+pub fn is_gone(e: &CoreError) -> bool {
+    matches!(e, CoreError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+}
+
+/// The warning for a listed input that [`is_gone`].
+pub fn gone_warning(path: &Path) -> String {
+    format!(
+        "{}: skipped, gone since it was listed (a run still being written)",
+        path.display()
+    )
 }
 
 fn not_found(path: &Path, why: impl Into<String>) -> CoreError {

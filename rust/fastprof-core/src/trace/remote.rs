@@ -119,6 +119,9 @@ pub(crate) mod testing {
         pub reads: Mutex<BTreeMap<String, Reads>>,
         /// Objects whose reads fail once this many bytes were handed out.
         pub fail_at: Mutex<BTreeMap<String, usize>>,
+        /// A listing taken before a rename or a deletion: URLs listed (with
+        /// a size) that are not stored, and stored URLs not listed.
+        pub stale: Mutex<(BTreeMap<String, u64>, std::collections::BTreeSet<String>)>,
     }
 
     impl Remote for MemRemote {
@@ -128,11 +131,21 @@ pub(crate) mod testing {
                 return Ok(vec![(url.to_string(), data.len() as u64)]);
             }
             let dir = format!("{}/", url.trim_end_matches('/'));
-            Ok(objects
+            let stale = self.stale.lock().unwrap();
+            let (ghosts, unlisted) = &*stale;
+            let mut out: Vec<(String, u64)> = objects
                 .iter()
-                .filter(|(k, _)| k.starts_with(&dir))
+                .filter(|(k, _)| k.starts_with(&dir) && !unlisted.contains(*k))
                 .map(|(k, v)| (k.clone(), v.len() as u64))
-                .collect())
+                .chain(
+                    ghosts
+                        .iter()
+                        .filter(|(k, _)| k.starts_with(&dir))
+                        .map(|(k, n)| (k.clone(), *n)),
+                )
+                .collect();
+            out.sort();
+            Ok(out)
         }
 
         fn open(&self, url: &str) -> std::io::Result<Box<dyn Read + Send>> {
@@ -195,6 +208,7 @@ pub(crate) mod testing {
                 chunk: 4096,
                 reads: Mutex::new(BTreeMap::new()),
                 fail_at: Mutex::new(BTreeMap::new()),
+                stale: Mutex::new((BTreeMap::new(), Default::default())),
             }));
             set_remote(Some(Arc::new(Shared(r))));
             r
@@ -243,6 +257,20 @@ pub(crate) mod testing {
             .get(url)
             .copied()
             .unwrap_or_default()
+    }
+
+    /// Make the listings of `from` say it is there while its object is now
+    /// at `to` (None: deleted): a listing taken before a rename or a delete.
+    pub fn moved_since_listed(from: &str, to: Option<&str>) {
+        let r = shared();
+        let mut objects = r.objects.lock().unwrap();
+        let data = objects.remove(from).expect("an object to move");
+        let mut stale = r.stale.lock().unwrap();
+        stale.0.insert(from.to_string(), data.len() as u64);
+        if let Some(to) = to {
+            stale.1.insert(to.to_string());
+            objects.insert(to.to_string(), data);
+        }
     }
 
     /// Put `data` at `url` in the shared store (registering it).
@@ -654,5 +682,62 @@ mod tests {
             [d.join("a.json")]
         );
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_segment_renamed_or_gone_since_the_listing_is_followed_or_skipped() {
+        // A run still being written: the open segment rank0's .part is
+        // listed, then closed (renamed) before it is read; rank 1's closed
+        // segment is listed, then deleted (a disk cap, a spool freed).
+        use super::testing::moved_since_listed;
+        let _g = guard();
+        let url = "mem://live/run";
+        put(&format!("{url}/rank0/fastprof.0.json.gz"), segment(0));
+        put(&format!("{url}/rank0/fastprof.1.json.gz.part"), segment(0));
+        put(&format!("{url}/rank1/fastprof.0.json.gz"), segment(1));
+        moved_since_listed(
+            &format!("{url}/rank0/fastprof.1.json.gz.part"),
+            Some(&format!("{url}/rank0/fastprof.1.json.gz")),
+        );
+        moved_since_listed(&format!("{url}/rank1/fastprof.0.json.gz"), None);
+
+        let cols = read_columns(&[PathBuf::from(url)], &ColumnsOptions::default()).unwrap();
+        // Both of rank 0's segments read (3 spans each), rank 1's skipped and said.
+        assert_eq!(cols.spans.len(), 6, "{:?}", cols.spans);
+        let gone = format!("{url}/rank1/fastprof.0.json.gz: skipped, gone since it was listed");
+        assert!(
+            cols.warnings.iter().any(|w| w.starts_with(&gone)),
+            "{:?}",
+            cols.warnings
+        );
+
+        let out =
+            std::env::temp_dir().join(format!("fastprof-live-{}.json.gz", std::process::id()));
+        let s = crate::merge::merge(&crate::merge::MergeOptions {
+            inputs: vec![PathBuf::from(url)],
+            output: out.clone(),
+            threads: 2,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(s.files, 2);
+        assert!(
+            s.warnings.iter().any(|w| w.starts_with(&gone)),
+            "{:?}",
+            s.warnings
+        );
+        let steps = merged_events(&out)
+            .iter()
+            .filter(|e| e.contains(r#""name":"step""#))
+            .count();
+        assert_eq!(steps, 4);
+        std::fs::remove_file(&out).unwrap();
+
+        let a = crate::analyze::analyze_steps(&[PathBuf::from(url)]).unwrap();
+        assert!(
+            a.warnings.iter().any(|w| w.starts_with(&gone)),
+            "{:?}",
+            a.warnings
+        );
     }
 }

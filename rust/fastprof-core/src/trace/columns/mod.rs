@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 
 pub use super::filemeta::FileInfo;
 use super::filemeta::{FileMeta, MetaEvent};
-use super::scan::{self, str_text as text, Fields, Item, Scanner};
+use super::scan::{self, str_text as text, Fields, Item};
 use crate::error::{CoreError, Result};
 use crate::trace::inputs;
 
@@ -266,6 +266,13 @@ pub fn read_columns(inputs: &[PathBuf], opts: &ColumnsOptions) -> Result<Columns
                     ..FileInfo::new(path.clone())
                 });
             }
+            Err(e) if *from_dir && inputs::is_gone(&e) => {
+                r.out.warnings.push(inputs::gone_warning(path));
+                r.out.files.push(FileInfo {
+                    skipped: Some("gone since listed".into()),
+                    ..FileInfo::new(path.clone())
+                });
+            }
             Err(e) => return Err(e),
         }
     }
@@ -485,7 +492,7 @@ impl<'o> Reading<'o> {
     /// Scan one file into the tables. With `skip_merged`, a previous merge
     /// output is recognised by its first event and left unread.
     fn read_file(&mut self, path: &Path, file: u32, skip_merged: bool) -> Result<FileInfo> {
-        let mut sc = Scanner::open(path)?;
+        let mut sc = inputs::open_listed(path)?;
         let mut fs = FileScan {
             meta: FileMeta::new(path),
             first: [
