@@ -399,9 +399,11 @@ def test_upload_command_errors(
     s3_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = _spool_with_two_ranks(tmp_path / "spool")
-    assert main(["upload", str(run), "not-a-url"]) == 2
+    with pytest.raises(SystemExit) as ended:  # refused as the command line is parsed
+        main(["upload", str(run), "not-a-url"])
+    assert ended.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.endswith("not a storage URL (expected s3://bucket/prefix, gs://..., file://...)")
+    assert "not-a-url: not a storage URL (expected s3://BUCKET/prefix" in err and "\n" not in err
     assert main(["upload", str(tmp_path / "nope"), s3_url]) == 2
     assert "no such directory" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
@@ -415,11 +417,11 @@ def test_upload_command_errors(
             "(gcsfs is not installed)"
         )
 
-    # Another run's object under the same name: refused, exit 1, the file kept.
+    # Another run's object under the same name: refused, exit 2, the file kept.
     store: Store = open_store(s3_url)
     other = _write(tmp_path / "other.json.gz", _segment(5, 5))
     store.put(other, "run-7/rank0/fastprof.0.json.gz")
-    assert main(["upload", str(run), s3_url, "--delete"]) == 1
+    assert main(["upload", str(run), s3_url, "--delete"]) == 2
     out, err = capsys.readouterr()
     assert "run-7/rank0: 2 file(s) uploaded" in out and "1 refused" in out
     assert err.count("\n") == 1 and "already exists with other content" in err and str(tmp_path) in err
