@@ -201,7 +201,8 @@ OPTIONS: tuple[Option, ...] = (
         ("FASTPROF_OUT_DIR",),
         "a directory path or a storage URL: s3://, gs://, az://, file:// (format variables allowed)",
         "Parent of the run directory `<out_dir>/<run_name>/rank{R}/`. A URL records into `spool_dir` and "
-        "uploads each closed file there (needs `fastprof[s3]`, `[gcs]` or `[azure]`; see docs/object-storage.md).",
+        "uploads each closed file there "
+        "(needs `fastprof-torch[s3]`, `[gcs]` or `[azure]`; see docs/object-storage.md).",
         "`fastprof_runs`",
         _str,
         lambda v: v != "",

@@ -182,8 +182,10 @@ def _missing(url: str, what: str, e: BaseException) -> ConfigError:
     if proto in EXTRAS:
         extra, package = EXTRAS[proto]
 
+        from fastprof._package import pip_install
+
         why = "is not installed" if importlib.util.find_spec(package) is None else f"cannot be imported: {e}"
-        return ConfigError(f"{what} {url} needs the {extra} extra: pip install 'fastprof[{extra}]' ({package} {why})")
+        return ConfigError(f"{what} {url} needs the {extra} extra: {pip_install(extra)} ({package} {why})")
     if isinstance(e, ImportError):
         return ConfigError(f"{what} {url}: the {proto}:// protocol needs a package that is not installed ({e})")
     return ConfigError(f"{what} {url}: unknown storage protocol {proto!r} ({e})")

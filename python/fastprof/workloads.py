@@ -14,8 +14,10 @@ def require_torch() -> Any:
     try:
         import torch
     except ImportError:
+        from fastprof._package import pip_install
+
         raise SystemExit(
-            "fastprof: this needs PyTorch, which is not installed; install it with: pip install 'fastprof[torch]'"
+            f"fastprof: this needs PyTorch, which is not installed; install it with: {pip_install('torch')}"
         ) from None
     return torch
 

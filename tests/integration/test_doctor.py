@@ -8,7 +8,10 @@ items must say so cleanly; on a GPU machine they must be ok.
 
 from __future__ import annotations
 
+import base64
 import gzip
+import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -16,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -24,12 +28,15 @@ import torch.distributed as dist
 
 import fastprof
 from fastprof import _core
+from fastprof._package import DISTRIBUTION
+from fastprof.cli import doctor
 
 #: Every item doctor prints whatever the machine ("gpu" or gpu0, gpu1...
 #: depending on CUDA devices; nvml.gpuN only with NVML devices).
 ITEMS = (
     "python",
     "fastprof",
+    "package",
     "torch",
     "cuda",
     "driver",
@@ -91,6 +98,9 @@ def test_text_output_has_every_item_with_this_machines_facts(tmp_path: Path) -> 
         assert name in lines, f"no {name} line in:\n{r.stdout}"
     assert platform.python_version() in lines["python"]
     assert fastprof.__version__ in lines["fastprof"]
+    # This environment holds fastprof once, under its own name.
+    assert lines["package"].startswith("ok"), lines["package"]
+    assert f"{DISTRIBUTION} {fastprof.__version__}" in lines["package"]
     assert lines["torch"].startswith("ok") and torch.__version__ in lines["torch"]
     for b in ("gloo", "nccl", "mpi"):
         available = getattr(dist, f"is_{b}_available")()
@@ -326,3 +336,107 @@ def test_nvml_fields_are_what_a_recording_samples_against_the_fake_library(tmp_p
     if not HAS_GPU:
         r = _doctor("--require", "gpu", cwd=tmp_path, env=env)
         assert r.returncode == 1 and "gpu (" in r.stderr
+
+
+# ---------------------------------------------- another fastprof beside ours
+
+#: The unrelated ``fastprof`` of the package index (0.4.1: likelihood-based
+#: statistics), reduced to what matters here: a top-level ``fastprof``
+#: package of its own and a second one, ``fastprof_utils``.
+UNRELATED = {
+    "fastprof/__init__.py": "from .core import Model\n",
+    "fastprof/core.py": "class Model:\n    pass\n",
+    "fastprof_utils/__init__.py": "",
+    "fastprof-0.4.1.dist-info/METADATA": (
+        "Metadata-Version: 2.1\nName: fastprof\nVersion: 0.4.1\n"
+        "Summary: 'A fast profiling tool for likelihood-based statistical analyses'\n"
+    ),
+    "fastprof-0.4.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    "fastprof-0.4.1.dist-info/top_level.txt": "fastprof\nfastprof_utils\n",
+}
+
+
+def _install_unrelated(tmp_path: Path) -> Path:
+    """That project installed by pip from a wheel into a folder of its own
+    (``--target``): a real dist-info as pip writes it (RECORD, INSTALLER).
+    Returns the folder, a site directory to put on a path."""
+    record = []
+    whl = tmp_path / "fastprof-0.4.1-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for name, text in UNRELATED.items():
+            data = text.encode()
+            z.writestr(name, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{name},sha256={digest},{len(data)}")
+        record.append("fastprof-0.4.1.dist-info/RECORD,,")
+        z.writestr("fastprof-0.4.1.dist-info/RECORD", "\n".join(record) + "\n")
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(whl)],
+        check=True,
+        capture_output=True,
+        timeout=110,
+    )
+    assert (site / "fastprof-0.4.1.dist-info" / "RECORD").is_file()
+    return site
+
+
+def _fix_of(item: doctor.Item) -> None:
+    """The hint: uninstall the other one, then put ours back as it was installed."""
+    ours = importlib.metadata.distribution(DISTRIBUTION)
+    editable = json.loads(ours.read_text("direct_url.json") or "{}").get("dir_info", {}).get("editable")
+    again = "pip install --no-deps -e " if editable else f"pip install --force-reinstall --no-deps {DISTRIBUTION}"
+    assert item.hint.startswith("pip uninstall -y fastprof, then ") and again in item.hint, item.hint
+
+
+def test_another_fastprof_ahead_on_the_path_is_named_with_the_fix(tmp_path: Path) -> None:
+    site = _install_unrelated(tmp_path)
+    item = doctor.package_item([str(site), *sys.path])
+    assert item.status == "unavailable", item
+    assert f"import fastprof loads {site / 'fastprof'} of fastprof 0.4.1" in item.detail, item.detail
+    assert "likelihood-based" in item.detail and f"not this fastprof ({Path(fastprof.__file__).parent})" in item.detail
+    _fix_of(item)
+
+
+def test_another_fastprof_behind_ours_is_named_too(tmp_path: Path) -> None:
+    site = _install_unrelated(tmp_path)
+    item = doctor.package_item([*sys.path, str(site)])
+    assert item.status == "unavailable", item
+    assert "import fastprof loads" not in item.detail
+    assert item.detail.startswith("another distribution claims the fastprof package: fastprof 0.4.1 (")
+    assert f"in {site})" in item.detail, item.detail
+    _fix_of(item)
+    # Without it, this environment is clean.
+    clean = doctor.package_item()
+    assert clean.ok and clean.detail.startswith(f"{DISTRIBUTION} {fastprof.__version__} ("), clean
+
+
+def test_the_doctor_command_says_it_in_one_line(tmp_path: Path) -> None:
+    """The real verb, in a process whose path holds the other project after
+    ours (as a second site directory does): one line, the fix after it."""
+    site = _install_unrelated(tmp_path)
+    code = (
+        "import sys\n"
+        f"sys.path.append({str(site)!r})\n"
+        "from fastprof.cli.main import main\n"
+        "sys.exit(main(['doctor', '--probe-timeout', '60']))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=110, cwd=tmp_path, env=_env()
+    )
+    assert r.returncode == 0, r.stderr
+    line = _lines(r.stdout)["package"]
+    assert line.startswith("unavailable package") and "fastprof 0.4.1" in line, line
+    assert " -> pip uninstall -y fastprof, then pip install " in line, line
+
+
+def test_a_stale_build_of_ours_is_named(tmp_path: Path) -> None:
+    """Metadata of another version than the extension's: the package was
+    not rebuilt since the version changed (Cargo.toml)."""
+    info = tmp_path / "site" / f"{DISTRIBUTION.replace('-', '_')}-0.0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DISTRIBUTION}\nVersion: 0.0.1\n")
+    item = doctor.package_item([*sys.path[:1], str(tmp_path / "site"), *sys.path[1:]])
+    assert item.status == "unavailable", item
+    assert item.detail == f"{DISTRIBUTION} 0.0.1 is installed, but its extension is {_core.__version__}: a stale build"
+    assert item.hint.startswith("pip install "), item

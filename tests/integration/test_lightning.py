@@ -235,7 +235,7 @@ def test_import_fastprof_does_not_import_lightning_and_missing_lightning_is_expl
     )
     assert out.returncode == 0, out.stderr
     assert "fastprof.integrations.lightning needs Lightning" in out.stdout
-    assert "pip install" in out.stdout
+    assert "pip install 'fastprof-torch[lightning]'" in out.stdout
 
 
 class _Stream(torch.utils.data.IterableDataset):

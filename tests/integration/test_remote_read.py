@@ -292,5 +292,5 @@ def test_a_protocol_without_its_package_is_the_one_line_config_error() -> None:
     if importlib.util.find_spec("gcsfs") is not None:
         pytest.skip("gcsfs is installed")
     for call in (lambda: _core.trace_inputs(["gs://b/runs/run1"]), lambda: fastprof.read_columns("gs://b/x")):
-        with pytest.raises(fastprof.ConfigError, match=r"needs the gcs extra: pip install 'fastprof\[gcs\]'"):
+        with pytest.raises(fastprof.ConfigError, match=r"needs the gcs extra: pip install 'fastprof-torch\[gcs\]'"):
             call()

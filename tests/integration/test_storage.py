@@ -81,7 +81,7 @@ def test_missing_extra_is_one_line_naming_it() -> None:
         with pytest.raises(ConfigError) as e:
             open_store(url)
         assert str(e.value) == (
-            f"out_dir {url} needs the {extra} extra: pip install 'fastprof[{extra}]' ({package} is not installed)"
+            f"out_dir {url} needs the {extra} extra: pip install 'fastprof-torch[{extra}]' ({package} is not installed)"
         )
     with pytest.raises(ConfigError, match="unknown storage protocol 'nosuch'"):
         open_store("nosuch://b/runs")
@@ -413,7 +413,7 @@ def test_upload_command_errors(
         assert main(["upload", str(run), "gs://b/runs"]) == 2
         err = capsys.readouterr().err.strip()
         assert err == (
-            "fastprof upload: error: URL gs://b/runs needs the gcs extra: pip install 'fastprof[gcs]' "
+            "fastprof upload: error: URL gs://b/runs needs the gcs extra: pip install 'fastprof-torch[gcs]' "
             "(gcsfs is not installed)"
         )
 

@@ -165,7 +165,7 @@ def test_a_missing_extra_is_one_line_and_the_job_trains_on(pyscript: Any, tmp_pa
     spool = tmp_path / "spool"
     r = pyscript.run(JOB, "gs://bucket/runs", "job", "4", "0", f"spool_dir={spool}", "torch=False")
     assert r.returncode == 0, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if "fastprof[gcs]" in ln]
+    lines = [ln for ln in r.stderr.splitlines() if "fastprof-torch[gcs]" in ln]
     assert len(lines) == 1, r.stderr
     assert "gcsfs is not installed" in lines[0] and str(spool) in lines[0]
     # The recording is whole, in the spool, with the one command that sends it later.

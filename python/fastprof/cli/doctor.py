@@ -2,7 +2,9 @@
 line per item: ok or unavailable, why, and what to do. For a run whose GPU
 counters came out empty, before filing a bug.
 
-Items: Python, fastprof, torch, CUDA, the NVIDIA driver, each CUDA device,
+Items: Python, fastprof, the package (whether ``import fastprof`` loads this
+fastprof, and any other distribution that claims the name: ``fastprof`` on
+the package index is an unrelated project), torch, CUDA, the NVIDIA driver, each CUDA device,
 NVML (the sampler's own probe: library, driver, fields per device), whether
 torch.profiler records CUDA kernels (``cuda-kernels``: a one-kernel probe in
 a subprocess, so a CUPTI hang or crash cannot take doctor down; without it
@@ -21,9 +23,12 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -31,12 +36,15 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from fastprof import __version__, _core
 from fastprof._options import BY_NAME, ENV_VARS, resolve
+from fastprof._package import DISTRIBUTION
 from fastprof.cli.args import seconds
 from fastprof.cli.errors import CommandError, describe
 
@@ -158,6 +166,99 @@ def _python() -> list[Item]:
         _ok("python", f"{platform.python_version()} ({impl}, {sys.executable})"),
         _ok("fastprof", f"{__version__} (core {_core.__version__}, {Path(__file__).parents[1]})"),
     ]
+
+
+def _norm(name: str) -> str:
+    """A distribution name as the index compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _claims_fastprof(dist: importlib.metadata.Distribution) -> bool:
+    """Whether ``dist`` is named ``fastprof`` or installs a top-level
+    ``fastprof`` package (its top_level.txt, else the files its RECORD lists)."""
+    if _norm(dist.metadata["Name"] or "") == "fastprof":
+        return True
+    top = dist.read_text("top_level.txt")
+    if top is not None and "fastprof" in top.split():
+        return True
+    return any(f.parts[:1] == ("fastprof",) for f in dist.files or ())
+
+
+def _described(dist: importlib.metadata.Distribution) -> str:
+    """``fastprof 0.4.1 ("Summary", in /site-packages)``."""
+    summary = (dist.metadata["Summary"] or "").strip()
+    if len(summary) > 60:
+        summary = summary[:57] + "..."
+    what = f'"{summary}", ' if summary else ""
+    return f"{dist.metadata['Name']} {dist.version} ({what}in {dist.locate_file('')})"
+
+
+def _reinstall(ours: importlib.metadata.Distribution | None) -> str:
+    """The command that puts this fastprof back after the other one is
+    uninstalled (which removes its files, ours among them where they were
+    mixed, and the ``fastprof`` command where it wrote one)."""
+    raw = ours.read_text("direct_url.json") if ours is not None else None
+    try:
+        direct = json.loads(raw) if raw else {}
+    except ValueError:
+        direct = {}
+    url = str(direct.get("url") or "") if isinstance(direct, dict) else ""
+    editable = isinstance(direct, dict) and bool((direct.get("dir_info") or {}).get("editable"))
+    if editable and url.startswith("file://"):
+        return f"pip install --no-deps -e {urllib.parse.unquote(url[len('file://') :])}"
+    return f"pip install --force-reinstall --no-deps {DISTRIBUTION}"
+
+
+def package_item(path: Sequence[str] | None = None) -> Item:
+    """Whether ``import fastprof`` over ``path`` (default ``sys.path``) loads
+    this fastprof, and whether another distribution claims the name: the
+    unrelated ``fastprof`` of the package index (what asking pip for
+    ``fastprof`` with an extra installs, into the same folder as ours or
+    ahead of it), or this project installed under that former name.
+    Uninstalling it is the fix; then ours is installed again, since the
+    uninstall takes the files they share. Also whether ours is a stale
+    build (its metadata's version is not its extension's).
+
+    Where the other one comes first on ``sys.path`` no verb of ours starts
+    (``fastprof.cli`` is not in its package); doctor sees it when ours is
+    found first or their files share one folder."""
+    search = list(sys.path if path is None else path)
+    here = Path(__file__).resolve().parents[1]
+    spec = importlib.machinery.PathFinder.find_spec("fastprof", search)
+    loaded = Path(spec.origin).resolve().parent if spec is not None and spec.origin else None
+    seen: set[str] = set()
+    ours: importlib.metadata.Distribution | None = None
+    others: list[importlib.metadata.Distribution] = []
+    for dist in importlib.metadata.distributions(path=search):
+        key = str(getattr(dist, "_path", "")) or f"{dist.metadata['Name']}=={dist.version}"
+        if key in seen:
+            continue
+        seen.add(key)
+        if _norm(dist.metadata["Name"] or "") == DISTRIBUTION:
+            ours = ours or dist
+        elif _claims_fastprof(dist):
+            others.append(dist)
+    name = "package"
+    fix = (
+        f"pip uninstall -y {' '.join(dict.fromkeys(str(d.metadata['Name']) for d in others)) or 'fastprof'}, "
+        f"then {_reinstall(ours)}"
+    )
+    if loaded != here:
+        shadow = next((d for d in others if Path(str(d.locate_file("fastprof"))).resolve() == loaded), None)
+        by = f" of {_described(shadow)}" if shadow is not None else ""
+        return _off(name, f"import fastprof loads {loaded or 'nothing'}{by}, not this fastprof ({here})", fix)
+    if others:
+        named = "; ".join(_described(d) for d in others)
+        return _off(name, f"another distribution claims the fastprof package: {named}", fix)
+    if ours is None:
+        return _ok(name, f"not installed as {DISTRIBUTION} (imported from {here}); no distribution claims fastprof")
+    if ours.version != _core.__version__:
+        return _off(
+            name,
+            f"{DISTRIBUTION} {ours.version} is installed, but its extension is {_core.__version__}: a stale build",
+            _reinstall(ours),
+        )
+    return _ok(name, f"{DISTRIBUTION} {ours.version} ({here}); no other distribution claims fastprof")
 
 
 def _torch() -> tuple[list[Item], Any]:
@@ -454,7 +555,7 @@ def collect(probe_timeout: float = PROBE_TIMEOUT_S) -> tuple[list[Item], dict[st
     """Every item, and the raw facts behind them (NVML probe, clocks)."""
     window = _start_window_probe()  # runs while the rest is checked
     try:
-        items = _python()
+        items = [*_python(), package_item()]
         torch_items, torch = _torch()
         selection, config = _sample_gpus()
         nvml_items, nvml = _nvml(selection)

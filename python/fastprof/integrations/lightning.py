@@ -52,13 +52,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fastprof._package import pip_install
+
 try:
     from lightning.pytorch.callbacks import Callback as _Callback
     from lightning.pytorch.profilers import Profiler as _LightningProfiler
 except ImportError as _e:  # pragma: no cover - exercised without lightning installed
     raise ImportError(
         "fastprof.integrations.lightning needs Lightning (the `lightning` package, >= 2.2): "
-        "pip install 'fastprof[lightning]' or pip install 'lightning>=2.2'"
+        f"{pip_install('lightning')} or pip install 'lightning>=2.2'"
     ) from _e
 
 import numpy as np

@@ -17,7 +17,7 @@ report is on disk either way. Called directly, :func:`log_report` raises.
 
 ``import fastprof`` never imports mlflow (about a second and a half of
 imports); this module does, on its first call. Install it with
-``pip install 'fastprof[mlflow]'`` (``mlflow-skinny`` is enough).
+``pip install 'fastprof-torch[mlflow]'`` (``mlflow-skinny`` is enough).
 
 Metrics (each only when the report has the number; a metric name is
 ``fastprof.`` and the key below, which MLflow accepts as it is):
@@ -166,7 +166,9 @@ def log_report(report_or_path: Any, *, run_id: str | None = None, artifact_path:
         import mlflow
         from mlflow.entities import Metric
     except ImportError as e:
-        raise ConfigError(f"mlflow is not installed ({e}): pip install 'fastprof[mlflow]'") from None
+        from fastprof._package import pip_install
+
+        raise ConfigError(f"mlflow is not installed ({e}): {pip_install('mlflow')}") from None
     if run_id is None:
         active = mlflow.active_run()
         if active is None:

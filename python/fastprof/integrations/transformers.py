@@ -49,12 +49,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from fastprof._package import pip_install
+
 try:
     from transformers import TrainerCallback as _TrainerCallback
 except ImportError as _e:  # pragma: no cover - exercised without transformers installed
     raise ImportError(
         "fastprof.integrations.transformers needs Hugging Face Transformers: "
-        "pip install 'fastprof[transformers]' or pip install 'transformers>=4.40' 'accelerate>=0.30'"
+        f"{pip_install('transformers')} or pip install 'transformers>=4.40' 'accelerate>=0.30'"
     ) from _e
 
 from fastprof import _core
