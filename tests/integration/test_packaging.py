@@ -12,6 +12,7 @@ S3 store on the floor versions against moto's server.
 
 from __future__ import annotations
 
+import gzip
 import importlib.metadata
 import json
 import os
@@ -27,6 +28,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+import fastprof
+from fastprof import _core
 from fastprof._package import DISTRIBUTION, pip_install
 from moto_s3 import MotoServer, child_env
 
@@ -86,6 +89,79 @@ def test_every_install_hint_names_our_distribution() -> None:
             if WRONG_NAME.search(line):
                 wrong.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not wrong, "install lines naming the index's unrelated fastprof:\n" + "\n".join(wrong)
+
+
+# ---------------------------------------------------------------- version
+
+
+def _changelog_release() -> str:
+    """The CHANGELOG's newest released section (``## 0.2.0 (date)``), below Unreleased."""
+    heads = re.findall(r"^## (\S+)", (ROOT / "CHANGELOG.md").read_text(), flags=re.M)
+    released = [h for h in heads if h != "Unreleased"]
+    assert released and re.fullmatch(r"\d+\.\d+\.\d+", released[0]), heads[:3]
+    return released[0]
+
+
+JOB = textwrap.dedent(
+    """
+    import sys, fastprof
+    with fastprof.Profiler(sys.argv[1], "v", torch=None, sample_hz=20) as prof:
+        for _ in range(6):
+            with fastprof.span("forward"):
+                sum(range(10000))
+            prof.step()
+    """
+)
+
+
+def test_one_version_in_the_package_every_file_and_the_changelog(tmp_path: Path) -> None:
+    release = _changelog_release()
+    cargo = tomllib.loads((ROOT / "Cargo.toml").read_text())["workspace"]["package"]["version"]
+    assert cargo == release, "Cargo.toml's version is the one place the version is set"
+    assert importlib.metadata.version(DISTRIBUTION) == release, "the installed metadata (rebuild: make dev)"
+    assert fastprof.__version__ == _core.__version__ == release
+    cli = subprocess.run([sys.executable, "-m", "fastprof", "--version"], capture_output=True, text=True, timeout=110)
+    assert cli.stdout.strip() == f"fastprof {release}", cli
+
+    job = subprocess.run(
+        [sys.executable, "-c", JOB, str(tmp_path / "runs")], capture_output=True, text=True, timeout=110
+    )
+    assert job.returncode == 0, job.stderr
+    run = tmp_path / "runs" / "v"
+    rep = subprocess.run(
+        [sys.executable, "-m", "fastprof", "report", str(run)], capture_output=True, text=True, timeout=110
+    )
+    assert rep.returncode == 0, rep.stderr
+    written = {
+        "segment otherData": json.loads(gzip.decompress(next((run / "rank0").glob("fastprof.*.json.gz")).read_bytes()))[
+            "otherData"
+        ]["version"],
+        "trace.json.gz otherData": json.loads(gzip.decompress((run / "trace.json.gz").read_bytes()))["otherData"][
+            "version"
+        ],
+        "profiler.json": json.loads((run / "rank0" / "profiler.json").read_text())["version"],
+        "report.json": json.loads((run / "reports" / "report.json").read_text())["fastprof_version"],
+    }
+    assert written == dict.fromkeys(written, release)
+    assert f"fastprof {release} · schema v" in (run / "reports" / "report.html").read_text()
+
+
+def test_the_readme_and_docs_name_the_report_schema_the_code_writes() -> None:
+    """Every report is written at SCHEMA_VERSION and ``diff`` reads every
+    schema checked in: README and docs/reports.md say so (they said v3, and
+    that diff reads v1 and v2)."""
+    from fastprof.cli.diff import known_versions
+    from fastprof.reports import SCHEMA_VERSION
+
+    readme = (ROOT / "README.md").read_text()
+    assert set(re.findall(r"report\.v(\d+)\.json", readme)) == {str(SCHEMA_VERSION)}
+    assert known_versions() == list(range(1, SCHEMA_VERSION + 1))
+    assert f"`fastprof diff` reads reports of schema v1 to v{SCHEMA_VERSION}" in readme
+    docs = " ".join((ROOT / "docs" / "reports.md").read_text().split())
+    assert (
+        f"follows `schema/report.v{SCHEMA_VERSION}.json` (JSON Schema 2020-12, `schema_version` {SCHEMA_VERSION}"
+        in docs
+    )
 
 
 # --------------------------------------------------------------- extras

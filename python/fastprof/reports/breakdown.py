@@ -160,7 +160,7 @@ class Breakdown:
 
     def to_section(self) -> dict[str, Any]:
         """The report's ``breakdown`` section (``$defs/breakdown`` of
-        ``reports/schema/report.v3.json``): per rank, the role totals, step
+        ``reports/schema/report.v4.json``): per rank, the role totals, step
         time percentiles and GPU means, as the core summed them while the
         rows went to ``breakdown.csv`` (a million-step run's rows as JSON,
         or held as columns, were most of a report's time and memory)."""

@@ -1,5 +1,5 @@
 """``fastprof.report``: every report of a run in one JSON-able document,
-written as JSON (schema ``schema/report.v3.json``), CSV tables and one
+written as JSON (schema ``schema/report.v4.json``), CSV tables and one
 self-contained HTML page."""
 
 from __future__ import annotations
