@@ -146,7 +146,9 @@ def test_explicit_true_without_mlflow_is_a_config_error(run_dir: Path, tmp_path:
     with pytest.raises(fastprof.ConfigError, match="mlflow"):
         fastprof.report(run_dir, out_dir=tmp_path / "r", mlflow=True)
     assert not (tmp_path / "r").exists()
-    with pytest.raises(fastprof.ConfigError, match="mlflow is not installed"):
+    with pytest.raises(
+        fastprof.ConfigError, match=r"mlflow is not installed \(.*\): pip install 'fastprof-torch\[mlflow\]'"
+    ):
         log_report(run_dir, run_id="x")
     monkeypatch.setenv("FASTPROF_MLFLOW", "maybe")
     with pytest.raises(fastprof.ConfigError, match="FASTPROF_MLFLOW"):
