@@ -32,6 +32,7 @@ from fastprof.reports.data import _CHUNK, F64, HOST_COLUMNS, I64, RunData, host_
 from fastprof.reports.finite import encode
 from fastprof.reports.memory import reading_steps
 from fastprof.reports.resumed import describe as describe_resumed
+from fastprof.reports.speed import trend_note, trend_text
 
 MAX_POINTS = 2000
 #: Per-step parts beyond this many span names are summed into "other spans".
@@ -650,7 +651,7 @@ def _tables(page: _Page, doc: dict[str, Any]) -> None:
         ["train iterations/s", _num(sp["train"]["iterations_per_s"], "{:.3f}")],
         ["train samples/s", _num(sp["train"]["samples_per_s"], "{:.2f}")],
         ["step p50 / p95 / max (s)", f"{_num(st['p50_s'])} / {_num(st['p95_s'])} / {_num(st['max_s'])}"],
-        ["step time trend over the run", _num(st["trend"]["change_pct_over_run"], "{:+.1f}%")],
+        ["step time trend (last tenth vs first)", trend_text(sp)],
     ]
     for r in sp["train"]["per_rank"]:
         rows.append([f"rank {r['rank']}: steps (measured)", f"{r['steps']} ({r['steps_measured']})"])
@@ -660,6 +661,7 @@ def _tables(page: _Page, doc: dict[str, Any]) -> None:
     for r in sp["validation"]:
         rows.append([f"rank {r['rank']} {r['loader']}: iterations/s", _num(r["iterations_per_s"], "{:.2f}")])
     page.table(["measure", "value"], rows, cls="kv")
+    page.note(trend_note(sp))
     page.add('</section><section id="system"><h2>System</h2>')
     page.table(list(HOST_COLUMNS), host_rows(doc["system"]["host"]))
     devices = doc["system"]["gpu"]["devices"]

@@ -1,5 +1,6 @@
 """Speed report: training and validation iterations/s and samples/s, loader
-throughput, and the step-time distribution with its trend.
+throughput, and the step-time distribution with its trend (the median of the
+last tenth of the measured steps against the first tenth's: :func:`step_trend`).
 
 Warm-up steps (one-time costs: lazy init, worker start, allocator growth) are
 left out of the rates and of the distribution, and the report says how many
@@ -9,6 +10,8 @@ the first step.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -61,15 +64,91 @@ def _dist(x: np.ndarray[Any, np.dtype[np.float64]]) -> dict[str, Any]:
     }
 
 
-def _slope(y: np.ndarray[Any, np.dtype[np.float64]]) -> float:
-    """The least-squares slope of ``y`` against 0, 1, ..., n-1, in closed
-    form (cov(x, y) / var(x)): what ``np.polyfit(x, y, 1)[0]`` gives, without
-    its n x 2 design matrix and solver copies (tens of MB at 10^6 steps)."""
-    n = len(y)
-    mean_x = (n - 1) / 2.0
-    sxx = n * (n * n - 1) / 12.0  # sum((x - mean_x)^2)
-    sxy = float(np.dot(np.arange(n, dtype=np.float64), y)) - mean_x * float(y.sum())
-    return sxy / sxx
+#: The trend needs this many measured steps (warm-up left out) on a rank: with
+#: fewer, a tenth of them is one step or none, and one step's time is noise.
+TREND_MIN_STEPS = 10
+#: Each end of the run the trend compares holds a tenth of the measured steps,
+#: and never fewer than this (a 30-step run: 3 at each end), so that its
+#: median can pass over one odd step.
+TREND_MIN_WINDOW = 3
+
+#: The trend's definition (report.json's schema describes
+#: ``speed.step_time.trend`` in the same words; :func:`trend_note` says it
+#: with a run's own numbers).
+TREND_DEFINITION = (
+    "the median step time of the last tenth of the measured steps against the first tenth's "
+    f"(at least {TREND_MIN_WINDOW} steps each; the warm-up steps the rates leave out are left out; "
+    f"every rank's steps pooled); none under {TREND_MIN_STEPS} measured steps"
+)
+
+
+def trend_window(n: int) -> int:
+    """How many steps at each end of ``n`` measured steps the trend compares."""
+    return max(TREND_MIN_WINDOW, math.ceil(n / 10))
+
+
+def step_trend(per_rank: Sequence[np.ndarray[Any, np.dtype[np.float64]]]) -> dict[str, float | None]:
+    """The step-time trend over the run from each rank's measured step
+    durations (seconds, warm-up already left out): the median of the last
+    :func:`trend_window` steps of every rank against the median of their
+    first ones, so that a user can check it by hand in the step table.
+
+    A fitted slope extrapolated over the run read -157% on the demo (slow
+    first steps) and +250% on a flat run with one 0.5 s step near its end;
+    two medians of real steps cannot fall by more than 100% and pass over
+    one odd step. Ranks with fewer than :data:`TREND_MIN_STEPS` steps take
+    no part; with none left both figures are None. ``slope_s_per_step`` is
+    the change of the median over the steps between the two windows'
+    middles (the longest rank's)."""
+    first: list[np.ndarray[Any, np.dtype[np.float64]]] = []
+    last: list[np.ndarray[Any, np.dtype[np.float64]]] = []
+    between = 0
+    for d in per_rank:
+        n = len(d)
+        if n < TREND_MIN_STEPS:
+            continue
+        k = trend_window(n)
+        first.append(d[:k])
+        last.append(d[n - k :])
+        between = max(between, n - k)
+    if not first:
+        return {"slope_s_per_step": None, "change_pct_over_run": None}
+    a = float(np.median(np.concatenate(first)))
+    b = float(np.median(np.concatenate(last)))
+    return {
+        "slope_s_per_step": (b - a) / between,
+        "change_pct_over_run": 100.0 * (b - a) / a if a > 0 else None,
+    }
+
+
+def trend_text(speed: dict[str, Any]) -> str:
+    """The trend's value as the terminal and the page show it: the change,
+    or why there is none."""
+    pct = speed["step_time"]["trend"]["change_pct_over_run"]
+    if pct is not None:
+        return f"{pct:+.1f}%"
+    measured = max((int(r["steps_measured"]) for r in speed["train"]["per_rank"]), default=0)
+    if measured < TREND_MIN_STEPS:
+        return f"none ({measured} measured steps, fewer than {TREND_MIN_STEPS})"
+    return "none (the first steps' median is 0 s)"
+
+
+def trend_note(speed: dict[str, Any]) -> str:
+    """How the trend was taken, with this run's numbers: what a user needs
+    to check it by hand. The definition alone where the ranks' counts
+    differ or no rank has enough steps."""
+    counts = {int(r["steps_measured"]) for r in speed["train"]["per_rank"]}
+    if len(counts) != 1 or min(counts) < TREND_MIN_STEPS:
+        return f"Step time trend: {TREND_DEFINITION}."
+    n = counts.pop()
+    k = trend_window(n)
+    ranks = ", every rank's pooled" if len(speed["train"]["per_rank"]) > 1 else ""
+    warm = int(speed["warmup"]["steps_excluded"])
+    return (
+        f"Step time trend: the median of the last {k} of the {n} measured steps against the median of the "
+        f"first {k}{ranks} (a tenth of them at each end, at least {TREND_MIN_WINDOW}; {warm} warm-up step(s) "
+        f"left out, as for the rates; no trend under {TREND_MIN_STEPS} measured steps)."
+    )
 
 
 def speed_report(data: RunData, warmup: int | None = None, batch: int | None = None) -> dict[str, Any]:
@@ -109,15 +188,7 @@ def speed_report(data: RunData, warmup: int | None = None, batch: int | None = N
     rates = [p["iterations_per_s"] for p in per_rank if p["iterations_per_s"] is not None]
     ips_all = float(np.mean(rates)) if rates else None
     samples = [p["samples_per_s"] for p in per_rank if p["samples_per_s"] is not None]
-    trend: dict[str, Any] = {"slope_s_per_step": None, "change_pct_over_run": None}
-    if len(kept) and len(kept[0]) >= 3:
-        shortest = min(map(len, kept))
-        y = kept[0][:shortest] if len(kept) == 1 else np.mean(np.vstack([k[:shortest] for k in kept]), axis=0)
-        slope = _slope(y)
-        trend = {
-            "slope_s_per_step": slope,
-            "change_pct_over_run": 100.0 * slope * (len(y) - 1) / float(y.mean()) if y.mean() > 0 else None,
-        }
+    trend = step_trend(kept)
     return {
         "warmup": {
             "steps_excluded": excluded,

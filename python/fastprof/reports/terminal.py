@@ -11,6 +11,7 @@ from fastprof._merge import describe_rotated
 from fastprof.reports.anatomy import straggler_line
 from fastprof.reports.data import HOST_COLUMNS, host_rows, human_bytes
 from fastprof.reports.resumed import describe as describe_resumed
+from fastprof.reports.speed import trend_note, trend_text
 
 
 def _s(v: Any, fmt: str = "{:.4f}") -> str:
@@ -57,8 +58,7 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None, title: 
     t.add_row("batch size", f"{_s(sp['batch_size']['value'], '{}')} ({sp['batch_size']['source']})")
     t.add_row("warm-up excluded", f"{sp['warmup']['steps_excluded']} step(s) ({sp['warmup']['source']})")
     t.add_row("step p50 / p95 / max (s)", f"{_s(st['p50_s'])} / {_s(st['p95_s'])} / {_s(st['max_s'])}")
-    trend = st["trend"]["change_pct_over_run"]
-    t.add_row("step time trend over the run", _s(trend, "{:+.1f}%"))
+    t.add_row("step time trend (last tenth vs first)", trend_text(sp))
     for r in sp["train"]["per_rank"]:
         if r["loader_share_pct"] is not None:
             t.add_row(f"rank {r['rank']}: DataLoader share of step", _s(r["loader_share_pct"], "{:.1f}%"))
@@ -67,6 +67,7 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None, title: 
     for r in sp["validation"]:
         t.add_row(f"rank {r['rank']} {r['loader']}: iterations/s", _s(r["iterations_per_s"], "{:.2f}"))
     con.print(t)
+    con.print(trend_note(sp), markup=False)
 
     sysr = doc["system"]
     if sysr["gpu"]["available"]:
