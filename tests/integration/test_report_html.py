@@ -34,6 +34,7 @@ from PIL import Image
 import fastprof
 from fastprof.reports import data as report_data
 from fastprof.reports.breakdown import step_breakdown
+from fastprof.reports.data import BINARY_UNITS
 from fastprof.reports.html import MAX_POINTS, downsample, step_part_figures
 
 PYTHON = Path(fastprof.__file__).resolve().parents[1]
@@ -194,6 +195,16 @@ Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
 """
 
 
+# Per plotly div: its y axis's title and the tick labels the browser drew.
+TICKS_JS = """
+Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => ({
+  id: gd.id,
+  title: ((gd.layout.yaxis || {}).title || {}).text || '',
+  ticks: Array.from(gd.querySelectorAll('.ytick text')).map(t => t.textContent),
+}))
+"""
+
+
 def coloured_pixels(img: Image.Image, rect: list[float]) -> int:
     """Pixels inside rect far from grey (plotly draws data in colour, its
     background, grid and axes in white and greys)."""
@@ -238,6 +249,7 @@ def test_report_html_in_headless_chromium(run: Path, tmp_path: Path) -> None:
                 break
             assert time.monotonic() < deadline, f"plots not rendered: {plots} (expected {n_divs} plots)"
             time.sleep(0.2)
+        ticks = b.js(TICKS_JS)
         embedded = b.js("JSON.parse(document.getElementById('fastprof-report').textContent)")
         cards = b.js(
             "Object.fromEntries(Array.from(document.querySelectorAll('.card'))"
@@ -265,6 +277,14 @@ def test_report_html_in_headless_chromium(run: Path, tmp_path: Path) -> None:
     assert n_divs >= 4, n_divs
     for p in plots:
         assert p["svgs"] >= 1 and p["drawn"] >= p["traces"], p
+
+    # Byte axes (issue #34): a binary unit in the title, and tick labels the
+    # reader can tell apart (plotly's SI format wrote "737MB" on all four).
+    byte_axes = [t for t in ticks if t["title"] in BINARY_UNITS]
+    assert byte_axes, ticks
+    for t in byte_axes:
+        assert len(t["ticks"]) >= 2 and len(set(t["ticks"])) == len(t["ticks"]), t
+        assert not any(c.isalpha() for c in "".join(t["ticks"])), t  # numbers only: the unit is the title's
 
     # The embedded JSON is the report.
     doc = json.loads((tmp_path / "reports" / "report.json").read_text())

@@ -480,16 +480,29 @@ def sum_inside(inner_ts: I64, inner_dur: I64, outer_ts: I64, outer_end: I64) -> 
     return np.asarray(csum[b] - csum[a], dtype=np.int64)
 
 
+#: Binary units, each 1024 times the one before.
+BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def binary_unit(v: float) -> tuple[str, float]:
+    """The binary unit :func:`human_bytes` writes ``v`` bytes in, and its
+    size in bytes: the page draws byte axes in it, so that a plot's axis and
+    the figure quoted beside it say the same unit."""
+    x, scale = abs(float(v)), 1.0
+    for unit in BINARY_UNITS[:-1]:
+        if x < 1024:
+            return unit, scale
+        x /= 1024
+        scale *= 1024
+    return BINARY_UNITS[-1], scale
+
+
 def human_bytes(v: Any) -> str:
     """A byte count with a binary unit ("969.4 MiB"); "-" for None."""
     if v is None:
         return "-"
-    x = float(v)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(x) < 1024:
-            return f"{x:.1f} {unit}"
-        x /= 1024
-    return f"{x:.1f} TiB"
+    unit, scale = binary_unit(v)
+    return f"{float(v) / scale:.1f} {unit}"
 
 
 #: The host table's columns (terminal and HTML).

@@ -28,7 +28,17 @@ from plotly.offline import get_plotlyjs
 from fastprof._merge import describe_rotated
 from fastprof.reports import html_triggers
 from fastprof.reports.anatomy import per_step_phases, straggler_line
-from fastprof.reports.data import _CHUNK, F64, HOST_COLUMNS, I64, RunData, host_rows, human_bytes, step_spans
+from fastprof.reports.data import (
+    _CHUNK,
+    F64,
+    HOST_COLUMNS,
+    I64,
+    RunData,
+    binary_unit,
+    host_rows,
+    human_bytes,
+    step_spans,
+)
 from fastprof.reports.finite import encode
 from fastprof.reports.memory import reading_steps
 from fastprof.reports.resumed import describe as describe_resumed
@@ -399,6 +409,25 @@ _COUNTER_PLOTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 )
 
 
+def _add_bytes(fig: go.Figure, series: list[tuple[str, F64, F64]]) -> str:
+    """Draw byte series on ``fig`` in one binary unit, the one human_bytes
+    writes their largest value in, so the axis says what the headline and
+    the tables say; returns the unit. plotly's own SI ticks of raw bytes
+    wrote 703.3 MiB as "737MB" on all four ticks (decimal, and three digits
+    could not tell the ticks apart); in MiB its ticks take the digits they
+    need."""
+    top = 0.0
+    for _name, _x, y in series:
+        finite = y[np.isfinite(y)]
+        if len(finite):
+            top = max(top, float(np.abs(finite).max()))
+    unit, scale = binary_unit(top)
+    for name, x, y in series:
+        fig.add_trace(go.Scatter(x=x, y=y / scale, mode="lines", name=name))
+    fig.update_yaxes(title_text=unit, exponentformat="none")
+    return unit
+
+
 def _series(data: RunData, name: str, rank: int) -> tuple[I64, F64]:
     if name == "proc.cpu [%]":  # user + system, sampled on the same ticks
         ts, user = data.counter("proc.cpu_user [%]", rank)
@@ -423,8 +452,7 @@ def _counters(page: _Page, doc: dict[str, Any], data: RunData) -> None:
             continue
         fig = _figure(title, unit)
         fig.update_xaxes(title_text="seconds since the start of the run")
-        if unit == "bytes":
-            fig.update_yaxes(tickformat=".3~s", ticksuffix="B", title_text="")
+        series: list[tuple[str, F64, F64]] = []
         for r in data.ranks:
             for n in names:
                 ts, v = _series(data, n, r)
@@ -432,7 +460,11 @@ def _counters(page: _Page, doc: dict[str, Any], data: RunData) -> None:
                     continue  # no DataLoader workers: a flat zero says nothing
                 x, y = downsample((ts - t0).astype(np.float64) / 1e9, v)
                 reduced += len(x) < len(ts)
-                label = n if len(data.ranks) == 1 else f"rank {r} {n}"
+                series.append((n if len(data.ranks) == 1 else f"rank {r} {n}", x, y))
+        if unit == "bytes":
+            _add_bytes(fig, series)
+        else:
+            for label, x, y in series:
                 fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=label))
         for idle in doc["source"].get("resumed") or []:
             # A resumed run: nothing was recorded there (the line only joins its ends).
@@ -464,15 +496,17 @@ def _memory(page: _Page, doc: dict[str, Any], data: RunData) -> None:
     ranks = (mem.get("per_rank") or [])[:MAX_RANK_PLOTS]
     if ranks:
         fig = _figure("Memory at each step's end", "bytes")
-        fig.update_yaxes(tickformat=".3~s", ticksuffix="B", title_text="")
         fig.update_xaxes(title_text="step (ordinal on the rank)")
         reduced = False
+        series: list[tuple[str, F64, F64]] = []
         for r in ranks:
             ts, v = data.counter(str(r["series"]), int(r["rank"]))
             at = reading_steps(data, int(r["rank"]), ts)
             x, y = downsample(at.astype(np.float64), v.astype(np.float64))
             reduced |= len(x) < len(v)
-            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"rank {r['rank']} {r['series']}"))
+            series.append((f"rank {r['rank']} {r['series']}", x, y))
+        _add_bytes(fig, series)
+        for r in ranks:
             if r["leak"] and r["began_at_step"] is not None:
                 fig.add_vline(x=r["began_at_step"], line_dash="dash", line_color="#c0392b")
             if r.get("ended_at_step") is not None:
