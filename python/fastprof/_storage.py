@@ -181,7 +181,6 @@ def _missing(url: str, what: str, e: BaseException) -> ConfigError:
     proto = _protocol(url)
     if proto in EXTRAS:
         extra, package = EXTRAS[proto]
-
         from fastprof._package import pip_install
 
         why = "is not installed" if importlib.util.find_spec(package) is None else f"cannot be imported: {e}"
