@@ -122,13 +122,7 @@ def test_a_job_that_could_not_claim_its_name_never_writes_into_another_jobs_run(
     spool_run = tmp_path / "spoolB" / "tw"
     assert (spool_run / "rank0" / "profiler.json").is_file()
     # The command it printed, with the store back: refused whole, one line, exit 2.
-    p = subprocess.run(
-        [sys.executable, "-m", "fastprof", *command.split()[1:]],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=child_env(moto_server),
-    )
+    p = _fastprof(moto_server, *command.split()[1:])
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert len(p.stderr.strip().splitlines()) == 1 and "another job took the name" in p.stderr, p.stderr
     fs.invalidate_cache()
@@ -161,6 +155,13 @@ def test_an_uploader_that_finds_its_name_claimed_by_another_job_sends_nothing(s3
     assert len(said) == 1 and "job job-A's run" in said[0], said
 
 
+def _fastprof(server: MotoServer, *argv: str) -> subprocess.CompletedProcess[str]:
+    """The ``fastprof`` command in a subprocess, pointed at ``server``."""
+    return subprocess.run(
+        [sys.executable, "-m", "fastprof", *argv], capture_output=True, text=True, timeout=120, env=child_env(server)
+    )
+
+
 def _same_size_other_content(store: Store, tmp_path: Path, size: int) -> Path:
     """An object ``run/rank0/fastprof.0.json.gz`` of ``size`` bytes, and a
     local file of the same name and size with other bytes (the last one)."""
@@ -190,26 +191,14 @@ def test_a_spool_file_is_never_freed_because_an_object_of_its_size_is_there(
     with pytest.raises(StoreConflictError):
         store.put(mine, "run/rank0/fastprof.0.json.gz")
     # fastprof upload --delete: not "already there", not deleted.
-    p = subprocess.run(
-        [sys.executable, "-m", "fastprof", "upload", str(tmp_path / "spool" / "run"), s3_url, "--delete"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=child_env(moto_server),
-    )
+    p = _fastprof(moto_server, "upload", str(tmp_path / "spool" / "run"), s3_url, "--delete")
     assert p.returncode == 2 and "already exists with other content" in p.stderr, (p.stdout, p.stderr)
     assert mine.read_bytes() == kept
     # The same content is recognised as such, and then freed.
     fs = _fs()
     fs.pipe_file(f"{s3_url.removeprefix('s3://')}/run/rank0/fastprof.0.json.gz", kept)
     assert store.same_content(mine, "run/rank0/fastprof.0.json.gz")
-    p = subprocess.run(
-        [sys.executable, "-m", "fastprof", "upload", str(tmp_path / "spool" / "run"), s3_url, "--delete"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=child_env(moto_server),
-    )
+    p = _fastprof(moto_server, "upload", str(tmp_path / "spool" / "run"), s3_url, "--delete")
     assert p.returncode == 0 and "1 already there" in p.stdout, (p.stdout, p.stderr)
     assert not mine.exists()
 
@@ -273,13 +262,7 @@ def test_merge_of_a_bucket_run_that_merged_itself_is_up_to_date(
     run_url = f"{s3_url}/m"
 
     def merge(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "fastprof", "merge", run_url, *extra],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=child_env(moto_server),
-        )
+        return _fastprof(moto_server, "merge", run_url, *extra)
 
     p = merge()
     assert p.returncode == 0, (p.stdout, p.stderr)
