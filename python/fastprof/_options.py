@@ -769,6 +769,10 @@ def resolve(
             if v["spool_dir"]
             else os.path.join(tempfile.gettempdir(), "fastprof-spool", spool_name(out))
         )
+        where = _origin(BY_NAME["spool_dir"], given.get("spool_dir"), env)
+        if _storage.is_url(spool):
+            raise ConfigError(f"invalid {where}: expected a local directory, got the URL {spool}")
+        _storage.check_location(spool, where)  # s3:/x would be a local folder named s3:
         v["spool_dir"] = Path(spool)
         out = spool
         if _explicit(BY_NAME["segment_seconds"], given.get("segment_seconds"), env) is None:

@@ -162,3 +162,14 @@ def test_a_store_that_cannot_be_reached_is_one_line_for_every_verb(run_dir: Path
         assert p.returncode == 1, (verb, p.returncode, p.stderr)
         assert len(lines) == 1 and "Traceback" not in p.stderr, (verb, p.stderr)
         assert "127.0.0.1:9" in lines[0], (verb, lines[0])
+
+
+@pytest.mark.parametrize("spool", ["s3://bucket/spool", "s3:/bucket/spool"])
+def test_the_spool_must_be_a_local_directory(spool: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(fastprof.ConfigError, match="spool_dir"):
+        fastprof.Profiler("s3://bucket/runs", "x", spool_dir=spool)
+    monkeypatch.setenv("FASTPROF_SPOOL_DIR", spool)
+    with pytest.raises(fastprof.ConfigError, match="FASTPROF_SPOOL_DIR"):
+        fastprof.Recorder(out_dir="s3://bucket/runs", run_name="x")
+    assert _tree(tmp_path) == []
