@@ -43,6 +43,7 @@ the job: a phase it cannot record is left out.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 import threading
@@ -307,8 +308,9 @@ class Anatomy:
             return
         name = self._names["communication"]
         for op in COLLECTIVES:
-            if callable(getattr(dist, op, None)):
-                self._patch(dist, op, functools.partial(self._timed_collective, name, op, dist))
+            fn = getattr(dist, op, None)
+            if callable(fn):
+                self._patch(dist, op, functools.partial(self._timed_collective, name, op, dist, _group_at(fn)))
         # An async collective (async_op=True) returns at once: the host waits in Work.wait().
         work = getattr(dist, "Work", None) or getattr(getattr(dist, "distributed_c10d", None), "Work", None)
         if isinstance(work, type) and callable(getattr(work, "wait", None)):
@@ -328,7 +330,9 @@ class Anatomy:
 
         return wait
 
-    def _timed_collective(self, name: _core.Name, op: str, dist: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def _timed_collective(
+        self, name: _core.Name, op: str, dist: Any, group_at: int | None, fn: Callable[..., Any]
+    ) -> Callable[..., Any]:
         @functools.wraps(fn)
         def collective(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != self.thread_id or self._in_collective:
@@ -339,13 +343,18 @@ class Anatomy:
                 return fn(*args, **kwargs)
             finally:
                 self._in_collective = False
-                self._comm_done(name, op, dist, t0, args, kwargs)
+                self._comm_done(name, op, dist, t0, args, kwargs, group_at)
 
         return collective
 
-    def _comm_done(self, name: _core.Name, op: str, dist: Any, t0: int, args: Any, kwargs: Any) -> None:
+    def _comm_done(
+        self, name: _core.Name, op: str, dist: Any, t0: int, args: Any, kwargs: Any, group_at: int | None
+    ) -> None:
         try:
-            group = kwargs.get("group")
+            if "group" in kwargs:
+                group = kwargs["group"]
+            else:  # given by position (all_reduce(t, op, group)), or the default group
+                group = args[group_at] if group_at is not None and len(args) > group_at else None
             size = dist.get_world_size(group) if dist.is_initialized() else 1
             key = id(group) if group is not None else None
             seq = self._seq.get(key, 0) + 1
@@ -468,6 +477,19 @@ class _Forward:
             h.remove()
         self.handles = []
         self.roots = {}
+
+
+def _group_at(fn: Callable[..., Any]) -> int | None:
+    """The position of a collective's ``group`` parameter (``all_reduce(tensor,
+    op, group)``: 2), looked up once when it is wrapped; None when it has none."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    for i, p in enumerate(params):
+        if p.name == "group" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            return i
+    return None
 
 
 def _forward_hook(register: Callable[..., Any], hook: Callable[..., Any]) -> Any:
