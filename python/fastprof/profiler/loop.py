@@ -721,8 +721,17 @@ class Profiler:
         normally): an out-of-memory error is captured and the flight
         recorder dumped first, and the reason is recorded (a framework's
         end of training, ``fastprof run``'s end of the script)."""
-        self._on_exception(exc)
-        self.close(_exception_reason(exc))
+        if self._state != "running":
+            return
+        # The capture and the dump are part of the way out: the job's signal
+        # handlers wait for them as for the close. A DataLoader worker that
+        # died is torch's SIGCHLD handler raising "DataLoader worker ...
+        # exited unexpectedly" wherever the main thread is; in a flight dump
+        # it was taken for the dump's failure and the job ended on the error
+        # that came before it (#34).
+        with _signals.deferred():
+            self._on_exception(exc)
+            self._close_now(_exception_reason(exc))
 
     def _on_exception(self, exc: BaseException | None) -> None:
         """An exception is leaving the profiled code: an out-of-memory error

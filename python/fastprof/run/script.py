@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from fastprof import _signals
 from fastprof._loop_api import RunHost
 from fastprof.memory.oom import is_oom
 from fastprof.run.target import Target, set_path0
@@ -164,4 +165,11 @@ def _close(prof: RunHost, ended: BaseException | None) -> None:
     try:
         prof.close_after(ended)
     except Exception as e:  # noqa: BLE001 - profiling never changes how the job ends
+        if _signals.is_job(e):
+            # The job's own signal handler, held while the Profiler closed,
+            # raised as it ran (torch's "DataLoader worker ... exited
+            # unexpectedly" on a worker's SIGCHLD): after the script's ending,
+            # as Python prints an exception raised on its way out.
+            print_exception(e, e.__traceback__.tb_frame.f_code if e.__traceback__ is not None else None)
+            return
         print(f"fastprof run: closing the profiler failed: {type(e).__name__}: {e}", file=sys.stderr)
