@@ -14,7 +14,10 @@ Spans, instants and counters go into per-thread Rust ring buffers; a Rust
 writer thread streams them as gzip Chrome traces that Perfetto UI opens.
 """
 
-from fastprof import _remote  # noqa: F401  (registers the storage backend URL inputs are read through)
+from fastprof import (
+    _remote,  # noqa: F401  (registers the storage backend URL inputs are read through)
+    _warning_display,
+)
 from fastprof._columns import Columns, read_columns
 from fastprof._core import (
     AlreadyRunningError,
@@ -47,6 +50,9 @@ from fastprof.profiler import schedule
 from fastprof.profiler.loop import Profiler
 from fastprof.profiler.torch_windows import TorchWindows
 from fastprof.reports import Report
+
+# A FastprofWarning shows as one `fastprof: ...` line (filters and recorders see it as ever).
+_warning_display.install()
 
 __all__ = [
     "AlreadyRunningError",

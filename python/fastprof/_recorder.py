@@ -344,10 +344,10 @@ class Recorder:
         if self.spool is not None and not self.hold_upload:
             stats.upload = self.spool.finish()
         if stats.error:
-            warnings.warn(f"fastprof stopped recording early: {stats.error}", _core.FastprofWarning, stacklevel=2)
+            warnings.warn(f"fastprof: stopped recording early: {stats.error}", _core.FastprofWarning, stacklevel=2)
         if stats.sampler_error:
             warnings.warn(
-                f"fastprof's sampler failed and stopped (recording went on): {stats.sampler_error}",
+                f"fastprof: the sampler failed and stopped (recording went on): {stats.sampler_error}",
                 _core.FastprofWarning,
                 stacklevel=2,
             )
@@ -356,14 +356,14 @@ class Recorder:
                 warnings.warn(f"fastprof: {notice}", _core.FastprofWarning, stacklevel=2)
         if stats.payload_dropped:
             warnings.warn(
-                f"fastprof dropped {stats.payload_dropped} events whose args or names exceeded the "
+                f"fastprof: dropped {stats.payload_dropped} events whose args or names exceeded the "
                 "64 MiB of payload it keeps in flight; record smaller args, or fewer per second",
                 _core.FastprofWarning,
                 stacklevel=2,
             )
         if stats.dropped > stats.payload_dropped:
             warnings.warn(
-                f"fastprof dropped {stats.dropped - stats.payload_dropped} events because a thread's ring "
+                f"fastprof: dropped {stats.dropped - stats.payload_dropped} events because a thread's ring "
                 f"was full and the rings had grown as far as buffer_growth allows (buffer_size="
                 f"{self.options.buffer_size}, buffer_growth={self.options.buffer_growth}); raise either, "
                 "or record fewer events per second",

@@ -324,7 +324,7 @@ def test_bad_environment_value_is_refused_naming_the_variable(var, value, tmp_pa
 # A 16-slot ring beside a 1000 Hz sampler drops (and counts, and says so)
 # whenever the writer lags on a loaded machine: that is the bound working,
 # not a failure of these values.
-@pytest.mark.filterwarnings("ignore:fastprof dropped:fastprof.FastprofWarning")
+@pytest.mark.filterwarnings("ignore:fastprof. dropped:fastprof.FastprofWarning")
 def test_widest_accepted_values_start_in_the_core(tmp_path):
     # What the table accepts never fails later (OverflowError, core error):
     # the bounds of the integer options, handed to the core as they are.

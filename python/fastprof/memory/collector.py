@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fastprof import _core
-from fastprof._core import ConfigError
+from fastprof._core import ConfigError, FastprofWarning
 from fastprof._dist import dist_info
 from fastprof._process import PROCESS
 from fastprof.memory._files import atomic, write_atomic
@@ -127,7 +127,7 @@ def collect(
             try:
                 state = _start(label, it)
             except Exception as e:  # noqa: BLE001 - the job's function runs whatever happens here
-                warnings.warn(f"fastprof: memory collection of {label} skipped: {e}", stacklevel=2)
+                warnings.warn(f"fastprof: memory collection of {label} skipped: {e}", FastprofWarning, stacklevel=2)
                 try:
                     return fn(*args, **kwargs)
                 finally:
@@ -143,7 +143,9 @@ def collect(
                 try:
                     _end(label, it, state[0], state[1], torch, packed)
                 except Exception as e:  # noqa: BLE001
-                    warnings.warn(f"fastprof: memory collection of {label} incomplete: {e}", stacklevel=2)
+                    warnings.warn(
+                        f"fastprof: memory collection of {label} incomplete: {e}", FastprofWarning, stacklevel=2
+                    )
                 if snapshots:
                     _snapshot(label, it, "end", snapshot_dir)
 
@@ -239,7 +241,7 @@ def _snapshot(label: str, it: int, when: str, directory: str | os.PathLike[str] 
         t.start()
         st.writers.append(t)
     except Exception as e:  # noqa: BLE001 - the job's function runs whatever happens here
-        warnings.warn(f"fastprof: no allocator snapshot at the {when} of {label}: {e}", stacklevel=3)
+        warnings.warn(f"fastprof: no allocator snapshot at the {when} of {label}: {e}", FastprofWarning, stacklevel=3)
 
 
 def _write_snapshot(snap: dict[str, Any], entry: dict[str, Any]) -> None:

@@ -249,7 +249,11 @@ def capture(
             flush=True,
         )
     except Exception as e:  # noqa: BLE001 - profiling never takes the job down, nor changes its error
-        warnings.warn(f"fastprof: could not capture the out-of-memory state: {type(e).__name__}: {e}", stacklevel=2)
+        warnings.warn(
+            f"fastprof: could not capture the out-of-memory state: {type(e).__name__}: {e}",
+            FastprofWarning,
+            stacklevel=2,
+        )
         return None
     _notify(prof, exc)
     return path

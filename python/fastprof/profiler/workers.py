@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fastprof import _core
+from fastprof import _core, _warning_display
 from fastprof._recorder import Recorder
 
 #: Seconds between a worker's flushes: what a killed worker loses at most.
@@ -234,8 +234,9 @@ def _safe(name: str) -> str:
 
 def _say(message: str) -> None:
     # One write: workers share the parent's stderr and would interleave mid-line.
+    # The line a FastprofWarning shows as: a recorder's notice already says "fastprof: ".
     try:
-        sys.stderr.write(f"fastprof: {message}\n")
+        sys.stderr.write(_warning_display.line(message))
         sys.stderr.flush()
     except Exception:  # noqa: BLE001 - a closed stderr is no reason to fail
         pass

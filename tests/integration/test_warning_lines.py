@@ -1,0 +1,141 @@
+"""fastprof's warnings show as its own lines (#34, item 11): one
+``fastprof: ...`` line on stderr each, with no ``path:lineno: FastprofWarning:``
+before it and no source line after it, and still a ``FastprofWarning`` for
+code that filters or records warnings. Other libraries' warnings show as
+Python shows them.
+
+Real jobs in subprocesses: a Profiler whose run directory cannot be made (a
+file in the way), a trace cut short and read back (the reader's salvage
+note), and warnings of other kinds beside fastprof.
+"""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastprof import _warning_display
+
+pytest.importorskip("torch")
+
+# A file where the out_dir would go: the Profiler cannot make its run
+# directory, says so, and training goes on unprofiled.
+BLOCKED = """
+import contextlib, warnings, sys
+import torch
+import fastprof
+
+open("blocker", "w").write("in the way")
+mode = sys.argv[1] if len(sys.argv) > 1 else ""
+if mode in ("error", "ignore"):
+    warnings.filterwarnings(mode, category=fastprof.FastprofWarning)
+with warnings.catch_warnings(record=True) if mode == "record" else contextlib.nullcontext() as caught:
+    if mode == "record":
+        warnings.simplefilter("always")
+    with fastprof.Profiler("blocker/runs", "r", sample_hz=0) as prof:
+        model = torch.nn.Linear(4, 1)
+        for x in prof.loader([torch.randn(2, 4) for _ in range(3)]):
+            model(x).sum().backward()
+            prof.step()
+if mode == "record":
+    print("\\n".join(f"{w.category.__module__}.{w.category.__name__}|{w.message}" for w in caught))
+print("trained")
+"""
+
+WHY = "fastprof: cannot write the run directory "
+
+
+def _python(tmp_path: Path, source: str, *args: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    return subprocess.run(
+        [sys.executable, *flags, str(script), *args], capture_output=True, text=True, timeout=90, cwd=tmp_path
+    )
+
+
+def test_one_line_per_warning(tmp_path: Path) -> None:
+    proc = _python(tmp_path, BLOCKED)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "trained\n"
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(WHY) and "training goes on without profiling" in lines[0], lines
+    assert "FastprofWarning" not in proc.stderr and "job.py" not in proc.stderr and ".py:" not in proc.stderr
+
+
+def test_still_a_warning_for_filters_and_recorders(tmp_path: Path) -> None:
+    # A filter of "error": the job stops on it, a FastprofWarning raised where it was.
+    err = _python(tmp_path, BLOCKED, "error")
+    assert err.returncode == 1, err.stderr
+    assert err.stderr.splitlines()[-1].startswith("fastprof.FastprofWarning: " + WHY), err.stderr
+    # "ignore": nothing said.
+    quiet = _python(tmp_path, BLOCKED, "ignore")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    # A recorder gets the warning itself: category and message as issued.
+    rec = _python(tmp_path, BLOCKED, "record")
+    assert rec.returncode == 0 and rec.stderr == "", rec.stderr
+    (seen,) = [ln for ln in rec.stdout.splitlines() if "|" in ln]
+    category, message = seen.split("|", 1)
+    assert category == "fastprof.FastprofWarning" and message.startswith(WHY), seen
+
+
+def test_salvage_note_is_one_line(tmp_path: Path) -> None:
+    # A trace cut short (a killed writer): read_trace salvages what it can and
+    # says so; the reader's note does not start with "fastprof:", the line does.
+    import fastprof
+
+    rec = fastprof.start(tmp_path / "out", "cut", sample_hz=0)
+    for i in range(200):
+        fastprof.instant("tick", i=i)
+    stats = rec.stop()
+    (segment,) = stats.segments
+    data = gzip.decompress(segment.read_bytes())
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(gzip.compress(data)[: len(gzip.compress(data)) // 2])
+    proc = _python(tmp_path, f"import fastprof\nfastprof.read_trace({str(cut)!r})\nprint('read')\n")
+    assert proc.returncode == 0 and proc.stdout == "read\n", proc.stderr
+    # One line per note (the gzip stream's end, then what was salvaged).
+    lines = proc.stderr.splitlines()
+    assert lines and all(ln.startswith(f"fastprof: {cut}: ") for ln in lines), proc.stderr
+    assert any("salvaged" in ln for ln in lines), proc.stderr
+    assert "fastprof: fastprof:" not in proc.stderr and "FastprofWarning" not in proc.stderr
+
+
+OTHERS = """
+import gc, sys, warnings
+if sys.argv[1] == "with":
+    import fastprof
+warnings.warn("a library's own warning")
+warnings.warn("a deprecation", DeprecationWarning)
+f = open(__file__)
+del f
+gc.collect()
+"""
+
+
+def test_other_warnings_show_as_before(tmp_path: Path) -> None:
+    # Python's display, source line and tracemalloc's allocation site included.
+    flags = ("-X", "tracemalloc=5", "-W", "always::ResourceWarning")
+    without = _python(tmp_path, OTHERS, "without", flags=flags)
+    with_ = _python(tmp_path, OTHERS, "with", flags=flags)
+    assert without.returncode == 0 and with_.returncode == 0, with_.stderr
+    assert "job.py:5: UserWarning: a library's own warning" in without.stderr
+    assert "Object allocated at" in without.stderr, without.stderr
+    assert with_.stderr == without.stderr
+
+
+@pytest.mark.parametrize(
+    ("message", "shown"),
+    [
+        ("fastprof: x", "fastprof: x\n"),
+        ("fastprof run: x", "fastprof run: x\n"),
+        ("path: salvaged: y", "fastprof: path: salvaged: y\n"),
+        ("  fastprof: z\n", "fastprof: z\n"),
+    ],
+)
+def test_line(message: str, shown: str) -> None:
+    assert _warning_display.line(message) == shown
