@@ -12,7 +12,10 @@ Examples:
 
 A report.json is checked against the schema of its schema_version
 (reports/schema/report.v{N}.json) first: an unknown version or a report
-missing a section is bad input (exit 2), never compared.
+missing a section is bad input (exit 2), never compared. An input the
+report had to salvage (a cut trace, a killed writer's segment) is compared
+on what was kept, and said on stderr: ``fastprof diff: warning: FILE:
+salvaged ...``, as ``fastprof report`` says it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -310,6 +314,14 @@ def compare(
     return rows, 1 if any(r["failed"] for r in rows) else 0
 
 
+def _source_warnings(doc: dict[str, Any]) -> list[str]:
+    """The report's ``source.warnings``: which input file was salvaged, and
+    what was kept of it."""
+    source = doc.get("source")
+    found = source.get("warnings") if isinstance(source, dict) else None
+    return [" ".join(str(w).split()) for w in found] if isinstance(found, list) else []
+
+
 def fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.6g}"
 
@@ -323,6 +335,11 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(e), exit_code=2) from None
     base = load_doc(args.base, args.warmup_steps)
     new = load_doc(args.new, args.warmup_steps)
+    # What a report could not take at face value (a cut file salvaged, hostile
+    # numbers): said as `fastprof report` says it, one line each; the
+    # comparison stands on what was kept.
+    for w in dict.fromkeys(_source_warnings(base) + _source_warnings(new)):
+        print(f"fastprof diff: warning: {w}", file=sys.stderr)
     rows, code = compare(base, new, max_slowdown, max_mem, phase_limits)
     t = Table(title=f"fastprof diff: {args.base} -> {args.new}")
     for col in ("measure", "base", "new", "change", "limit", ""):

@@ -74,6 +74,13 @@ def _rank(text: str) -> str | int:
     return integer(0, (1 << 20) - 1, "a rank number (or all)")(text)
 
 
+def _no_such_rank(rank: int, run: str, ranks: list[int]) -> None:
+    """``--rank`` names a rank the run does not have: bad input (exit 2),
+    not a rank that stopped (exit 1)."""
+    if rank not in ranks:
+        raise CommandError(f"--rank {rank}: {run} has no rank {rank} (its ranks: {', '.join(map(str, ranks))})", 2)
+
+
 def _live(run_dir: Path) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     for d in sorted(run_dir.glob("rank*")):
@@ -136,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         r = args.rank
         if r not in live:
+            ranks = sorted(int(m.group(1)) for d in ranks_dirs if (m := RANK_DIR.match(d.name)))
+            _no_such_rank(r, str(run_dir), ranks)
             raise CommandError(
                 f"rank {r} is not running in {run_dir} (live ranks: {', '.join(map(str, sorted(live)))})"
             )
@@ -319,6 +328,7 @@ def _run_url(args: argparse.Namespace) -> int:
         targets, key = live, TRIGGER_FILE
     else:
         if args.rank not in live:
+            _no_such_rank(args.rank, url, ranks)
             raise CommandError(f"rank {args.rank} is not running in {url} (live ranks: {', '.join(map(str, live))})")
         targets, key = [args.rank], f"rank{args.rank}/{TRIGGER_FILE}"
     if args.signal:

@@ -34,6 +34,11 @@ What it records:
   ``anatomy`` option, on by default): the model's forward is the outermost
   module call, and the Trainer computes the loss inside it.
 
+Kineto's own log lines (each torch.profiler window's start and stop; on a
+machine without a GPU, an ERROR "gpuGetDeviceCount failed") stay out of
+the job's stderr, as under ``fastprof run``; a ``KINETO_LOG_LEVEL`` the
+job sets wins.
+
 A bad option raises :class:`fastprof.ConfigError` when the callback is
 made, before training. Anything else that goes wrong inside the callback
 warns once and training goes on unprofiled. An exception out of ``train()``
@@ -109,6 +114,10 @@ class FastprofCallback(_TrainerCallback):
             self._warn("the Profiler failed to start", e)
             return
         self.profiler = prof
+        # The script made no torch.profiler window itself: Kineto's log lines
+        # of the callback's windows (an ERROR "gpuGetDeviceCount failed" on a
+        # CPU machine) are not its output, as under `fastprof run`.
+        prof.quiet_torch_windows()
         loader = kwargs.get("train_dataloader")
         self._train_loader = loader
         if loader is not None:
