@@ -21,6 +21,11 @@ other category goes to the function that was there with the whole message
 record, so other libraries' warnings show exactly as they did (the
 ``source`` of a ``ResourceWarning``, tracemalloc's "Object allocated at",
 included, which a wrapper of the public ``showwarning`` would lose).
+
+The core says its messages on stderr itself when they happen (from any
+thread, with or without the GIL) and then issues the warning on the next
+Python thread that calls fastprof, marked :data:`SAID`: its display is
+empty, the message one line.
 """
 
 from __future__ import annotations
@@ -32,6 +37,11 @@ from typing import Any
 from fastprof import _core
 
 __all__ = ["install", "line"]
+
+#: Set on a warning the core issues for a message it has said on stderr
+#: itself, at the time (a thread without a ring, a failed write): shown as
+#: nothing, the core's line being the one.
+SAID = "_fastprof_said"
 
 # "fastprof: ", or a verb's own prefix ("fastprof run: ", "fastprof diff: ").
 _PREFIX = re.compile(r"fastprof(?: [a-z]+)?: ")
@@ -56,6 +66,8 @@ def install() -> None:
     def _formatwarnmsg_impl(msg: Any) -> str:
         category = getattr(msg, "category", None)
         if isinstance(category, type) and issubclass(category, _core.FastprofWarning):
+            if getattr(msg.message, SAID, False):
+                return ""  # the core's own line is on stderr already
             return line(msg.message)
         return original(msg)  # type: ignore[no-any-return]
 

@@ -105,6 +105,38 @@ def test_salvage_note_is_one_line(tmp_path: Path) -> None:
     assert "fastprof: fastprof:" not in proc.stderr and "FastprofWarning" not in proc.stderr
 
 
+CORE = """
+import sys, warnings
+import fastprof
+
+rec = fastprof.start("runs-" + "-".join(sys.argv[1:]), "core", sample_hz=0)
+if sys.argv[1:] == ["record"]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fastprof.instant(123)  # not a name: dropped, counted, said once
+    print([(w.category.__name__, str(w.message)) for w in caught])
+else:
+    fastprof.instant(123)
+rec.stop()
+print("recorded")
+"""
+
+
+def test_a_message_the_core_says_is_one_line(tmp_path: Path) -> None:
+    # The core says it on stderr at once (from whatever thread) and issues the
+    # FastprofWarning for filters: the warning's own display adds nothing.
+    proc = _python(tmp_path, CORE)
+    assert proc.returncode == 0 and proc.stdout.endswith("recorded\n"), proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("fastprof: fastprof.instant() got a int as its name"), lines
+    # Still a FastprofWarning for code that records warnings, and still said.
+    rec = _python(tmp_path, CORE, "record")
+    assert rec.returncode == 0, rec.stderr
+    assert rec.stderr == proc.stderr
+    assert "('FastprofWarning', 'fastprof.instant() got a int as its name" in rec.stdout, rec.stdout
+
+
 OTHERS = """
 import gc, sys, warnings
 if sys.argv[1] == "with":

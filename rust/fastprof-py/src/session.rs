@@ -27,13 +27,21 @@ use std::sync::{Arc, RwLock};
 /// also goes to stderr).
 pub struct PyHooks<'py>(pub Python<'py>);
 
-/// Raise `message` as a `FastprofWarning` on this Python thread (never as an
-/// exception: with a warnings filter of "error" the warning is dropped).
+/// Raise `message`, which the core has said on stderr already
+/// (`registry::say`, at the time), as a `FastprofWarning` on this Python
+/// thread, for code that filters or records warnings; never as an exception
+/// (with a warnings filter of "error" the warning is dropped). The warning
+/// is marked `_fastprof_said`: `fastprof._warning_display` shows it as
+/// nothing, so that the message is one line, not two.
 pub fn py_warn(py: Python<'_>, message: &str) {
-    if let Ok(text) = std::ffi::CString::new(message.replace('\0', " ")) {
-        let cat = py.get_type::<FastprofWarning>();
-        let _ = PyErr::warn(py, &cat, &text, 1);
-    }
+    let cat = py.get_type::<FastprofWarning>();
+    let Ok(w) = cat.call1((message,)) else {
+        return;
+    };
+    let _ = w.setattr("_fastprof_said", true);
+    let _ = py
+        .import("warnings")
+        .and_then(|m| m.call_method1("warn", (w,)));
 }
 
 /// Show the recording session's pending messages (failures, a shared
