@@ -447,23 +447,41 @@ class Recorder:
     def dump(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Write the in-memory window (the last ``window_seconds`` of events and
         counters) to ``path`` as a complete gzip trace, without stopping.
-        Spans still open are closed at this instant with ``args.unclosed``."""
+        Spans still open are closed at this instant with ``args.unclosed``.
+
+        With ``max_disk`` set the dump counts under the cap and is planned
+        within it before a byte is written: the newest events that fit in
+        what the cap leaves beside the open segment (``left_out``: the
+        window's older events not written), or no file at all when not even
+        the newest fit (``skipped`` says why, ``path`` is None)."""
         return self._running().dump(os.fspath(path))
 
-    def count_file(self, path: str | os.PathLike[str], kind: str = "file") -> str | None:
+    def gzip_from(self, fd: int, path: str | os.PathLike[str], level: int) -> Any:
+        """Gzip what arrives on file descriptor ``fd`` (handed over: closed
+        when read to its end, also on error) into ``path`` on a thread of
+        the core that never takes the GIL, holding disk under ``max_disk``
+        as the file grows (a torch window's JSON, piped from Kineto). Its
+        ``join()`` returns ``bytes``, ``raw_bytes``, ``held`` and ``error``
+        (why no file was written); count the file, or release what was held,
+        with :meth:`count_file` (``release=held``)."""
+        return self._running().gzip_from(int(fd), os.fspath(path), int(level))
+
+    def count_file(self, path: str | os.PathLike[str], kind: str = "file", release: int = 0) -> str | None:
         """Count ``path``, a file written for this recording outside it (the
         Profiler's torch.profiler windows: ``kind`` "torch"), under its disk
         cap: with ``max_disk`` set, the writer thread deletes the oldest of
         the segments, flight dumps and such files to stay under it, and says
         so in ``otherData.rotated``; returns why when the cap deleted this
         file at once (larger than it leaves room for). Flight dumps
-        (:meth:`dump`) count by themselves. Never raises: a stopped
+        (:meth:`dump`) count by themselves. ``release``: the bytes held for
+        it while written (:meth:`gzip_from`), given back as it is counted (a
+        path that is gone only gives them back). Never raises: a stopped
         recording counts nothing."""
         session = self._session
         if session is None or not self._started:
             return None
         try:
-            return session.count_file(os.path.abspath(path), kind)
+            return session.count_file(os.path.abspath(path), kind, int(release))
         except (_core.FastprofError, OSError):
             return None
 

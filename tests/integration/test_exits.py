@@ -524,7 +524,9 @@ print("trained", flush=True)
 
 
 def test_full_disk_in_window_exports_warns_once_and_leaves_nothing(tmp_path, pyscript):
-    proc = pyscript.run(FULL_DISK, str(tmp_path / "out"), "8192", timeout=180)
+    # Below a window's gzip (~3 KB here): torch's JSON never reaches the
+    # disk, it is piped into the gzip (issue #34).
+    proc = pyscript.run(FULL_DISK, str(tmp_path / "out"), "2048", timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "trained"
     window_warnings = [line for line in proc.stderr.splitlines() if "writing torch window" in line]

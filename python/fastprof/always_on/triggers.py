@@ -42,7 +42,12 @@ storms aborted jobs, kineto#1408):
   the poller to do the same.
 * Flight dumps and torch windows count under the recorder's disk cap
   (``max_disk``) with its segments: the writer thread deletes the oldest
-  of them all to stay under it, and says so where it says segments.
+  of them all to stay under it, and says so where it says segments. The
+  cap holds while they are written: a dump keeps the newest events that
+  fit in what the cap leaves (``left_out_events``; none fit: not written,
+  its ``error`` says why; the first such dump of a run is said once on
+  stderr), and a torch window's JSON is piped into its gzip, whose room
+  is held as it grows.
 * A capture is a torch.profiler window of ``steps`` steps that begins at a
   step boundary. The Profiler's action plan (:mod:`fastprof.profiler.plan`)
   merges it with the schedule: its steps are recorded whatever the schedule
@@ -387,6 +392,7 @@ class TriggerDriver:
         self._last_dump_seq: int | None = None  # the request the last flight dump answered
         self._seq = 0
         self._anomaly_captures = 0
+        self._cap_said = False  # a dump cut or refused by max_disk was said on stderr
         self._dump_threads: list[threading.Thread] = []
         self._t_start = time.monotonic()
         self._flight_ok = bool(float(prof.recorder.options.window_seconds) > 0)
@@ -970,10 +976,21 @@ class TriggerDriver:
                 done = {k: info.get(k) for k in ("events", "bytes", "open_spans")}
                 if info.get("deleted"):
                     done["deleted"] = info["deleted"]
+                if info.get("skipped"):
+                    # Nothing of the window fits beside the open segment under max_disk.
+                    done = {"error": f"{info['skipped']} (max_disk {recorder.options.max_disk})", "path": None}
+                elif info.get("left_out"):
+                    done["left_out_events"] = info["left_out"]
+                    done["note"] = (
+                        f"the oldest {info['left_out']} events of the window were left out: "
+                        f"the newest {info.get('events')} fit in what max_disk ({recorder.options.max_disk}) "
+                        "leaves beside the open segment"
+                    )
             except Exception as e:  # noqa: BLE001 - a failed dump is reported, never raised
                 done = {"error": f"{type(e).__name__}: {e}"}
             with self._state_lock:  # never while triggers.json is being written from it
                 rec.update(done, dump_s=round(time.perf_counter() - t0, 4))
+            self._say_cap(rec)
 
         def work_and_say() -> None:
             work()
@@ -989,6 +1006,20 @@ class TriggerDriver:
         with contextlib.suppress(Exception):
             _core.instant("flight.dump", reason=reason, step=batch)
         return rec
+
+    def _say_cap(self, rec: dict[str, Any]) -> None:
+        """A dump the disk cap cut or refused: said once a run on stderr
+        (every dump's record says its own), so that a job under a small
+        ``max_disk`` learns why its dumps are short or missing."""
+        why = rec.get("note") or (rec.get("error") if rec.get("path") is None else None)
+        if not why or self._cap_said:
+            return
+        self._cap_said = True
+        more = "" if rec.get("path") is None else f" ({rec['path']})"
+        text = f"flight dump{more}: {why}; later dumps under the cap are only recorded in {STATE_FILE}"
+        if len(self.notes) < 50:
+            self.notes.append(text)
+        print(f"fastprof: {text}", file=sys.stderr, flush=True)
 
     def on_exit_event(self, reason: str) -> None:
         """An exception, an OOM or SIGTERM is ending the run: dump now."""

@@ -440,7 +440,12 @@ class Profiler:
             if self.torch_windows is not None:
                 level = int(self.recorder.options.compression_level)
                 self._driver = WindowDriver(
-                    self.torch_windows, self.run_dir, variables, compression_level=level, on_saved=self._on_window_saved
+                    self.torch_windows,
+                    self.run_dir,
+                    variables,
+                    compression_level=level,
+                    on_saved=self._on_window_saved,
+                    gzip_from=self.recorder.gzip_from,
                 )
                 if not self.recorder.options.resume:
                     # A resumed run appends: its windows take new names
@@ -516,10 +521,15 @@ class Profiler:
         """On the exporter thread, a torch window's export ended: its files
         count under the recorder's disk cap (max_disk), and the triggers say
         at once that it is there (``fastprof trigger`` waits for it)."""
+        # The trace's gzip was written within disk the cap held for it,
+        # given back as the file counts (or, not written, only given back).
+        held, window.held = window.held, 0
         if window.saved:
-            for p in (window.path, window.memory_timeline):
-                if p and self.recorder.count_file(p, "torch"):
+            for p, release in ((window.path, held), (window.memory_timeline, 0)):
+                if p and self.recorder.count_file(p, "torch", release):
                     window.deleted = True  # larger than the cap leaves room for (its ledger says so)
+        elif held and window.path:
+            self.recorder.count_file(window.path, "torch", held)
         t = self._triggers
         if t is not None:
             t.on_window_saved()

@@ -22,6 +22,7 @@ import contextlib
 import gzip
 import os
 import queue
+import stat
 import string
 import threading
 import time
@@ -186,6 +187,11 @@ def _gzip(src: Path, dst: Path, level: int) -> None:
             out.write(chunk)
 
 
+#: What :meth:`WindowDriver._export_piped` returns when the recorder could
+#: not take the pipe (compared by identity).
+_UNPIPED = "unpiped"
+
+
 def _unwritten(folder: Path, partial: Path) -> str:
     """Why torch wrote no trace file (it logs the failure, and returns)."""
     why = "torch could not write the trace"
@@ -267,9 +273,14 @@ class WindowRecord:
     error: str | None = None
     deleted: bool = False
     memory_timeline: str | None = None
+    #: Bytes the recorder's disk cap held for the file while it was written,
+    #: given back when it is counted (not in the summary).
+    held: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        d.pop("held", None)
+        return d
 
 
 class WindowDriver:
@@ -282,10 +293,14 @@ class WindowDriver:
         variables: Mapping[str, Any],
         compression_level: int = 1,
         on_saved: Callable[[WindowRecord], None] | None = None,
+        gzip_from: Callable[[int, str, int], Any] | None = None,
     ) -> None:
         self.cfg = cfg
         #: Called on the exporter thread once a window's export ended (saved or failed).
         self.on_saved = on_saved
+        #: The recorder's gzip under its disk cap (``Recorder.gzip_from``):
+        #: torch's JSON is piped through it, never written whole first.
+        self.gzip_from = gzip_from
         self.compression_level = max(1, min(9, compression_level))
         self.run_dir = run_dir
         self.variables = dict(variables)
@@ -551,23 +566,34 @@ class WindowDriver:
                 window.path = str(path)
             # torch writes the JSON (kineto's save holds the GIL: the part of
             # the export the training thread still feels); the compression is
-            # ours, in 1 MiB chunks that zlib runs without the GIL (torch's own
-            # .gz export recompresses line by line at level 9). The rename
-            # publishes the complete file.
+            # ours, without the GIL (torch's own .gz export recompresses line
+            # by line at level 9): through a pipe by the recorder's core, under
+            # its disk cap (_export_piped), else in 1 MiB chunks here. The
+            # rename publishes the complete file.
             tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.json")
             tmp_gz = tmp.with_name(tmp.name + ".gz")
             # Kineto writes to "<name>.tmp" and renames it; when the write
             # fails (a full disk) it logs, leaves that file and returns.
             kineto_tmp = tmp.with_name(tmp.name + ".tmp")
             try:
-                tp.export_chrome_trace(str(tmp))
-                if not tmp.exists():
-                    raise OSError(_unwritten(path.parent, kineto_tmp))
-                if path.name.endswith(".gz"):
-                    _gzip(tmp, tmp_gz, self.compression_level)
+                why: str | None = _UNPIPED
+                if path.name.endswith(".gz") and self.gzip_from is not None and hasattr(os, "mkfifo"):
+                    why = self._export_piped(tp, window, tmp, tmp_gz, kineto_tmp)
+                if why is None:
                     os.replace(tmp_gz, path)
+                elif why is not _UNPIPED:
+                    window.error = why
+                    self.errors.append(f"torch window {path}: {why}")
+                    return
                 else:
-                    os.replace(tmp, path)
+                    tp.export_chrome_trace(str(tmp))
+                    if not tmp.exists():
+                        raise OSError(_unwritten(path.parent, kineto_tmp))
+                    if path.name.endswith(".gz"):
+                        _gzip(tmp, tmp_gz, self.compression_level)
+                        os.replace(tmp_gz, path)
+                    else:
+                        os.replace(tmp, path)
             finally:
                 for leftover in (tmp, tmp_gz, kineto_tmp):
                     leftover.unlink(missing_ok=True)
@@ -589,6 +615,66 @@ class WindowDriver:
                         Path(p).unlink(missing_ok=True)
                 oldest.deleted = True
         window.export_s = time.perf_counter() - t0
+
+    def _export_piped(self, tp: Any, window: WindowRecord, tmp: Path, tmp_gz: Path, kineto_tmp: Path) -> str | None:
+        """torch's JSON into ``tmp_gz``, gzipped by the recorder's core as
+        Kineto writes it: Kineto writes ``<tmp>.tmp`` and renames it, so a
+        pipe there carries the JSON to a core thread that holds disk under
+        ``max_disk`` as the gzip grows (the JSON, many times the gzip, is
+        never on disk). Kineto's save holds the GIL while it writes: the
+        reader never needs it. A Kineto that writes ``tmp`` in place leaves
+        the pipe unused; that file is then gzipped the same way. Returns why
+        nothing was written (the cap refused it), else None; the bytes held
+        go on ``window.held``; :data:`_UNPIPED` when the recorder could not
+        take the pipe (the caller exports as without one)."""
+        assert self.gzip_from is not None
+        try:
+            os.mkfifo(kineto_tmp, 0o600)
+            rfd = os.open(kineto_tmp, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:  # a filesystem without FIFOs
+            kineto_tmp.unlink(missing_ok=True)
+            return _UNPIPED
+        try:
+            # A writer end of our own, closed after the export: the reader
+            # sees no end before Kineto opened, wrote and closed the pipe,
+            # and Kineto's open never waits for a reader.
+            wfd = os.open(kineto_tmp, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            os.close(rfd)
+            raise
+        os.set_blocking(rfd, True)
+        try:
+            job = self.gzip_from(rfd, str(tmp_gz), self.compression_level)  # owns rfd from here
+        except _core.FastprofError:
+            # The recording stopped (an export that outlived the Profiler's
+            # wait): torch writes the JSON, gzipped here, as without a cap.
+            os.close(wfd)
+            kineto_tmp.unlink(missing_ok=True)
+            return _UNPIPED
+        except BaseException:
+            os.close(wfd)
+            raise
+        try:
+            tp.export_chrome_trace(str(tmp))
+        finally:
+            os.close(wfd)
+            done = job.join()
+        window.held += int(done["held"])
+        try:
+            piped = stat.S_ISFIFO(os.lstat(tmp).st_mode)
+        except FileNotFoundError:
+            raise OSError(_unwritten(tmp.parent, kineto_tmp)) from None
+        if not piped:
+            # Written in place (not through the pipe): gzip that file alike.
+            job = self.gzip_from(os.open(tmp, os.O_RDONLY | os.O_CLOEXEC), str(tmp_gz), self.compression_level)
+            done = job.join()
+            window.held += int(done["held"])
+        if done["error"] is None:
+            return None
+        if done["refused"]:
+            return str(done["error"])
+        # The disk refused (full, a size limit): as when torch's own write fails.
+        raise OSError(f"{done['error']}: is the disk full, or a file size limit (ulimit -f) reached?")
 
     def wait(self, timeout: float) -> bool:
         """Wait for the exports still running (at the profiler's stop); True

@@ -21,7 +21,7 @@ use crate::ring::AllocError;
 use crate::ring::{Consumer, Growth};
 use crate::sampler::SamplerShared;
 use crate::sink::chrome_gz::ChromeGz;
-use crate::sink::window::{DumpInfo, Window};
+use crate::sink::window::{is_over_limit, DumpInfo, Window};
 use crate::sink::{Batch, Header, MetaSource, Sink};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -45,8 +45,18 @@ pub enum Command {
     CountFile {
         path: PathBuf,
         kind: String,
+        /// Bytes held for it while it was written, released as it is counted.
+        release: u64,
         reply: mpsc::Sender<Option<String>>,
     },
+    /// Hold `bytes` more under the disk cap for a file being written on
+    /// another thread (see [`crate::sink::held`]); the reply: granted.
+    Hold {
+        bytes: u64,
+        reply: mpsc::Sender<bool>,
+    },
+    /// Give back bytes held for a file that was not written.
+    Release { bytes: u64 },
 }
 
 /// State shared between the session handle, the registering threads and the writer.
@@ -701,13 +711,32 @@ impl Collector {
                     };
                     let _ = reply.send(r);
                 }
-                Command::CountFile { path, kind, reply } => {
+                Command::CountFile {
+                    path,
+                    kind,
+                    release,
+                    reply,
+                } => {
+                    for s in self.sinks.iter_mut() {
+                        s.release(release);
+                    }
                     let why = if stopped {
                         None
                     } else {
                         self.adopt_file(&path, &kind)
                     };
                     let _ = reply.send(why);
+                }
+                Command::Hold { bytes, reply } => {
+                    // Stopped: the cap ends with the recording (count_file
+                    // counts nothing then either).
+                    let granted = stopped || self.sinks.iter_mut().all(|s| s.hold(bytes));
+                    let _ = reply.send(granted);
+                }
+                Command::Release { bytes } => {
+                    for s in self.sinks.iter_mut() {
+                        s.release(bytes);
+                    }
                 }
             }
         }
@@ -745,12 +774,47 @@ impl Collector {
             self.st.threads[i].stack = stack;
             open.end_chunk(&self.st.threads[i].meta);
         }
-        let sink = self.sinks[w]
+        // Planned within what the disk cap leaves, and room made for it
+        // first: the disk stays under the cap while the file is written,
+        // not only once it is counted.
+        let want = self.sinks[w]
             .as_window()
-            .expect("the window index points at the window sink");
-        let mut info = sink
-            .dump(path, &open, &self.st)
-            .map_err(|e| CoreError::io(path, e))?;
+            .map_or(0, |win| win.memory_bytes() + open.bytes.len() as u64);
+        let mut room = self
+            .sinks
+            .iter_mut()
+            .filter_map(|s| s.room_for_file(want))
+            .min();
+        let mut info = loop {
+            let window = self.sinks[w]
+                .as_window()
+                .expect("the window index points at the window sink");
+            let plan = match window.plan_dump(&open, &self.st, room) {
+                Ok(plan) => plan,
+                Err(why) => {
+                    return Ok(DumpInfo {
+                        path: path.to_path_buf(),
+                        open_spans: n_open,
+                        skipped: Some(why),
+                        ..DumpInfo::default()
+                    })
+                }
+            };
+            if let Some(limit) = plan.limit {
+                for s in self.sinks.iter_mut() {
+                    s.make_room(limit);
+                }
+            }
+            let window = self.sinks[w]
+                .as_window()
+                .expect("the window index points at the window sink");
+            match window.dump(path, &open, &plan) {
+                Ok(info) => break info,
+                // Compressed larger than planned: fewer events, same room.
+                Err(e) if is_over_limit(&e) => room = plan.tighter(),
+                Err(e) => return Err(CoreError::io(path, e)),
+            }
+        };
         info.open_spans = n_open;
         // Written for this rank: under the same disk cap as the segments.
         info.deleted = self.adopt_file(path, "flight");

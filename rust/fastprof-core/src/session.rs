@@ -199,6 +199,13 @@ impl Session {
     /// the cap kept), with why when the cap deleted this file at once;
     /// without a cap the file is not tracked.
     pub fn count_file(&self, path: &Path, kind: &str) -> Result<Option<String>> {
+        self.count_file_held(path, kind, 0)
+    }
+
+    /// [`Session::count_file`] for a file written within disk held for it
+    /// ([`DiskHolder`]): the `release` bytes held are given back as the
+    /// file takes their place, in one step of the writer thread.
+    pub fn count_file_held(&self, path: &Path, kind: &str, release: u64) -> Result<Option<String>> {
         self.require_running()?;
         if self.shared.config.max_disk == 0 {
             return Ok(None);
@@ -211,11 +218,20 @@ impl Session {
             .push(Command::CountFile {
                 path: path.to_path_buf(),
                 kind: kind.to_string(),
+                release,
                 reply: tx,
             });
         self.shared.writer_thread().unpark();
         // A writer stuck on a slow disk: the file is counted when it gets to it.
         Ok(rx.recv_timeout(Duration::from_secs(10)).unwrap_or(None))
+    }
+
+    /// What a thread writing a file for this recording beside its sinks
+    /// asks the disk cap through ([`crate::sink::held`]).
+    pub fn disk_holder(&self) -> DiskHolder {
+        DiskHolder {
+            shared: self.shared.clone(),
+        }
     }
 
     /// The sampler's data, kept after stop.
@@ -310,5 +326,74 @@ pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "unknown panic".to_string()
+    }
+}
+
+/// Holds disk under a session's cap (`max_disk`) for a file written on
+/// another thread (a torch window's gzip): each hold is a writer command,
+/// answered once the oldest files are deleted for it. Without a cap every
+/// hold is granted at once, and so once the session is stopping: the cap
+/// ends with the recording, as [`Session::count_file`] counts nothing then.
+#[derive(Clone)]
+pub struct DiskHolder {
+    shared: Arc<SessionShared>,
+}
+
+impl DiskHolder {
+    /// Give back `bytes` held for a file that was not written.
+    pub fn release(&self, bytes: u64) {
+        if self.shared.config.max_disk == 0 || bytes == 0 {
+            return;
+        }
+        self.shared
+            .commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Command::Release { bytes });
+        self.shared.writer_thread().unpark();
+    }
+}
+
+impl crate::sink::held::Hold for DiskHolder {
+    fn hold(&self, bytes: u64) -> bool {
+        if self.shared.config.max_disk == 0 {
+            return true;
+        }
+        // Acquire: pairs with stop's store.
+        if self.shared.stop.load(Ordering::Acquire) {
+            return true;
+        }
+        let (tx, rx) = mpsc::channel();
+        self.shared
+            .commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Command::Hold { bytes, reply: tx });
+        self.shared.writer_thread().unpark();
+        // A writer stopped meanwhile answers what was asked before its end
+        // and never what came after: granted then, as above. One stuck (a
+        // slow disk) grants nothing it has not made room for.
+        let mut waited = Duration::ZERO;
+        let slice = Duration::from_millis(100);
+        loop {
+            match rx.recv_timeout(slice) {
+                Ok(granted) => return granted,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return true,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    waited += slice;
+                    if self.shared.stop.load(Ordering::Acquire) && waited >= Duration::from_secs(2)
+                    {
+                        return true;
+                    }
+                    if waited >= Duration::from_secs(30) {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    fn max_disk(&self) -> u64 {
+        self.shared.config.max_disk
     }
 }

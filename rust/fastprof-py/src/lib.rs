@@ -235,6 +235,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<actions::_ActionClock>()?;
     m.add_class::<actions::_ActionScope>()?;
     m.add_class::<session::Session>()?;
+    m.add_class::<session::_GzipJob>()?;
     m.add_class::<steps::_StepLoop>()?;
     m.add_class::<steps::_LoaderIter>()?;
     m.add_function(wrap_pyfunction!(steps::_attention_set, m)?)?;

@@ -15,11 +15,13 @@ use fastprof_core::registry::{self, ThreadHooks};
 use fastprof_core::sampler::gpu::GpuSelect;
 use fastprof_core::sampler::{SamplerConfig, SamplerShared};
 use fastprof_core::session::Session as CoreSession;
+use fastprof_core::sink::held::{gzip_held, Copied};
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
 
 /// What a Python thread tells the registry: its `threading` name, and
 /// warnings as `FastprofWarning` (never raised into the recording call: a
@@ -330,11 +332,14 @@ impl Session {
             .ok_or_else(|| not_running("this recording has stopped"))?
             .map_err(Error)?;
         let d = PyDict::new(py);
-        d.set_item("path", info.path)?;
+        // Nothing written (the disk cap): no path to read.
+        d.set_item("path", info.skipped.is_none().then_some(info.path))?;
         d.set_item("events", info.events)?;
         d.set_item("open_spans", info.open_spans)?;
         d.set_item("bytes", info.bytes)?;
         d.set_item("deleted", info.deleted)?;
+        d.set_item("left_out", info.left_out)?;
+        d.set_item("skipped", info.skipped)?;
         Ok(d)
     }
 
@@ -342,17 +347,52 @@ impl Session {
     /// "torch" for a torch.profiler window), under its disk cap (max_disk);
     /// why, when the cap deleted it at once. Waits for the writer thread
     /// without holding the GIL.
-    fn count_file(&self, py: Python<'_>, path: PathBuf, kind: &str) -> PyResult<Option<String>> {
+    /// `release`: bytes held for it while written (`gzip_from`), given back
+    /// as it is counted.
+    #[pyo3(signature = (path, kind, release = 0))]
+    fn count_file(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        kind: &str,
+        release: u64,
+    ) -> PyResult<Option<String>> {
         surface_notices(py);
         if self.forked() {
             return Ok(None);
         }
         py.detach(|| {
             let g = self.inner.read().unwrap_or_else(|e| e.into_inner());
-            g.as_ref().map(|s| s.count_file(&path, kind))
+            g.as_ref().map(|s| s.count_file_held(&path, kind, release))
         })
         .ok_or_else(|| not_running("this recording has stopped"))?
         .map_err(|e| Error(e).into())
+    }
+
+    /// Gzip what arrives on file descriptor `fd` (owned from this call on:
+    /// closed when read to its end) into `dst` at `level`, on a thread of
+    /// the core's own that never takes the GIL (the writer at the other end
+    /// of a pipe may hold it: Kineto's save does), holding disk under the
+    /// cap (max_disk) as the file grows. The handle's `join()` says how it
+    /// went; count the file with `count_file(dst, kind, release=held)`.
+    fn gzip_from(&self, fd: i32, dst: PathBuf, level: u32) -> PyResult<_GzipJob> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: the caller hands the descriptor over (documented above);
+        // owning it from here on closes it on every path, errors included.
+        let mut src = unsafe { std::fs::File::from_raw_fd(fd) };
+        let holder = self.with(|s| Ok(s.disk_holder()))?;
+        let handle = std::thread::Builder::new()
+            .name("fastprof-gzip".into())
+            .spawn(move || gzip_held(&mut src, &dst, level, &holder))
+            .map_err(|e| {
+                Error(fastprof_core::error::CoreError::io(
+                    Path::new("gzip thread"),
+                    e,
+                ))
+            })?;
+        Ok(_GzipJob {
+            handle: Mutex::new(Some(handle)),
+        })
     }
 
     /// Messages for the user not yet shown (a shared directory, failures…).
@@ -413,5 +453,38 @@ pub(crate) fn gpu_select(sample_gpus: Option<Vec<String>>) -> GpuSelect {
         None => GpuSelect::All,
         Some(v) if v.is_empty() => GpuSelect::None,
         Some(v) => GpuSelect::Some(v),
+    }
+}
+
+/// A gzip running on its own thread (`Session.gzip_from`).
+#[pyclass(frozen, module = "fastprof._core")]
+pub struct _GzipJob {
+    handle: Mutex<Option<JoinHandle<Copied>>>,
+}
+
+#[pymethods]
+impl _GzipJob {
+    /// Wait for it (without the GIL): `bytes` of the file, `raw_bytes` read,
+    /// `held` (bytes the cap holds for it: release them by counting the
+    /// file, or with `count_file` of a path that is gone), `error` (why no
+    /// file was written; it is then removed) and `refused` (that was the
+    /// cap, not an I/O error). A second call returns None.
+    fn join<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(h) = self.handle.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return Ok(None);
+        };
+        let c = py.detach(|| {
+            h.join().unwrap_or_else(|_| Copied {
+                error: Some("the gzip thread panicked".into()),
+                ..Copied::default()
+            })
+        });
+        let d = PyDict::new(py);
+        d.set_item("bytes", c.bytes)?;
+        d.set_item("raw_bytes", c.raw)?;
+        d.set_item("held", c.held)?;
+        d.set_item("error", c.error)?;
+        d.set_item("refused", c.refused)?;
+        Ok(Some(d))
     }
 }

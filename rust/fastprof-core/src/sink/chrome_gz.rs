@@ -88,6 +88,9 @@ pub struct ChromeGz {
     max_step: u64,
     /// `dir` resolved, to name adopted files relative to it.
     dir_resolved: Option<PathBuf>,
+    /// Bytes held for files being written on other threads ([`Sink::hold`]):
+    /// counted as if on disk until released.
+    held: u64,
 }
 
 impl ChromeGz {
@@ -125,6 +128,7 @@ impl ChromeGz {
             // Until measured, `reserve` holds a batch's worth anyway.
             max_step: 0,
             dir_resolved: std::fs::canonicalize(&dir).ok(),
+            held: 0,
             header,
         };
         if let Err(e) = s.open_segment() {
@@ -270,7 +274,7 @@ impl ChromeGz {
             return;
         }
         let open = self.seg.as_ref().map_or(0, |s| s.gz.get_ref().bytes);
-        for gone in self.rotation.enforce(open, self.reserve()) {
+        for gone in self.rotation.enforce(open, self.reserve() + self.held) {
             self.finished.retain(|p| *p != gone);
         }
     }
@@ -347,6 +351,61 @@ impl Sink for ChromeGz {
         self.rotation.to_json()
     }
 
+    fn room_for_file(&mut self, want: u64) -> Option<u64> {
+        let cap = self.rotation.max_disk();
+        if cap == 0 {
+            return None;
+        }
+        let room = |s: &Self| {
+            let open = s.seg.as_ref().map_or(0, |s| s.gz.get_ref().bytes);
+            cap.saturating_sub(open + s.reserve() + s.held)
+        };
+        if room(self) >= want || self.seg.as_ref().is_none_or(|s| s.pending == 0) {
+            return Some(room(self));
+        }
+        // Right after a burst the encoder holds much, counted at zlib's
+        // bound: flushed now (as the next flush interval would), the open
+        // segment takes what it adds and the reserve falls to a batch's.
+        // A failed flush is the next write's to report.
+        if let Some(seg) = self.seg.as_mut() {
+            let before = seg.gz.get_ref().bytes;
+            if seg.gz.flush().is_ok() {
+                seg.pending = 0;
+                self.max_step = self.max_step.max(seg.gz.get_ref().bytes - before);
+            }
+        }
+        Some(room(self))
+    }
+
+    fn make_room(&mut self, bytes: u64) {
+        if self.rotation.max_disk() == 0 {
+            return;
+        }
+        let open = self.seg.as_ref().map_or(0, |s| s.gz.get_ref().bytes);
+        for gone in self
+            .rotation
+            .enforce(open, self.reserve() + self.held + bytes)
+        {
+            self.finished.retain(|p| *p != gone);
+        }
+    }
+
+    fn hold(&mut self, bytes: u64) -> bool {
+        match self.room_for_file(bytes) {
+            None => true,
+            Some(room) if bytes <= room => {
+                self.make_room(bytes);
+                self.held += bytes;
+                true
+            }
+            Some(_) => false,
+        }
+    }
+
+    fn release(&mut self, bytes: u64) {
+        self.held -= bytes.min(self.held);
+    }
+
     fn adopt_file(&mut self, path: &Path, kind: &str) -> Option<String> {
         if !self.rotation.is_on() {
             return None;
@@ -364,7 +423,7 @@ impl Sink for ChromeGz {
             .display()
             .to_string();
         let open = self.seg.as_ref().map_or(0, |s| s.gz.get_ref().bytes);
-        let reserve = self.reserve();
+        let reserve = self.reserve() + self.held;
         let why = self
             .rotation
             .adopt(resolved, name, kind, bytes, open, reserve);

@@ -4,6 +4,7 @@
 //!
 //! * [`chrome_gz`]: gzip segment files on disk (`fastprof.{N}.json.gz`).
 //! * [`rotation`]: the segment sink's disk cap (`max_disk`, `keep_segments`).
+//! * [`held`]: a file written beside the sinks within disk held under the cap.
 //! * [`window`]: the last T seconds (at most M bytes) in memory, compressed,
 //!   overwrite-oldest, dumped on request as a complete trace.
 //!
@@ -11,6 +12,7 @@
 //! so anything that reads one reads the other.
 
 pub mod chrome_gz;
+pub mod held;
 pub mod rotation;
 pub mod window;
 
@@ -148,6 +150,27 @@ pub trait Sink: Send {
     fn adopt_file(&mut self, _path: &Path, _kind: &str) -> Option<String> {
         None
     }
+    /// The bytes a file written for this session next may take under the
+    /// disk cap (`max_disk`): what the cap leaves beside the open segment
+    /// and what its next write may add, older files deleted for it. None
+    /// without a byte cap. Short of `want`, the sink may first flush what
+    /// its encoder holds (counted at its bound until then).
+    fn room_for_file(&mut self, _want: u64) -> Option<u64> {
+        None
+    }
+    /// A file of at most `bytes` is about to be written for this session:
+    /// delete the oldest files now, as [`Sink::adopt_file`] would once it
+    /// is there, so that the disk stays under the cap while it is written.
+    fn make_room(&mut self, _bytes: u64) {}
+    /// Hold `bytes` more for a file being written for this session on
+    /// another thread (see [`held`]): room made as by [`Sink::make_room`]
+    /// and kept out of what later writes may take, until released. False
+    /// when the cap cannot leave that much beside the open segment.
+    fn hold(&mut self, _bytes: u64) -> bool {
+        true
+    }
+    /// Give back `bytes` held (the file was counted, or abandoned).
+    fn release(&mut self, _bytes: u64) {}
     /// The window sink, for dumps.
     fn as_window(&mut self) -> Option<&mut window::Window> {
         None

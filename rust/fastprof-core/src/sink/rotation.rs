@@ -93,6 +93,11 @@ impl Rotation {
         }
     }
 
+    /// The byte cap (0: none).
+    pub fn max_disk(&self) -> u64 {
+        self.max_disk
+    }
+
     /// Whether a cap is set at all (without one nothing is tracked).
     pub fn is_on(&self) -> bool {
         self.max_disk > 0 || self.keep > 0
