@@ -28,8 +28,10 @@ storms aborted jobs, kineto#1408):
   stretches that never enter Python, and only then calls the Profiler. A
   step costs nothing more while no trigger is pending.
 * Requests are coalesced: one pending at a time, and none starts within
-  ``min_interval_s`` of the previous capture (each dropped one is counted
-  and on the timeline as a ``trigger.coalesced`` instant). One coalesced
+  ``min_interval_s`` of the previous capture, nor a flight-only one within
+  2 s of the previous dump (each dropped one is counted and on the timeline
+  as a ``trigger.coalesced`` instant). Without torch windows every request
+  is flight-only, and coalesced as one. One coalesced
   into a capture armed and coming, or a flight-only one into the dump just
   taken, is answered by it: its record's ``answered_by`` is that request's
   ``seq``, and ``fastprof trigger`` answers with those files.
@@ -826,6 +828,14 @@ class TriggerDriver:
         want_flight = bool(req.get("flight", cfg.flight))
         kind = source if source in ("anomaly", "oom") else "trigger"
         capture = bool(req.get("capture", True))
+        if capture and not self.prof.has_torch_windows:
+            # Flight-only from here on, coalescing included: a capture that
+            # cannot happen must not exempt its dump from the flight rule
+            # (without torch windows every signal of a storm dumped).
+            capture = False
+            note = "captures unavailable: the Profiler has no torch.profiler windows (torch=False or no torch)"
+            if note not in self.notes:
+                self.notes.append(note)
         n_steps = int(req.get("steps", cfg.steps))
         if not remote:
             why = None
@@ -855,11 +865,6 @@ class TriggerDriver:
             self._last_dump_t = now
             self._last_dump_seq = seq
             self.flight_dump(kind, batch, wait=False, request_id=req.get("id"), seq=seq)
-        if capture and not self.prof.has_torch_windows:
-            capture = False
-            note = "captures unavailable: the Profiler has no torch.profiler windows (torch=False or no torch)"
-            if note not in self.notes:
-                self.notes.append(note)
         if remote:
             start = int(req.get("start", batch))
             late = max(0, batch - start)
