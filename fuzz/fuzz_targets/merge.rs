@@ -14,7 +14,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use fastprof_core::merge::{merge, MergeOptions, Window};
+use fastprof_core::offline::merge::{merge, MergeOptions, Window};
 use libfuzzer_sys::fuzz_target;
 use serde::de::IgnoredAny;
 use serde_json::Value;
@@ -51,7 +51,10 @@ fuzz_target!(|data: &[u8]| {
     }
     std::fs::write(&input, &text).unwrap();
     let window = match mode >> 1 & 3 {
-        1 => Window::Seconds { start: Some(0.0), end: Some(1e-3) },
+        1 => Window::Seconds {
+            start: Some(0.0),
+            end: Some(1e-3),
+        },
         2 => Window::Steps { from: 0, to: 1 },
         _ => Window::All,
     };
@@ -60,7 +63,11 @@ fuzz_target!(|data: &[u8]| {
         output: output.clone(),
         force: true,
         window,
-        exclude_categories: if mode & 8 != 0 { vec!["cpu_op".into()] } else { Vec::new() },
+        exclude_categories: if mode & 8 != 0 {
+            vec!["cpu_op".into()]
+        } else {
+            Vec::new()
+        },
         threads: 1,
         ..Default::default()
     };

@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use fastprof_core::trace::reader::read_trace_bytes;
+use fastprof_core::offline::trace::reader::read_trace_bytes;
 use fastprof_core::CoreError;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
@@ -20,11 +20,16 @@ fuzz_target!(|data: &[u8]| {
     match read_trace_bytes(Path::new("fuzz.json"), data) {
         Ok(doc) => {
             let obj = doc.value.as_object().expect("the document is an object");
-            let events = obj["traceEvents"].as_array().expect("traceEvents is an array");
+            let events = obj["traceEvents"]
+                .as_array()
+                .expect("traceEvents is an array");
             assert!(events.iter().all(Value::is_object));
             let text = serde_json::to_string(&doc.value).unwrap();
             let again: Value = serde_json::from_str(&text).expect("the document re-reads");
-            assert_eq!(again["traceEvents"].as_array().map(Vec::len), Some(events.len()));
+            assert_eq!(
+                again["traceEvents"].as_array().map(Vec::len),
+                Some(events.len())
+            );
             if doc.salvaged {
                 assert_eq!(doc.value["otherData"]["salvaged"], Value::Bool(true));
                 assert!(doc.warnings.iter().any(|w| w.contains("truncated")));

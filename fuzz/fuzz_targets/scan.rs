@@ -10,8 +10,10 @@
 use std::io::{Cursor, Read};
 use std::path::Path;
 
-use fastprof_core::trace::reader::read_trace_bytes;
-use fastprof_core::trace::scan::{parse_int, parse_us_to_ns, str_value, Fields, Item, Scanner};
+use fastprof_core::offline::trace::reader::read_trace_bytes;
+use fastprof_core::offline::trace::scan::{
+    parse_int, parse_us_to_ns, str_value, Fields, Item, Scanner,
+};
 use libfuzzer_sys::fuzz_target;
 
 // The core's own test reader (plain std), shared rather than copied.

@@ -3,11 +3,11 @@
 //! running, both when every span is recorded and when the ring is full.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use fastprof_core::config::Config;
-use fastprof_core::record::{Kind, Record};
-use fastprof_core::ring::{ring, Growth};
-use fastprof_core::session::Session;
-use fastprof_core::{names, registry};
+use fastprof_core::runtime::config::Config;
+use fastprof_core::runtime::record::{Kind, Record};
+use fastprof_core::runtime::ring::{ring, Growth};
+use fastprof_core::runtime::session::Session;
+use fastprof_core::runtime::{names, registry};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

@@ -2,9 +2,9 @@
 //! pairs, formats them as Chrome-trace `X` events and gzips them (level 1).
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
-use fastprof_core::config::Config;
-use fastprof_core::session::Session;
-use fastprof_core::{names, registry};
+use fastprof_core::runtime::config::Config;
+use fastprof_core::runtime::session::Session;
+use fastprof_core::runtime::{names, registry};
 use std::time::{Duration, Instant};
 
 /// Span pairs per measured stop; each becomes one `X` event.

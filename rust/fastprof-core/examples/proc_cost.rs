@@ -3,7 +3,7 @@
 //! `cargo run --release -p fastprof-core --example proc_cost`.
 //! /proc/self/stat, /proc/net/dev and /proc/diskstats are there for
 //! comparison: the sampler reads statm, sysfs counters and /sys/block instead.
-use fastprof_core::sampler::procfs::{self, ProcFile};
+use fastprof_core::runtime::sampler::procfs::{self, ProcFile};
 use std::time::{Duration, Instant};
 
 fn main() {

@@ -3,8 +3,8 @@
 //! A counting global allocator counts every allocation and free made by the
 //! test's own thread (the harness's threads allocate too, concurrently).
 
-use fastprof_core::record::{Extra, Kind, Record};
-use fastprof_core::ring::{ring, Growth};
+use fastprof_core::runtime::record::{Extra, Kind, Record};
+use fastprof_core::runtime::ring::{ring, Growth};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Mutex;

@@ -9,7 +9,7 @@ mod common;
 use common::{corpus, file_name};
 use std::path::Path;
 
-use fastprof_core::trace::reader::{read_trace, read_trace_bytes, TraceDocument};
+use fastprof_core::offline::trace::reader::{read_trace, read_trace_bytes, TraceDocument};
 use fastprof_core::CoreError;
 use serde_json::Value;
 

@@ -1,11 +1,11 @@
 //! Writes a trace through the real recorder (threads, rings, writer, gzip)
 //! and reads it back with the core's reader: counts, nesting, time format.
 
-use fastprof_core::config::Config;
-use fastprof_core::record::Extra;
-use fastprof_core::session::Session;
-use fastprof_core::trace::reader;
-use fastprof_core::{names, registry};
+use fastprof_core::offline::trace::reader;
+use fastprof_core::runtime::config::Config;
+use fastprof_core::runtime::record::Extra;
+use fastprof_core::runtime::session::Session;
+use fastprof_core::runtime::{names, registry};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -238,7 +238,7 @@ fn step_args_are_formatted_on_the_writer_thread() {
                 if paused {
                     session.pause().unwrap();
                 }
-                let t0 = fastprof_core::clock::ticks();
+                let t0 = fastprof_core::runtime::clock::ticks();
                 registry::step_complete(step, t0, args, &mut namer);
                 if paused {
                     session.resume().unwrap();

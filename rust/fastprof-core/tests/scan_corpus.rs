@@ -1,4 +1,4 @@
-//! Runs the streaming scanner (`fastprof_core::trace::scan`) over every file in
+//! Runs the streaming scanner (`fastprof_core::offline::trace::scan`) over every file in
 //! `tests/corpus/` (see its README.md), with the reader (which parses each
 //! scanned event with serde_json) as the reference:
 //!
@@ -17,8 +17,10 @@ mod common;
 use common::{corpus, file_name};
 use std::path::Path;
 
-use fastprof_core::trace::reader::{read_trace, read_trace_bytes};
-use fastprof_core::trace::scan::{parse_int, parse_us_to_ns, Fields, Item, Salvage, Scanner};
+use fastprof_core::offline::trace::reader::{read_trace, read_trace_bytes};
+use fastprof_core::offline::trace::scan::{
+    parse_int, parse_us_to_ns, Fields, Item, Salvage, Scanner,
+};
 use fastprof_core::{CoreError, Result};
 
 /// Files where the scanner yields more events than the reader, and why: the

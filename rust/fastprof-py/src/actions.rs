@@ -13,8 +13,8 @@
 use crate::convert::text;
 use crate::recording::lookup;
 use crate::session::{surface_notices, PyHooks};
-use fastprof_core::record::{Extra, NAME_IN_EXTRA};
-use fastprof_core::{clock, registry};
+use fastprof_core::runtime::record::{Extra, NAME_IN_EXTRA};
+use fastprof_core::runtime::{clock, registry};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 

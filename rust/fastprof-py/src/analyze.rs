@@ -1,9 +1,11 @@
 //! `analyze_steps`: the step-time breakdown per (rank, step) as numpy
-//! columns (see `fastprof_core::analyze`). The GIL is released while the
+//! columns (see `fastprof_core::offline::analyze`). The GIL is released while the
 //! files are read.
 
 use crate::errors::Error;
-use fastprof_core::analyze::{self, AnalyzeOptions, DeviceRow, StepColumns, ROLES, STEP_SOURCES};
+use fastprof_core::offline::analyze::{
+    self, AnalyzeOptions, DeviceRow, StepColumns, ROLES, STEP_SOURCES,
+};
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;

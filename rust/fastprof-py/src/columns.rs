@@ -1,9 +1,9 @@
 //! `read_columns`: the spans, instants and counters of traces as numpy
-//! arrays (see `fastprof_core::trace::columns`). The GIL is released while
+//! arrays (see `fastprof_core::offline::trace::columns`). The GIL is released while
 //! the files are read; each column's `Vec` becomes its array without a copy.
 
 use crate::errors::Error;
-use fastprof_core::trace::columns::{self, ColumnsOptions, FileInfo, Fold, Table};
+use fastprof_core::offline::trace::columns::{self, ColumnsOptions, FileInfo, Fold, Table};
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -86,7 +86,7 @@ pub(crate) fn file_dicts(py: Python<'_>, files: Vec<FileInfo>) -> PyResult<Vec<B
         .map(|f| {
             let fd = PyDict::new(py);
             // A URL stays text: a pathlib.Path would fold its `//`.
-            match fastprof_core::trace::remote::url_of(&f.path) {
+            match fastprof_core::offline::trace::remote::url_of(&f.path) {
                 Some(url) => fd.set_item("path", url)?,
                 None => fd.set_item("path", &f.path)?,
             }

@@ -1,7 +1,8 @@
 //! Conversions between Python values and JSON: call args to the ready-made
 //! JSON object a record carries, and parsed trace documents back to Python.
 
-use fastprof_core::{json, registry};
+use fastprof_core::json;
+use fastprof_core::runtime::registry;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
 use serde_json::Value;

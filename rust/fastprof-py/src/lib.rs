@@ -14,7 +14,8 @@ mod signals;
 mod steps;
 
 use errors::Error;
-use fastprof_core::{reader, registry};
+use fastprof_core::offline::trace::reader;
+use fastprof_core::runtime::registry;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -53,7 +54,7 @@ fn merge(
     compression_level: u32,
     progress: bool,
 ) -> PyResult<Bound<'_, PyDict>> {
-    use fastprof_core::merge::{MergeOptions, Window};
+    use fastprof_core::offline::merge::{MergeOptions, Window};
     let window = match (steps, start, end) {
         (Some((from, to)), _, _) => Window::Steps { from, to },
         (None, None, None) => Window::All,
@@ -82,7 +83,7 @@ fn merge(
     std::thread::Builder::new()
         .name("fastprof-merge".into())
         .spawn(move || {
-            let _ = tx.send(fastprof_core::merge::merge(&opts));
+            let _ = tx.send(fastprof_core::offline::merge::merge(&opts));
         })
         .map_err(|e| PyRuntimeError::new_err(format!("cannot start the merge thread: {e}")))?;
     // A Receiver is Send but not Sync: it moves into each wait and back.
@@ -183,7 +184,7 @@ fn read_trace(
 #[pyfunction]
 fn trace_inputs(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<[Vec<String>; 4]> {
     let f = py
-        .detach(|| fastprof_core::trace::inputs::find(&paths))
+        .detach(|| fastprof_core::offline::trace::inputs::find(&paths))
         .map_err(Error)?;
     let s = |v: Vec<PathBuf>| v.iter().map(|p| p.display().to_string()).collect();
     Ok([s(f.files), s(f.own), s(f.removed), f.warnings])
@@ -197,14 +198,14 @@ fn trace_inputs(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<[Vec<String>; 4
 #[pyo3(signature = (gpus=None))]
 fn nvml_probe(py: Python<'_>, gpus: Option<Vec<String>>) -> PyResult<Bound<'_, PyAny>> {
     let select = session::gpu_select(gpus);
-    let probe = py.detach(|| fastprof_core::sampler::gpu::probe(&select));
+    let probe = py.detach(|| fastprof_core::runtime::sampler::gpu::probe(&select));
     convert::to_py(py, &probe)
 }
 
 /// The clocks a recording would use here (`clock::describe`), as a dict.
 #[pyfunction]
 fn clock_info(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    convert::to_py(py, &fastprof_core::clock::describe())
+    convert::to_py(py, &fastprof_core::runtime::clock::describe())
 }
 
 #[pymodule]
@@ -256,10 +257,13 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(nvml_probe, m)?)?;
     m.add_function(wrap_pyfunction!(clock_info, m)?)?;
     m.add("__version__", fastprof_core::VERSION)?;
-    m.add("DEFAULT_SAMPLE_HZ", fastprof_core::sampler::DEFAULT_HZ)?;
+    m.add(
+        "DEFAULT_SAMPLE_HZ",
+        fastprof_core::runtime::sampler::DEFAULT_HZ,
+    )?;
     m.add(
         "DEFAULT_BUFFER_GROWTH",
-        fastprof_core::ring::DEFAULT_GROWTH_BYTES,
+        fastprof_core::runtime::ring::DEFAULT_GROWTH_BYTES,
     )?;
     Ok(())
 }

@@ -4,9 +4,9 @@
 
 use crate::convert::{args_json, counter_json, text};
 use crate::session::{surface_notices, PyHooks};
-use fastprof_core::record::{Extra, NAME_IN_EXTRA};
-use fastprof_core::registry::ThreadHooks;
-use fastprof_core::{names, registry};
+use fastprof_core::runtime::record::{Extra, NAME_IN_EXTRA};
+use fastprof_core::runtime::registry::ThreadHooks;
+use fastprof_core::runtime::{names, registry};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -372,7 +372,7 @@ fn named_extra(
 /// The recorder's clock now, in its own ticks (for `_complete`).
 #[pyfunction]
 pub fn _ticks() -> u64 {
-    fastprof_core::clock::ticks()
+    fastprof_core::runtime::clock::ticks()
 }
 
 /// A point event.

@@ -1,5 +1,5 @@
 //! `_set_remote`: the storage backend the core reads URL inputs through
-//! (`fastprof_core::trace::remote`), made of a Python object with
+//! (`fastprof_core::offline::trace::remote`), made of a Python object with
 //! `list(url) -> list[tuple[str, int]]` and `open(url) -> binary file`
 //! (`fastprof._remote.FsspecRemote`, over fsspec).
 //!
@@ -13,7 +13,7 @@
 //! A read takes the GIL once per `read`: the file object's own read-ahead
 //! block (fsspec's cache) is what memory holds, never the object.
 
-use fastprof_core::trace::remote::{self, Remote};
+use fastprof_core::offline::trace::remote::{self, Remote};
 use pyo3::exceptions::{PyFileNotFoundError, PyPermissionError, PyTimeoutError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;

@@ -9,13 +9,13 @@
 
 use crate::convert;
 use crate::errors::{not_running, Error, FastprofWarning};
-use fastprof_core::collect::StopReport;
-use fastprof_core::config::Config;
-use fastprof_core::registry::{self, ThreadHooks};
-use fastprof_core::sampler::gpu::GpuSelect;
-use fastprof_core::sampler::{SamplerConfig, SamplerShared};
-use fastprof_core::session::Session as CoreSession;
-use fastprof_core::sink::held::{gzip_held, Copied};
+use fastprof_core::runtime::collect::StopReport;
+use fastprof_core::runtime::config::Config;
+use fastprof_core::runtime::registry::{self, ThreadHooks};
+use fastprof_core::runtime::sampler::gpu::GpuSelect;
+use fastprof_core::runtime::sampler::{SamplerConfig, SamplerShared};
+use fastprof_core::runtime::session::Session as CoreSession;
+use fastprof_core::runtime::sink::held::{gzip_held, Copied};
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -218,7 +218,8 @@ impl Session {
             world_size,
             local_rank,
             buffer_size,
-            buffer_growth: buffer_growth.unwrap_or(fastprof_core::ring::DEFAULT_GROWTH_BYTES),
+            buffer_growth: buffer_growth
+                .unwrap_or(fastprof_core::runtime::ring::DEFAULT_GROWTH_BYTES),
             flush_interval_s: flush_interval,
             segment_size,
             segment_seconds,

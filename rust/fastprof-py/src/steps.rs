@@ -1,5 +1,5 @@
 //! `_StepLoop` and `_LoaderIter`: the Python face of the core's step
-//! machine (`fastprof_core::steps`), one C call per loop event.
+//! machine (`fastprof_core::runtime::steps`), one C call per loop event.
 //!
 //! The machine decides where steps begin and end; this module only
 //! converts: [`PyHost`] answers the machine's questions by calling the
@@ -17,9 +17,9 @@
 use crate::convert::text;
 use crate::recording::lookup;
 use crate::session::{surface_notices, PyHooks, Session};
-use fastprof_core::steps::rss::StepRss;
-use fastprof_core::steps::{self, Ended, Fetch, Plan, Position, StepHost, StepMachine};
-use fastprof_core::{clock, registry};
+use fastprof_core::runtime::steps::rss::StepRss;
+use fastprof_core::runtime::steps::{self, Ended, Fetch, Plan, Position, StepHost, StepMachine};
+use fastprof_core::runtime::{clock, registry};
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
@@ -310,7 +310,7 @@ impl _StepLoop {
 
     /// Record the process's resident memory at steps' ends as the counter
     /// `name` (bytes, from /proc/self/statm: one read of a file kept open),
-    /// within the core's budget (`fastprof_core::steps::rss`: every step
+    /// within the core's budget (`fastprof_core::runtime::steps::rss`: every step
     /// longer than 20 reads gets its own). Returns None when on, else why it
     /// cannot be (no procfs).
     fn record_rss(&mut self, name: &Bound<'_, PyString>) -> PyResult<Option<String>> {
