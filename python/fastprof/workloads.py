@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fastprof._package import pip_install
+
 
 def require_torch() -> Any:
     try:
         import torch
     except ImportError:
-        from fastprof._package import pip_install
-
         raise SystemExit(
             f"fastprof: this needs PyTorch, which is not installed; install it with: {pip_install('torch')}"
         ) from None

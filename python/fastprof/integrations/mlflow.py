@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from fastprof._core import ConfigError, FastprofFileNotFoundError, FastprofWarning
+from fastprof._package import pip_install
 from fastprof.reports.csvout import TABLES
 from fastprof.reports.report import Report
 
@@ -166,8 +167,6 @@ def log_report(report_or_path: Any, *, run_id: str | None = None, artifact_path:
         import mlflow
         from mlflow.entities import Metric
     except ImportError as e:
-        from fastprof._package import pip_install
-
         raise ConfigError(f"mlflow is not installed ({e}): {pip_install('mlflow')}") from None
     if run_id is None:
         active = mlflow.active_run()
