@@ -14,10 +14,7 @@ Spans, instants and counters go into per-thread Rust ring buffers; a Rust
 writer thread streams them as gzip Chrome traces that Perfetto UI opens.
 """
 
-from fastprof import (
-    _remote,  # noqa: F401  (registers the storage backend URL inputs are read through)
-    _warning_display,
-)
+from fastprof import _warning_display
 from fastprof._columns import Columns, read_columns
 from fastprof._core import (
     AlreadyRunningError,
@@ -50,6 +47,7 @@ from fastprof.profiler import schedule
 from fastprof.profiler.loop import Profiler
 from fastprof.profiler.torch_windows import TorchWindows
 from fastprof.reports import Report
+from fastprof.storage import backend as _backend  # noqa: F401  (registers the backend URL inputs are read through)
 
 # A FastprofWarning shows as one `fastprof: ...` line (filters and recorders see it as ever).
 _warning_display.install()

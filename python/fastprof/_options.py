@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastprof import _storage
 from fastprof._core import DEFAULT_BUFFER_GROWTH, DEFAULT_SAMPLE_HZ, ConfigError
+from fastprof.storage import urls as _urls
 
 U32_MAX = 2**32 - 1
 U64_MAX = 2**64 - 1
@@ -760,8 +760,8 @@ def resolve(
     # A URL that names no place (s3:// with no bucket, a scheme nobody
     # serves) is refused here, before a spool or a local folder named after
     # it (./s3:/run) exists.
-    _storage.check_location(out, _origin(BY_NAME["out_dir"], given.get("out_dir"), env))
-    if _storage.is_url(out):
+    _urls.check_location(out, _origin(BY_NAME["out_dir"], given.get("out_dir"), env))
+    if _urls.is_url(out):
         # Records into a local spool; the uploader sends what closes.
         v["out_url"] = out.rstrip("/")
         spool = (
@@ -770,9 +770,9 @@ def resolve(
             else os.path.join(tempfile.gettempdir(), "fastprof-spool", spool_name(out))
         )
         where = _origin(BY_NAME["spool_dir"], given.get("spool_dir"), env)
-        if _storage.is_url(spool):
+        if _urls.is_url(spool):
             raise ConfigError(f"invalid {where}: expected a local directory, got the URL {spool}")
-        _storage.check_location(spool, where)  # s3:/x would be a local folder named s3:
+        _urls.check_location(spool, where)  # s3:/x would be a local folder named s3:
         v["spool_dir"] = Path(spool)
         out = spool
         if _explicit(BY_NAME["segment_seconds"], given.get("segment_seconds"), env) is None:

@@ -24,7 +24,7 @@ Who holds what:
 * ``run_dirs_chosen``: run directories chosen by this process so far
   (:mod:`fastprof._rundir`: the job's n-th run);
 * ``spool_said``: whether this process named its upload spool on stderr
-  (:mod:`fastprof._spool`: once per process);
+  (:mod:`fastprof.storage.spool`: once per process);
 * ``async_spans``: one key per asyncio task for the decorator's async spans
   (:mod:`fastprof._decorate`).
 

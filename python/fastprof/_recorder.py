@@ -31,7 +31,7 @@ from fastprof._options import Options, resolve
 from fastprof._options import docstring as options_docstring
 from fastprof._process import PROCESS
 from fastprof._psutil_sampler import PsutilHostSampler
-from fastprof._spool import Spool
+from fastprof.storage.spool import Spool
 
 # The recorder running now, fastprof run's and those that joined it:
 # PROCESS.recorders (fastprof._process).
@@ -58,7 +58,7 @@ class RunStats:
     #: time) and the newest deletions one by one (``deleted``); None when nothing was.
     rotated: dict[str, Any] | None = None
     #: With ``out_dir`` a URL: what was uploaded, what failed and what is
-    #: left in the spool (:meth:`fastprof._uploader.Uploader.close`); None
+    #: left in the spool (:meth:`fastprof.storage.uploader.Uploader.close`); None
     #: for a local run, or until a Profiler that owns the upload ends it.
     upload: dict[str, Any] | None = None
 
@@ -135,7 +135,7 @@ class Recorder:
         #: a ``"distributedInfo"`` entry is written at the top level, as Kineto does.
         self.metadata: dict[str, Any] = {}
         o = self.options
-        #: With ``out_dir`` a URL: the spool's upload (see :mod:`fastprof._spool`).
+        #: With ``out_dir`` a URL: the spool's upload (see :mod:`fastprof.storage.spool`).
         self.spool: Spool | None = (
             Spool(o.out_url, o.spool_dir, o.upload_timeout) if o.out_url is not None and o.spool_dir else None
         )

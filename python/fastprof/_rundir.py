@@ -82,7 +82,7 @@ STORE_WAIT_S = 60.0
 #: Suffixes tried before giving up and appending (said on stderr).
 MAX_SUFFIX = 10_000
 #: A rank's "I am done" marker: a file in its folder (local runs), the same
-#: name as an object in the store (runs on object storage; see fastprof._spool).
+#: name as an object in the store (runs on object storage; see fastprof.storage.spool).
 DONE_MARKER = ".fastprof-done"
 #: Files of a rank folder that mean a recording was there.
 _SEGMENT_PREFIX = "fastprof."

@@ -248,7 +248,7 @@ def test_an_older_boto3_never_drags_s3fs_back_to_2019(tmp_path: Path) -> None:
 S3_PROBE = textwrap.dedent(
     """
     import sys, fsspec, s3fs
-    from fastprof._storage import StoreConflictError, open_store
+    from fastprof.storage.store import StoreConflictError, open_store
     print("versions", s3fs.__version__, fsspec.__version__, s3fs.__file__)
     s3fs.S3FileSystem().mkdir("floor")
     store = open_store("s3://floor/runs")

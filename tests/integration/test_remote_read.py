@@ -25,8 +25,8 @@ pytest.importorskip("moto.server")
 
 import fastprof
 from fastprof import _core
-from fastprof._remote import READ_BLOCK, FsspecRemote
-from fastprof._storage import open_store
+from fastprof.storage.backend import READ_BLOCK, FsspecRemote
+from fastprof.storage.store import open_store
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Run directories on object storage, the writing side (issue #26): the store
-(:mod:`fastprof._storage`), the spool's uploader (:mod:`fastprof._uploader`)
+(:mod:`fastprof.storage.store`), the spool's uploader (:mod:`fastprof.storage.uploader`)
 and ``fastprof upload``, against a real S3 server: moto's, started as a
 process on a free port, reached through the standard AWS environment only."""
 
@@ -20,9 +20,10 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
 from fastprof import ConfigError
-from fastprof._storage import Store, StoreConflictError, is_url, open_store
-from fastprof._uploader import Uploader, closed_files
 from fastprof.cli.main import main
+from fastprof.storage.store import Store, StoreConflictError, open_store
+from fastprof.storage.uploader import Uploader, closed_files
+from fastprof.storage.urls import is_url
 from moto_s3 import MotoServer, _free_port, new_bucket, point_at, wait_until
 
 
@@ -316,7 +317,7 @@ def test_an_outage_is_said_while_the_job_runs_reminded_and_its_end_said(
     every remind_s with what waits in the spool, and its end is said when
     the bucket is there; the final pass says nothing (the end's own line
     does)."""
-    from fastprof._uploader import WARN_AFTER_FAILURES
+    from fastprof.storage.uploader import WARN_AFTER_FAILURES
 
     server = MotoServer()
     server.start()

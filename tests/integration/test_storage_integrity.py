@@ -26,9 +26,9 @@ pytest.importorskip("moto.server")
 
 import s3fs
 
-from fastprof._spool import claim_in_store
-from fastprof._storage import Store, StoreConflictError, open_store
-from fastprof._uploader import Uploader
+from fastprof.storage.spool import claim_in_store
+from fastprof.storage.store import Store, StoreConflictError, open_store
+from fastprof.storage.uploader import Uploader
 from moto_s3 import MotoServer, child_env
 
 #: A job that waits for a barrier file before it starts recording (so two
@@ -330,7 +330,7 @@ def test_a_run_still_being_written_is_read_whatever_moved_since_the_listing(s3_u
     rename, and skip what is gone with a note, instead of FileNotFoundError."""
     import fastprof
     from fastprof import _core
-    from fastprof._remote import FsspecRemote, register
+    from fastprof.storage.backend import FsspecRemote, register
 
     out = tmp_path / "runs"
     with fastprof.Recorder(out_dir=out, run_name="live", sample_hz=0, segment_seconds=0.2, flush_interval=0.05) as rec:
@@ -365,7 +365,7 @@ def test_a_run_still_being_written_is_read_whatever_moved_since_the_listing(s3_u
         cols = fastprof.read_columns(f"{s3_url}/live")
         rep = fastprof.report(f"{s3_url}/live", out_dir=tmp_path / "rep", formats=())
     finally:
-        import fastprof._remote as remote_mod
+        import fastprof.storage.backend as remote_mod
 
         remote_mod._registered = False
         register()

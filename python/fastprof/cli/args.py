@@ -15,8 +15,8 @@ from typing import Any, NoReturn
 
 from fastprof._core import ConfigError
 from fastprof._options import BY_NAME, _parsed
-from fastprof._storage import check_location, is_url
 from fastprof.profiler.options import _BY_NAME as PROFILER
+from fastprof.storage.urls import check_location, is_url
 
 __all__ = ["Parser", "integer", "location", "option", "plain", "seconds", "url"]
 

@@ -31,13 +31,14 @@ from rich.console import Console
 from rich.table import Table
 
 from fastprof._core import FastprofError
-from fastprof._storage import is_url, open_store
 from fastprof.cli.args import location
 from fastprof.cli.errors import CommandError, describe, exit_code
 from fastprof.cli.report import WARMUP_STEPS
 from fastprof.reports import report
 from fastprof.reports.finite import number
 from fastprof.reports.report import SCHEMA_DIR
+from fastprof.storage.store import open_store
+from fastprof.storage.urls import is_url
 
 #: A threshold past 10,000x is no gate at all: a typo (1e308%), not a limit.
 MAX_PCT = 1_000_000.0

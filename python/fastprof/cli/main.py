@@ -10,10 +10,10 @@ from collections.abc import Sequence
 
 from fastprof import __version__
 from fastprof._core import FastprofError
-from fastprof._storage import store_failure
 from fastprof.cli import demo, diff, doctor, merge, report, run, summary, trigger, upload
 from fastprof.cli.args import Parser, plain
 from fastprof.cli.errors import CommandError, describe, exit_code
+from fastprof.storage.store import store_failure
 
 __all__ = ["CommandError", "build_parser", "describe", "main"]
 

@@ -18,10 +18,10 @@ from typing import Any
 
 from fastprof._core import FastprofError
 from fastprof._report import report  # the public wrapper: it logs to MLflow when asked
-from fastprof._storage import is_url
 from fastprof.cli.args import integer, location
 from fastprof.cli.errors import CommandError, describe, exit_code
 from fastprof.reports.csvout import tables
+from fastprof.storage.urls import is_url
 
 WARMUP_STEPS = integer(0, 10**9, "a number of steps")
 BATCH_SIZE = integer(1, 10**9, "a number of samples")

@@ -34,10 +34,10 @@ from fastprof import run as zero
 from fastprof._core import DEFAULT_SAMPLE_HZ, ConfigError
 from fastprof._loop_api import RunHost
 from fastprof._options import BY_NAME, _origin, _value
-from fastprof._storage import check_location, is_url
 from fastprof.cli.args import location, option
 from fastprof.cli.errors import CommandError
 from fastprof.profiler.loop import Profiler
+from fastprof.storage.urls import check_location, is_url
 
 
 def add_parser(verbs: Any) -> None:

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from fastprof._rundir import RANK_DIR
-from fastprof._spool import claim_in_store, read_store_claim
-from fastprof._storage import REWRITTEN, Store, StoreConflictError, open_store
-from fastprof._uploader import closed_files
 from fastprof.cli.args import location, url
 from fastprof.cli.errors import CommandError
 from fastprof.reports.data import human_bytes
+from fastprof.storage.spool import claim_in_store, read_store_claim
+from fastprof.storage.store import REWRITTEN, Store, StoreConflictError, open_store
+from fastprof.storage.uploader import closed_files
 
 __all__ = ["add_parser", "run"]
 

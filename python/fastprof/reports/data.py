@@ -34,9 +34,9 @@ import numpy.typing as npt
 from fastprof._columns import Columns, read_columns
 from fastprof._core import FastprofError, FastprofFileNotFoundError, trace_inputs
 from fastprof._rundir import RANK_DIR, in_rank_dir, object_url
-from fastprof._storage import is_url
 from fastprof.reports.finite import counter_warnings
-from fastprof.reports.remote import RemoteRun, open_url
+from fastprof.storage.run_view import RemoteRun, open_url
+from fastprof.storage.urls import is_url
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -91,7 +91,7 @@ class RunData:
     run_dir: Path | None
     cols: Columns
     #: A run on object storage: its URL (``path`` and ``run_dir`` are then
-    #: the local view of its side documents; see :mod:`fastprof.reports.remote`).
+    #: the local view of its side documents; see :mod:`fastprof.storage.run_view`).
     source: str | None = None
     #: rank -> parsed rank{R}/profiler.json (of a segment read alone: the
     #: one beside it, when it is that recording's, see :func:`load`)
@@ -243,7 +243,7 @@ def load(
     else every rank's segments and torch windows) or a single trace.
     ``fold``: spans of :data:`KINETO_CATEGORIES` as totals, not rows.
     ``resolved``: :func:`resolve`'s answer for ``path``, when the caller has it.
-    ``remote``: a run on object storage (:mod:`fastprof.reports.remote`):
+    ``remote``: a run on object storage (:mod:`fastprof.storage.run_view`):
     its traces read by URL, its side documents from its local view.
 
     Raises :class:`fastprof.FastprofFileNotFoundError` for a missing path,

@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from fastprof._storage import is_url, open_store
 from fastprof.memory.leaks import MIN_FLAT_SHARE, MIN_GROWTH_BYTES, MIN_GROWTH_SHARE, growth
 from fastprof.memory.operators import operator_table
 from fastprof.reports.data import RunData, step_spans, where_now
-from fastprof.reports.remote import open_url
+from fastprof.storage.run_view import open_url
+from fastprof.storage.store import open_store
+from fastprof.storage.urls import is_url
 
 #: The allocator's per-step peak.
 CUDA_PEAK = "mem.cuda.allocated_peak [B]"

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 
 from fastprof._core import ConfigError, __version__
-from fastprof._storage import check_location, check_url, is_url, open_store
 from fastprof.reports import data as _data
 from fastprof.reports.anatomy import anatomy_report
 from fastprof.reports.breakdown import step_breakdown
@@ -29,13 +28,15 @@ from fastprof.reports.jsonout import write_json
 from fastprof.reports.memory import memory_report
 from fastprof.reports.ranks import ranks_report
 from fastprof.reports.recommendations import recommend
-from fastprof.reports.remote import RemoteRun, open_run, put_reports
 from fastprof.reports.resumed import resumed_report
 from fastprof.reports.rotation import rotation_report
 from fastprof.reports.speed import speed_report
 from fastprof.reports.system import system_report
 from fastprof.reports.time import time_report
 from fastprof.reports.triggers import triggers_report
+from fastprof.storage.run_view import RemoteRun, open_run, put_reports
+from fastprof.storage.store import open_store
+from fastprof.storage.urls import check_location, check_url, is_url
 
 SCHEMA_ID = "fastprof.report"
 SCHEMA_VERSION = 4

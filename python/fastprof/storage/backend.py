@@ -21,7 +21,7 @@ import builtins
 from typing import IO, Any
 
 from fastprof import _core
-from fastprof._storage import READ_BLOCK, Store, open_store
+from fastprof.storage.store import READ_BLOCK, Store, open_store
 
 __all__ = ["READ_BLOCK", "FsspecRemote", "register"]
 

@@ -2,7 +2,7 @@
 s3://bucket/runs/run1``.
 
 The traces are read where they are: the core's input walker lists the URL and
-its scanner streams each object by ranged reads (``fastprof._remote``), so a
+its scanner streams each object by ranged reads (``fastprof.storage.backend``), so a
 report of a bucket run holds what a report of a local run holds, and nothing
 is downloaded first. The run's side documents (``profiler.json``,
 ``triggers.json``, the memory profiling's small JSON files: kilobytes) are
@@ -23,8 +23,8 @@ from typing import Any
 
 from fastprof._core import FastprofFileNotFoundError
 from fastprof._rundir import RANK_DIR
-from fastprof._storage import Store, open_store
-from fastprof._uploader import SEGMENT as _SEGMENT
+from fastprof.storage.store import Store, open_store
+from fastprof.storage.uploader import SEGMENT as _SEGMENT
 
 __all__ = ["SIDE_MAX_BYTES", "RemoteRun", "open_run", "put_reports"]
 

@@ -3,7 +3,7 @@
 
 The recorder writes ``<spool_dir>/<run_name>/rank{R}/...`` exactly as into a
 local run directory (so every writer, the Profiler's torch windows and memory
-files included, is unchanged); a :class:`fastprof._uploader.Uploader` thread
+files included, is unchanged); a :class:`fastprof.storage.uploader.Uploader` thread
 sends each closed file to ``<out_url>/<run_name>/rank{R}/...`` and frees the
 spool of it. This module opens the store (a missing extra is one line on
 stderr and the job trains on, its recording kept in the spool), starts and
@@ -30,11 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fastprof import _storage
 from fastprof._core import ConfigError
 from fastprof._process import PROCESS
 from fastprof._rundir import CLAIM, DONE_MARKER, process_identity
-from fastprof._uploader import SEGMENT, Uploader
+from fastprof.storage import store as _storage
+from fastprof.storage.uploader import SEGMENT, Uploader
 
 __all__ = ["STORE_CLAIM", "Spool", "bounded", "claim_in_store", "read_store_claim", "upload_command"]
 
@@ -88,7 +88,7 @@ def claim_in_store(store: _storage.Store, key: str, job: str, *, force: bool = F
     """Claim ``key`` (:func:`claim_key`) for ``job``: None when the name is
     this job's (claimed now, or earlier by the same job), else who holds it.
 
-    The claim is created only if absent (:meth:`fastprof._storage.Store.create`:
+    The claim is created only if absent (:meth:`fastprof.storage.store.Store.create`:
     on S3 a conditional write), so two jobs starting together under one name
     have one winner; the other takes ``<name>-2``. A name whose folder holds
     objects and no claim is an earlier run's (an older fastprof's). ``force``

@@ -20,40 +20,20 @@ from __future__ import annotations
 
 import builtins
 import hashlib
-import importlib.util
 import os
-import re
 from dataclasses import dataclass
 from typing import IO, Any
 
-from fastprof._core import ConfigError, FastprofError
+from fastprof._core import FastprofError
+from fastprof.storage.urls import check_url, missing
 
 __all__ = [
-    "EXTRAS",
     "REWRITTEN",
     "Store",
     "StoreConflictError",
-    "check_location",
-    "check_url",
-    "is_url",
     "open_store",
     "store_failure",
 ]
-
-#: ``<scheme>://`` (two letters at least: ``C://x`` is a Windows drive, not
-#: a URL), or an fsspec chain (``simplecache::s3://...``).
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+(://|::)")
-
-#: Protocol -> (the fastprof extra that installs it, the package it needs).
-EXTRAS: dict[str, tuple[str, str]] = {
-    "s3": ("s3", "s3fs"),
-    "s3a": ("s3", "s3fs"),
-    "gs": ("gcs", "gcsfs"),
-    "gcs": ("gcs", "gcsfs"),
-    "az": ("azure", "adlfs"),
-    "abfs": ("azure", "adlfs"),
-    "abfss": ("azure", "adlfs"),
-}
 
 #: File names fastprof writes again while a run goes on (state that is
 #: replaced, not appended): their newest version replaces the object.
@@ -95,101 +75,6 @@ class StoreConflictError(FastprofError, FileExistsError):
     It is left as it is; the local file stays where it was."""
 
 
-def is_url(text: str | os.PathLike[str]) -> bool:
-    """Whether ``text`` names a place through fsspec (``s3://b/runs``,
-    ``file:///tmp/x``, ``simplecache::s3://...``) rather than a local path.
-    ``C:\\runs`` and ``runs/s3:`` are paths."""
-    return isinstance(text, str) and _URL.match(text) is not None
-
-
-#: Protocols whose first path component is a bucket (a container, an
-#: account): a URL without one names no place. The local ones (``file``,
-#: ``local``) need a path, ``memory`` nothing.
-_LOCAL = frozenset({"file", "local"})
-_NO_BUCKET = frozenset({"memory", "data", "http", "https"}) | _LOCAL
-#: What the first component of each such protocol is called, for the message.
-_BUCKET_WORD = {"az": "container", "abfs": "container", "abfss": "container", "adl": "store"}
-#: ``s3:/bucket`` (one slash): a URL that lost a slash, which as a local path
-#: would make a folder named ``s3:`` (group 1 the scheme).
-_ONE_SLASH = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+):/?(?!/)")
-
-
-def _served() -> frozenset[str]:
-    """Protocols some filesystem serves: fsspec's known and registered
-    implementations (installed or not: a missing package is the extra's
-    line, not an unknown protocol), or without fsspec the ones fastprof
-    knows of."""
-    try:
-        from fsspec.registry import known_implementations, registry
-    except ImportError:
-        return frozenset(EXTRAS) | _NO_BUCKET
-    return frozenset(known_implementations) | frozenset(registry)
-
-
-def check_url(url: str, what: str = "out_dir") -> str:
-    """Refuse, before anything is created or run, a URL that names no place:
-    a scheme no filesystem serves (``foo://x``), an object store's URL
-    without its bucket (``s3://``, ``s3:///runs``), ``file://`` without a
-    path. Raises a one-line :class:`ConfigError` naming ``what`` (the
-    setting it came from) and the URL; returns ``url`` unchanged."""
-    links = url.split("::")
-    served = _served()
-    for link in links:
-        proto = link.split("://", 1)[0].lower() if "://" in link else link.lower()
-        if proto not in served:
-            raise ConfigError(
-                f"{what} {url}: no filesystem serves {proto}:// (expected s3://BUCKET/prefix, gs://..., az://..., file:///path)"
-            )
-    last = links[-1]
-    if "://" not in last:
-        raise ConfigError(f"{what} {url}: the chain ends without a URL (expected e.g. simplecache::s3://BUCKET/prefix)")
-    proto, rest = last.split("://", 1)
-    proto = proto.lower()
-    if proto in _LOCAL:
-        if not rest.strip("/"):
-            raise ConfigError(f"{what} {url}: {proto}:// needs a path: {proto}:///absolute/path")
-    elif proto not in _NO_BUCKET and not rest.split("/", 1)[0].strip():
-        word = _BUCKET_WORD.get(proto, "bucket")
-        raise ConfigError(f"{what} {url}: {proto}:// needs a {word}: {proto}://{word.upper()}/prefix")
-    return url
-
-
-def check_location(text: str | os.PathLike[str], what: str) -> str | os.PathLike[str]:
-    """:func:`check_url` for a URL; for a local path, refuse one whose first
-    folder is a storage scheme (``s3:/bucket/x``, a URL that lost a slash),
-    which would otherwise become a local folder named ``s3:``. Returns
-    ``text`` unchanged."""
-    if is_url(text):
-        return check_url(os.fspath(text), what)
-    m = _ONE_SLASH.match(os.fspath(text))
-    if m and m.group(1).lower() in _served() - {"file", "local"}:
-        raise ConfigError(
-            f"{what} {os.fspath(text)}: a local path that starts with the storage scheme {m.group(1)}: "
-            f"(a URL needs two slashes: {m.group(1)}://...; a folder of that name: ./{os.fspath(text)})"
-        )
-    return text
-
-
-def _protocol(url: str) -> str:
-    """The storage protocol of ``url``: a chain's last link
-    (``simplecache::s3://b/x`` is stored on s3)."""
-    return url.split("::")[-1].split("://", 1)[0].lower()
-
-
-def _missing(url: str, what: str, e: BaseException) -> ConfigError:
-    """The one line for a URL whose protocol cannot be used here."""
-    proto = _protocol(url)
-    if proto in EXTRAS:
-        extra, package = EXTRAS[proto]
-        from fastprof._package import pip_install
-
-        why = "is not installed" if importlib.util.find_spec(package) is None else f"cannot be imported: {e}"
-        return ConfigError(f"{what} {url} needs the {extra} extra: {pip_install(extra)} ({package} {why})")
-    if isinstance(e, ImportError):
-        return ConfigError(f"{what} {url}: the {proto}:// protocol needs a package that is not installed ({e})")
-    return ConfigError(f"{what} {url}: unknown storage protocol {proto!r} ({e})")
-
-
 @dataclass(frozen=True)
 class PutResult:
     """What :meth:`Store.put` did: ``"uploaded"``, or ``"same"`` (the object
@@ -204,7 +89,7 @@ class Store:
     the root (``<run>/rank0/fastprof.0.json.gz``), always with ``/``.
 
     Every method may block on the network; callers that must not wait (the
-    training thread) go through :class:`fastprof._uploader.Uploader`."""
+    training thread) go through :class:`fastprof.storage.uploader.Uploader`."""
 
     def __init__(self, url: str, fs: Any, root: str) -> None:
         self.url = url
@@ -441,18 +326,18 @@ def store_failure(e: BaseException) -> str | None:
 
 
 def open_store(url: str, what: str = "out_dir") -> Store:
-    """The :class:`Store` for ``url`` (an fsspec URL, :func:`is_url`).
+    """The :class:`Store` for ``url`` (an fsspec URL, :func:`fastprof.storage.urls.is_url`).
 
     Nothing is contacted yet: a wrong endpoint or missing credentials show at
     the first upload. A protocol whose package is absent is a
     :class:`ConfigError` of one line naming the fastprof extra that brings
     it; ``what`` names the setting the URL came from in that line. A URL
-    that names no place is refused first (:func:`check_url`)."""
+    that names no place is refused first (:func:`fastprof.storage.urls.check_url`)."""
     check_url(url, what)
     try:
         import fsspec.core  # installed with every protocol's package (s3fs, gcsfs, adlfs)
 
         fs, root = fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as e:
-        raise _missing(url, what, e) from None
+        raise missing(url, what, e) from None
     return Store(url, fs, root)

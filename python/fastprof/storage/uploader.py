@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastprof._storage import REWRITTEN, Store, StoreConflictError
+from fastprof.storage.store import REWRITTEN, Store, StoreConflictError
 
 __all__ = ["Uploader", "closed_files", "is_candidate"]
 
