@@ -4,7 +4,8 @@ use super::*;
 use crate::test_support::{gzip, trace_error, Trickle};
 use flate2::write::GzEncoder;
 use flate2::Compression;
-use std::io::Write;
+use std::io::{Cursor, Write};
+use std::ops::Range;
 
 #[derive(Debug, PartialEq)]
 enum Got {
