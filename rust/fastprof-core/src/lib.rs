@@ -7,7 +7,7 @@
 //! * [`offline`]: the streaming half that reads what was written, in this process or another:
 //!   the trace scanner, reader and columns, the step analysis, `fastprof merge`, parallel gzip
 //!   and CSV. It never uses [`runtime`] (tests/unit/test_core_module_cycles.py checks), so
-//!   reading a run never starts, reaches or links a recording.
+//!   reading a run never starts or reaches a recording.
 //! * [`error`], [`json`]: the one error enum and allocation-free JSON formatting, used by both.
 
 pub mod error;
