@@ -38,7 +38,6 @@ from fastprof._core import (
 )
 from fastprof._merge import merge
 from fastprof._reader import read_trace
-from fastprof._recorder import Recorder, RunStats, current, start, stop
 from fastprof._report import report
 from fastprof.always_on.triggers import Triggers
 from fastprof.memory import ModelSummary, model_summary
@@ -46,6 +45,7 @@ from fastprof.memory.history import MemoryHistory
 from fastprof.profiler import schedule
 from fastprof.profiler.loop import Profiler
 from fastprof.profiler.torch_windows import TorchWindows
+from fastprof.recording.recorder import Recorder, RunStats, current, start, stop
 from fastprof.reports import Report
 from fastprof.storage import backend as _backend  # noqa: F401  (registers the backend URL inputs are read through)
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastprof._core import ConfigError
-from fastprof._options import BY_NAME, _value
+from fastprof.recording.options import BY_NAME, _value
 
 __all__ = [
     "SKEW_ENV",

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from fastprof._recorder import Recorder
+from fastprof.recording.recorder import Recorder
 
 __all__ = ["ExitHost", "LoopHost", "RunEndHost", "RunHost", "TriggerHost", "Window"]
 

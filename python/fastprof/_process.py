@@ -9,7 +9,7 @@ Who holds what:
 
 * ``recorders``: the recorder that records now (``fastprof.current()``,
   what ``fastprof.span`` writes into), ``fastprof run``'s recorder and the
-  script's Recorders that joined it (:mod:`fastprof._recorder`);
+  script's Recorders that joined it (:mod:`fastprof.recording.recorder`);
 * ``run_host``: ``fastprof run``'s Profiler while it runs
   (:meth:`fastprof.Profiler.host_run`): a Profiler the script starts on its
   recorder takes the loop from it;
@@ -22,7 +22,7 @@ Who holds what:
 * ``collect``: the entries and allocator snapshots of
   ``@fastprof.memory.collect`` (:mod:`fastprof.memory.collector`);
 * ``run_dirs_chosen``: run directories chosen by this process so far
-  (:mod:`fastprof._rundir`: the job's n-th run);
+  (:mod:`fastprof.recording.rundir`: the job's n-th run);
 * ``spool_said``: whether this process named its upload spool on stderr
   (:mod:`fastprof.storage.spool`: once per process);
 * ``async_spans``: one key per asyncio task for the decorator's async spans
@@ -56,7 +56,7 @@ __all__ = ["PROCESS", "Process"]
 
 @dataclass
 class Recorders:
-    """:mod:`fastprof._recorder`'s state."""
+    """:mod:`fastprof.recording.recorder`'s state."""
 
     #: Held while a recorder starts or stops (one recording at a time).
     lock: threading.Lock = field(default_factory=threading.Lock)

@@ -1,4 +1,4 @@
-"""Which run directory a run takes (``fastprof._rundir``): a second run under
+"""Which run directory a run takes (``fastprof.recording.rundir``): a second run under
 the same run name records in ``<run_name>-2`` (said on stderr) instead of
 appending to the first; ``resume=True`` / ``FASTPROF_RESUME=1`` appends on
 purpose and the report shows the time between the runs as idle.

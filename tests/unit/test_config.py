@@ -1,6 +1,6 @@
 """Pure checks of the public surface: the exception and warning hierarchy,
 the ``RunStats`` dataclass, and the one table of options
-(``fastprof._options``): how every option's argument and environment
+(``fastprof.recording.options``): how every option's argument and environment
 variables are honoured or refused when a ``Recorder`` is made, before any
 file is created, and that the signature, the docs and README follow the table.
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import fastprof
-from fastprof import _options_doc
-from fastprof._options import ENV_VARS, OPTIONS, TORCHRUN, Options, resolve
+from fastprof.recording import options_doc as _options_doc
+from fastprof.recording.options import ENV_VARS, OPTIONS, TORCHRUN, Options, resolve
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 NAMES = [o.name for o in OPTIONS]
@@ -115,7 +115,7 @@ def test_docstring_lists_every_option():
 def test_readme_table_is_generated_from_the_table():
     block = _options_doc.readme_block(README.read_text())
     assert block == _options_doc.markdown(), (
-        "README's options table is stale: python -m fastprof._options_doc --write README.md"
+        "README's options table is stale: python -m fastprof.recording.options_doc --write README.md"
     )
     for o in OPTIONS:
         assert f"| `{o.name}` |" in block
@@ -123,7 +123,7 @@ def test_readme_table_is_generated_from_the_table():
 
 def test_generator_prints_the_table():
     out = subprocess.run(
-        [sys.executable, "-W", "error", "-m", "fastprof._options_doc", "--markdown"],
+        [sys.executable, "-W", "error", "-m", "fastprof.recording.options_doc", "--markdown"],
         capture_output=True,
         text=True,
     )
@@ -372,7 +372,7 @@ def test_smallest_valid_options(tmp_path):
 
 
 def test_gpu_selection_follows_torchrun_and_cuda_visible_devices():
-    from fastprof._options import resolve_gpus
+    from fastprof.recording.options import resolve_gpus
 
     env = {"CUDA_VISIBLE_DEVICES": "3,1,GPU-abc"}
     assert resolve_gpus("auto", env, local_rank=1, world_size=4) == ["1"]

@@ -100,9 +100,9 @@ from typing import Any
 from fastprof import _core, _dist, _signals
 from fastprof._core import ConfigError, FastprofWarning
 from fastprof._loop_api import TriggerHost
-from fastprof._options import Option, _bool, _float, _int, _str, _value, check_format, prefixed
 from fastprof.memory._files import write_atomic
 from fastprof.memory.oom import add_oom_listener, remove_oom_listener
+from fastprof.recording.options import Option, _bool, _float, _int, _str, _value, check_format, prefixed
 
 __all__ = ["LIVE_FILE", "OPTIONS", "STATE_FILE", "TRIGGER_FILE", "TriggerDriver", "Triggers", "parse_request"]
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from fastprof._core import ConfigError
-from fastprof._options import BY_NAME, _parsed
 from fastprof.profiler.options import _BY_NAME as PROFILER
+from fastprof.recording.options import BY_NAME, _parsed
 from fastprof.storage.urls import check_location, is_url
 
 __all__ = ["Parser", "integer", "location", "option", "plain", "seconds", "url"]

@@ -43,10 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from fastprof import __version__, _core
-from fastprof._options import BY_NAME, ENV_VARS, resolve
 from fastprof._package import DISTRIBUTION
 from fastprof.cli.args import seconds
 from fastprof.cli.errors import CommandError, describe
+from fastprof.recording.options import BY_NAME, ENV_VARS, resolve
 
 OK = "ok"
 UNAVAILABLE = "unavailable"

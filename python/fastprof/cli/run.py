@@ -33,10 +33,10 @@ from typing import Any
 from fastprof import run as zero
 from fastprof._core import DEFAULT_SAMPLE_HZ, ConfigError
 from fastprof._loop_api import RunHost
-from fastprof._options import BY_NAME, _origin, _value
 from fastprof.cli.args import location, option
 from fastprof.cli.errors import CommandError
 from fastprof.profiler.loop import Profiler
+from fastprof.recording.options import BY_NAME, _origin, _value
 from fastprof.storage.urls import check_location, is_url
 
 

@@ -24,11 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fastprof._rundir import RANK_DIR, object_url
 from fastprof.always_on.triggers import LIVE_FILE, REMOTE_POLL_S, STATE_FILE, TRIGGER_FILE, new_request_id
 from fastprof.cli.args import integer, location, seconds
 from fastprof.cli.errors import CommandError, describe
 from fastprof.memory._files import write_atomic
+from fastprof.recording.rundir import RANK_DIR, object_url
 from fastprof.storage.store import open_store
 from fastprof.storage.urls import is_url
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastprof._rundir import RANK_DIR
 from fastprof.cli.args import location, url
 from fastprof.cli.errors import CommandError
+from fastprof.recording.rundir import RANK_DIR
 from fastprof.reports.data import human_bytes
 from fastprof.storage.spool import claim_in_store, read_store_claim
 from fastprof.storage.store import REWRITTEN, Store, StoreConflictError, open_store

@@ -48,8 +48,8 @@ from typing import Any
 
 from fastprof import _core
 from fastprof._core import ConfigError
-from fastprof._options import Option, _bool, _int, _str, _value, check_format, prefixed
 from fastprof.memory._files import atomic, write_atomic
+from fastprof.recording.options import Option, _bool, _int, _str, _value, check_format, prefixed
 
 #: Default bound: entries per step of a window...
 ENTRIES_PER_STEP = 20_000

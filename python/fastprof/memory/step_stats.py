@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 from fastprof import _core
-from fastprof._budget import moving_cost
+from fastprof.recording.budget import moving_cost
 
 #: The host counter, recorded by the core at each step's end.
 RSS_COUNTER = "mem.rss [B]"

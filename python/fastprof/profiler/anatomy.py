@@ -53,7 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastprof import _core
-from fastprof._budget import moving_cost
+from fastprof.recording.budget import moving_cost
 
 #: The phases, in the order reports list them.
 PHASES = ("dataloader", "forward", "backward", "optimizer", "communication", "other")

@@ -69,9 +69,7 @@ from typing import Any, TypeVar
 from fastprof import _core, _dist, _signals
 from fastprof._core import ConfigError, FastprofWarning
 from fastprof._loop_api import LoopHost
-from fastprof._options import _value
 from fastprof._process import PROCESS
-from fastprof._recorder import Recorder, current, set_run_host
 from fastprof.always_on.triggers import DEFAULT_FLIGHT_SECONDS, TriggerDriver, Triggers
 from fastprof.memory import collector as _collect
 from fastprof.memory import oom as _oom
@@ -89,6 +87,8 @@ from fastprof.profiler.options import _BY_NAME, OPTIONS
 from fastprof.profiler.plan import ActionPlan
 from fastprof.profiler.schedule import Action, Schedule
 from fastprof.profiler.torch_windows import TorchWindows, WindowDriver, WindowRecord
+from fastprof.recording.options import _value
+from fastprof.recording.recorder import Recorder, current, set_run_host
 
 __all__ = ["OPTIONS", "Profiler"]
 

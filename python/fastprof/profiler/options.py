@@ -1,11 +1,11 @@
-"""The Profiler's own options (the recorder's are in :mod:`fastprof._options`):
+"""The Profiler's own options (the recorder's are in :mod:`fastprof.recording.options`):
 one row each (name, type, default, ``FASTPROF_*`` variable, check, doc)."""
 
 from __future__ import annotations
 
-from fastprof._options import Option, _bool, _float, _int
 from fastprof.profiler import schedule as _schedule
 from fastprof.profiler.schedule import Schedule
+from fastprof.recording.options import Option, _bool, _float, _int
 
 __all__ = ["OPTIONS"]
 
@@ -16,7 +16,7 @@ def _schedule_value(v: object) -> Schedule:
     return _schedule.as_schedule(v)  # type: ignore[arg-type]
 
 
-#: The Profiler's own options (the recorder's are in fastprof._options).
+#: The Profiler's own options (the recorder's are in fastprof.recording.options).
 OPTIONS: tuple[Option, ...] = (
     Option(
         "schedule",

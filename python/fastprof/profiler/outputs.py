@@ -23,7 +23,7 @@ from fastprof import _core, _dist
 from fastprof._core import FastprofWarning
 from fastprof._loop_api import LoopHost, RunEndHost
 from fastprof._merge import merge
-from fastprof._rundir import DONE_MARKER, RANK_DIR
+from fastprof.recording.rundir import DONE_MARKER, RANK_DIR
 from fastprof.storage.spool import Spool, bounded, say, upload_command
 
 __all__ = ["finish", "merge_command", "update_rotation", "write_summary"]

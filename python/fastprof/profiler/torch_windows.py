@@ -34,8 +34,8 @@ from typing import Any
 
 from fastprof import _core, _signals
 from fastprof._core import ConfigError, FastprofWarning
-from fastprof._options import FORMAT_VARIABLES, Option, _bool, _int, _str, _value, check_format, prefixed
 from fastprof.profiler.schedule import Action, to_torch
+from fastprof.recording.options import FORMAT_VARIABLES, Option, _bool, _int, _str, _value, check_format, prefixed
 
 __all__ = ["FORMAT_VARIABLES", "TorchWindows"]
 

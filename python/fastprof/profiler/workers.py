@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from fastprof import _core, _warning_display
-from fastprof._recorder import Recorder
+from fastprof.recording.recorder import Recorder
 
 #: Seconds between a worker's flushes: what a killed worker loses at most.
 WORKER_FLUSH_INTERVAL = 0.2

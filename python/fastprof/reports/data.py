@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from fastprof._columns import Columns, read_columns
 from fastprof._core import FastprofError, FastprofFileNotFoundError, trace_inputs
-from fastprof._rundir import RANK_DIR, in_rank_dir, object_url
+from fastprof.recording.rundir import RANK_DIR, in_rank_dir, object_url
 from fastprof.reports.finite import counter_warnings
 from fastprof.storage.run_view import RemoteRun, open_url
 from fastprof.storage.urls import is_url

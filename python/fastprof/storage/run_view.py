@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fastprof._core import FastprofFileNotFoundError
-from fastprof._rundir import RANK_DIR
+from fastprof.recording.rundir import RANK_DIR
 from fastprof.storage.store import Store, open_store
 from fastprof.storage.uploader import SEGMENT as _SEGMENT
 

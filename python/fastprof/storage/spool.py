@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from fastprof._core import ConfigError
 from fastprof._process import PROCESS
-from fastprof._rundir import CLAIM, DONE_MARKER, process_identity
+from fastprof.recording.rundir import CLAIM, DONE_MARKER, process_identity
 from fastprof.storage import store as _storage
 from fastprof.storage.uploader import SEGMENT, Uploader
 

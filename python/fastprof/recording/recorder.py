@@ -24,13 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from fastprof import _core, _rundir
+from fastprof import _core
 from fastprof._dist import process_group
-from fastprof._gpu import inventory
-from fastprof._options import Options, resolve
-from fastprof._options import docstring as options_docstring
 from fastprof._process import PROCESS
-from fastprof._psutil_sampler import PsutilHostSampler
+from fastprof.recording import rundir as _rundir
+from fastprof.recording.gpu import inventory
+from fastprof.recording.options import Options, resolve
+from fastprof.recording.options import docstring as options_docstring
+from fastprof.recording.psutil_sampler import PsutilHostSampler
 from fastprof.storage.spool import Spool
 
 # The recorder running now, fastprof run's and those that joined it:
@@ -251,7 +252,7 @@ class Recorder:
         """Take the run directory, once per Recorder (a restart of the same
         Recorder continues its own run): ``run_name``, or ``<run_name>-N``
         when an earlier run holds it, unless ``resume`` (see
-        :mod:`fastprof._rundir`). A Recorder whose trace_dir was set (a
+        :mod:`fastprof.recording.rundir`). A Recorder whose trace_dir was set (a
         DataLoader worker's) records where it was told. :meth:`start` takes
         it; a Profiler takes it earlier, since its torch windows and memory
         files go under the run directory."""
@@ -271,7 +272,7 @@ class Recorder:
     @contextlib.contextmanager
     def _released_if_not_started(self) -> Iterator[None]:
         """A start that fails before recording leaves the run directory free
-        for the next run (its claim undone, see :func:`fastprof._rundir.release`)."""
+        for the next run (its claim undone, see :func:`fastprof.recording.rundir.release`)."""
         try:
             yield
         except BaseException:

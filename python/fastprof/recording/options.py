@@ -8,7 +8,7 @@ trade-off it controls. Everything else is derived from the table:
   torchrun's RANK / LOCAL_RANK / WORLD_SIZE / LOCAL_WORLD_SIZE / GROUP_RANK,
   with every check made here, before anything starts;
 * the options section of :class:`fastprof.Recorder`'s docstring;
-* README's options table (``python -m fastprof._options_doc``, kept apart so
+* README's options table (``python -m fastprof.recording.options_doc``, kept apart so
   that ``-m`` does not run a module the package has already imported; a test
   fails when README differs).
 
