@@ -15,7 +15,6 @@ writer thread streams them as gzip Chrome traces that Perfetto UI opens.
 """
 
 from fastprof import _warning_display
-from fastprof._columns import Columns, read_columns
 from fastprof._core import (
     AlreadyRunningError,
     ConfigError,
@@ -36,8 +35,6 @@ from fastprof._core import (
     name_id,
     span,
 )
-from fastprof._merge import merge
-from fastprof._reader import read_trace
 from fastprof._report import report
 from fastprof.always_on.triggers import Triggers
 from fastprof.memory import ModelSummary, model_summary
@@ -45,6 +42,9 @@ from fastprof.memory.history import MemoryHistory
 from fastprof.profiler import schedule
 from fastprof.profiler.loop import Profiler
 from fastprof.profiler.torch_windows import TorchWindows
+from fastprof.readers.columns import Columns, read_columns
+from fastprof.readers.merge import merge
+from fastprof.readers.trace import read_trace
 from fastprof.recording.recorder import Recorder, RunStats, current, start, stop
 from fastprof.reports import Report
 from fastprof.storage import backend as _backend  # noqa: F401  (registers the backend URL inputs are read through)

@@ -28,9 +28,9 @@ from typing import Any
 
 from fastprof import _core
 from fastprof._core import FastprofError
-from fastprof._merge import MAX_THREADS, describe_rotated, merge
 from fastprof.cli.args import location, seconds
 from fastprof.cli.errors import CommandError, describe, exit_code
+from fastprof.readers.merge import MAX_THREADS, describe_rotated, merge
 from fastprof.recording.options import parse_size
 from fastprof.storage.store import open_store
 from fastprof.storage.urls import is_url

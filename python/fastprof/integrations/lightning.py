@@ -66,11 +66,11 @@ except ImportError as _e:  # pragma: no cover - exercised without lightning inst
 import numpy as np
 
 from fastprof import _core
-from fastprof._columns import read_columns
 from fastprof._core import FastprofError, FastprofWarning
 from fastprof.profiler.loop import Profiler
 from fastprof.profiler.schedule import Schedule
 from fastprof.profiler.torch_windows import TorchWindows
+from fastprof.readers.columns import read_columns
 
 __all__ = ["FastprofProfiler"]
 

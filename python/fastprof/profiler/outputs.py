@@ -22,7 +22,7 @@ from typing import Any
 from fastprof import _core, _dist
 from fastprof._core import FastprofWarning
 from fastprof._loop_api import LoopHost, RunEndHost
-from fastprof._merge import merge
+from fastprof.readers.merge import merge
 from fastprof.recording.rundir import DONE_MARKER, RANK_DIR
 from fastprof.storage.spool import Spool, bounded, say, upload_command
 

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from fastprof._columns import Columns, read_columns
 from fastprof._core import FastprofError, FastprofFileNotFoundError, trace_inputs
+from fastprof.readers.columns import Columns, read_columns
 from fastprof.recording.rundir import RANK_DIR, in_rank_dir, object_url
 from fastprof.reports.finite import counter_warnings
 from fastprof.storage.run_view import RemoteRun, open_url

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fastprof._columns import Columns
+from fastprof.readers.columns import Columns
 
 #: How the trace writer spells non-finite numbers, and the report files too.
 NAN, INF, NEG_INF = "NaN", "Infinity", "-Infinity"

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from fastprof._merge import describe_rotated
+from fastprof.readers.merge import describe_rotated
 from fastprof.reports import html_triggers
 from fastprof.reports.anatomy import per_step_phases, straggler_line
 from fastprof.reports.data import (

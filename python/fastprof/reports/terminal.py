@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fastprof._merge import describe_rotated
+from fastprof.readers.merge import describe_rotated
 from fastprof.reports.anatomy import straggler_line
 from fastprof.reports.data import HOST_COLUMNS, host_rows, human_bytes
 from fastprof.reports.resumed import describe as describe_resumed
