@@ -6,7 +6,7 @@ sampler cost a long job, measured on this machine in one run.
    ``triggers=False`` against triggers armed (signal handler, file poller,
    anomaly detector) and the flight window on; interleaved rounds; cost per
    step = (armed - off) / steps, best of the rounds. Goal: <= 1 µs per step.
-2. Overhead on the demo CNN (``fastprof.workloads``, batch 8, one torch
+2. Overhead on the demo CNN (``fastprof.cli.workloads``, batch 8, one torch
    thread): median step time without fastprof, and with the always-on
    Profiler (``schedule="never"``, triggers armed, flight window 30 s) at
    10 Hz and 100 Hz sampling, in interleaved blocks (a fresh Profiler per
@@ -82,7 +82,7 @@ def trigger_check_cost(tmp: Path, steps: int, rounds: int) -> tuple[float, float
 def model_overhead(tmp: Path, steps: int, rounds: int) -> dict[str, list[float]]:
     import torch
 
-    from fastprof.workloads import make_workload
+    from fastprof.cli.workloads import make_workload
 
     torch.set_num_threads(1)
     w = make_workload(batch_size=8, num_batches=8)

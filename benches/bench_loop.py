@@ -23,7 +23,7 @@ What is measured, in µs per training step, in interleaved rounds in one run:
      minus the same without one: what a Composer Trainer pays for them, including the
      markers Composer puts around its own profiler callbacks.
    Cost per step = (case - baseline) / steps, best of the rounds.
-2. The same cases around the workload's CNN training step (``fastprof.workloads``, batch 8,
+2. The same cases around the workload's CNN training step (``fastprof.cli.workloads``, batch 8,
    one torch thread by default: on a loaded 2-core machine OpenMP's spinning threads
    otherwise make a step 100x slower and its noise larger than everything measured): median
    step time per case in interleaved blocks; shown for honesty, the µs differences sit in
@@ -63,7 +63,7 @@ from typing import Any
 
 import fastprof
 from _util import best, interleaved, interleaved_cpu, machine, verdict
-from fastprof.workloads import make_workload, require_torch
+from fastprof.cli.workloads import make_workload, require_torch
 
 BLOCK = 20
 

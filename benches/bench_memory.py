@@ -36,7 +36,7 @@ import psutil
 
 import fastprof
 from _util import best, interleaved, machine, verdict
-from fastprof.workloads import make_workload, require_torch
+from fastprof.cli.workloads import make_workload, require_torch
 
 
 class FtsStyleHooks:

@@ -29,8 +29,8 @@ from typing import Any
 
 import fastprof
 from _util import best, interleaved, machine
+from fastprof.cli.workloads import require_torch
 from fastprof.run import ZeroCode
-from fastprof.workloads import require_torch
 
 
 def _same(batch: list[Any]) -> Any:

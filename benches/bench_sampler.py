@@ -31,7 +31,7 @@ import psutil
 
 import fastprof
 from _util import machine, verdict
-from fastprof.workloads import make_workload, require_torch
+from fastprof.cli.workloads import make_workload, require_torch
 
 BLOCK = 20
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import fastprof
 from _util import machine, verdict
-from fastprof.workloads import make_workload, require_torch
+from fastprof.cli.workloads import make_workload, require_torch
 
 BLOCK = 20
 NAMES = ("step", "data", "forward", "backward", "optimizer_step")

@@ -1,7 +1,7 @@
 """Training-thread stall where a torch.profiler window ends, side by side in one run.
 
 Every case profiles the same window with torch.profiler (CPU activity, record_shapes):
-one warmup step and ACTIVE recorded steps of the workload's CNN (``fastprof.workloads``),
+one warmup step and ACTIVE recorded steps of the workload's CNN (``fastprof.cli.workloads``),
 driven by a schedule, so that the window ends between two training steps, as in training.
 What is timed is the gap on the training thread between the end of the window's last
 step's work and the start of the next step's work (``step()`` and the fetch of the next
@@ -33,7 +33,7 @@ from typing import Any
 
 import fastprof
 from _util import machine
-from fastprof.workloads import make_workload, require_torch
+from fastprof.cli.workloads import make_workload, require_torch
 
 WARMUP = 1
 AFTER = 3

@@ -18,7 +18,7 @@ from typing import Any
 import fastprof
 from fastprof.cli.args import integer, location
 from fastprof.cli.errors import CommandError
-from fastprof.workloads import make_workload, require_torch
+from fastprof.cli.workloads import make_workload, require_torch
 
 #: The span names the demo records inside each step, in order.
 STEP_SPANS = ("data", "forward", "backward", "optimizer_step")
