@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fastprof import report  # the public wrapper: it logs to MLflow when asked
 from fastprof._core import FastprofError
-from fastprof._report import report  # the public wrapper: it logs to MLflow when asked
 from fastprof.cli.args import integer, location
 from fastprof.cli.errors import CommandError, describe, exit_code
 from fastprof.reports.csvout import tables
