@@ -26,7 +26,7 @@ Who holds what:
 * ``spool_said``: whether this process named its upload spool on stderr
   (:mod:`fastprof.storage.spool`: once per process);
 * ``async_spans``: one key per asyncio task for the decorator's async spans
-  (:mod:`fastprof._decorate`).
+  (:mod:`fastprof.recording.decorate`).
 
 **Fork.** The Rust core resets its own state in a ``pthread_atfork``
 handler. Here, in a forked child, every lock is made anew (one may be held
@@ -134,7 +134,7 @@ class Collect:
 
 @dataclass
 class AsyncSpans:
-    """:mod:`fastprof._decorate`'s state: one key per asyncio task for its
+    """:mod:`fastprof.recording.decorate`'s state: one key per asyncio task for its
     lifetime (``id(task)`` is reused once a task is freed, which would join
     two tasks' spans on one track)."""
 

@@ -13,7 +13,7 @@ trade-off it controls. Everything else is derived from the table:
   fails when README differs).
 
 Ranges are those the Rust core accepts (``Config::validate`` in
-``rust/fastprof-core/src/config.rs`` and the u32/usize/u64 parameters of
+``rust/fastprof-core/src/runtime/config.rs`` and the u32/usize/u64 parameters of
 ``_core.start``), or narrower, so a value accepted here never fails later
 with an ``OverflowError`` or a core error.
 """

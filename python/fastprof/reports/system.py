@@ -1,6 +1,6 @@
 """System and energy report from the sampler's counter tracks.
 
-Counter names are the sampler's (rust/fastprof-core/src/sampler): per GPU
+Counter names are the sampler's (rust/fastprof-core/src/runtime/sampler): per GPU
 ``gpu{i}.util [%]``, ``.mem_used [B]``, ``.mem_total [B]``, ``.power [W]``,
 ``.energy [J]``; host ``sys.cpu [%]``, ``sys.disk_read|write [B/s]``,
 ``sys.net_rx|tx [B/s]``; this process ``proc.cpu_user|system [%]``,

@@ -156,7 +156,7 @@ fn async_end(py: Python<'_>, id: u32, key: u64, exception: bool) {
 fn decorate(span: &Bound<'_, PyAny>, func: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
     let py = span.py();
     Ok(py
-        .import("fastprof._decorate")?
+        .import("fastprof.recording.decorate")?
         .call_method1("wrap", (span, func))?
         .unbind())
 }

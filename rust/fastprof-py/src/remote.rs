@@ -1,7 +1,7 @@
 //! `_set_remote`: the storage backend the core reads URL inputs through
 //! (`fastprof_core::offline::trace::remote`), made of a Python object with
 //! `list(url) -> list[tuple[str, int]]` and `open(url) -> binary file`
-//! (`fastprof._remote.FsspecRemote`, over fsspec).
+//! (`fastprof.storage.backend.FsspecRemote`, over fsspec).
 //!
 //! The core calls it from whatever thread reads: the caller's own, inside
 //! `py.detach` (`read_columns`, `analyze_steps`, `trace_inputs`,

@@ -19,7 +19,7 @@ use std::sync::{Arc, RwLock};
 /// Whether `s` names a place through a storage backend rather than a local
 /// path: `^[A-Za-z][A-Za-z0-9+.-]+(://|::)`. Two letters at least, so a
 /// Windows drive `C://x` is a path; the same rule as the Python package's
-/// `fastprof._storage.is_url`.
+/// `fastprof.storage.urls.is_url`.
 pub fn is_url(s: &str) -> bool {
     let b = s.as_bytes();
     if !b.first().is_some_and(u8::is_ascii_alphabetic) {

@@ -435,7 +435,7 @@ impl Sink for ChromeGz {
 /// A hidden file in a rank directory holding the first segment index to use:
 /// a run resumed on another node, whose earlier segments are in object
 /// storage and not on this disk, continues their numbering (written by the
-/// Python side, which lists the store; see `fastprof._spool`).
+/// Python side, which lists the store; see `fastprof.storage.spool`).
 pub const FIRST_INDEX_FILE: &str = ".fastprof-first-index";
 
 /// One past the highest `fastprof.{N}.json.gz[.part]` index in `dir`, and
