@@ -36,7 +36,7 @@ from typing import Any
 
 from fastprof import _core
 
-__all__ = ["install", "line"]
+__all__ = ["install", "line", "said"]
 
 #: Set on a warning the core issues for a message it has said on stderr
 #: itself, at the time (a thread without a ring, a failed write): shown as
@@ -54,6 +54,15 @@ def line(message: object) -> str:
     if not _PREFIX.match(text):
         text = f"fastprof: {text}"
     return text + "\n"
+
+
+def said(message: str) -> _core.FastprofWarning:
+    """A warning for a message the core has said on stderr already (a
+    session's notices): filters and recorders see it, the display shows
+    nothing, so the line is not printed twice."""
+    w = _core.FastprofWarning(message)
+    setattr(w, SAID, True)
+    return w
 
 
 def install() -> None:

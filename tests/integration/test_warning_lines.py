@@ -171,3 +171,38 @@ def test_other_warnings_show_as_before(tmp_path: Path) -> None:
 )
 def test_line(message: str, shown: str) -> None:
     assert _warning_display.line(message) == shown
+
+
+SINK_FAILS = """
+import shutil, sys, time, warnings
+import fastprof
+out = sys.argv[1]
+rec = fastprof.Recorder(out_dir=out, run_name="r", sample_hz=0, flush_interval=0.05).start()
+shutil.rmtree(out)
+open(out, "w").close()  # a file where the run directory was: the writer's next write fails
+for i in range(20000):
+    with fastprof.span("x", i=i):
+        pass
+time.sleep(0.5)
+with warnings.catch_warnings(record=True) as got:
+    warnings.simplefilter("always")
+    rec.stop()
+for w in got:
+    warnings.showwarning(w.message, w.category, w.filename, w.lineno)  # as Python would show them
+print(sorted(type(w.message).__name__ + ": " + str(w.message)[:40] for w in got))
+"""
+
+
+def test_a_failure_the_core_said_is_not_said_again_at_stop(tmp_path: Path) -> None:
+    """The writer's failure is said by the core when it happens; the stop's
+    warnings for it (a notice, "stopped recording early") are still
+    FastprofWarnings, shown as nothing: one line on stderr, not two."""
+    script = tmp_path / "job.py"
+    script.write_text(SINK_FAILS)
+    p = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "runs")], capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fastprof: ") and "recording stopped" in lines[0], p.stderr
+    assert "FastprofWarning: fastprof: stopped recording early" in p.stdout, p.stdout

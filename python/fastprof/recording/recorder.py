@@ -27,6 +27,7 @@ import numpy as np
 from fastprof import _core
 from fastprof._dist import process_group
 from fastprof._process import PROCESS
+from fastprof._warning_display import said
 from fastprof.recording import rundir as _rundir
 from fastprof.recording.gpu import inventory
 from fastprof.recording.options import Options, resolve
@@ -229,8 +230,8 @@ class Recorder:
             if use_psutil:
                 self._psutil = PsutilHostSampler(o.sample_hz, o.sample_history, o.sample_system_hz)
                 self._psutil.start()
-            for notice in self._session.take_notices():
-                warnings.warn(f"fastprof: {notice}", _core.FastprofWarning, stacklevel=2)
+            for notice in self._session.take_notices():  # said on stderr by the core when it happened
+                warnings.warn(said(f"fastprof: {notice}"), stacklevel=2)
             state.current = self
             if self._resume_gap_s is not None:
                 # On the timeline and in the report: the time before this
@@ -345,16 +346,19 @@ class Recorder:
         if self.spool is not None and not self.hold_upload:
             stats.upload = self.spool.finish()
         if stats.error:
-            warnings.warn(f"fastprof: stopped recording early: {stats.error}", _core.FastprofWarning, stacklevel=2)
+            text = f"fastprof: stopped recording early: {stats.error}"
+            # The core said the failure on stderr when it happened (a notice): not again.
+            told = any(n in stats.error or stats.error in n for n in raw["notices"])
+            warnings.warn(said(text) if told else _core.FastprofWarning(text), stacklevel=2)
         if stats.sampler_error:
             warnings.warn(
                 f"fastprof: the sampler failed and stopped (recording went on): {stats.sampler_error}",
                 _core.FastprofWarning,
                 stacklevel=2,
             )
-        for notice in raw["notices"]:
+        for notice in raw["notices"]:  # said on stderr by the core when it happened
             if not stats.error or notice not in stats.error:
-                warnings.warn(f"fastprof: {notice}", _core.FastprofWarning, stacklevel=2)
+                warnings.warn(said(f"fastprof: {notice}"), stacklevel=2)
         if stats.payload_dropped:
             warnings.warn(
                 f"fastprof: dropped {stats.payload_dropped} events whose args or names exceeded the "
