@@ -68,6 +68,7 @@ import numpy as np
 from fastprof import _core
 from fastprof._core import FastprofError, FastprofWarning
 from fastprof.profiler.loop import Profiler
+from fastprof.profiler.options import framework_out_dir
 from fastprof.profiler.schedule import Schedule
 from fastprof.profiler.torch_windows import TorchWindows
 from fastprof.readers.columns import read_columns
@@ -134,7 +135,7 @@ class FastprofProfiler(_LightningProfiler):
         self._summary = ""
         self._bind_clock()
         # Every option checked now, before training (this Profiler never starts).
-        Profiler(out_dir if out_dir is not None else "fastprof_runs", run_name, **self._options)
+        Profiler(out_dir, run_name, **self._options)
 
     def _bind_clock(self) -> None:
         clock = _core._ActionClock()
@@ -167,9 +168,7 @@ class FastprofProfiler(_LightningProfiler):
         self._finish()
         stage = str(getattr(stage, "value", stage))  # Lightning passes a TrainerFn (a str enum)
         self._runs += 1
-        out_dir: str | os.PathLike[str] | None = self.out_dir
-        if out_dir is None and not os.environ.get("FASTPROF_OUT_DIR"):
-            out_dir = Path(log_dir) / "fastprof" if log_dir else "fastprof_runs"
+        out_dir = framework_out_dir(self.out_dir, lambda: Path(log_dir) / "fastprof" if log_dir else "fastprof_runs")
         run_name = self.run_name or os.environ.get("FASTPROF_RUN_NAME") or None
         if run_name is not None and self._runs > 1:
             run_name = f"{run_name}-{self._runs}"

@@ -9,7 +9,9 @@
 
 It takes the :class:`fastprof.Profiler`'s arguments and runs one Profiler per
 ``Trainer.train()`` call, in ``<out_dir>/<run_name>``. ``out_dir`` defaults to
-``FASTPROF_OUT_DIR``, else ``<TrainingArguments.output_dir>/fastprof``.
+``FASTPROF_OUT_DIR``, else ``<TrainingArguments.output_dir>/fastprof``; a
+recording that already runs (``fastprof run``, the job's Recorder) is joined
+instead.
 What it records:
 
 * **Steps.** A ``step`` is one optimizer update, as the Trainer's
@@ -67,6 +69,7 @@ except ImportError as _e:  # pragma: no cover - exercised without transformers i
 from fastprof import _core
 from fastprof._core import FastprofError, FastprofWarning
 from fastprof.profiler.loop import Profiler
+from fastprof.profiler.options import framework_out_dir
 
 __all__ = ["FastprofCallback"]
 
@@ -92,16 +95,14 @@ class FastprofCallback(_TrainerCallback):
         self._eval_name = _core.name_id(EVALUATE_SPAN)
         self._failed = False
         # Every option checked now, before training (this Profiler never starts).
-        Profiler(out_dir if out_dir is not None else "fastprof_runs", run_name, **options)
+        Profiler(out_dir, run_name, **options)
 
     # ------------------------------------------------------------ lifecycle
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._close()
         self._runs += 1
-        out_dir: str | os.PathLike[str] | None = self.out_dir
-        if out_dir is None and not os.environ.get("FASTPROF_OUT_DIR"):
-            out_dir = Path(getattr(args, "output_dir", None) or ".") / "fastprof"
+        out_dir = framework_out_dir(self.out_dir, lambda: Path(getattr(args, "output_dir", None) or ".") / "fastprof")
         run_name = self.run_name or os.environ.get("FASTPROF_RUN_NAME") or None
         if run_name is not None and self._runs > 1:
             run_name = f"{run_name}-{self._runs}"

@@ -3,11 +3,16 @@ one row each (name, type, default, ``FASTPROF_*`` variable, check, doc)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from pathlib import Path
+
 from fastprof.profiler import schedule as _schedule
 from fastprof.profiler.schedule import Schedule
 from fastprof.recording.options import Option, _bool, _float, _int
+from fastprof.recording.recorder import current
 
-__all__ = ["OPTIONS"]
+__all__ = ["OPTIONS", "framework_out_dir"]
 
 
 def _schedule_value(v: object) -> Schedule:
@@ -140,3 +145,20 @@ OPTIONS: tuple[Option, ...] = (
     ),
 )
 _BY_NAME = {o.name: o for o in OPTIONS}
+
+
+def framework_out_dir(
+    given: str | os.PathLike[str] | None, fallback: Callable[[], str | os.PathLike[str] | Path]
+) -> str | os.PathLike[str] | Path | None:
+    """The ``out_dir`` a framework's integration (Lightning, Transformers)
+    gives its Profiler: the user's; else None (the Profiler's own rule) when
+    a recording already runs (``fastprof run``, the job's Recorder: the
+    Profiler joins it, and an out_dir it did not choose would be refused or
+    said unused) or ``FASTPROF_OUT_DIR`` is set; else the framework's folder
+    (``fallback()``: Lightning's log_dir, the Trainer's output_dir)."""
+    if given is not None:
+        return given
+    running = current()
+    if (running is not None and running.active) or os.environ.get("FASTPROF_OUT_DIR", "").strip():
+        return None
+    return fallback()
