@@ -41,7 +41,7 @@ chromium: ## Install Debian's chromium for the HTML report test when missing (as
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 			apt-get update -q && apt-get install -y -q chromium; \
 		else \
-			echo "note: tests/integration/test_report_html.py needs chromium: sudo apt-get install -y chromium"; \
+			echo "note: tests/integration/reports/test_report_html.py needs chromium: sudo apt-get install -y chromium"; \
 		fi; \
 	fi
 

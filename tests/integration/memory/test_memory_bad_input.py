@@ -22,7 +22,7 @@ import fastprof
 from fastprof import ConfigError, FastprofWarning
 
 torch = pytest.importorskip("torch")
-UNIT = Path(__file__).resolve().parents[1] / "unit"
+UNIT = Path(__file__).resolve().parents[2] / "unit"
 
 
 def _allocator(**kw: Any) -> Any:

@@ -188,7 +188,7 @@ def test_memory_history_follows_the_schedule_windows(tmp_path: Path, monkeypatch
     import fastprof.profiler.loop as loop
     from fastprof.memory.history import HistoryDriver
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit"))
     try:
         from test_memory_history import Allocator
     finally:
@@ -237,7 +237,7 @@ def test_state_only_snapshots_and_the_windows_on_the_timeline(tmp_path: Path, mo
     import fastprof.profiler.loop as loop
     from fastprof.memory.history import HISTORY_COUNTER, HistoryDriver
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit"))
     try:
         from test_memory_history import Allocator
     finally:

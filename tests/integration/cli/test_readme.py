@@ -37,7 +37,7 @@ import pytest
 
 from moto_s3 import MotoServer
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 LANGS = ("python", "bash", "text")
 NOT_RUN = re.compile(r"^<!-- not run: (?P<why>\S.*\S) -->$")
 # A warning raised from fastprof's own code, or of its category: a README

@@ -38,7 +38,7 @@ try:
 except ImportError:  # Python 3.10: pytest and mypy bring tomli there
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 EXTRAS: dict[str, list[str]] = PYPROJECT["project"]["optional-dependencies"]
 BASE: list[str] = PYPROJECT["project"]["dependencies"]

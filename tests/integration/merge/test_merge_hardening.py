@@ -20,7 +20,7 @@ import pytest
 import fastprof
 from fastprof.cli.main import main
 
-CORPUS = Path(__file__).resolve().parents[2] / "rust" / "fastprof-core" / "tests" / "corpus"
+CORPUS = Path(__file__).resolve().parents[3] / "rust" / "fastprof-core" / "tests" / "corpus"
 BASE = 1_700_000_000_000_000_000
 
 

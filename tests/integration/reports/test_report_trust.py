@@ -25,7 +25,7 @@ import fastprof
 from fastprof.cli.main import main
 from fastprof.reports import SCHEMA_PATH
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PYTHON = Path(fastprof.__file__).resolve().parents[1]
 
 
@@ -356,7 +356,7 @@ def test_diff_reads_a_version_1_report_beside_version_2(
     """Report v2 moved the per-step breakdown rows to breakdown.csv; a v1
     report.json (written by fastprof before, checked in under tests/data)
     still validates against report.v1.json and compares with a v2 one."""
-    v1 = Path(__file__).resolve().parents[1] / "data" / "report.v1.sample.json"
+    v1 = Path(__file__).resolve().parents[2] / "data" / "report.v1.sample.json"
     old = json.loads(v1.read_text())
     assert old["schema_version"] == 1 and len(old["breakdown"]["steps"]) == 6
     new = json.loads(report_json.read_text())

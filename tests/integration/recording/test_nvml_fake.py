@@ -26,7 +26,7 @@ import pytest
 if shutil.which("gcc") is None:
     pytest.skip("gcc is needed to build the fake NVML library", allow_module_level=True)
 
-FAKE_SRC = Path(__file__).resolve().parents[1] / "fake_nvml" / "fake_nvml.c"
+FAKE_SRC = Path(__file__).resolve().parents[2] / "fake_nvml" / "fake_nvml.c"
 UUID0 = "GPU-fake-0000-0000-0000-000000000000"
 UUID1 = "GPU-fake-0001-0000-0000-000000000000"
 MIB = 1 << 20

@@ -21,7 +21,7 @@ from fastprof.cli.main import main
 
 torch = pytest.importorskip("torch")
 
-CORPUS = Path(__file__).resolve().parents[2] / "rust" / "fastprof-core" / "tests" / "corpus"
+CORPUS = Path(__file__).resolve().parents[3] / "rust" / "fastprof-core" / "tests" / "corpus"
 
 
 def load_single_member(path: Path) -> dict:

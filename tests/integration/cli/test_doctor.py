@@ -278,7 +278,7 @@ def test_a_profiler_probe_that_hangs_is_cut_off_not_waited_for(tmp_path: Path) -
     assert "did not finish in 0.01 s" in win["detail"], win
 
 
-FAKE_NVML = Path(__file__).resolve().parents[1] / "fake_nvml" / "fake_nvml.c"
+FAKE_NVML = Path(__file__).resolve().parents[2] / "fake_nvml" / "fake_nvml.c"
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds the fake NVML library")
