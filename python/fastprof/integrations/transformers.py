@@ -44,16 +44,25 @@ job sets wins.
 A bad option raises :class:`fastprof.ConfigError` when the callback is
 made, before training. Anything else that goes wrong inside the callback
 warns once and training goes on unprofiled. An exception out of ``train()``
-reaches no callback; the Profiler is closed when the process exits, as an
-unclosed Profiler is.
+reaches no callback: while a Trainer with the callback lives, its class's
+``train`` is wrapped (from ``on_init_end``, when the callback sees the
+Trainer made) so that the loader class's ``__iter__`` is restored on every
+way out of ``train()``; the Profiler is closed when the process exits, as an
+unclosed Profiler is, or at the next ``train()``. A callback added with
+``Trainer.add_callback`` first sees its Trainer inside ``train()``: the
+wrapper covers the calls after that one.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 import warnings
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from fastprof._package import pip_install
@@ -99,7 +108,11 @@ class FastprofCallback(_TrainerCallback):
 
     # ------------------------------------------------------------ lifecycle
 
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        _guard_train(_trainer_of(self))
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        _guard_train(_trainer_of(self))  # added with add_callback: no on_init_end came
         self._close()
         self._runs += 1
         out_dir = framework_out_dir(self.out_dir, lambda: Path(getattr(args, "output_dir", None) or ".") / "fastprof")
@@ -160,6 +173,13 @@ class FastprofCallback(_TrainerCallback):
 
     # ------------------------------------------------------------- helpers
 
+    def _train_left(self) -> None:
+        """``train()`` was left, by its end (on_train_end closed all this
+        already) or by an exception (no event said so)."""
+        self._unpatch()
+        self._train_loader = None
+        self._eval_t0 = 0
+
     def _running(self) -> Profiler | None:
         prof = self.profiler
         return prof if prof is not None and prof.running else None
@@ -215,6 +235,79 @@ class FastprofCallback(_TrainerCallback):
         if not self._failed:
             self._failed = True
             warnings.warn(f"fastprof: transformers callback: {what} ({type(e).__name__}: {e})", FastprofWarning, 3)
+
+
+def _trainer_of(callback: FastprofCallback) -> Any:
+    """The Trainer whose event ``callback`` is in (a few frames up: its
+    ``__init__`` or its training loop), None when none is found. No event
+    is given the Trainer itself."""
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(12):
+        if frame is None:
+            return None
+        me = frame.f_locals.get("self")
+        callbacks = getattr(getattr(me, "callback_handler", None), "callbacks", None)
+        if isinstance(callbacks, list) and any(c is callback for c in callbacks):
+            return me
+        frame = frame.f_back
+    return None
+
+
+#: Trainer classes whose ``train`` fastprof wraps: class -> [the class's own
+#: ``train`` before (None: inherited), the wrapper, Trainers alive that need it].
+_GUARDED: dict[type, list[Any]] = {}
+#: The Trainers counted in :data:`_GUARDED`.
+_TRAINERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _guard_train(trainer: Any) -> None:
+    """Wrap the ``train`` of ``trainer``'s class, while a Trainer with a
+    FastprofCallback lives, so that its callbacks hear of every way out of
+    ``train()``: an exception out of it reaches no callback, and the loader
+    class patched for it must not stay patched. On the class, not the
+    instance: a wrapper on the instance would either keep the Trainer (and
+    its optimizer's memory) in a cycle until the garbage collector runs, or
+    lose it in ``Trainer(...).train()``."""
+    if trainer is None or trainer in _TRAINERS:
+        return
+    cls = type(trainer)
+    entry = _GUARDED.get(cls)
+    if entry is None:
+        own = vars(cls).get("train")
+
+        def train(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                if own is not None:
+                    return own(self, *args, **kwargs)
+                return super(cls, self).train(*args, **kwargs)
+            finally:
+                for cb in list(getattr(getattr(self, "callback_handler", None), "callbacks", ())):
+                    if isinstance(cb, FastprofCallback):
+                        cb._train_left()
+
+        functools.update_wrapper(train, own if own is not None else cls.train)
+        train._fastprof_guard = True  # type: ignore[attr-defined]
+        entry = _GUARDED[cls] = [own, train, 0]
+        cls.train = train
+    entry[2] += 1
+    _TRAINERS.add(trainer)
+    weakref.finalize(trainer, _unguard, cls)
+
+
+def _unguard(cls: type) -> None:
+    """A guarded Trainer is gone: the last of its class restores the class."""
+    entry = _GUARDED.get(cls)
+    if entry is None:
+        return
+    entry[2] -= 1
+    if entry[2] > 0:
+        return
+    del _GUARDED[cls]
+    if vars(cls).get("train") is entry[1]:  # a patch made on top of ours stays
+        if entry[0] is None:
+            delattr(cls, "train")
+        else:
+            cls.train = entry[0]  # type: ignore[attr-defined]
 
 
 def _updates_per_epoch(loader: Any, args: Any) -> int | None:
