@@ -691,7 +691,7 @@ def check_step_memory(env: Env, tmp: Path) -> Callable[[Item], Any]:
             return it.skip(f"no GPU: {env.cuda_reason}")
         import numpy as np
 
-        from fastprof.memory.step_stats import CUDA_COUNTERS
+        from fastprof.recording.names import CUDA_COUNTERS
 
         torch = env.torch
         torch.cuda.init()

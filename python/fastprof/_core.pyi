@@ -11,6 +11,27 @@ __version__: str
 DEFAULT_SAMPLE_HZ: float
 DEFAULT_BUFFER_GROWTH: int
 
+# The writer/reader contract (fastprof_core::contract), taken by fastprof.recording.names.
+STEP_SPAN: str
+STEP_COUNTER: str
+LOADER_PREFIX: str
+LOADER_NEXT_SUFFIX: str
+SEGMENT_PREFIX: str
+SEGMENT_SUFFIX: str
+OPEN_SUFFIX: str
+FIRST_INDEX_FILE: str
+UNIFIED_TRACE: str
+PROFILER_JSON: str
+TRIGGERS_JSON: str
+LIVE_JSON: str
+OOM_JSON: str
+REPORT_JSON: str
+MODEL_SUMMARY_JSON: str
+OPERATORS_JSON: str
+OWN_JSON_FILES: tuple[str, ...]
+
+def _is_url(text: str) -> bool: ...
+
 class FastprofError(Exception): ...
 class FastprofWarning(UserWarning): ...
 class ConfigError(FastprofError, ValueError): ...

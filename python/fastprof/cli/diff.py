@@ -34,6 +34,8 @@ from fastprof._core import FastprofError
 from fastprof.cli.args import location
 from fastprof.cli.errors import CommandError, describe, exit_code
 from fastprof.cli.report import WARMUP_STEPS
+from fastprof.recording.names import PHASES as ANATOMY_PHASES
+from fastprof.recording.names import RSS_COUNTER
 from fastprof.reports import report
 from fastprof.reports.finite import number
 from fastprof.reports.report import SCHEMA_DIR
@@ -70,9 +72,6 @@ def add_parser(verbs: Any) -> None:
     )
     p.add_argument("--warmup-steps", type=WARMUP_STEPS, help="steps left out of the rates (both runs)")
     p.set_defaults(run=run)
-
-
-ANATOMY_PHASES = ("dataloader", "forward", "backward", "optimizer", "communication", "other")
 
 
 def parse_slowdowns(text: str) -> tuple[float, dict[str, float]]:
@@ -220,7 +219,7 @@ def _memory_figures(doc: dict[str, Any]) -> dict[str, float | None]:
         # The sampler's RSS track, and the per-step one (no sampler needed).
         "process RSS, peak": peak(
             [h.get("rss_peak_b") for h in doc["system"]["host"]]
-            + [r.get("peak_b") for r in ranks if r.get("series") == "mem.rss [B]"]
+            + [r.get("peak_b") for r in ranks if r.get("series") == RSS_COUNTER]
         ),
     }
 

@@ -31,6 +31,7 @@ from fastprof._core import FastprofError
 from fastprof.cli.args import location, seconds
 from fastprof.cli.errors import CommandError, describe, exit_code
 from fastprof.readers.merge import MAX_THREADS, describe_rotated, merge
+from fastprof.recording.names import OPEN_SUFFIX, SEGMENT_SUFFIX, UNIFIED_TRACE
 from fastprof.recording.options import parse_size
 from fastprof.storage.store import open_store
 from fastprof.storage.urls import is_url
@@ -161,15 +162,15 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 def default_output(inputs: list[str]) -> Path | str:
     if is_url(inputs[0]):
         url = inputs[0].rstrip("/")
-        for suffix in (".json.gz.part", ".json.gz", ".json"):
+        for suffix in (SEGMENT_SUFFIX + OPEN_SUFFIX, SEGMENT_SUFFIX, ".json"):
             if url.endswith(suffix):
                 return f"{url[: -len(suffix)]}.merged.json.gz"
-        return f"{url}/trace.json.gz"
+        return f"{url}/{UNIFIED_TRACE}"
     first = Path(inputs[0])
     if first.is_dir():
-        return first / "trace.json.gz"
+        return first / UNIFIED_TRACE
     name = first.name
-    for suffix in (".json.gz.part", ".json.gz", ".json"):
+    for suffix in (SEGMENT_SUFFIX + OPEN_SUFFIX, SEGMENT_SUFFIX, ".json"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break
@@ -381,7 +382,7 @@ def _merge_to_url(args: argparse.Namespace, out_url: str) -> int:
             return 0
         raise CommandError(f"{out_url} already exists; use --force to replace it", exit_code=1)
     with tempfile.TemporaryDirectory(prefix="fastprof-merge-") as tmp:
-        local = Path(tmp) / "trace.json.gz"
+        local = Path(tmp) / UNIFIED_TRACE
         inner = argparse.Namespace(**{**vars(args), "output": str(local), "force": True})
         quiet_print = inner.quiet
         inner.quiet = True  # the local path is not what the user asked for

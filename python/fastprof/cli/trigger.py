@@ -28,7 +28,8 @@ from fastprof.always_on.triggers import LIVE_FILE, REMOTE_POLL_S, STATE_FILE, TR
 from fastprof.cli.args import integer, location, seconds
 from fastprof.cli.errors import CommandError, describe
 from fastprof.memory._files import write_atomic
-from fastprof.recording.rundir import RANK_DIR, object_url
+from fastprof.recording.names import PROFILER_JSON, RANK_DIR
+from fastprof.recording.rundir import object_url
 from fastprof.storage.store import open_store
 from fastprof.storage.urls import is_url
 
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         if _alive(info) is False:
             del live[r]  # a job killed without cleaning up (SIGKILL)
     if not live:
-        done = [d for d in ranks_dirs if (d / "profiler.json").is_file()]
+        done = [d for d in ranks_dirs if (d / PROFILER_JSON).is_file()]
         if done:
             raise CommandError(
                 f"{run_dir}: the run has finished (profiler.json written); nothing to trigger. "
@@ -317,9 +318,9 @@ def _run_url(args: argparse.Namespace) -> int:
     ranks = sorted({int(m.group(1)) for k in keys if "/" in k and (m := RANK_DIR.match(k.split("/", 1)[0]))})
     if not ranks:
         raise CommandError(f"{url}: not a fastprof run (no rank*/ objects under it)", 2)
-    live = [r for r in ranks if f"rank{r}/{LIVE_FILE}" in keys and f"rank{r}/profiler.json" not in keys]
+    live = [r for r in ranks if f"rank{r}/{LIVE_FILE}" in keys and f"rank{r}/{PROFILER_JSON}" not in keys]
     if not live:
-        if any(f"rank{r}/profiler.json" in keys for r in ranks):
+        if any(f"rank{r}/{PROFILER_JSON}" in keys for r in ranks):
             raise CommandError(
                 f"{url}: the run has finished (profiler.json written); nothing to trigger. "
                 f"See its report: fastprof report {url}"

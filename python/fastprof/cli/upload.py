@@ -25,7 +25,7 @@ from typing import Any
 
 from fastprof.cli.args import location, url
 from fastprof.cli.errors import CommandError
-from fastprof.recording.rundir import RANK_DIR
+from fastprof.recording.names import RANK_DIR
 from fastprof.reports.data import human_bytes
 from fastprof.storage.spool import claim_in_store, read_store_claim
 from fastprof.storage.store import REWRITTEN, Store, StoreConflictError, open_store

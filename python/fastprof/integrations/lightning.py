@@ -72,6 +72,7 @@ from fastprof.profiler.options import framework_out_dir
 from fastprof.profiler.schedule import Schedule
 from fastprof.profiler.torch_windows import TorchWindows
 from fastprof.readers.columns import read_columns
+from fastprof.recording.names import SEGMENT_PREFIX, SEGMENT_SUFFIX, STEP_SPAN
 
 __all__ = ["FastprofProfiler"]
 
@@ -261,11 +262,11 @@ class FastprofProfiler(_LightningProfiler):
     def _table(self, prof: Profiler) -> str:
         """The stage's actions, read back from this rank's segments."""
         stage = self._stage_name.name if self._stage_name is not None else "lightning"
-        segments = sorted(str(p) for p in prof.rank_dir.glob("fastprof.*.json.gz*"))
+        segments = sorted(str(p) for p in prof.rank_dir.glob(f"{SEGMENT_PREFIX}*{SEGMENT_SUFFIX}*"))
         if not segments:
             return ""
         actions = [str(n) for n in self._clock.names()]
-        cols = read_columns(segments, names=[stage, "step", *actions], kinds=("spans",))
+        cols = read_columns(segments, names=[stage, STEP_SPAN, *actions], kinds=("spans",))
         spans = cols.spans
         names = cols.names_of(spans["name"])
         is_stage = names == stage

@@ -55,6 +55,7 @@ from typing import Any
 
 from fastprof._core import ConfigError, FastprofFileNotFoundError, FastprofWarning
 from fastprof._package import pip_install
+from fastprof.recording.names import REPORT_JSON
 from fastprof.reports.csvout import TABLES
 from fastprof.reports.report import Report
 
@@ -130,7 +131,7 @@ def _load(report_or_path: Any) -> tuple[dict[str, Any], list[Path]]:
             f"got {type(report_or_path).__name__}"
         )
     p = Path(report_or_path)
-    for candidate in (p, p / "report.json", p / "reports" / "report.json"):
+    for candidate in (p, p / REPORT_JSON, p / "reports" / REPORT_JSON):
         if candidate.is_file():
             break
     else:

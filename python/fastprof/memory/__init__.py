@@ -10,7 +10,8 @@ from fastprof.memory.collector import collect, collected
 from fastprof.memory.model_summary import LayerRow, ModelSummary, model_summary
 from fastprof.memory.oom import add_oom_listener, remove_oom_listener
 from fastprof.memory.operators import NO_MEMORY_NOTE, OperatorTable, operator_table
-from fastprof.memory.step_stats import CUDA_COUNTERS, RSS_COUNTER, StepMemory
+from fastprof.memory.step_stats import StepMemory
+from fastprof.recording.names import CUDA_COUNTERS, RSS_COUNTER
 
 __all__ = [
     "CUDA_COUNTERS",

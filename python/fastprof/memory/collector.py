@@ -53,7 +53,7 @@ from fastprof._dist import dist_info
 from fastprof._process import PROCESS
 from fastprof.memory._files import atomic, write_atomic
 from fastprof.memory.history import CudaAllocator, mark_since, now_ticks
-from fastprof.memory.step_stats import CUDA_COUNTERS
+from fastprof.recording.names import CUDA_COUNTERS
 
 #: ``torch.cuda.memory_stats()`` keys kept per entry where CUDA is in use:
 #: those the per-step statistics record.

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastprof.memory._files import write_atomic
+from fastprof.recording.names import MODEL_SUMMARY_JSON
 
 if TYPE_CHECKING:
     import torch
@@ -120,7 +121,7 @@ class ModelSummary:
         """Write ``model_summary.json`` and ``model_summary.txt`` into ``directory``
         (created if missing), each through a temporary name and a rename."""
         d = Path(directory)
-        j = write_atomic(d / "model_summary.json", json.dumps(self.to_dict(), indent=1) + "\n")
+        j = write_atomic(d / MODEL_SUMMARY_JSON, json.dumps(self.to_dict(), indent=1) + "\n")
         t = write_atomic(d / "model_summary.txt", self.text())
         return j, t
 

@@ -57,6 +57,7 @@ from fastprof._loop_api import LoopHost
 from fastprof._process import PROCESS
 from fastprof.memory._files import atomic, write_atomic
 from fastprof.memory.history import mark_since, now_ticks
+from fastprof.recording.names import OOM_JSON
 
 #: Top groups of live allocations kept in oom.json.
 TOP_GROUPS = 10
@@ -205,7 +206,7 @@ def capture(
             # it raised leaving the Profiler): the exception's text, no new snapshot.
             if exc is not None and state["doc"].get("exception") is None:
                 state["doc"]["exception"] = _exception(exc)
-                write_atomic(mem_dir / "oom.json", json.dumps(state["doc"], indent=1, default=str))
+                write_atomic(mem_dir / OOM_JSON, json.dumps(state["doc"], indent=1, default=str))
             return None
         if state["captures"] >= MAX_CAPTURES:
             state["skipped"] += 1
@@ -236,7 +237,7 @@ def capture(
             _core.instant("memory.oom", step=step, phase=phase, source=doc["source"])
         except Exception:  # noqa: BLE001 - the instant is a nicety
             pass
-        path = write_atomic(mem_dir / "oom.json", json.dumps(doc, indent=1, default=str))
+        path = write_atomic(mem_dir / OOM_JSON, json.dumps(doc, indent=1, default=str))
         state.update(step=step, doc=doc, captures=state["captures"] + 1)
         state["paths"] = {"oom": str(path), "snapshot": doc["cuda"].get("snapshot")}
         cuda = doc["cuda"]

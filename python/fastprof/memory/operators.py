@@ -24,6 +24,7 @@ from typing import Any
 from fastprof.memory._files import write_atomic
 from fastprof.memory._rows import MEMORY_EVENT, SHAPES_PER_ROW, OperatorRow
 from fastprof.memory.operators_trace import trace_rows
+from fastprof.recording.names import OPERATORS_JSON
 
 SCHEMA = "fastprof.operators"
 VERSION = 1
@@ -111,7 +112,7 @@ class OperatorTable:
         """Write ``operators.json`` and ``operators.csv`` into ``directory`` (created if
         missing), each through a temporary name and a rename."""
         d = Path(directory)
-        j = write_atomic(d / "operators.json", json.dumps(self.to_dict(), indent=1) + "\n")
+        j = write_atomic(d / OPERATORS_JSON, json.dumps(self.to_dict(), indent=1) + "\n")
         c = write_atomic(d / "operators.csv", self.csv_text())
         return j, c
 

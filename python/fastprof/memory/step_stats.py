@@ -36,22 +36,7 @@ from typing import Any
 
 from fastprof import _core
 from fastprof.recording.budget import moving_cost
-
-#: The host counter, recorded by the core at each step's end.
-RSS_COUNTER = "mem.rss [B]"
-
-#: ``torch.cuda.memory_stats()`` key -> counter name.
-CUDA_COUNTERS: tuple[tuple[str, str], ...] = (
-    ("allocated_bytes.all.current", "mem.cuda.allocated [B]"),
-    ("allocated_bytes.all.peak", "mem.cuda.allocated_peak [B]"),
-    ("reserved_bytes.all.current", "mem.cuda.reserved [B]"),
-    ("reserved_bytes.all.peak", "mem.cuda.reserved_peak [B]"),
-    ("active_bytes.all.current", "mem.cuda.active [B]"),
-    ("active_bytes.all.peak", "mem.cuda.active_peak [B]"),
-    ("num_ooms", "mem.cuda.num_ooms"),
-    ("num_alloc_retries", "mem.cuda.num_alloc_retries"),
-)
-
+from fastprof.recording.names import CUDA_COUNTERS, RSS_COUNTER
 
 #: A CUDA reading is taken only when this many readings' cost has passed
 #: since the previous one (1%).

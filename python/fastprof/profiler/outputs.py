@@ -23,7 +23,7 @@ from fastprof import _core, _dist
 from fastprof._core import FastprofWarning
 from fastprof._loop_api import LoopHost, RunEndHost
 from fastprof.readers.merge import merge
-from fastprof.recording.rundir import DONE_MARKER, RANK_DIR
+from fastprof.recording.names import DONE_MARKER, PROFILER_JSON, RANK_DIR, UNIFIED_TRACE
 from fastprof.storage.spool import Spool, bounded, say, upload_command
 
 __all__ = ["finish", "merge_command", "update_rotation", "write_summary"]
@@ -49,7 +49,7 @@ def update_rotation(prof: LoopHost) -> None:
     """``fastprof run``'s Profiler, once its recorder stopped: the script's
     own Profiler wrote ``profiler.json`` while that recorder still recorded,
     so its ``rotation`` could not yet say what the disk cap deleted."""
-    path = prof.rank_dir / "profiler.json"
+    path = prof.rank_dir / PROFILER_JSON
     try:
         summary = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -61,10 +61,10 @@ def update_rotation(prof: LoopHost) -> None:
 
 def _write_json(rank_dir: Path, summary: dict[str, Any]) -> None:
     rank_dir.mkdir(parents=True, exist_ok=True)
-    tmp = rank_dir / f".profiler.json.tmp-{os.getpid()}"
+    tmp = rank_dir / f".{PROFILER_JSON}.tmp-{os.getpid()}"
     try:
         tmp.write_text(json.dumps(summary, indent=1, default=str))
-        os.replace(tmp, rank_dir / "profiler.json")
+        os.replace(tmp, rank_dir / PROFILER_JSON)
     finally:
         tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file
 
@@ -143,14 +143,14 @@ def finish(prof: RunEndHost, wait: bool = True, merged: bool = True) -> None:
     inputs = _merge_inputs(prof.run_dir)
     if not inputs:
         return
-    out = prof.run_dir / "trace.json.gz"
+    out = prof.run_dir / UNIFIED_TRACE
     prof.merge_summary = merge(inputs, out, force=True)
     prof.trace_path = out
 
 
 def _amend_upload(prof: RunEndHost, account: dict[str, Any]) -> Path | None:
     """``profiler.json`` with the final upload account (sent again)."""
-    path = prof.rank_dir / "profiler.json"
+    path = prof.rank_dir / PROFILER_JSON
     try:
         summary = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -185,14 +185,14 @@ def _merge_in_store(prof: RunEndHost, spool: Spool, run_url: str) -> None:
     if not ranks:
         return
     prof.run_dir.mkdir(parents=True, exist_ok=True)
-    out = prof.run_dir / "trace.json.gz"
+    out = prof.run_dir / UNIFIED_TRACE
     prof.merge_summary = merge([f"{run_url}/{r}" for r in ranks], out, force=True)
-    why = spool.put(out, f"{run_name}/trace.json.gz", rewritable=True)
+    why = spool.put(out, f"{run_name}/{UNIFIED_TRACE}", rewritable=True)
     if why is None:
         out.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             prof.run_dir.rmdir()  # only when empty: other local ranks' folders stay
-        prof.trace_url = f"{run_url}/trace.json.gz"
+        prof.trace_url = f"{run_url}/{UNIFIED_TRACE}"
         prof.trace_path = None
         return
     prof.trace_path = out
@@ -253,5 +253,5 @@ def merge_command(run_dir: Path | str) -> str:
     core's input walker skips ``profiler.json``, reports and temporary files).
     A URL run's (``s3://.../run``) reads and writes the store."""
     q = shlex.quote
-    out = f"{str(run_dir).rstrip('/')}/trace.json.gz" if isinstance(run_dir, str) else str(run_dir / "trace.json.gz")
+    out = f"{str(run_dir).rstrip('/')}/{UNIFIED_TRACE}" if isinstance(run_dir, str) else str(run_dir / UNIFIED_TRACE)
     return f"fastprof merge {q(str(run_dir))} -o {q(out)} --force"

@@ -35,6 +35,7 @@ from typing import Any
 from fastprof import _core, _signals
 from fastprof._core import ConfigError, FastprofWarning
 from fastprof.profiler.schedule import Action, to_torch
+from fastprof.recording.names import TORCH_WINDOW_EXPORT, TORCH_WINDOW_START, TORCH_WINDOW_STOP
 from fastprof.recording.options import FORMAT_VARIABLES, Option, _bool, _int, _str, _value, check_format, prefixed
 
 __all__ = ["FORMAT_VARIABLES", "TorchWindows"]
@@ -415,7 +416,7 @@ class WindowDriver:
             if _another_profiler_active():
                 # torch would cancel the user's own trace to start ours.
                 raise RuntimeError("another torch profiler is already active in this process")
-            with _core.span("torch.window.start", step=step):
+            with _core.span(TORCH_WINDOW_START, step=step):
                 tp = tprof.profile(
                     activities=self._activities(),
                     schedule=self._schedule,
@@ -489,7 +490,7 @@ class WindowDriver:
         t0 = time.perf_counter()
         self._stopping = tp
         try:
-            with _core.span("torch.window.stop", step=window.last_step):
+            with _core.span(TORCH_WINDOW_STOP, step=window.last_step):
                 tp.stop()
         except Exception as e:  # noqa: BLE001
             self._fail("stop", e)
@@ -555,7 +556,7 @@ class WindowDriver:
         if delay:
             # Test-only: a slow disk, to show that no other rank waits on it.
             time.sleep(float(delay))
-        with _core.span("torch.window.export", step=window.last_step):
+        with _core.span(TORCH_WINDOW_EXPORT, step=window.last_step):
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.exists() and not self.cfg.overwrite:
                 stem = path.name

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from fastprof import _core, _warning_display
+from fastprof.recording.names import loader_fetch, loader_worker_init
 from fastprof.recording.recorder import Recorder
 
 #: Seconds between a worker's flushes: what a killed worker loses at most.
@@ -132,7 +133,7 @@ class _WorkerInit:
         if not started:
             self.user_fn(worker_id)
             return
-        with _core.span(f"loader.{self.name}.worker_init", worker=worker_id):
+        with _core.span(loader_worker_init(self.name), worker=worker_id):
             self.user_fn(worker_id)
 
     def _start(self, worker_id: int) -> bool:
@@ -189,7 +190,7 @@ def _patch_fetchers(name: str, worker_id: int) -> None:
     """Wrap ``fetch`` of torch's dataset fetchers, in this process only."""
     from torch.utils.data._utils import fetch as torch_fetch
 
-    span_name = _core.name_id(f"loader.{name}.fetch")
+    span_name = _core.name_id(loader_fetch(name))
     count = [0]
 
     def wrap(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -30,6 +30,7 @@ from fastprof._process import PROCESS
 from fastprof._warning_display import said
 from fastprof.recording import rundir as _rundir
 from fastprof.recording.gpu import inventory
+from fastprof.recording.names import FIRST_INDEX_FILE, RESUME_GAP
 from fastprof.recording.options import Options, resolve
 from fastprof.recording.options import docstring as options_docstring
 from fastprof.recording.psutil_sampler import PsutilHostSampler
@@ -236,7 +237,7 @@ class Recorder:
             if self._resume_gap_s is not None:
                 # On the timeline and in the report: the time before this
                 # recording that belongs to no step.
-                _core.counter(_rundir.RESUME_GAP, self._resume_gap_s)
+                _core.counter(RESUME_GAP, self._resume_gap_s)
                 self._resume_gap_s = None
             if not state.atexit_registered:
                 atexit.register(_stop_at_exit)
@@ -510,7 +511,7 @@ def _seed_segment_index(trace_dir: Path, first: int) -> None:
         return
     try:
         trace_dir.mkdir(parents=True, exist_ok=True)
-        (trace_dir / ".fastprof-first-index").write_text(str(first))
+        (trace_dir / FIRST_INDEX_FILE).write_text(str(first))
     except OSError:
         pass  # the segments then collide with the store's, kept in the spool and said at the end
 

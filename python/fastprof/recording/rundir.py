@@ -7,10 +7,11 @@ timestamped default name in the same second), the first of
 never mixed by accident. ``resume`` (``FASTPROF_RESUME=1``) appends on
 purpose (a job restarted after preemption): the recording then says how long
 this rank was idle since its earlier recording (``otherData.config.resumed``
-and the counter :data:`RESUME_GAP`), which the report shows as idle time, not
+and the counter :data:`fastprof.recording.names.RESUME_GAP`), which the report shows as idle time, not
 as a step.
 
-What is "another run": the directory's claim, ``.fastprof-run`` (JSON: the
+What is "another run": the directory's claim, ``.fastprof-run``
+(:data:`fastprof.recording.names.RUN_CLAIM`; JSON: the
 job that took it, and the host, boot and pid of the process that wrote it),
 names another job and the directory holds a recording (a rank's segments,
 ``profiler.json`` or done marker, or the unified trace) or its claimant may
@@ -45,7 +46,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import re
 import socket
 import sys
 import time
@@ -57,12 +57,18 @@ from typing import Any
 
 from fastprof import _dist
 from fastprof._process import PROCESS
+from fastprof.recording.names import (
+    DONE_MARKER,
+    OPEN_SUFFIX,
+    PROFILER_JSON,
+    RANK_DIR,
+    RUN_CLAIM,
+    SEGMENT_PREFIX,
+    SEGMENT_SUFFIX,
+    UNIFIED_TRACE,
+)
 
 __all__ = [
-    "CLAIM",
-    "DONE_MARKER",
-    "RANK_DIR",
-    "RESUME_GAP",
     "Choice",
     "choose",
     "in_rank_dir",
@@ -72,24 +78,13 @@ __all__ = [
     "release",
 ]
 
-#: The run directory's claim (hidden: no reader takes it for a trace).
-CLAIM = ".fastprof-run"
-#: Counter recorded at the start of a resumed recording: seconds this rank
-#: recorded nothing before it (since its earlier recording's last write).
-RESUME_GAP = "fastprof.resume_gap [s]"
 #: Seconds a rank other than 0 waits for rank 0's choice in the store.
 STORE_WAIT_S = 60.0
 #: Suffixes tried before giving up and appending (said on stderr).
 MAX_SUFFIX = 10_000
-#: A rank's "I am done" marker: a file in its folder (local runs), the same
-#: name as an object in the store (runs on object storage; see fastprof.storage.spool).
-DONE_MARKER = ".fastprof-done"
 #: Files of a rank folder that mean a recording was there.
-_SEGMENT_PREFIX = "fastprof."
-_SEGMENT_SUFFIXES = (".json.gz", ".json.gz.part")
-_RANK_FILES = ("profiler.json", DONE_MARKER)
-#: A rank's folder in a run directory; group 1 its rank.
-RANK_DIR = re.compile(r"^rank(\d+)$")
+_SEGMENT_SUFFIXES = (SEGMENT_SUFFIX, SEGMENT_SUFFIX + OPEN_SUFFIX)
+_RANK_FILES = (PROFILER_JSON, DONE_MARKER)
 
 
 def in_rank_dir(path: str) -> str:
@@ -218,7 +213,7 @@ def _recorded(rank_dir: Path) -> int | None:
         return None
     for e in entries:
         name = e.name
-        ours = name in _RANK_FILES or (name.startswith(_SEGMENT_PREFIX) and name.endswith(_SEGMENT_SUFFIXES))
+        ours = name in _RANK_FILES or (name.startswith(SEGMENT_PREFIX) and name.endswith(_SEGMENT_SUFFIXES))
         if not ours:
             continue
         try:
@@ -232,7 +227,7 @@ def _recorded(rank_dir: Path) -> int | None:
 def _holds_run(run_dir: Path) -> bool:
     """Whether any rank folder of ``run_dir`` holds a recording, or the
     unified trace is there."""
-    if (run_dir / "trace.json.gz").is_file():
+    if (run_dir / UNIFIED_TRACE).is_file():
         return True
     try:
         ranks = [e for e in os.scandir(run_dir) if e.name.startswith("rank") and e.is_dir()]
@@ -256,7 +251,7 @@ class _Claim:
     def __init__(self, run_dir: Path) -> None:
         import fcntl
 
-        self.path = run_dir / CLAIM
+        self.path = run_dir / RUN_CLAIM
         self.made_dir = not run_dir.is_dir()
         run_dir.mkdir(parents=True, exist_ok=True)
         self.made_file = not self.path.exists()
@@ -309,7 +304,7 @@ def _takes(run_dir: Path, rank: int, job: str | None) -> tuple[bool, tuple[Path,
     own = run_dir / f"rank{rank}"
     if job is None:
         return _recorded(own) is None, None
-    if not (run_dir / CLAIM).exists() and _holds_run(run_dir):
+    if not (run_dir / RUN_CLAIM).exists() and _holds_run(run_dir):
         return False, None  # an unclaimed run (an older fastprof's): nothing is created in it
     with _Claim(run_dir) as claim:
         held = claim.read()
@@ -374,7 +369,7 @@ def _resume(out_dir: Path, base: str, rank: int, job: str | None) -> dict[str, A
     # before it is; its unified trace holds only the earlier run.
     (own / DONE_MARKER).unlink(missing_ok=True)
     if rank == 0:
-        (run_dir / "trace.json.gz").unlink(missing_ok=True)
+        (run_dir / UNIFIED_TRACE).unlink(missing_ok=True)
     now = time.time_ns()
     return {"earlier_end_ns": earlier, "idle_s": max(0, now - earlier) / 1e9}
 

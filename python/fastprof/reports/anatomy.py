@@ -18,18 +18,17 @@ from typing import Any
 
 import numpy as np
 
+from fastprof.recording.names import GPU_PHASE_COUNTER, PHASE_SPANS, PHASES, STEP_SPAN, TRAIN_NEXT
 from fastprof.reports.data import RunData, step_spans, sum_inside
 
-#: The phases, in report order.
-PHASES = ("dataloader", "forward", "backward", "optimizer", "communication", "other")
 #: Span names per phase: fastprof's own first, then the user's (used only
 #: where the rank has none of fastprof's).
 NAMES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "dataloader": (("loader.train.next",), ()),
-    "forward": (("phase.forward",), ("forward",)),
-    "backward": (("phase.backward",), ("backward",)),
-    "optimizer": (("phase.optimizer",), ("optimizer", "optimizer_step")),
-    "communication": (("phase.communication",), ()),
+    "dataloader": ((TRAIN_NEXT,), ()),
+    "forward": ((PHASE_SPANS["forward"],), ("forward",)),
+    "backward": ((PHASE_SPANS["backward"],), ("backward",)),
+    "optimizer": ((PHASE_SPANS["optimizer"],), ("optimizer", "optimizer_step")),
+    "communication": ((PHASE_SPANS["communication"],), ()),
 }
 #: A step this many times the median step is slow.
 SLOW_FACTOR = 2.0
@@ -59,7 +58,7 @@ def per_step_phases(data: RunData, rank: int, skip: int = 0) -> tuple[Any, dict[
     """Each step's duration and its time in each phase (ns, arrays in step
     order from step ``skip``), None without fastprof steps or phase spans."""
     steps, source = step_spans(data, rank)
-    if source != "step" or len(steps.ts) <= skip:
+    if source != STEP_SPAN or len(steps.ts) <= skip:
         return None
     ts, dur = steps.ts[skip:], steps.dur[skip:]
     end = ts + dur
@@ -110,16 +109,15 @@ def rank_anatomy(data: RunData, rank: int, warmup_steps: int = 0) -> dict[str, A
     return out
 
 
-#: The counter each timed step's GPU phase times are in (fastprof.profiler.anatomy.GPU_COUNTER).
-GPU_COUNTER = "phase.gpu [ms]"
-GPU_PHASES = ("forward", "backward", "optimizer", "communication")
+#: The phases timed on the GPU: those fastprof records a span for.
+GPU_PHASES = tuple(PHASE_SPANS)
 
 
 def gpu_phases(data: RunData, rank: int, host: dict[str, Any], step_p50_ns: float) -> dict[str, Any] | None:
     """A rank's phases on the GPU (CUDA events, the steps the budget timed)
     beside the host's, None without them. ``host`` is the rank's ``phases``."""
     c = data.cols.counters
-    nid = data.name_id(GPU_COUNTER)
+    nid = data.name_id(GPU_PHASE_COUNTER)
     if nid is None:
         return None
     m = (c["name"] == nid) & (c["rank"] == rank)
@@ -227,14 +225,14 @@ def _arrivals(data: RunData, ranks: list[int], warmup: int) -> list[tuple[str, A
       runs inside backward, so a rank late into backward holds the others
       there), checked from the spread of backward's end across ranks."""
     out: list[tuple[str, Any]] = []
-    comm = [data.spans("phase.communication", r).ts for r in ranks]
+    comm = [data.spans(PHASE_SPANS["communication"], r).ts for r in ranks]
     n = min(len(c) for c in comm)
     if n:
         out.append(("collective", np.stack([c[:n] for c in comm])))
     begins, ends = [], []
     for r in ranks:
         steps, _ = step_spans(data, r)
-        bw = data.spans("phase.backward", r)
+        bw = data.spans(PHASE_SPANS["backward"], r)
         if not len(steps.ts) or not len(bw.ts):
             return out
         # The first backward span starting inside each step (-1 where none).

@@ -33,7 +33,18 @@ import numpy.typing as npt
 
 from fastprof._core import FastprofError, FastprofFileNotFoundError, trace_inputs
 from fastprof.readers.columns import Columns, read_columns
-from fastprof.recording.rundir import RANK_DIR, in_rank_dir, object_url
+from fastprof.recording.names import (
+    MODEL_SUMMARY_JSON,
+    OOM_JSON,
+    PROFILER_JSON,
+    RANK_DIR,
+    SEGMENT_PREFIX,
+    SEGMENT_SUFFIX,
+    STEP_SPAN,
+    UNIFIED_TRACE,
+    loader_of_next,
+)
+from fastprof.recording.rundir import in_rank_dir, object_url
 from fastprof.reports.finite import counter_warnings
 from fastprof.storage.run_view import RemoteRun, open_url
 from fastprof.storage.urls import is_url
@@ -220,7 +231,7 @@ def resolve(path: str | os.PathLike[str]) -> tuple[Path, Path | None]:
     if not p.exists():
         raise FastprofFileNotFoundError(2, "no such file or directory", str(p))
     if p.is_dir():
-        unified = p / "trace.json.gz"
+        unified = p / UNIFIED_TRACE
         if unified.is_file():
             # Reading the directory walks it (the core's input walker removes
             # temporary files a killed export left, as `fastprof merge` does);
@@ -228,7 +239,7 @@ def resolve(path: str | os.PathLike[str]) -> tuple[Path, Path | None]:
             trace_inputs([str(p)])
             return unified, p
         return p, p
-    if p.name == "trace.json.gz" and any(p.parent.glob("rank*/profiler.json")):
+    if p.name == UNIFIED_TRACE and any(p.parent.glob(f"rank*/{PROFILER_JSON}")):
         return p, p.parent
     return p, None
 
@@ -280,7 +291,7 @@ def load(
             _read_side_documents(data, run_dir, remote.segments)
     elif run_dir is not None:
         _read_side_documents(data, run_dir)
-    elif p.name.startswith("fastprof.") and p.name.endswith(".json.gz"):
+    elif p.name.startswith(SEGMENT_PREFIX) and p.name.endswith(SEGMENT_SUFFIX):
         data.alone = p
         other = read_other_data(p)
         if other is not None:
@@ -295,7 +306,7 @@ def _read_own_profiler(data: RunData, segment: Path, other: dict[str, Any] | Non
     the segment's metadata, a rank folder's own), read as a run directory's
     is. What a report judges with it (the steps of the profiler's windows,
     the schedule's warm-up) is then what the run directory's report judges."""
-    summary = segment.parent / "profiler.json"
+    summary = segment.parent / PROFILER_JSON
     if not summary.is_file():
         return
     try:
@@ -321,16 +332,16 @@ def _read_side_documents(data: RunData, run_dir: Path, segments: list[str] | Non
         if not m or not rank_dir.is_dir():
             continue
         rank = int(m.group(1))
-        summary_json = rank_dir / "memory" / "model_summary.json"
+        summary_json = rank_dir / "memory" / MODEL_SUMMARY_JSON
         if summary_json.is_file():
             data.model_summary[rank] = summary_json
-        oom = rank_dir / "memory" / "oom.json"
+        oom = rank_dir / "memory" / OOM_JSON
         if oom.is_file():
             try:
                 data.oom[rank] = json.loads(oom.read_text())
             except (OSError, ValueError):
                 data.cols.warnings.append(f"{oom}: not valid JSON; the out-of-memory capture is left out")
-        summary = rank_dir / "profiler.json"
+        summary = rank_dir / PROFILER_JSON
         if summary.is_file():
             try:
                 data.profiler[rank] = json.loads(summary.read_text())
@@ -339,7 +350,7 @@ def _read_side_documents(data: RunData, run_dir: Path, segments: list[str] | Non
         # The last closed segment of each recording holds its final counts.
         last: dict[str, tuple[int, Path | str]] = {}
         found: list[tuple[str, str, Path | str]] = (
-            [(str(s.parent), s.name, s) for s in rank_dir.rglob("fastprof.*.json.gz")]
+            [(str(s.parent), s.name, s) for s in rank_dir.rglob(f"{SEGMENT_PREFIX}*{SEGMENT_SUFFIX}")]
             if segments is None
             else [
                 (str(run_dir / rel.rsplit("/", 1)[0]), rel.rsplit("/", 1)[1], url)
@@ -447,9 +458,9 @@ def step_spans(data: RunData, rank: int) -> tuple[Spans, str]:
 
 
 def _step_spans(data: RunData, rank: int) -> tuple[Spans, str]:
-    s = data.spans("step", rank)
+    s = data.spans(STEP_SPAN, rank)
     if len(s.ts):
-        return s, "step"
+        return s, STEP_SPAN
     names = data.cols.names
     ids = [i for i, n in enumerate(names) if n.startswith("ProfilerStep#")]
     if not ids:
@@ -462,11 +473,7 @@ def _step_spans(data: RunData, rank: int) -> tuple[Spans, str]:
 
 
 def loader_names(data: RunData) -> list[str]:
-    out = []
-    for n in data.span_names():
-        if n.startswith("loader.") and n.endswith(".next"):
-            out.append(n[len("loader.") : -len(".next")])
-    return sorted(out)
+    return sorted(loader for n in data.span_names() if (loader := loader_of_next(n)) is not None)
 
 
 def sum_inside(inner_ts: I64, inner_dur: I64, outer_ts: I64, outer_end: I64) -> I64:

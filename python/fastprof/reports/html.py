@@ -26,6 +26,7 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from fastprof.readers.merge import describe_rotated
+from fastprof.recording.names import STEP_SPAN
 from fastprof.reports import html_triggers
 from fastprof.reports.anatomy import per_step_phases, straggler_line
 from fastprof.reports.data import (
@@ -54,7 +55,7 @@ MAX_BARS = 1000
 
 _ROLES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other")
 #: Spans never counted as the user's work inside a step (the loop's own marks).
-_NOT_USER = ("step", "ProfilerStep#")
+_NOT_USER = (STEP_SPAN, "ProfilerStep#")
 _CONFIG = {"displaylogo": False, "responsive": True}
 
 
@@ -361,7 +362,7 @@ def span_parts(data: RunData, rank: int) -> tuple[I64, dict[str, F64]] | None:
     names = data.cols.names
     out: dict[str, F64] = {}
     covered = np.zeros(len(steps.ts), np.float64)
-    step_id = data.name_id("step") if src == "step" else None
+    step_id = data.name_id(STEP_SPAN) if src == STEP_SPAN else None
     user = data.category_mask([i for i, c in enumerate(data.cols.categories) if c == "user"])
     m = (s["rank"] == rank) & user[s["cat"]]
     if step_id is not None:

@@ -20,15 +20,22 @@ import numpy.typing as npt
 
 from fastprof.memory.leaks import MIN_FLAT_SHARE, MIN_GROWTH_BYTES, MIN_GROWTH_SHARE, growth
 from fastprof.memory.operators import operator_table
+from fastprof.recording.names import (
+    CUDA_ALLOCATED,
+    CUDA_ALLOCATED_PEAK,
+    MODEL_SUMMARY_JSON,
+    OPERATORS_JSON,
+    RSS_COUNTER,
+)
 from fastprof.reports.data import RunData, step_spans, where_now
 from fastprof.storage.run_view import open_url
 from fastprof.storage.store import open_store
 from fastprof.storage.urls import is_url
 
 #: The allocator's per-step peak.
-CUDA_PEAK = "mem.cuda.allocated_peak [B]"
+CUDA_PEAK = CUDA_ALLOCATED_PEAK
 #: The per-step series judged, first found first.
-SERIES = ("mem.cuda.allocated [B]", "mem.rss [B]")
+SERIES = (CUDA_ALLOCATED, RSS_COUNTER)
 NO_STATS = (
     "no per-step memory statistics in this trace (the Profiler records them at each step's end "
     "unless memory_stats=False)"
@@ -169,7 +176,7 @@ def _model(data: RunData) -> dict[str, Any] | None:
                 "depth": int(doc.get("depth", 0)),
                 "layers": len(doc.get("rows") or []),
                 "totals": totals,
-                "file": "model_summary.json",
+                "file": MODEL_SUMMARY_JSON,
             }
         except (OSError, ValueError, KeyError, TypeError):
             data.cols.warnings.append(f"{path}: not a model summary; left out")
@@ -301,6 +308,6 @@ def _operators(data: RunData) -> dict[str, Any] | None:
             }
             for r in table.top.get("self_cpu_memory", [])
         ],
-        "files": ["operators.json", "operators.csv"],
+        "files": [OPERATORS_JSON, "operators.csv"],
         "windows": windows,
     }

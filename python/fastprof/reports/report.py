@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from fastprof._core import ConfigError, __version__
+from fastprof.recording.names import OPERATORS_JSON, REPORT_JSON
 from fastprof.reports import data as _data
 from fastprof.reports.anatomy import anatomy_report
 from fastprof.reports.breakdown import step_breakdown
@@ -396,8 +397,8 @@ def _write(
             names.append(write_json(doc, tmp).name)
             names.extend(_copy_model_summary(doc, data, tmp))
             if data.operator_table is not None:
-                (tmp / "operators.json").write_text(json.dumps(data.operator_table.to_dict(), indent=1) + "\n")
-                names.append("operators.json")
+                (tmp / OPERATORS_JSON).write_text(json.dumps(data.operator_table.to_dict(), indent=1) + "\n")
+                names.append(OPERATORS_JSON)
             for stem, table in data.operator_tables:  # one table per torch window
                 (tmp / f"{stem}.json").write_text(json.dumps(table.to_dict(), indent=1) + "\n")
                 names.append(f"{stem}.json")
@@ -417,7 +418,7 @@ def _write(
             return [out / n for n in names]
         # ``out`` may hold other files (``-o .``): replace ours one by one, and
         # in an earlier report's folder drop a table this one has no rows for.
-        earlier = (out / "report.json").is_file()
+        earlier = (out / REPORT_JSON).is_file()
         for n in names:
             os.replace(tmp / n, out / n)
         if "csv" in fmts and earlier:

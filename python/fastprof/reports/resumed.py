@@ -4,7 +4,7 @@ one run directory (``resume=True``, ``FASTPROF_RESUME=1``), and the line the
 terminal and the page print for each.
 
 A resumed recording says it at its start with one sample of the counter
-``fastprof.resume_gap [s]`` (:data:`fastprof.recording.rundir.RESUME_GAP`): the
+``fastprof.resume_gap [s]`` (:data:`fastprof.recording.names.RESUME_GAP`): the
 seconds since its rank's earlier recording last wrote. The stretch is idle
 time, not the run's: it is in no step (the steps are spans, and none is open
 across it), and the time report's ``% wall`` leaves it out of the wall."""
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastprof.recording.rundir import RESUME_GAP
+from fastprof.recording.names import RESUME_GAP
 from fastprof.reports import data as _data
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from fastprof.recording.names import TRAIN_LOADER, TRAIN_NEXT, loader_batch_size, loader_iter, loader_next, loader_wait
 from fastprof.reports.data import RunData, loader_names, step_spans, sum_inside, warmup_from_schedule
 
 
@@ -37,7 +38,7 @@ def batch_size(data: RunData, given: int | None) -> tuple[int | None, str]:
     if given is not None:
         return int(given), "given (batch_size)"
     unknown = "unknown: pass batch_size= (or --batch-size), or record a 'batch_size' counter"
-    for name in ("batch_size", "loader.train.batch_size"):
+    for name in ("batch_size", loader_batch_size(TRAIN_LOADER)):
         for r in data.ranks:
             _ts, v = data.counter(name, r)
             if not len(v) or not v[-1] > 0:
@@ -170,7 +171,7 @@ def speed_report(data: RunData, warmup: int | None = None, batch: int | None = N
         total = float(dur.sum())
         ips = len(dur) / total if total > 0 else None
         # Time blocked in the train loader's next() inside the measured steps.
-        nxt = data.spans("loader.train.next", r)
+        nxt = data.spans(TRAIN_NEXT, r)
         waited = sum_inside(nxt.ts, nxt.dur, steps.ts[skip:], steps.end[skip:])
         share = 100.0 * float(waited.sum()) / 1e9 / total if total > 0 and len(nxt.ts) else None
         per_rank.append(
@@ -215,8 +216,8 @@ def _loaders(data: RunData, bs: int | None) -> list[dict[str, Any]]:
     rows = []
     for r in data.ranks:
         for name in loader_names(data):
-            _ts, wait_ms = data.counter(f"loader.{name}.wait_ms", r)
-            nxt = data.spans(f"loader.{name}.next", r)
+            _ts, wait_ms = data.counter(loader_wait(name), r)
+            nxt = data.spans(loader_next(name), r)
             if not len(nxt.ts):
                 continue
             # One wait_ms sample per batch delivered (the exhausting next() has none).
@@ -240,12 +241,12 @@ def _loaders(data: RunData, bs: int | None) -> list[dict[str, Any]]:
 def _validation(data: RunData, bs: int | None) -> list[dict[str, Any]]:
     rows = []
     for name in loader_names(data):
-        if name == "train":
+        if name == TRAIN_LOADER:
             continue
         for r in data.ranks:
-            it = data.spans(f"loader.{name}.iter", r)
-            nxt = data.spans(f"loader.{name}.next", r)
-            _ts, wait_ms = data.counter(f"loader.{name}.wait_ms", r)
+            it = data.spans(loader_iter(name), r)
+            nxt = data.spans(loader_next(name), r)
+            _ts, wait_ms = data.counter(loader_wait(name), r)
             if not len(it.ts) or not len(nxt.ts):
                 continue
             # A pass runs from its iter() to the end of its last next().

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from fastprof.recording.names import LOADER_PREFIX, RECORD_PREFIX, STEP_SPAN, TORCH_WINDOW_PREFIX
 from fastprof.reports.data import KINETO_CATEGORIES as _KINETO_CATS
 from fastprof.reports.data import RunData, grouped_quantiles
 from fastprof.reports.resumed import idle_ns
@@ -25,11 +26,11 @@ _VALIDATION = re.compile(r"(validation|val_|eval|test_step|predict)", re.IGNOREC
 
 def classify(name: str) -> str:
     """The concise group of a span name ("other" is left out of concise)."""
-    if name == "step" or _PROFILER_STEP.match(name):
+    if name == STEP_SPAN or _PROFILER_STEP.match(name):
         return "step"
-    if name.startswith("loader.") or name.startswith("enumerate(DataLoader)"):
+    if name.startswith(LOADER_PREFIX) or name.startswith("enumerate(DataLoader)"):
         return "loader"
-    if name.startswith("torch.window.") or name.startswith("fastprof."):
+    if name.startswith(TORCH_WINDOW_PREFIX) or name.startswith(RECORD_PREFIX):
         return "fastprof"
     if name.startswith("[") or name.startswith("run_training") or name.startswith("run_"):
         return "lightning"

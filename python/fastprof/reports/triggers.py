@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from fastprof.recording.names import TRIGGERS_JSON
 from fastprof.reports import data as _data
 
 __all__ = ["triggers_report"]
@@ -40,7 +41,7 @@ def _records(data: _data.RunData) -> dict[int, dict[str, Any]]:
         if isinstance(t, dict):
             out[int(rank)] = t
     if data.run_dir is not None:
-        for f in sorted(data.run_dir.glob("rank*/triggers.json")):
+        for f in sorted(data.run_dir.glob(f"rank*/{TRIGGERS_JSON}")):
             try:
                 rank = int(f.parent.name[4:])
             except ValueError:

@@ -22,9 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from fastprof._core import FastprofFileNotFoundError
-from fastprof.recording.rundir import RANK_DIR
+from fastprof.recording.names import (
+    LIVE_JSON,
+    OOM_JSON,
+    PROFILER_JSON,
+    RANK_DIR,
+    SEGMENT_SUFFIX,
+    TRIGGERS_JSON,
+    UNIFIED_TRACE,
+    is_open_segment_name,
+)
+from fastprof.recording.names import SEGMENT as _SEGMENT
 from fastprof.storage.store import Store, open_store
-from fastprof.storage.uploader import SEGMENT as _SEGMENT
 
 __all__ = ["SIDE_MAX_BYTES", "RemoteRun", "open_run", "put_reports"]
 
@@ -34,7 +43,7 @@ SIDE_MAX_BYTES = 16 << 20
 
 
 def _is_trace_name(name: str) -> bool:
-    return name.endswith((".json", ".json.gz")) or (name.startswith("fastprof.") and name.endswith(".json.gz.part"))
+    return name.endswith((".json", SEGMENT_SUFFIX)) or is_open_segment_name(name)
 
 
 def _side(key: str) -> bool:
@@ -45,7 +54,7 @@ def _side(key: str) -> bool:
     name = parts[-1]
     if any(p.startswith(".") for p in parts) or parts[0] == "reports" or name.startswith("flight-"):
         return False
-    if name in ("profiler.json", "triggers.json", "live.json", "oom.json"):
+    if name in (PROFILER_JSON, TRIGGERS_JSON, LIVE_JSON, OOM_JSON):
         return True
     if "memory" in parts[:-1]:
         return name.endswith((".json", ".txt", ".yaml", ".csv"))
@@ -116,7 +125,7 @@ def open_run(url: str) -> Iterator[RemoteRun]:
             first = key.split("/")[0]
             if RANK_DIR.match(first) and "/" in key:
                 (view / first).mkdir(exist_ok=True)
-        target = store.url_of("trace.json.gz") if "trace.json.gz" in keys else url
+        target = store.url_of(UNIFIED_TRACE) if UNIFIED_TRACE in keys else url
         yield RemoteRun(url, store, target, view, segments)
     finally:
         shutil.rmtree(view, ignore_errors=True)

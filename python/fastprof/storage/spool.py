@@ -32,16 +32,12 @@ from typing import Any, TypeVar
 
 from fastprof._core import ConfigError
 from fastprof._process import PROCESS
-from fastprof.recording.rundir import CLAIM, DONE_MARKER, process_identity
+from fastprof.recording.names import DONE_MARKER, LIVE_JSON, RUN_CLAIM, SEGMENT, STORE_CLAIM
+from fastprof.recording.rundir import process_identity
 from fastprof.storage import store as _storage
-from fastprof.storage.uploader import SEGMENT, Uploader
+from fastprof.storage.uploader import Uploader
 
-__all__ = ["STORE_CLAIM", "Spool", "bounded", "claim_in_store", "read_store_claim", "upload_command"]
-
-#: In a spool's rank folder (hidden: never uploaded by name): which claim of
-#: the store this rank's files belong to, ``{"key": ..., "job": ...}``, so
-#: that ``fastprof upload`` sends them only where that job's claim stands.
-STORE_CLAIM = ".fastprof-store-claim"
+__all__ = ["Spool", "bounded", "claim_in_store", "read_store_claim", "upload_command"]
 
 T = TypeVar("T")
 
@@ -81,7 +77,7 @@ def upload_command(spool_run_dir: Path | str, out_url: str) -> str:
 def claim_key(run_name: str, rank: int, job: str | None) -> str:
     """The claim object of a run name in the store: the run's for a job
     whose ranks share a name, else this rank's folder's."""
-    return f"{run_name}/{CLAIM}" if job is not None else f"{run_name}/rank{rank}/{CLAIM}"
+    return f"{run_name}/{RUN_CLAIM}" if job is not None else f"{run_name}/rank{rank}/{RUN_CLAIM}"
 
 
 def claim_in_store(store: _storage.Store, key: str, job: str, *, force: bool = False) -> str | None:
@@ -355,11 +351,11 @@ class Spool:
         """``live.json`` says a rank is running (``fastprof trigger`` asks
         it); the job removes its own at the end, and the object goes too."""
         store = self.store
-        if store is None or self.rank_dir is None or (self.rank_dir / "live.json").exists():
+        if store is None or self.rank_dir is None or (self.rank_dir / LIVE_JSON).exists():
             return
-        key = f"{self.run_name}/rank{self.rank}/live.json"
+        key = f"{self.run_name}/rank{self.rank}/{LIVE_JSON}"
         with contextlib.suppress(Exception):
-            bounded(lambda: store.fs.rm_file(store.path(key)), max(1.0, deadline - time.monotonic()), "live.json")
+            bounded(lambda: store.fs.rm_file(store.path(key)), max(1.0, deadline - time.monotonic()), LIVE_JSON)
 
     def _free(self) -> None:
         """Remove the rank folder from the spool (every file is in the store),

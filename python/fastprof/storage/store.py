@@ -25,6 +25,15 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from fastprof._core import FastprofError
+from fastprof.recording.names import (
+    LIVE_JSON,
+    MODEL_SUMMARY_JSON,
+    OOM_JSON,
+    OPERATORS_JSON,
+    PROFILER_JSON,
+    TRIGGERS_JSON,
+    UNIFIED_TRACE,
+)
 from fastprof.storage.urls import check_url, missing
 
 __all__ = [
@@ -40,19 +49,19 @@ __all__ = [
 #: Everything else is written once and never changes after it is closed.
 REWRITTEN = frozenset(
     {
-        "profiler.json",
-        "triggers.json",
-        "live.json",
+        PROFILER_JSON,
+        TRIGGERS_JSON,
+        LIVE_JSON,
         # Memory summaries, rewritten by a later collection or OOM of the run.
         "collected.json",
         "collected.yaml",
-        "model_summary.json",
+        MODEL_SUMMARY_JSON,
         "model_summary.txt",
-        "operators.json",
+        OPERATORS_JSON,
         "operators.csv",
-        "oom.json",
+        OOM_JSON,
         # Rank 0's unified trace, rebuilt by a later merge (fastprof merge --force).
-        "trace.json.gz",
+        UNIFIED_TRACE,
     }
 )
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -42,15 +41,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastprof.recording.names import OPEN_SUFFIX, SEGMENT, TRIGGER_FILE
 from fastprof.storage.store import REWRITTEN, Store, StoreConflictError
 
 __all__ = ["Uploader", "closed_files", "is_candidate"]
 
-#: A segment's name, closed or open (``.part``); group 1 its number.
-SEGMENT = re.compile(r"^fastprof\.(\d+)\.json\.gz(\.part)?$")
-_TEMP_SUFFIXES = (".tmp", ".part")
+_TEMP_SUFFIXES = (".tmp", OPEN_SUFFIX)
 #: Names that are commands to the job (``fastprof trigger``), not its output.
-_INPUTS = frozenset({"TRIGGER"})
+_INPUTS = frozenset({TRIGGER_FILE})
 #: Failed tries in a row before an outage is said (the third comes after 1 + 2 s
 #: of backoff at the defaults: a blip that the next try gets through is not
 #: worth a line).
@@ -82,7 +80,7 @@ def closed_files(root: Path, *, final: bool) -> list[tuple[str, os.stat_result]]
             if numbered:
                 newest = max(numbered)[1]
                 # A higher N open as .part means this one is closed for good.
-                held = newest if not newest.endswith(".part") else None
+                held = newest if not newest.endswith(OPEN_SUFFIX) else None
         rel_folder = os.path.relpath(folder, root)
         for n in sorted(names, key=_order):
             if n == held or not is_candidate(n, final=final):

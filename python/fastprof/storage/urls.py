@@ -15,13 +15,10 @@ import re
 
 from fastprof._core import ConfigError
 from fastprof._package import pip_install
+from fastprof.recording.names import is_url
 
 __all__ = ["EXTRAS", "check_location", "check_url", "is_url", "missing"]
 
-
-#: ``<scheme>://`` (two letters at least: ``C://x`` is a Windows drive, not
-#: a URL), or an fsspec chain (``simplecache::s3://...``).
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+(://|::)")
 
 #: Protocol -> (the fastprof extra that installs it, the package it needs).
 EXTRAS: dict[str, tuple[str, str]] = {
@@ -33,13 +30,6 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "abfs": ("azure", "adlfs"),
     "abfss": ("azure", "adlfs"),
 }
-
-
-def is_url(text: str | os.PathLike[str]) -> bool:
-    """Whether ``text`` names a place through fsspec (``s3://b/runs``,
-    ``file:///tmp/x``, ``simplecache::s3://...``) rather than a local path.
-    ``C:\\runs`` and ``runs/s3:`` are paths."""
-    return isinstance(text, str) and _URL.match(text) is not None
 
 
 #: Protocols whose first path component is a bucket (a container, an

@@ -9,7 +9,10 @@
 //!   and CSV. It never uses [`runtime`] (tests/unit/test_core_module_cycles.py checks), so
 //!   reading a run never starts or reaches a recording.
 //! * [`error`], [`json`]: the one error enum and allocation-free JSON formatting, used by both.
+//! * [`contract`]: the names a recording writes and its readers read (spans, counters, files)
+//!   and the URL rule, used by both and exported to the Python package by the binding.
 
+pub mod contract;
 pub mod error;
 pub mod json;
 pub mod offline;

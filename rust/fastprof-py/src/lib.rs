@@ -202,6 +202,46 @@ fn nvml_probe(py: Python<'_>, gpus: Option<Vec<String>>) -> PyResult<Bound<'_, P
     convert::to_py(py, &probe)
 }
 
+/// Whether `text` names a place through a storage backend rather than a local
+/// path (`fastprof_core::contract::is_url`: the Python package's rule too).
+/// A str that is not valid UTF-8 (a lone surrogate) is read with the
+/// replacement character, which no URL's scheme holds.
+#[pyfunction]
+fn _is_url(text: &Bound<'_, pyo3::types::PyString>) -> bool {
+    fastprof_core::contract::is_url(&text.to_string_lossy())
+}
+
+/// The names of the writer/reader contract (`fastprof_core::contract`), as
+/// module constants `fastprof.recording.names` takes.
+fn add_contract(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    use fastprof_core::contract as c;
+    for (name, value) in [
+        ("STEP_SPAN", c::STEP_SPAN),
+        ("STEP_COUNTER", c::STEP_COUNTER),
+        ("LOADER_PREFIX", c::LOADER_PREFIX),
+        ("LOADER_NEXT_SUFFIX", c::LOADER_NEXT_SUFFIX),
+        ("SEGMENT_PREFIX", c::SEGMENT_PREFIX),
+        ("SEGMENT_SUFFIX", c::SEGMENT_SUFFIX),
+        ("OPEN_SUFFIX", c::OPEN_SUFFIX),
+        ("FIRST_INDEX_FILE", c::FIRST_INDEX_FILE),
+        ("UNIFIED_TRACE", c::UNIFIED_TRACE),
+        ("PROFILER_JSON", c::PROFILER_JSON),
+        ("TRIGGERS_JSON", c::TRIGGERS_JSON),
+        ("LIVE_JSON", c::LIVE_JSON),
+        ("OOM_JSON", c::OOM_JSON),
+        ("REPORT_JSON", c::REPORT_JSON),
+        ("MODEL_SUMMARY_JSON", c::MODEL_SUMMARY_JSON),
+        ("OPERATORS_JSON", c::OPERATORS_JSON),
+    ] {
+        m.add(name, value)?;
+    }
+    m.add(
+        "OWN_JSON_FILES",
+        pyo3::types::PyTuple::new(m.py(), c::OWN_JSON_FILES)?,
+    )?;
+    m.add_function(wrap_pyfunction!(_is_url, m)?)
+}
+
 /// The clocks a recording would use here (`clock::describe`), as a dict.
 #[pyfunction]
 fn clock_info(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
@@ -256,6 +296,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(columns::read_columns, m)?)?;
     m.add_function(wrap_pyfunction!(nvml_probe, m)?)?;
     m.add_function(wrap_pyfunction!(clock_info, m)?)?;
+    add_contract(m)?;
     m.add("__version__", fastprof_core::VERSION)?;
     m.add(
         "DEFAULT_SAMPLE_HZ",

@@ -7,14 +7,14 @@ use super::classify::{DeviceKind, HostRole, KernelType};
 use super::intervals::{self as iv, Iv};
 use super::read::{Device, RankData, Step};
 use super::rows::Rows;
-use super::{DeviceRow, StepRow, KERNEL_WAIT_NS};
+use super::{DeviceRow, StepRow, KERNEL_WAIT_NS, STEP_SOURCES};
 use crate::error::Result;
 
 /// The rows of one rank, handed to `out`; returns its per-device totals
 /// over its steps.
 pub(crate) fn rank_rows(rank: i32, mut rd: RankData, out: &mut Rows) -> Result<Vec<DeviceRow>> {
     let (mut steps, source) = if rd.profiler_steps.is_empty() {
-        (std::mem::take(&mut rd.fastprof_steps), "step")
+        (std::mem::take(&mut rd.fastprof_steps), STEP_SOURCES[1])
     } else {
         (std::mem::take(&mut rd.profiler_steps), "ProfilerStep")
     };

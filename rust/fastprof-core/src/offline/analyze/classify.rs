@@ -2,6 +2,8 @@
 //! PyTorch-profiler plugin's step-time breakdown, and its kernel type in
 //! HolisticTraceAnalysis's sense. Decided from `cat` and `name` only.
 
+use crate::contract;
+
 /// A host-side role (the device-side ones come from [`DeviceKind`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum HostRole {
@@ -86,10 +88,10 @@ pub(crate) fn classify(cat: &str, name: &str, fastprof: bool) -> Class {
         return Class::Host(HostRole::CpuExec);
     }
     if fastprof {
-        if name == "step" {
+        if name == contract::STEP_SPAN {
             return Class::FastprofStep;
         }
-        if name.starts_with("loader.") && name.ends_with(".next") {
+        if contract::is_loader_next(name) {
             return Class::Host(HostRole::DataLoader);
         }
     }

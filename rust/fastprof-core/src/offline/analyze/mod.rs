@@ -95,7 +95,7 @@ pub struct StepRow {
 }
 
 /// The sources a step can come from, as [`StepColumns::source`] codes.
-pub const STEP_SOURCES: [&str; 2] = ["ProfilerStep", "step"];
+pub const STEP_SOURCES: [&str; 2] = ["ProfilerStep", crate::contract::STEP_SPAN];
 
 macro_rules! step_columns {
     ($($f:ident: $t:ty),* $(,)?) => {

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::classify::{self, Class, DeviceKind, HostRole, KernelType};
+use crate::contract;
 use crate::error::{CoreError, Result};
 use crate::offline::trace::columns::FileInfo;
 use crate::offline::trace::filemeta::{FileMeta, MetaEvent};
@@ -129,7 +130,7 @@ pub(crate) fn read(inputs: &[PathBuf]) -> Result<Reading> {
     // torch traces are placed.
     files.sort_by_key(|(p, _)| {
         !p.file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("fastprof."))
+            .is_some_and(|n| contract::is_fastprof_file_name(&n.to_string_lossy()))
     });
     let mut r = Reading {
         ranks: HashMap::new(),

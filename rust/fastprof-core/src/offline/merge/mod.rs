@@ -100,7 +100,7 @@ impl Default for MergeOptions {
     fn default() -> Self {
         MergeOptions {
             inputs: Vec::new(),
-            output: PathBuf::from("trace.json.gz"),
+            output: PathBuf::from(crate::contract::UNIFIED_TRACE),
             force: false,
             ranks: None,
             window: Window::All,

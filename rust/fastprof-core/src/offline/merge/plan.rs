@@ -5,6 +5,7 @@
 //! `python_function` events (see [`super::nest`]).
 
 use super::nest::PyCall;
+use crate::contract;
 use crate::error::{CoreError, Result};
 use crate::offline::trace::scan::{self, Fields, Item, Scanner};
 use serde_json::Value;
@@ -411,7 +412,7 @@ impl Scan {
                     end: ts + dur,
                 });
             }
-        } else if name == b"step" && info.kind == Kind::Fastprof {
+        } else if name == contract::STEP_SPAN.as_bytes() && info.kind == Kind::Fastprof {
             let number = f
                 .args
                 .clone()

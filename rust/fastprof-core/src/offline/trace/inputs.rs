@@ -23,6 +23,7 @@
 //! of a directory; one object named by its URL is a file named explicitly.
 //! No globs in URLs, and nothing is removed from a store.
 
+use crate::contract;
 use crate::error::{CoreError, Result};
 use crate::offline::trace::remote;
 use crate::offline::trace::scan::Scanner;
@@ -31,9 +32,7 @@ use std::path::{Path, PathBuf};
 
 /// Whether a file name looks like a trace we merge.
 pub fn is_trace_name(name: &str) -> bool {
-    name.ends_with(".json")
-        || name.ends_with(".json.gz")
-        || (name.starts_with("fastprof.") && name.ends_with(".json.gz.part"))
+    name.ends_with(".json") || name.ends_with(".json.gz") || contract::is_open_segment_name(name)
 }
 
 /// Hidden and temporary files are never inputs inside a directory: fastprof
@@ -49,16 +48,7 @@ pub fn is_hidden_or_temp(name: &str) -> bool {
 /// `memory/` folder: see [`is_own_path`]) and the triggers' records
 /// (`triggers.json`, `live.json`).
 pub fn is_own_non_trace(name: &str) -> bool {
-    matches!(
-        name,
-        "profiler.json"
-            | "report.json"
-            | "oom.json"
-            | "model_summary.json"
-            | "operators.json"
-            | "triggers.json"
-            | "live.json"
-    ) || name.contains(".memory.")
+    contract::OWN_JSON_FILES.contains(&name) || name.contains(".memory.")
 }
 
 /// [`is_own_non_trace`] by name, anything in a `memory/` folder (where

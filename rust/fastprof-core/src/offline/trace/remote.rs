@@ -16,22 +16,9 @@ use std::io::Read;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-/// Whether `s` names a place through a storage backend rather than a local
-/// path: `^[A-Za-z][A-Za-z0-9+.-]+(://|::)`. Two letters at least, so a
-/// Windows drive `C://x` is a path; the same rule as the Python package's
-/// `fastprof.storage.urls.is_url`.
-pub fn is_url(s: &str) -> bool {
-    let b = s.as_bytes();
-    if !b.first().is_some_and(u8::is_ascii_alphabetic) {
-        return false;
-    }
-    let scheme = b[1..]
-        .iter()
-        .take_while(|&&c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'.' | b'-'))
-        .count();
-    let rest = &b[1 + scheme..];
-    scheme >= 1 && (rest.starts_with(b"://") || rest.starts_with(b"::"))
-}
+/// Whether `s` names a place through a storage backend rather than a local path (the one rule
+/// of [`crate::contract::is_url`]).
+pub use crate::contract::is_url;
 
 /// The URL a path holds, if it holds one.
 pub fn url_of(path: &Path) -> Option<&str> {

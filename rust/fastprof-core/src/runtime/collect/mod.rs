@@ -60,7 +60,7 @@ pub enum Command {
 }
 
 /// The name of the counter that `Session::mark_step` records.
-pub const STEP_COUNTER: &str = "fastprof.step";
+pub const STEP_COUNTER: &str = crate::contract::STEP_COUNTER;
 
 /// What the writer says when the session stops.
 #[derive(Debug, Clone, Default)]

@@ -23,6 +23,7 @@
 
 use super::rotation::Rotation;
 use super::{write_head, write_tail, write_thread_name, Batch, Header, MetaSource, Sink};
+use crate::contract;
 use crate::error::{CoreError, Result};
 use crate::runtime::clock;
 use flate2::write::GzEncoder;
@@ -155,8 +156,8 @@ impl ChromeGz {
         let (index, part, done, file) = loop {
             let index = self.next_index;
             self.next_index += 1;
-            let done = self.dir.join(format!("fastprof.{index}.json.gz"));
-            let part = self.dir.join(format!("fastprof.{index}.json.gz.part"));
+            let done = self.dir.join(contract::segment_name(index.into(), false));
+            let part = self.dir.join(contract::segment_name(index.into(), true));
             if done.exists() {
                 continue;
             }
@@ -436,7 +437,7 @@ impl Sink for ChromeGz {
 /// a run resumed on another node, whose earlier segments are in object
 /// storage and not on this disk, continues their numbering (written by the
 /// Python side, which lists the store; see `fastprof.storage.spool`).
-pub const FIRST_INDEX_FILE: &str = ".fastprof-first-index";
+pub const FIRST_INDEX_FILE: &str = contract::FIRST_INDEX_FILE;
 
 /// One past the highest `fastprof.{N}.json.gz[.part]` index in `dir`, and
 /// at least the index [`FIRST_INDEX_FILE`] names.
@@ -449,10 +450,10 @@ fn next_free_index(dir: &Path) -> Result<u32> {
         let name = entry.map_err(|e| CoreError::io(dir, e))?.file_name();
         let name = name.to_string_lossy();
         let index = name
-            .strip_prefix("fastprof.")
+            .strip_prefix(contract::SEGMENT_PREFIX)
             .and_then(|r| {
-                r.strip_suffix(".json.gz")
-                    .or_else(|| r.strip_suffix(".json.gz.part"))
+                let closed = r.strip_suffix(contract::OPEN_SUFFIX).unwrap_or(r);
+                closed.strip_suffix(contract::SEGMENT_SUFFIX)
             })
             .and_then(|n| n.parse::<u32>().ok());
         if let Some(i) = index {
@@ -525,7 +526,7 @@ fn rename_noreplace_free(
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 let i = *next;
                 *next += 1;
-                target = dir.join(format!("fastprof.{i}.json.gz"));
+                target = dir.join(contract::segment_name(i.into(), false));
             }
             Err(e) => return Err(e),
         }

@@ -37,6 +37,7 @@ use std::path::{Path, PathBuf};
 pub use super::filemeta::FileInfo;
 use super::filemeta::{FileMeta, MetaEvent};
 use super::scan::{self, str_text as text, Fields, Item};
+use crate::contract;
 use crate::error::{CoreError, Result};
 use crate::offline::trace::inputs;
 
@@ -295,7 +296,7 @@ pub fn read_columns(inputs: &[PathBuf], opts: &ColumnsOptions) -> Result<Columns
 
 fn is_fastprof_name(p: &Path) -> bool {
     p.file_name()
-        .is_some_and(|n| n.to_string_lossy().starts_with("fastprof."))
+        .is_some_and(|n| contract::is_fastprof_file_name(&n.to_string_lossy()))
 }
 
 impl FileInfo {
@@ -715,7 +716,9 @@ impl<'o> Reading<'o> {
             found
         };
         let (number, end) = match ph {
-            b"X" if name == "step" && matches!(fs.meta.info.kind, "fastprof" | "merged") => {
+            b"X" if name == contract::STEP_SPAN
+                && matches!(fs.meta.info.kind, "fastprof" | "merged") =>
+            {
                 let ordinal = fs.step_ordinal.entry(pid).or_insert(0);
                 let n = arg_int(&[b"step", b"batch"]).unwrap_or(*ordinal);
                 *ordinal += 1;
@@ -725,7 +728,7 @@ impl<'o> Reading<'o> {
                 Some(Ok(n)) => (n, Some(ts + dur)),
                 _ => return,
             },
-            b"C" if name == "fastprof.step" => match arg_int(&[b"value"]) {
+            b"C" if name == contract::STEP_COUNTER => match arg_int(&[b"value"]) {
                 Some(n) => (n, None),
                 None => return,
             },
