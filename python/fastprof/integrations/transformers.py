@@ -79,6 +79,7 @@ from fastprof import _core
 from fastprof._core import FastprofError, FastprofWarning
 from fastprof.profiler.loop import Profiler
 from fastprof.profiler.options import framework_out_dir
+from fastprof.recording.names import TRAIN_LOADER, VAL_LOADER
 
 __all__ = ["FastprofCallback"]
 
@@ -225,8 +226,8 @@ class FastprofCallback(_TrainerCallback):
         try:
             if loader is self._train_loader:
                 # The epoch is the Trainer's (on_epoch_begin): its length is in updates, not batches.
-                return _train_pass(prof, prof.open_pass(loader, "train", False, opener=original))
-            return prof.timed(prof.open_pass(loader, "val", False, opener=original), "val")
+                return _train_pass(prof, prof.open_pass(loader, TRAIN_LOADER, False, opener=original))
+            return prof.timed(prof.open_pass(loader, VAL_LOADER, False, opener=original), VAL_LOADER)
         except Exception as e:  # noqa: BLE001 - never in the way of the job's data
             self._warn("DataLoader timing failed", e)
             return original(loader)  # type: ignore[no-any-return]
@@ -324,7 +325,7 @@ def _train_pass(prof: Profiler, iterator: Iterator[Any]) -> Iterator[Any]:
     """A pass over the train loader: each ``next()`` timed as
     ``loader.train.next``, a step begun before it (none is begun twice: the
     micro-batches of one update share their step)."""
-    timed = prof.timed(iterator, "train")
+    timed = prof.timed(iterator, TRAIN_LOADER)
     while True:
         prof.begin_step()
         try:

@@ -52,6 +52,7 @@ from typing import Any
 
 from fastprof._core import FastprofWarning
 from fastprof._loop_api import RunHost
+from fastprof.recording.names import TRAIN_LOADER, VAL_LOADER
 from fastprof.run.after_import import AfterImport
 
 __all__ = ["ZeroCode"]
@@ -250,7 +251,7 @@ class ZeroCode:
             if type(loader).__iter__ is not ours or not self._live() or loader in self._wrapped:
                 return original(loader)
             train = self._is_train(loader)
-            name = "train" if train else self._name(loader)
+            name = TRAIN_LOADER if train else self._name(loader)
             inner = getattr(loader, "base_dataloader", None) if cls is not self._torch_loader() else None
             if inner is not None:
                 self._wrapped.add(inner)
@@ -285,7 +286,7 @@ class ZeroCode:
         name = self._names.get(loader)
         if name is None:
             n = len(self._names) + 1
-            name = self._names[loader] = "val" if n == 1 else f"val{n}"
+            name = self._names[loader] = VAL_LOADER if n == 1 else f"{VAL_LOADER}{n}"
         return name
 
     def pass_began(self, p: _Pass) -> None:
