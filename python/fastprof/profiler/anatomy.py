@@ -53,6 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastprof import _core
+from fastprof.profiler.slow_phase import slow_phase
 from fastprof.recording.budget import moving_cost
 
 #: The phases, in the order reports list them.
@@ -199,23 +200,22 @@ class Anatomy:
         row[phase] = row.get(phase, 0) + took
 
     def explain(self, step: int) -> str | None:
-        """Which recorded phase made step ``step`` slow: the one furthest
-        above its median over the recent steps ("backward 3.1x its median"),
-        or where none of them was ("not forward, backward, optimizer or
-        communication: ..."). None when the step is not among the recent."""
+        """Which recorded phase made step ``step`` slow, by the report's rule
+        (:func:`fastprof.profiler.slow_phase.slow_phase` over the recent
+        steps): "backward 3.1x its median", or where none of them did ("not
+        forward, backward, optimizer or communication: ..."). None when the
+        step is not among the recent or fewer than 3 others are."""
         row = self._recent.get(step)
-        others = [r for s, r in self._recent.items() if s != step]
-        if row is None or len(others) < 3:
+        if row is None:
             return None
-        best, excess, factor = None, 0.0, 0.0
-        for phase, took in row.items():
-            median = float(sorted(r.get(phase, 0) for r in others)[len(others) // 2])
-            if took - median > excess:
-                best, excess = phase, took - median
-                factor = took / median if median > 0 else float("inf")
-        if best is None or factor < 1.5:
+        others = [r for s, r in self._recent.items() if s != step]
+        phases = [p for p in PHASES if p in row or any(p in r for r in others)]
+        got = slow_phase({p: row.get(p, 0) for p in phases}, {p: [r.get(p, 0) for r in others] for p in phases})
+        if got is None:
+            return None
+        if not got.stands_out:
             return "not forward, backward, optimizer or communication: the data loader's wait or the rest of the step"
-        return f"{best} {factor:.1f}x its median" if factor != float("inf") else f"{best} (absent from other steps)"
+        return str(got)
 
     # ---------------------------------------------------------------- hooks
 

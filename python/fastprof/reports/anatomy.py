@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fastprof.profiler.slow_phase import slow_phase
 from fastprof.recording.names import GPU_PHASE_COUNTER, PHASE_SPANS, PHASES, STEP_SPAN, TRAIN_NEXT
 from fastprof.reports.data import RunData, step_spans, sum_inside
 
@@ -174,28 +175,30 @@ HOST_BOUND = 1.1
 
 def slow_steps(dur: Any, per_step: dict[str, Any], first: int) -> list[dict[str, Any]]:
     """The steps over :data:`SLOW_FACTOR` times the median step (at most
-    :data:`MAX_SLOW`, slowest first), each with the phase that made it slow:
-    the one furthest above its own median ("backward 3.1x its median")."""
+    :data:`MAX_SLOW`, slowest first), each with the phase that made it slow
+    (:func:`fastprof.profiler.slow_phase.slow_phase`, the live anomaly
+    trigger's answer too): the one furthest above its own median over the
+    other steps ("backward 3.1x its median")."""
     if len(dur) < 4:
         return []
     median = float(np.median(dur))
     slow = np.flatnonzero(dur > SLOW_FACTOR * median)
     slow = slow[np.argsort(-dur[slow], kind="stable")][:MAX_SLOW]
-    medians = {p: float(np.median(v)) for p, v in per_step.items()}
     out = []
     for i in slow:
-        excess = {p: float(v[i]) - medians[p] for p, v in per_step.items()}
-        phase = max(excess, key=lambda p: excess[p])
-        base = medians[phase]
+        step = {p: float(v[i]) for p, v in per_step.items()}
+        got = slow_phase(step, {p: np.delete(v, i) for p, v in per_step.items()})
+        if got is None:
+            continue
         out.append(
             {
                 "step": first + int(i),
                 "dur_ns": int(dur[i]),
                 "median_step_ns": median,
-                "phase": phase,
-                "phase_ns": int(per_step[phase][i]),
-                "phase_median_ns": base,
-                "phase_factor": float(per_step[phase][i]) / base if base > 0 else None,
+                "phase": got.phase,
+                "phase_ns": int(per_step[got.phase][i]),
+                "phase_median_ns": got.median,
+                "phase_factor": got.factor,
             }
         )
     return out
