@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 from fastprof._core import ConfigError
 from fastprof.profiler.options import _BY_NAME as PROFILER
 from fastprof.recording.options import BY_NAME, _parsed
-from fastprof.storage.urls import check_location, is_url
+from fastprof.storage.urls import check_location, check_store_url
 
 __all__ = ["Parser", "integer", "location", "option", "plain", "seconds", "url"]
 
@@ -91,12 +91,10 @@ def location(text: str) -> str:
 
 def url(text: str) -> str:
     """An argparse type for an argument that must be a storage URL."""
-    location(text)
-    if not is_url(text):
-        raise argparse.ArgumentTypeError(
-            f"{text}: not a storage URL (expected s3://BUCKET/prefix, gs://..., az://..., file:///path)"
-        )
-    return text
+    try:
+        return check_store_url(text, "")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).strip()) from None
 
 
 _ROLE = re.compile(r"``(.+?)``", re.S)

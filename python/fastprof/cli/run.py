@@ -37,7 +37,7 @@ from fastprof.cli.args import location, option
 from fastprof.cli.errors import CommandError
 from fastprof.profiler.loop import Profiler
 from fastprof.recording.options import BY_NAME, _origin, _value
-from fastprof.storage.urls import check_location, is_url
+from fastprof.storage.urls import absolute, check_location
 
 
 def add_parser(verbs: Any) -> None:
@@ -110,8 +110,7 @@ def _profiler_options(args: argparse.Namespace) -> dict[str, Any]:
             check_location(out_dir, _origin(BY_NAME["out_dir"], None, env))
         except ConfigError as e:
             raise CommandError(str(e), exit_code=2) from None
-    if not is_url(out_dir):  # a URL (s3://...) is the store's, kept as it is
-        out_dir = os.path.abspath(out_dir)
+    out_dir = absolute(out_dir)  # a URL (s3://...) is the store's, kept as it is
     run_name = args.run_name if args.run_name is not None else _torchrun_run_name(env)
     kw: dict[str, Any] = {"out_dir": out_dir, "run_name": run_name, "sample_hz": args.sample_hz}
     if args.resume:

@@ -761,7 +761,7 @@ def resolve(
     # serves) is refused here, before a spool or a local folder named after
     # it (./s3:/run) exists.
     _urls.check_location(out, _origin(BY_NAME["out_dir"], given.get("out_dir"), env))
-    if _urls.is_url(out):
+    if _urls.needs_spool(out):
         # Records into a local spool; the uploader sends what closes.
         v["out_url"] = out.rstrip("/")
         spool = (
@@ -769,10 +769,8 @@ def resolve(
             if v["spool_dir"]
             else os.path.join(tempfile.gettempdir(), "fastprof-spool", spool_name(out))
         )
-        where = _origin(BY_NAME["spool_dir"], given.get("spool_dir"), env)
-        if _urls.is_url(spool):
-            raise ConfigError(f"invalid {where}: expected a local directory, got the URL {spool}")
-        _urls.check_location(spool, where)  # s3:/x would be a local folder named s3:
+        # A URL, or s3:/x (a local folder named s3:), is refused.
+        _urls.check_local_dir(spool, _origin(BY_NAME["spool_dir"], given.get("spool_dir"), env))
         v["spool_dir"] = Path(spool)
         out = spool
         if _explicit(BY_NAME["segment_seconds"], given.get("segment_seconds"), env) is None:

@@ -17,7 +17,17 @@ from fastprof._core import ConfigError
 from fastprof._package import pip_install
 from fastprof.recording.names import is_url
 
-__all__ = ["EXTRAS", "check_location", "check_url", "is_url", "missing"]
+__all__ = [
+    "EXTRAS",
+    "absolute",
+    "check_local_dir",
+    "check_location",
+    "check_store_url",
+    "check_url",
+    "is_url",
+    "missing",
+    "needs_spool",
+]
 
 
 #: Protocol -> (the fastprof extra that installs it, the package it needs).
@@ -98,6 +108,38 @@ def check_location(text: str | os.PathLike[str], what: str) -> str | os.PathLike
             f"(a URL needs two slashes: {m.group(1)}://...; a folder of that name: ./{os.fspath(text)})"
         )
     return text
+
+
+def needs_spool(out_dir: str | os.PathLike[str]) -> bool:
+    """Whether a recording into ``out_dir`` is made in a local spool whose
+    closed files are uploaded (a place in a store), rather than in place."""
+    return is_url(out_dir)
+
+
+def check_local_dir(text: str | os.PathLike[str], what: str) -> str | os.PathLike[str]:
+    """Refuse, as :class:`ConfigError` naming ``what``, a place that must be
+    a local directory (a spool) but is a URL, or a local path that is a URL
+    with a slash lost; returns ``text`` unchanged."""
+    if is_url(text):
+        raise ConfigError(f"invalid {what}: expected a local directory, got the URL {os.fspath(text)}")
+    return check_location(text, what)
+
+
+def check_store_url(text: str, what: str) -> str:
+    """:func:`check_location`, and refuse a local path: ``text`` must name a
+    place in a store. Returns ``text`` unchanged."""
+    check_location(text, what)
+    if not is_url(text):
+        raise ConfigError(
+            f"{what} {text}: not a storage URL (expected s3://BUCKET/prefix, gs://..., az://..., file:///path)"
+        )
+    return text
+
+
+def absolute(location: str) -> str:
+    """A local path made absolute (a process that changes directory must not
+    move what is written there); a URL as it is, the store's."""
+    return location if is_url(location) else os.path.abspath(location)
 
 
 def _protocol(url: str) -> str:
