@@ -24,7 +24,6 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -39,8 +38,7 @@ from fastprof.recording.names import RSS_COUNTER
 from fastprof.reports import report
 from fastprof.reports.finite import number
 from fastprof.reports.report import SCHEMA_DIR
-from fastprof.storage.store import open_store
-from fastprof.storage.urls import is_url
+from fastprof.storage.run_view import open_run
 
 #: A threshold past 10,000x is no gate at all: a typo (1e308%), not a limit.
 MAX_PCT = 1_000_000.0
@@ -163,44 +161,37 @@ def validate(doc: Any, path: str) -> dict[str, Any]:
 
 
 def load_doc(path: str, warmup: int | None) -> dict[str, Any]:
-    if is_url(path):
-        return _load_url(path, warmup)
-    p = Path(path)
-    if not p.exists():
-        raise CommandError(f"{path}: no such file or directory (expected a run directory, trace or report.json)", 2)
-    if p.is_file() and p.name.endswith(".json") and not p.name.endswith(".pt.trace.json"):
+    """A report.json (read as one when it is a small file named ``.json``,
+    not a torch trace) or a run or trace, reported in place; wherever it
+    lives (a local path, a URL)."""
+    run = open_run(path)
+    try:
+        run.must_exist("a run directory, trace or report.json")
+        raw = run.read_small(MAX_REPORT_BYTES) if _report_name(run.basename) else None
+    except FileNotFoundError as e:
+        raise CommandError(describe(e), 2) from None
+    except FastprofError as e:  # a store's one line (its protocol's extra missing)
+        raise CommandError(describe(e), exit_code=exit_code(e)) from None
+    except OSError as e:
+        raise CommandError(f"{path}: not a fastprof report ({describe(e)})", 2) from None
+    if raw is not None:
         try:
-            doc = json.loads(p.read_text()) if p.stat().st_size <= MAX_REPORT_BYTES else None
+            doc = json.loads(raw)
         except RecursionError:
             doc = None  # nested deeper than any report: read as a trace, by the streaming reader
-        except (OSError, ValueError) as e:
+        except ValueError as e:
             raise CommandError(f"{path}: not a fastprof report ({describe(e)})", 2) from None
         if isinstance(doc, dict) and doc.get("schema") == "fastprof.report":
             return validate(doc, path)
     try:
-        return dict(report(p, formats=(), warmup_steps=warmup).data)
+        return dict(report(path, formats=(), warmup_steps=warmup).data)
     except (FastprofError, ValueError, OSError) as e:
         raise CommandError(describe(e), exit_code=exit_code(e)) from None
 
 
-def _load_url(url: str, warmup: int | None) -> dict[str, Any]:
-    """A run (or trace, or report.json) on object storage: a report.json
-    object is read as one; anything else is reported in place."""
-    try:
-        if url.endswith(".json") and not url.endswith(".pt.trace.json"):
-            store = open_store(url, what="input")
-            info = store.info("")
-            if info is not None and int(info.get("size") or 0) <= MAX_REPORT_BYTES:
-                with store.open("") as f:
-                    try:
-                        doc = json.loads(f.read())
-                    except ValueError as e:
-                        raise CommandError(f"{url}: not a fastprof report ({describe(e)})", 2) from None
-                if isinstance(doc, dict) and doc.get("schema") == "fastprof.report":
-                    return validate(doc, url)
-        return dict(report(url, formats=(), warmup_steps=warmup).data)
-    except (FastprofError, ValueError, OSError) as e:
-        raise CommandError(describe(e), exit_code=exit_code(e)) from None
+def _report_name(name: str) -> bool:
+    """Whether a file of this name may be a report.json (a torch trace is not)."""
+    return name.endswith(".json") and not name.endswith(".pt.trace.json")
 
 
 def _memory_figures(doc: dict[str, Any]) -> dict[str, float | None]:

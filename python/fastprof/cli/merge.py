@@ -33,8 +33,7 @@ from fastprof.cli.errors import CommandError, describe, exit_code
 from fastprof.readers.merge import MAX_THREADS, describe_rotated, merge
 from fastprof.recording.names import OPEN_SUFFIX, SEGMENT_SUFFIX, UNIFIED_TRACE
 from fastprof.recording.options import parse_size
-from fastprof.storage.store import open_store
-from fastprof.storage.urls import is_url
+from fastprof.storage.run_view import RunView, newest_ns, open_run
 
 THREADS_ENV = "FASTPROF_MERGE_THREADS"
 
@@ -160,21 +159,16 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def default_output(inputs: list[str]) -> Path | str:
-    if is_url(inputs[0]):
-        url = inputs[0].rstrip("/")
-        for suffix in (SEGMENT_SUFFIX + OPEN_SUFFIX, SEGMENT_SUFFIX, ".json"):
-            if url.endswith(suffix):
-                return f"{url[: -len(suffix)]}.merged.json.gz"
-        return f"{url}/{UNIFIED_TRACE}"
-    first = Path(inputs[0])
-    if first.is_dir():
-        return first / UNIFIED_TRACE
-    name = first.name
+    """A folder's ``trace.json.gz``; beside a trace, ``<name>.merged.json.gz``."""
+    first = open_run(inputs[0])
+    if first.names_folder():
+        return first.inside(UNIFIED_TRACE)
+    name = first.basename
     for suffix in (SEGMENT_SUFFIX + OPEN_SUFFIX, SEGMENT_SUFFIX, ".json"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break
-    return first.with_name(f"{name}.merged.json.gz")
+    return first.beside(f"{name}.merged.json.gz")
 
 
 #: The first event of a merge output (the core's merge::output): how many inputs it merged.
@@ -189,71 +183,24 @@ def up_to_date(inputs: list[str], output: Path | str) -> int | None:
     modified after it), else None: the caller merges, or refuses to
     overwrite. The inputs as the core's walker finds them (the merge's own);
     ``output`` and the inputs may be URLs (times from the store's listing)."""
+    out = open_run(output, what="output")
     try:
-        if isinstance(output, str) and is_url(output):
-            store = open_store(output, what="output")
-            info = store.info("")
-            done = _mtime_ns(info) if info is not None else None
-            opened: Any = store.open("")
-        else:
-            output = Path(output)
-            done = output.stat().st_mtime_ns
-            opened = open(output, "rb")
-        with opened as f:
+        done = out.modified_ns()
+        with out.open() as f:
             head = f.read(1 << 16)
             if head[:2] == b"\x1f\x8b":
                 f.seek(0)
                 with gzip.GzipFile(fileobj=f) as g:
                     head = g.read(1 << 16)
         files, _own, _removed, _warnings = _core.trace_inputs(list(inputs))
-        times = _input_times(inputs)
-        out = _same_name(output)
-        found = [f for f in files if _same_name(f) != out]
-        newest = max((times[f] if f in times else Path(f).stat().st_mtime_ns for f in found), default=None)
+        found = [f for f in files if not out.same_file(f)]
+        newest = newest_ns(inputs, found)
     except (OSError, EOFError, FastprofError, ValueError, KeyError):
         return None  # the merge itself says what is wrong
     m = _MERGE_MARKER.match(head)
     if m is None or done is None or newest is None or newest > done or int(m.group(1)) != len(found):
         return None
     return len(found)
-
-
-def _same_name(path: Path | str) -> str:
-    return path.rstrip("/") if isinstance(path, str) and is_url(path) else str(Path(path).resolve())
-
-
-def _mtime_ns(info: dict[str, Any]) -> int | None:
-    """An object's modification time from the store's metadata (S3's
-    ``LastModified``, a datetime; local ``mtime``, seconds)."""
-    v = info.get("LastModified") or info.get("last_modified") or info.get("mtime") or info.get("created")
-    if v is not None and hasattr(v, "timestamp"):
-        return int(v.timestamp() * 1e9)
-    return int(float(v) * 1e9) if isinstance(v, (int, float)) else None
-
-
-def _input_times(inputs: list[str]) -> dict[str, int]:
-    """The modification times of every object under the URL inputs, by URL
-    (one listing per input, not a request per object); local files are
-    stat'ed by the caller. A time the store does not give is missing, and
-    the caller then merges."""
-    out: dict[str, int] = {}
-    for url in inputs:
-        if not is_url(url):
-            continue
-        store = open_store(url, what="input")
-        store.fs.invalidate_cache(store.root)
-        found: dict[str, dict[str, Any]] = store.fs.find(store.root, withdirs=False, detail=True)
-        if not found:
-            info = store.info("")
-            found = {store.root: info} if info is not None else {}
-        prefix = store.root.rstrip("/")
-        base = url.rstrip("/")
-        for path, info in found.items():
-            t = _mtime_ns(info)
-            if t is not None:
-                rel = path.rstrip("/")[len(prefix) :].lstrip("/")
-                out[f"{base}/{rel}" if rel else base] = t
-    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -272,11 +219,12 @@ def run(args: argparse.Namespace) -> int:
     if steps and (args.start is not None or args.end is not None):
         raise CommandError("--steps and --start/--end are exclusive", exit_code=2)
     target = args.output if args.output else default_output(args.inputs)
-    # An output URL: merged into a local file, then put in the store.
-    out_url = target if isinstance(target, str) and is_url(target) else None
-    if out_url is not None:
-        return _merge_to_url(args, out_url)
-    output = Path(target)
+    out = open_run(target, what="output")
+    output = out.local_path
+    if output is None:
+        # Not a path of this machine (an object in a store): merged into a
+        # local file, then put there.
+        return _merge_to_url(args, out)
     cats = [c.strip() for group in args.include_cat for c in group.split(",") if c.strip()]
     excl = [c.strip() for group in args.exclude_cat for c in group.split(",") if c.strip()]
     if _whole(args) and not args.force and output.is_file():
@@ -364,17 +312,17 @@ def _whole(args: argparse.Namespace) -> bool:
     )
 
 
-def _merge_to_url(args: argparse.Namespace, out_url: str) -> int:
+def _merge_to_url(args: argparse.Namespace, out: RunView) -> int:
     """``fastprof merge ... -o s3://.../trace.json.gz``: the merge goes to a
     local temporary file (the inputs are read in place, URLs or not), which
     is then put in the store; an object already there is replaced only with
     ``--force``."""
+    out_url = out.name
     try:
-        store = open_store(out_url, what="output")
-        held = store.info("")
+        held = out.is_file()
     except (FastprofError, OSError, ValueError) as e:
         raise CommandError(describe(e), exit_code=exit_code(e)) from None
-    if held is not None and not args.force:
+    if held and not args.force:
         n = up_to_date(args.inputs, out_url) if _whole(args) else None
         if n is not None:
             # `fastprof merge s3://.../run` after a run that merged itself: nothing to do.
@@ -391,7 +339,7 @@ def _merge_to_url(args: argparse.Namespace, out_url: str) -> int:
         if code != 0:
             return code
         try:
-            store.put(local, "", rewritable=True)
+            out.put(local, "")
         except Exception as e:  # noqa: BLE001 - botocore, aiohttp, OSError: one line
             raise CommandError(
                 f"{out_url}: could not put the merged trace ({type(e).__name__}: {' '.join(str(e).split())})",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from fastprof import report  # the public wrapper: it logs to MLflow when asked
@@ -21,7 +20,7 @@ from fastprof._core import FastprofError
 from fastprof.cli.args import integer, location
 from fastprof.cli.errors import CommandError, describe, exit_code
 from fastprof.reports.csvout import tables
-from fastprof.storage.urls import is_url
+from fastprof.storage.run_view import open_run
 
 WARMUP_STEPS = integer(0, 10**9, "a number of steps")
 BATCH_SIZE = integer(1, 10**9, "a number of samples")
@@ -60,9 +59,8 @@ def add_parser(verbs: Any) -> None:
 
 def build(args: argparse.Namespace, out_dir: str | None, formats: tuple[str, ...], progress: bool) -> Any:
     """Run :func:`fastprof.report` for a verb, bad input as one line, exit 2."""
-    if not is_url(args.path) and not Path(args.path).exists():
-        raise CommandError(f"{args.path}: no such file or directory (expected a run directory or a trace)", exit_code=2)
     try:
+        open_run(args.path).must_exist("a run directory or a trace")
         rep = report(
             args.path,
             out_dir=out_dir,

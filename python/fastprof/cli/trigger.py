@@ -29,9 +29,7 @@ from fastprof.cli.args import integer, location, seconds
 from fastprof.cli.errors import CommandError, describe
 from fastprof.memory._files import write_atomic
 from fastprof.recording.names import PROFILER_JSON, RANK_DIR
-from fastprof.recording.rundir import object_url
-from fastprof.storage.store import open_store
-from fastprof.storage.urls import is_url
+from fastprof.storage.run_view import RunView, open_run
 
 __all__ = ["add_parser", "run"]
 
@@ -115,9 +113,11 @@ def _alive(info: dict[str, Any]) -> bool | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if is_url(args.run_dir):
-        return _run_url(args)
-    run_dir = Path(args.run_dir)
+    view = open_run(args.run_dir, what="run")
+    run_dir = view.local_path
+    if run_dir is None:
+        # Not a folder of this machine: the ranks are reached only through the store.
+        return _run_in_store(args, view)
     if not run_dir.is_dir():
         what = "not a directory" if run_dir.exists() else "no such run directory"
         raise CommandError(f"{run_dir}: {what} (expected a run directory, <out>/<run_name>)", 2)
@@ -302,17 +302,14 @@ def _answers(
     return 1 if failed else 0
 
 
-def _run_url(args: argparse.Namespace) -> int:
+def _run_in_store(args: argparse.Namespace, view: RunView) -> int:
     """``fastprof trigger s3://.../run``: a run whose ranks upload to object
     storage (issue #26). The trigger is an object the ranks look for every
     ``REMOTE_POLL_S``; their ``triggers.json`` objects (uploaded as they
     are rewritten) say when the files are there."""
-    url = args.run_dir.rstrip("/")
+    url = view.name
     try:
-        store = open_store(url, what="run")
-        keys = store.list("")
-    except CommandError:
-        raise
+        keys = view.keys()
     except Exception as e:  # noqa: BLE001 - a store's error is one line
         raise CommandError(f"{url}: {describe(e)}") from None
     ranks = sorted({int(m.group(1)) for k in keys if "/" in k and (m := RANK_DIR.match(k.split("/", 1)[0]))})
@@ -343,9 +340,9 @@ def _run_url(args: argparse.Namespace) -> int:
         local = Path(tmp) / TRIGGER_FILE
         local.write_text(json.dumps(req))
         try:
-            store.put(local, key, rewritable=True)
+            view.put(local, key)
         except Exception as e:  # noqa: BLE001
-            raise CommandError(f"{store.url_of(key)}: cannot put the trigger object ({describe(e)})") from None
+            raise CommandError(f"{view.show(key)}: cannot put the trigger object ({describe(e)})") from None
     what = "a flight dump" if args.flight else "a capture and a flight dump"
     print(
         f"fastprof trigger: asked rank(s) {', '.join(map(str, targets))} of {url} for {what} (request {rid}); "
@@ -361,8 +358,8 @@ def _run_url(args: argparse.Namespace) -> int:
 
     def read(r: int) -> Any:
         try:
-            with store.open(f"rank{r}/{STATE_FILE}") as f:
-                return json.loads(f.read())
+            raw = view.get(f"rank{r}/{STATE_FILE}")
+            return None if raw is None else json.loads(raw)
         except Exception:  # noqa: BLE001 - not there yet, or being replaced: next look
             return None
 
@@ -372,7 +369,7 @@ def _run_url(args: argparse.Namespace) -> int:
         args.flight,
         args.wait,
         read,
-        show=lambda path, _r: object_url(path, url) or path,
+        show=lambda path, _r: view.where_now(path),
         gone=lambda pending: False,  # pids on other hosts: only the time limit ends the wait
         pause=2.0,
         where=url,

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from fastprof._core import FastprofError, FastprofFileNotFoundError, trace_inputs
+from fastprof._core import FastprofError
 from fastprof.readers.columns import Columns, read_columns
 from fastprof.recording.names import (
     MODEL_SUMMARY_JSON,
@@ -41,13 +41,10 @@ from fastprof.recording.names import (
     SEGMENT_PREFIX,
     SEGMENT_SUFFIX,
     STEP_SPAN,
-    UNIFIED_TRACE,
     loader_of_next,
 )
-from fastprof.recording.rundir import in_rank_dir, object_url
 from fastprof.reports.finite import counter_warnings
-from fastprof.storage.run_view import RemoteRun, open_url
-from fastprof.storage.urls import is_url
+from fastprof.storage.run_view import RunView, open_run
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -101,9 +98,9 @@ class RunData:
     path: Path
     run_dir: Path | None
     cols: Columns
-    #: A run on object storage: its URL (``path`` and ``run_dir`` are then
-    #: the local view of its side documents; see :mod:`fastprof.storage.run_view`).
-    source: str | None = None
+    #: Where the run lives, as it was read (:mod:`fastprof.storage.run_view`):
+    #: for a run in a store, ``run_dir`` is the local copy of its side documents.
+    run: RunView
     #: rank -> parsed rank{R}/profiler.json (of a segment read alone: the
     #: one beside it, when it is that recording's, see :func:`load`)
     profiler: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -222,50 +219,24 @@ class RunData:
         return self._walls[rank]
 
 
-def resolve(path: str | os.PathLike[str]) -> tuple[Path, Path | None]:
-    """What a report of ``path`` reads, and its run directory (None for a
-    trace alone): a run directory's unified ``trace.json.gz`` when there is
-    one, else the directory; a trace itself. Raises
-    :class:`fastprof.FastprofFileNotFoundError` for a missing path."""
-    p = Path(path)
-    if not p.exists():
-        raise FastprofFileNotFoundError(2, "no such file or directory", str(p))
-    if p.is_dir():
-        unified = p / UNIFIED_TRACE
-        if unified.is_file():
-            # Reading the directory walks it (the core's input walker removes
-            # temporary files a killed export left, as `fastprof merge` does);
-            # reading the unified trace alone does not, so walk it here.
-            trace_inputs([str(p)])
-            return unified, p
-        return p, p
-    if p.name == UNIFIED_TRACE and any(p.parent.glob(f"rank*/{PROFILER_JSON}")):
-        return p, p.parent
-    return p, None
-
-
-def load(
-    path: str | os.PathLike[str],
-    fold: bool = True,
-    resolved: tuple[Path | str, Path | None] | None = None,
-    remote: RemoteRun | None = None,
-) -> RunData:
+def load(path: str | os.PathLike[str], fold: bool = True, run: RunView | None = None) -> RunData:
     """Read a run directory (its unified ``trace.json.gz`` when there is one,
     else every rank's segments and torch windows) or a single trace.
     ``fold``: spans of :data:`KINETO_CATEGORIES` as totals, not rows.
-    ``resolved``: :func:`resolve`'s answer for ``path``, when the caller has it.
-    ``remote``: a run on object storage (:mod:`fastprof.storage.run_view`):
-    its traces read by URL, its side documents from its local view.
+    ``run``: the run as the caller opened and read it
+    (:func:`fastprof.storage.run_view.open_run`); without it, ``path`` is
+    opened here, wherever it lives.
 
     Raises :class:`fastprof.FastprofFileNotFoundError` for a missing path,
     :class:`fastprof.TraceError` for a file that is not a trace and
     :class:`ReportInputError` for a directory holding no trace."""
-    p = Path(path)
-    target: Path | str
-    if remote is not None:
-        target, run_dir = remote.target, remote.view
-    else:
-        target, run_dir = resolve(p) if resolved is None else resolved
+    # Read here, the run stays read as long as its data (a store run's copy
+    # of its side documents is removed with the view).
+    return _load(Path(path), fold, run if run is not None else open_run(path).read())
+
+
+def _load(p: Path, fold: bool, run: RunView) -> RunData:
+    target, run_dir = run.target, run.folder
     # Instants are in no report; each unused column is dropped as soon as read.
     cols = read_columns(
         target,
@@ -279,24 +250,20 @@ def load(
     for table in (cols.spans, cols.counters):
         for key in _UNUSED:
             table.pop(key, None)
-    shown = remote.url if remote is not None else p
     if not cols.files or (
         not len(cols.spans["ts"]) and not len(cols.counters["ts"]) and not len(cols.folded.get("rank", ()))
     ):
-        raise ReportInputError(f"{shown}: no trace events found (expected a fastprof run directory or a trace file)")
-    data = RunData(path=p, run_dir=run_dir, cols=cols)
-    if remote is not None:
-        data.source = remote.url
-        if run_dir is not None:
-            _read_side_documents(data, run_dir, remote.segments)
-    elif run_dir is not None:
+        raise ReportInputError(f"{run.name}: no trace events found (expected a fastprof run directory or a trace file)")
+    data = RunData(path=p, run_dir=run_dir, cols=cols, run=run)
+    alone = run.local_file
+    if run_dir is not None:
         _read_side_documents(data, run_dir)
-    elif p.name.startswith(SEGMENT_PREFIX) and p.name.endswith(SEGMENT_SUFFIX):
-        data.alone = p
-        other = read_other_data(p)
+    elif alone is not None and alone.name.startswith(SEGMENT_PREFIX) and alone.name.endswith(SEGMENT_SUFFIX):
+        data.alone = alone
+        other = read_other_data(run, alone)
         if other is not None:
             data.other[int(other.get("rank", 0) or 0)] = other
-        _read_own_profiler(data, p, other)
+        _read_own_profiler(data, alone, other)
     return data
 
 
@@ -325,8 +292,9 @@ def _read_own_profiler(data: RunData, segment: Path, other: dict[str, Any] | Non
         data.profiler[int(doc.get("rank") or 0)] = doc
 
 
-def _read_side_documents(data: RunData, run_dir: Path, segments: list[str] | None = None) -> None:
-    """``segments``: a URL run's segment URLs (its view holds none)."""
+def _read_side_documents(data: RunData, run_dir: Path) -> None:
+    """The side documents of a run directory (``run_dir``, laid out as one:
+    a store run's local copy), its segments' ``otherData`` read where they are."""
     for rank_dir in sorted(run_dir.glob("rank*")):
         m = RANK_DIR.match(rank_dir.name)
         if not m or not rank_dir.is_dir():
@@ -349,16 +317,7 @@ def _read_side_documents(data: RunData, run_dir: Path, segments: list[str] | Non
                 data.cols.warnings.append(f"{summary}: not valid JSON; its schedule and windows are left out")
         # The last closed segment of each recording holds its final counts.
         last: dict[str, tuple[int, Path | str]] = {}
-        found: list[tuple[str, str, Path | str]] = (
-            [(str(s.parent), s.name, s) for s in rank_dir.rglob(f"{SEGMENT_PREFIX}*{SEGMENT_SUFFIX}")]
-            if segments is None
-            else [
-                (str(run_dir / rel.rsplit("/", 1)[0]), rel.rsplit("/", 1)[1], url)
-                for url in segments
-                if (rel := in_rank_dir(url)) and rel.split("/")[0] == rank_dir.name and url.endswith(".json.gz")
-            ]
-        )
-        for key, name, seg in found:
+        for key, name, seg in data.run.segments(rank_dir):
             parts = name.split(".")
             try:
                 n = int(parts[-3])
@@ -367,7 +326,7 @@ def _read_side_documents(data: RunData, run_dir: Path, segments: list[str] | Non
             if key not in last or n > last[key][0]:
                 last[key] = (n, seg)
         for parent, (_, seg) in sorted(last.items()):
-            other = read_other_data(seg)
+            other = read_other_data(data.run, seg)
             if other is None:
                 continue
             if Path(parent) == rank_dir:
@@ -382,26 +341,16 @@ def where_now(data: RunData, recorded: str) -> str:
     recorded in a spool the uploader emptied: the file is its object,
     ``<run URL>/rank{R}/...``. A run directory moved or copied since: the same
     ``rank{R}/...`` under where it is now. Otherwise the recorded path."""
-    if data.source is not None and is_url(data.source):
-        return object_url(recorded, data.source) or recorded
-    tail = in_rank_dir(recorded)
-    if os.path.exists(recorded) or not tail or data.run_dir is None:
-        return recorded
-    moved = data.run_dir / tail
-    return str(moved) if moved.exists() else recorded
+    return data.run.where_now(recorded)
 
 
-def read_other_data(path: Path | str) -> dict[str, Any] | None:
-    """The ``otherData`` object at the end of a fastprof segment, found by
-    decompressing the file as a stream and keeping only its tail. ``path``
-    may be a URL (an object read by ranged reads)."""
+def read_other_data(run: RunView, path: Path | str) -> dict[str, Any] | None:
+    """The ``otherData`` object at the end of a fastprof segment of ``run``,
+    found by decompressing the file as a stream and keeping only its tail
+    (an object is read by ranged reads)."""
     tail = b""
     try:
-        if isinstance(path, str) and is_url(path):
-            opened = open_url(path)
-        else:
-            opened = open(path, "rb")
-        with opened as f:
+        with run.open_file(path) as f:
             d = zlib.decompressobj(zlib.MAX_WBITS | 16)
             while True:
                 chunk = f.read(1 << 20)

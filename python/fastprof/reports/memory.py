@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -28,9 +26,6 @@ from fastprof.recording.names import (
     RSS_COUNTER,
 )
 from fastprof.reports.data import RunData, step_spans, where_now
-from fastprof.storage.run_view import open_url
-from fastprof.storage.store import open_store
-from fastprof.storage.urls import is_url
 
 #: The allocator's per-step peak.
 CUDA_PEAK = CUDA_ALLOCATED_PEAK
@@ -194,26 +189,10 @@ MAX_OPERATOR_TRACE_BYTES = 64 << 20
 MAX_OPERATOR_WINDOWS = 64
 
 
-def _size(path: str) -> int:
-    """A window trace's size: a file's, or (a run on object storage) its object's."""
-    if not is_url(path):
-        return os.path.getsize(path)
-    info = open_store(path, what="input").info("")
-    if info is None:
-        raise FileNotFoundError(2, "no such object", path)
-    return int(info.get("size") or 0)
-
-
-def _operator_table(path: str) -> Any:
+def _operator_table(data: RunData, path: str) -> Any:
     """:func:`operator_table` of a window trace; an object is read into a
     temporary file first (the table reads the trace whole)."""
-    if not is_url(path):
-        return operator_table(path, top=TOP_OPERATORS)
-    name = path.rsplit("/", 1)[-1]
-    with tempfile.TemporaryDirectory(prefix="fastprof-window-") as tmp:
-        local = os.path.join(tmp, name)
-        with open_url(path) as src, open(local, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
+    with data.run.local_copy(path) as local:
         return operator_table(local, top=TOP_OPERATORS)
 
 
@@ -267,7 +246,7 @@ def _operators(data: RunData) -> dict[str, Any] | None:
         }
         windows.append(row)
         try:
-            size = _size(path)
+            size = data.run.file_size(path)
             if size > MAX_OPERATOR_TRACE_BYTES:
                 row["reason"] = (
                     f"{size / 2**20:.0f} MB on disk: over {MAX_OPERATOR_TRACE_BYTES >> 20} MB, it is read whole"
@@ -277,7 +256,7 @@ def _operators(data: RunData) -> dict[str, Any] | None:
                     "fastprof.memory.operator_table(path) reads it"
                 )
                 continue
-            table = _operator_table(path)
+            table = _operator_table(data, path)
         except (OSError, ValueError) as e:
             row["reason"] = str(e)
             data.cols.warnings.append(f"{path}: no operator table ({e})")

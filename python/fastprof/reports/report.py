@@ -10,7 +10,6 @@ import re
 import secrets
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,9 +34,8 @@ from fastprof.reports.speed import speed_report
 from fastprof.reports.system import system_report
 from fastprof.reports.time import time_report
 from fastprof.reports.triggers import triggers_report
-from fastprof.storage.run_view import RemoteRun, open_run, put_reports
-from fastprof.storage.store import open_store
-from fastprof.storage.urls import check_location, check_url, is_url
+from fastprof.storage.run_view import RunView, open_run
+from fastprof.storage.urls import check_location
 
 SCHEMA_ID = "fastprof.report"
 SCHEMA_VERSION = 4
@@ -157,8 +155,8 @@ def _build_from(
         "schema_version": SCHEMA_VERSION,
         "fastprof_version": __version__,
         "source": {
-            "path": data.source or str(data.path),
-            "run_dir": data.source if data.source is not None else None if data.run_dir is None else str(data.run_dir),
+            "path": data.run.name,
+            "run_dir": data.run.run_dir_name,
             "inputs": [
                 {
                     "path": str(f["path"]),
@@ -186,11 +184,6 @@ def _build_from(
         "triggers": triggers_report(data),
         "recommendations": recs,
     }
-
-
-def default_out_dir(path: str | os.PathLike[str]) -> Path:
-    p = Path(path)
-    return p / "reports" if p.is_dir() else p.parent / "reports"
 
 
 def report(
@@ -233,81 +226,28 @@ def report(
                 f"invalid option {opt}: expected an integer >= {0 if opt == 'warmup_steps' else 1}, got {v!r}"
             )
     tick = _Progress(progress)
-    out_url = os.fspath(out_dir) if out_dir is not None and is_url(out_dir) else None
-    if out_url is not None:
-        check_url(out_url, "output")
-    elif out_dir is not None:
+    if out_dir is not None:
         check_location(out_dir, "output")
-    if isinstance(path, str) and is_url(path):
-        return _report_url(path, out_dir, fmts, verbose, tick, warmup_steps, batch_size)
-    if out_url is not None:
-        return _staged_in_store(
-            out_url, tick, lambda local: _report(path, local, fmts, verbose, tick, warmup_steps, batch_size)
-        )
-    out = Path(out_dir) if out_dir is not None else default_out_dir(path)
-    return _report(path, out, fmts, verbose, tick, warmup_steps, batch_size)
-
-
-def _staged_in_store(url: str, tick: _Progress, write: Any) -> Report:
-    """A report whose files go to the store at ``url``: ``write(folder)``
-    writes them into a temporary folder, which is put there and removed."""
-    store = open_store(url, what="output")
-    local = Path(tempfile.mkdtemp(prefix="fastprof-report-")) / "reports"
-    try:
-        rep: Report = write(local)
-        if rep.files:
-            tick(f"putting {len(rep.files)} files in {url}")
-            rep.urls = put_reports(store, local, [f.name for f in rep.files], "")
-            rep.files = []
+    tick(f"opening {path}")
+    # The run read where it lives (a store's traces by ranged reads); its
+    # files written in a local folder, then put where they go when that is
+    # in a store (<url>/reports/, or the output URL given).
+    with open_run(path) as run, run.output(out_dir) as out:
+        rep = _report(run, out.folder, fmts, verbose, tick, warmup_steps, batch_size)
+        urls = out.deliver(rep.files, tick)
+        if urls:
+            rep.urls, rep.files = urls, []
         return rep
-    finally:
-        shutil.rmtree(local.parent, ignore_errors=True)
-
-
-def _report_url(
-    url: str,
-    out_dir: str | os.PathLike[str] | None,
-    fmts: list[str],
-    verbose: bool,
-    tick: _Progress,
-    warmup_steps: int | None,
-    batch_size: int | None,
-) -> Report:
-    """A report of a run (or a trace) on object storage: read in place, its
-    files put in ``<url>/reports/`` (next to a trace given alone), or
-    written to ``out_dir`` when given (a folder, or a URL)."""
-    tick(f"listing {url}")
-    with open_run(url) as run:
-
-        def write(local: Path) -> Report:
-            return _report(url, local, fmts, verbose, tick, warmup_steps, batch_size, remote=run)
-
-        if out_dir is None:
-            store, base = run.store, "reports" if run.view is not None else ""
-            local = Path(tempfile.mkdtemp(prefix="fastprof-report-")) / "reports"
-            try:
-                rep = write(local)
-                if rep.files:
-                    tick(f"putting {len(rep.files)} files in the store")
-                    rep.urls = put_reports(store, local, [f.name for f in rep.files], base)
-                    rep.files = []
-                return rep
-            finally:
-                shutil.rmtree(local.parent, ignore_errors=True)
-        if is_url(out_dir):
-            return _staged_in_store(os.fspath(out_dir), tick, write)
-        return write(Path(out_dir))
 
 
 def _report(
-    path: str | os.PathLike[str],
+    run: RunView,
     out: Path,
     fmts: list[str],
     verbose: bool,
     tick: _Progress,
     warmup_steps: int | None,
     batch_size: int | None,
-    remote: RemoteRun | None = None,
 ) -> Report:
     staging: Path | None = None
     try:
@@ -316,11 +256,10 @@ def _report(
         # The breakdown first, its rows straight into breakdown.csv: its pass
         # over the traces is the report's largest memory, so it runs before
         # the columns are read, and keeps a few numbers per rank.
-        tick(f"step-time breakdown of {path}")
-        resolved = _data.resolve(path) if remote is None else (remote.target, remote.view)
-        breakdown = _breakdown(resolved[0], staging if "csv" in fmts else None, out)
+        tick(f"step-time breakdown of {run.name}")
+        breakdown = _breakdown(run.target, staging if "csv" in fmts else None, out)
         tick(f"breakdown: {len(breakdown)} steps")
-        data = _data.load(path, fold=not verbose, resolved=resolved, remote=remote)
+        data = _data.load(run.location, fold=not verbose, run=run)
         data.breakdown = breakdown
         tick(f"read {len(data.cols.spans['ts'])} spans, {len(data.cols.counters['ts'])} counter samples")
         doc = build_from(data, verbose, warmup_steps, batch_size, tick)

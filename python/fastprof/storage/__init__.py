@@ -10,5 +10,6 @@ package imports nothing (fsspec above all) until a URL is used.
   does (a local spool, and the thread that uploads its closed files).
 * :mod:`.backend`: the fsspec backend the core reads URL inputs through
   (registered at ``import fastprof``).
-* :mod:`.run_view`: a run on object storage as the reports read it.
+* :mod:`.run_view`: one view of a run wherever it lives (a local folder, a
+  store), which every verb and report reads a run through.
 """
