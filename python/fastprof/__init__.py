@@ -41,10 +41,10 @@ from fastprof._core import (
     name_id,
     span,
 )
-from fastprof.always_on.triggers import Triggers
 from fastprof.memory import ModelSummary, model_summary
 from fastprof.memory.history import MemoryHistory
 from fastprof.profiler import schedule
+from fastprof.profiler.drivers.triggers import Triggers
 from fastprof.profiler.loop import Profiler
 from fastprof.profiler.torch_windows import TorchWindows
 from fastprof.readers.merge import merge

@@ -1,7 +1,7 @@
 """The Profiler as the parts around its training loop see it.
 
 :class:`fastprof.Profiler` (``fastprof/profiler/loop.py``) owns the loop;
-other parts work beside it: the triggers (:mod:`fastprof.always_on.triggers`),
+other parts work beside it: its drivers (:mod:`fastprof.profiler.drivers`, the triggers),
 exit and SIGTERM handling (:mod:`fastprof.profiler.exits`), the end of a run
 (:mod:`fastprof.profiler.outputs`), out-of-memory capture
 (:mod:`fastprof.memory.oom`) and ``fastprof run``'s zero-code host
@@ -15,8 +15,7 @@ The protocols, each adding to :class:`LoopHost` what one part needs:
 
 * :class:`LoopHost`: where the run records, the position of the loop,
   whether the Profiler runs, and on which thread;
-* :class:`TriggerHost`: format variables, the torch windows, the step-time
-  anomaly detector;
+* :class:`TriggerHost`: the format variables of file names;
 * :class:`ExitHost`: closing for a way out, the flight recorder's last seconds;
 * :class:`RunEndHost`: the account of the run and what the merge needs;
 * :class:`RunHost`: ``fastprof run``'s inferred steps and timed loader passes.
@@ -73,9 +72,16 @@ class LoopHost(Protocol):
     def epoch(self) -> int: ...
 
     @property
+    def batch_in_epoch(self) -> int: ...
+
+    @property
     def running(self) -> bool:
         """Started and not yet closing (False before ``start()``, once
         ``stop()`` began, and when the run directory could not be written)."""
+
+    @property
+    def stopped(self) -> bool:
+        """Closed (``stop()`` is over)."""
 
     def on_training_thread(self) -> bool:
         """Whether the caller runs on the thread that started the Profiler
@@ -83,27 +89,10 @@ class LoopHost(Protocol):
 
 
 class TriggerHost(LoopHost, Protocol):
-    """What the triggers (:class:`fastprof.always_on.triggers.TriggerDriver`) use."""
+    """What the drivers that name files (the triggers, memory, torch windows) use."""
 
     def format_variables(self) -> dict[str, Any]:
         """The file-name format variables now (``{run_name}``, ``{rank}``, ``{epoch}``...)."""
-
-    @property
-    def has_torch_windows(self) -> bool:
-        """Whether this Profiler drives torch.profiler windows (else a
-        triggered capture has nothing to record with)."""
-
-    def last_window(self) -> Window | None:
-        """The latest torch.profiler window begun, None before the first."""
-
-    def explain_step(self, step: int) -> str | None:
-        """Which phase made step ``step`` slow ("backward 3.1x its median"),
-        from the step anatomy of the recent steps; None without it."""
-
-    def watch_step_times(self, window: int, factor: float, mads: float, min_excess_ns: int) -> None:
-        """Judge each step's time in the step loop: a step beyond ``factor``
-        times the median of the last ``window`` steps (and ``mads`` MADs and
-        ``min_excess_ns`` beyond it) sets the core's attention flag."""
 
 
 class ExitHost(LoopHost, Protocol):
@@ -153,10 +142,6 @@ class RunHost(LoopHost, Protocol):
     merge_enabled: bool
     #: Steps ended by an optimizer step (profiler.json's ``steps_by_optimizer``).
     steps_by_optimizer: int
-
-    @property
-    def stopped(self) -> bool:
-        """Closed (``stop()`` is over)."""
 
     @property
     def successor(self) -> LoopHost | None:

@@ -2,7 +2,7 @@
 back, and how a job's handler keeps its outcome when it runs inside fastprof.
 
 **Giving back.** The trigger signal (``kill -USR2 <pid>``,
-:mod:`fastprof.always_on.triggers`) is documented as safe to send to a running
+:mod:`fastprof.profiler.drivers.triggers`) is documented as safe to send to a running
 job. Its default action kills the process, so giving the default back when a
 Profiler stops would let a late trigger (one sent while the job finishes, or
 from a script that loops over ranks) end the job. So when the job had the

@@ -39,11 +39,6 @@ NAMES_PY = ROOT / "recording" / "names.py"
 #: split into, the triggers, the anatomy's hooks) and the literals they still
 #: spell: to be emptied as they import from names.py.
 ALLOWED: dict[str, set[str]] = {
-    "profiler/loop.py": {"step", "profiler.action", "loader.", "fastprof.clock_sync"},
-    "profiler/loaders.py": {"loader."},
-    "profiler/drivers/clocks.py": {"fastprof.clock_sync"},
-    "always_on/triggers.py": {"TRIGGER", "live.json", "triggers.json"},
-    "profiler/drivers/triggers/config.py": {"TRIGGER", "live.json", "triggers.json"},
     "profiler/anatomy.py": {
         "phase.forward",
         "phase.backward",

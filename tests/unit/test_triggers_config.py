@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from fastprof import ConfigError, Triggers
-from fastprof.always_on.triggers import parse_request
+from fastprof.profiler.drivers.triggers import parse_request
 
 
 def test_defaults_and_variables() -> None:

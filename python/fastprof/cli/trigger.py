@@ -24,10 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fastprof.always_on.triggers import LIVE_FILE, REMOTE_POLL_S, STATE_FILE, TRIGGER_FILE, new_request_id
 from fastprof.cli.args import integer, location, seconds
 from fastprof.cli.errors import CommandError, describe
 from fastprof.memory._files import write_atomic
+from fastprof.profiler.drivers.triggers import LIVE_FILE, REMOTE_POLL_S, STATE_FILE, TRIGGER_FILE, new_request_id
 from fastprof.recording.names import PROFILER_JSON, RANK_DIR
 from fastprof.storage.run_view import RunView, open_run
 

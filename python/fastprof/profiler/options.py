@@ -3,16 +3,27 @@ one row each (name, type, default, ``FASTPROF_*`` variable, check, doc)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
+from fastprof._core import ConfigError
+from fastprof._process import PROCESS
+from fastprof.memory.history import MemoryHistory
 from fastprof.profiler import schedule as _schedule
+from fastprof.profiler.drivers.triggers import DEFAULT_FLIGHT_SECONDS, Triggers
 from fastprof.profiler.schedule import Schedule
-from fastprof.recording.options import Option, _bool, _float, _int
-from fastprof.recording.recorder import current
+from fastprof.profiler.torch_windows import TorchWindows
+from fastprof.recording.options import Option, _bool, _float, _int, _value
+from fastprof.recording.recorder import Recorder, current
 
-__all__ = ["OPTIONS", "framework_out_dir"]
+__all__ = ["OPTIONS", "UNSET", "Resolved", "attach_recorder", "framework_out_dir", "resolve"]
+
+T = TypeVar("T")
 
 
 def _schedule_value(v: object) -> Schedule:
@@ -162,3 +173,138 @@ def framework_out_dir(
     if (running is not None and running.active) or os.environ.get("FASTPROF_OUT_DIR", "").strip():
         return None
     return fallback()
+
+
+#: An option not given (``torch=`` distinguishes it from None, which means none).
+UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The Profiler's options, resolved (given, else ``FASTPROF_*``, else
+    the default) and checked: what its drivers are built from."""
+
+    schedule: Schedule
+    torch: TorchWindows | None
+    gate_spans: bool
+    memory_stats: bool
+    memory_history: MemoryHistory | None
+    model: Any
+    model_depth: int
+    anatomy: bool
+    triggers: Triggers | None
+    merge: bool
+    merge_timeout: float
+    sync_clocks: bool
+
+    def metadata(self, dist: Any) -> dict[str, Any]:
+        """The trace's ``profiler`` metadata."""
+        return {
+            "schedule": repr(self.schedule),
+            "torch": None if self.torch is None else repr(self.torch),
+            "gate_spans": self.gate_spans,
+            "dist": dist.__dict__ if hasattr(dist, "__dict__") else str(dist),
+        }
+
+
+def resolve(given: dict[str, Any], env: Mapping[str, str] = os.environ) -> Resolved:
+    """The Profiler's options from the keywords it was ``given``; a bad value
+    is a :class:`fastprof.ConfigError` naming it."""
+
+    def value(name: str) -> Any:
+        return _value(_BY_NAME[name], given.get(name), env)
+
+    return Resolved(
+        schedule=value("schedule"),
+        torch=_torch_option(given.get("torch", UNSET), env),
+        gate_spans=value("gate_spans"),
+        memory_stats=value("memory_stats"),
+        memory_history=_config_object("memory_history", given.get("memory_history"), MemoryHistory, env),
+        model=given.get("model"),
+        model_depth=value("model_depth"),
+        anatomy=value("anatomy"),
+        triggers=_config_object("triggers", given.get("triggers"), Triggers, env),
+        merge=value("merge"),
+        merge_timeout=value("merge_timeout"),
+        sync_clocks=value("sync_clocks"),
+    )
+
+
+def _config_object(name: str, value: Any, cls: type[T], env: Mapping[str, str]) -> T | None:
+    """An option that is a config object or a switch (``memory_history``,
+    ``triggers``): None takes its variable, True the defaults, False none."""
+    if value is None:
+        value = _value(_BY_NAME[name], None, env)
+    if value is True:
+        return cls()
+    if value is False:
+        return None
+    if not isinstance(value, cls):
+        raise ConfigError(f"invalid option {name}: expected a fastprof.{cls.__name__}, True or False, got {value!r}")
+    return value
+
+
+def _torch_option(torch: Any, env: Mapping[str, str]) -> TorchWindows | None:
+    """``torch=``: a TorchWindows, True (the default one when torch is
+    installed), False or None (none); not given, its variable."""
+    if torch is UNSET:
+        torch = _value(_BY_NAME["torch"], None, env)
+    if torch is True:
+        return TorchWindows() if _torch_importable() else None
+    if torch is False or torch is None:
+        return None
+    if not isinstance(torch, TorchWindows):
+        raise ConfigError(f"invalid option torch: expected a fastprof.TorchWindows, True, False or None, got {torch!r}")
+    if not _torch_importable():
+        raise ConfigError("invalid option torch: torch.profiler windows need torch, which is not installed")
+    return torch
+
+
+def _torch_importable() -> bool:
+    return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
+
+
+def attach_recorder(
+    recorder: Recorder | None,
+    where: dict[str, Any],
+    recorder_options: dict[str, Any],
+    triggers: Triggers | None,
+) -> tuple[Recorder, bool]:
+    """The Profiler's recorder, and whether it is the Profiler's own: one
+    already running (``recorder``, else the process's), whose options that
+    choose where a run records (``where``: out_dir, run_name, sample_hz) are
+    then refused, or under ``fastprof run`` said unused; else a new one."""
+    running = current() if recorder is None else recorder
+    if running is not None and running.active:
+        given = {k: v for k, v in recorder_options.items() if v is not None}
+        unused = [k for k, v in {**where, **given}.items() if v is not None]
+        host = PROCESS.run_host
+        if unused and recorder is None and host is not None and host.recorder is running:
+            # The script's own Profiler under fastprof run: the command
+            # line chose where the run records; the script still runs
+            # (a line, not a warning: -W error must not end the job).
+            print(
+                f"fastprof run: this Profiler's options {', '.join(unused)} are not used: the run records in "
+                f"{running.run_dir} (fastprof run's options decide)",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif unused:
+            raise ConfigError(
+                f"a fastprof Recorder is already running ({running.run_dir}); "
+                "drop out_dir/run_name/recorder options, or stop it first"
+            )
+        return running, False
+    if (
+        recorder is None
+        and triggers is not None
+        and triggers.flight_events
+        and recorder_options.get("window_seconds") is None
+        and not os.environ.get("FASTPROF_WINDOW_SECONDS", "").strip()
+    ):
+        # Flight dumps need the recorder's window: a bounded one (window_bytes).
+        recorder_options["window_seconds"] = DEFAULT_FLIGHT_SECONDS
+    own = recorder or Recorder(where["out_dir"], where["run_name"], sample_hz=where["sample_hz"], **recorder_options)
+    # Its upload ends once profiler.json and the memory files are written (outputs.finish).
+    own.hold_upload = True
+    return own, True

@@ -1,5 +1,5 @@
 """Each step's action, decided in one place: the schedule's action merged
-with a triggered capture (:mod:`fastprof.always_on.triggers`), as the
+with a triggered capture (:mod:`fastprof.profiler.drivers.triggers`), as the
 torch.profiler window driver (:mod:`fastprof.profiler.torch_windows`) is
 handed it. Pure: no torch, no recording, testable step by step.
 

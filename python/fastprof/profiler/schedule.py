@@ -85,6 +85,13 @@ class Action(enum.Enum):
         return self is Action.ACTIVE_AND_SAVE
 
 
+#: The steps of a window: the recorder's gate is open and the allocator
+#: history records during them.
+RECORDING = frozenset((Action.WARMUP, Action.ACTIVE, Action.ACTIVE_AND_SAVE))
+#: The steps that need nothing from Python while they last.
+QUIET = frozenset((Action.SKIP_FIRST, Action.WAIT, Action.DISABLED))
+
+
 def to_torch(action: Action) -> Any:
     """The ``torch.profiler.ProfilerAction`` for ``action``: SKIP_FIRST, WAIT and
     DISABLED are all ``NONE`` to torch. Imports torch."""

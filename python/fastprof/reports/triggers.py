@@ -1,6 +1,6 @@
 """The report's ``triggers`` section (issue #17): per rank, what the job's
 triggers did (``profiler.json``'s ``triggers``, written by
-:mod:`fastprof.always_on.triggers`): each anomaly with its step and numbers,
+:mod:`fastprof.profiler.drivers.triggers`): each anomaly with its step and numbers,
 each capture with its steps and file, each flight dump, and what was
 coalesced. Bounded: the job keeps at most 200 of each per rank."""
 
