@@ -140,7 +140,7 @@ class Profiler(LoopFront):
         """The drivers, and for each hook the drivers that implement it."""
         self._drivers = drivers
         self._hooks = {name: [d for d in drivers if overrides(d, name)] for name in _HOOKS}
-        self._seam.hooks = self._hooks
+        self._seam.use(self._hooks)
 
     def _driver(self, cls: type[D]) -> D | None:
         return next((d for d in self._drivers if isinstance(d, cls)), None)
@@ -359,6 +359,7 @@ class Profiler(LoopFront):
             warnings.warn(f"fastprof: Profiler.stop failed: {type(e).__name__}: {e}", FastprofWarning, stacklevel=4)
         finally:
             self._state = "stopped"
+            self._seam.stopped = True
             for d in reversed(hooks["release"]):
                 d.release()
             self._hosting.release()

@@ -46,7 +46,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastprof._loop_api import RunHost
-from fastprof.profiler.driver import Driver, StepEnd
+from fastprof.profiler.driver import Driver
 from fastprof.profiler.plan import ActionPlan
 from fastprof.profiler.schedule import QUIET, Action, Schedule
 
@@ -64,14 +64,21 @@ ACTION_LEVEL = {
 
 
 class StepSeam:
-    """``prof``: the Profiler (whether it stopped, its loop position);
-    ``hooks``: for each hook of the driver protocol, the drivers that have it
-    (the Profiler's, kept up to date by it)."""
+    """``prof``: the Profiler (its loop position, its optimizer hook); the
+    drivers' step hooks come with :meth:`use`."""
 
     def __init__(self, prof: RunHost, schedule: Schedule) -> None:
         self.prof = prof
         self.schedule = schedule
-        self.hooks: dict[str, list[Driver]] = {}
+        self._capture: list[Driver] = []
+        self._begin: list[Driver] = []
+        self._live: list[Driver] = []
+        self._end_annotation: list[Driver] = []
+        self._end: list[Driver] = []
+        self._step_done: list[Driver] = []
+        self._fetch: list[Driver] = []
+        #: The Profiler stopped (set by it): a callback from inside the loop passes through.
+        self.stopped = False
         self.plan = ActionPlan()
         #: The current step's action.
         self.action = Action.WAIT
@@ -81,56 +88,62 @@ class StepSeam:
         #: Train passes begun (the loop's own count stands in for it).
         self.passes = 0
 
+    def use(self, hooks: dict[str, list[Driver]]) -> None:
+        """For each hook of the driver protocol, the drivers that have it."""
+        self._capture, self._begin, self._live = hooks["capture"], hooks["begin"], hooks["live"]
+        self._end_annotation, self._end = hooks["end_annotation"], hooks["end"]
+        self._step_done, self._fetch = hooks["step_done"], hooks["fetch"]
+
     def _on_begin(
         self, batch: int, epoch: int, batch_in_epoch: int, epoch_len: int | None, fetched: bool
     ) -> tuple[int, str, int, bool]:
         """Step ``batch`` begins: its action, then the drivers (now, or once
         its batch came when ``fetched`` is False). Returns (action level,
         action, quiet steps after this one, a driver waits for the fetch)."""
-        if self.prof.stopped:  # closed from inside the step loop (see Profiler.close)
+        if self.stopped:  # closed from inside the step loop (see Profiler.close)
             return ACTION_LEVEL[self.action], self.action.value, 0, False
         self.begun = {"batch": batch, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "train_passes": self.passes}
         scheduled = self.schedule.at(batch, epoch, batch_in_epoch, epoch_len)
         capture = None
-        for d in self.hooks["capture"]:
+        for d in self._capture:
             capture = d.capture(batch, epoch) or capture
         # The schedule's action merged with a capture's, in the one order a
         # torch.profiler window takes (see fastprof.profiler.plan).
         action = self.plan.action(batch, scheduled, capture)
         self.action = action
         due = False
-        for d in self.hooks["begin"]:
+        for d in self._begin:
             due = d.begin(action, batch, epoch, fetched) or due
         quiet = 0
-        if action in QUIET and not any(d.live for d in self.hooks["live"]):
+        if action in QUIET and not any(d.live for d in self._live):
             quiet = self.plan.quiet(batch, self.schedule.quiet_steps(batch, epoch, batch_in_epoch, epoch_len), capture)
         return ACTION_LEVEL[action], action.value, quiet, due
 
     def _on_end_annotation(self) -> None:
-        if not self.prof.stopped:
-            for d in self.hooks["end_annotation"]:
+        if not self.stopped:
+            for d in self._end_annotation:
                 d.end_annotation()
 
     def _on_end(self, epoch: int, batch: int, batch_in_epoch: int) -> None:
         closed = self.plan.end(batch, self.action)
-        if not self.prof.stopped:
-            step = StepEnd(self.action, epoch, batch, batch_in_epoch, closed, self.plan.with_schedule)
-            for d in self.hooks["end"]:
-                d.end(step)
+        if not self.stopped:
+            action, with_schedule = self.action, self.plan.with_schedule
+            for d in self._end:
+                d.end(action, epoch, batch, batch_in_epoch, closed, with_schedule)
 
     def _on_memory(self, epoch: int, batch: int, batch_in_epoch: int) -> None:
         """Every step's end (quiet steps too), for the drivers that asked."""
-        for d in self.hooks["step_done"]:
+        for d in self._step_done:
             d.step_done(epoch, batch, batch_in_epoch)
 
     def _on_fetched(self) -> bool:
         """A batch came for a step whose drivers waited for it. True when a
         window is live (the step then begins here, after torch's
         ProfilerStep boundary, so the two still nest)."""
-        if self.prof.stopped:
+        if self.stopped:
             return False
         live = False
-        for d in self.hooks["fetch"]:
+        for d in self._fetch:
             live = d.fetch(self.action, self.prof.batch, self.prof.epoch) or live
         return live
 

@@ -17,7 +17,7 @@ import pytest
 
 import fastprof
 from fastprof._core import FastprofWarning
-from fastprof.profiler.driver import Closing, Driver, StepEnd
+from fastprof.profiler.driver import Closing, Driver
 from fastprof.profiler.drivers.build import Absent
 from fastprof.profiler.schedule import Action
 
@@ -47,8 +47,10 @@ class Journal(Driver):
         self.calls.append(f"begin {batch} {action.value}")
         return False
 
-    def end(self, step: StepEnd) -> None:
-        self.calls.append(f"end {step.batch}")
+    def end(
+        self, action: Action, epoch: int, batch: int, batch_in_epoch: int, closed: bool, with_schedule: bool
+    ) -> None:
+        self.calls.append(f"end {batch}")
 
     def unhook(self) -> None:
         self.calls.append("unhook")

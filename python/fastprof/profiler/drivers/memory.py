@@ -19,7 +19,7 @@ from fastprof.memory.history import HistoryDriver, MemoryHistory
 from fastprof.memory.history import driver as history_driver
 from fastprof.memory.model_summary import model_summary
 from fastprof.memory.step_stats import StepMemory
-from fastprof.profiler.driver import Closing, Driver, StepEnd
+from fastprof.profiler.driver import Closing, Driver
 from fastprof.profiler.schedule import RECORDING, Action, Schedule
 
 __all__ = ["MemoryDriver"]
@@ -129,6 +129,10 @@ class MemoryDriver(Driver):
 
     # ------------------------------------------------------------- steps
 
+    def idle(self) -> frozenset[str]:
+        # Without an allocator history, a step's begin and end have nothing to do.
+        return frozenset(("begin", "fetch", "end")) if self.config is None else frozenset()
+
     def begin(self, action: Action, batch: int, epoch: int, fetched: bool) -> bool:
         if self.history is None or action not in RECORDING:
             return False
@@ -148,10 +152,11 @@ class MemoryDriver(Driver):
             self.history.begin(True, *h)
         return False
 
-    def end(self, step: StepEnd) -> None:
+    def end(
+        self, action: Action, epoch: int, batch: int, batch_in_epoch: int, closed: bool, with_schedule: bool
+    ) -> None:
         if self.history is not None:
-            path = self.path(step.epoch, step.batch, step.batch_in_epoch)
-            self.history.end(step.action.saves, path, step.batch)
+            self.history.end(action.saves, self.path(epoch, batch, batch_in_epoch), batch)
 
     def step_done(self, epoch: int, batch: int, batch_in_epoch: int) -> None:
         """At step ``batch``'s end (quiet steps too): the CUDA allocator's

@@ -11,7 +11,7 @@ from typing import Any
 
 from fastprof._core import FastprofWarning
 from fastprof._loop_api import TriggerHost
-from fastprof.profiler.driver import Closing, Driver, StepEnd
+from fastprof.profiler.driver import Closing, Driver
 from fastprof.profiler.exits import SIGNAL_EXPORT_WAIT_S
 from fastprof.profiler.schedule import Action
 from fastprof.profiler.torch_windows import TorchWindows, WindowDriver, WindowRecord
@@ -75,9 +75,11 @@ class WindowsDriver(Driver):
         if self.windows is not None:
             self.windows.end_annotation()
 
-    def end(self, step: StepEnd) -> None:
+    def end(
+        self, action: Action, epoch: int, batch: int, batch_in_epoch: int, closed: bool, with_schedule: bool
+    ) -> None:
         if self.windows is not None:
-            self.windows.end(step.action, step.epoch, step.batch, step.batch_in_epoch)
+            self.windows.end(action, epoch, batch, batch_in_epoch)
 
     def close(self, closing: Closing) -> None:
         if self.windows is not None:

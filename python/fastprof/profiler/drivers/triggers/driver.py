@@ -19,7 +19,7 @@ from fastprof import _core
 from fastprof._loop_api import TriggerHost, Window
 from fastprof.memory._files import write_atomic
 from fastprof.memory.oom import add_oom_listener, is_oom, remove_oom_listener
-from fastprof.profiler.driver import Closing, Driver, StepEnd
+from fastprof.profiler.driver import Closing, Driver
 from fastprof.profiler.drivers.anatomy import AnatomyDriver
 from fastprof.profiler.drivers.triggers.captures import Captures
 from fastprof.profiler.drivers.triggers.config import (
@@ -36,6 +36,7 @@ from fastprof.profiler.drivers.triggers.signals import SignalTrigger
 from fastprof.profiler.drivers.triggers.state import Board
 from fastprof.profiler.drivers.triggers.store import RankStore
 from fastprof.profiler.drivers.windows import WindowsDriver
+from fastprof.profiler.schedule import Action
 
 __all__ = ["TriggerDriver"]
 
@@ -223,7 +224,8 @@ class TriggerDriver(Driver):
     def capture(self, batch: int, epoch: int) -> tuple[int, int] | None:
         if _core._attention_take():
             self._boundary(batch)
-        return self.captures.steps()
+        c = self.captures.pending  # Captures.steps(), inline: at every step that needs Python
+        return None if c is None else (c.start, c.last)
 
     def _boundary(self, batch: int) -> None:
         """At a step's begin, when the core's flag was set: take the requests
@@ -247,8 +249,13 @@ class TriggerDriver(Driver):
             self.captures.take(req, batch)
         b.write_state()
 
-    def end(self, step: StepEnd) -> None:
-        if self.board is not None and self.captures.on_step_end(step.batch, step.closed, step.with_schedule):
+    def end(
+        self, action: Action, epoch: int, batch: int, batch_in_epoch: int, closed: bool, with_schedule: bool
+    ) -> None:
+        c = self.captures.pending
+        if c is None or batch < c.start:
+            return  # no capture running (Captures.on_step_end's first test, inline)
+        if self.captures.on_step_end(batch, closed, with_schedule) and self.board is not None:
             self.board.write_state()
 
     # ------------------------------------------------------ the run's end
