@@ -4,6 +4,7 @@ turns known failures into one clear line and a non-zero exit (no traceback)."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import sys
 from collections.abc import Sequence
@@ -53,8 +54,6 @@ def _map_large_allocations() -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None)
         libc.mallopt(-3, 4 << 20)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):

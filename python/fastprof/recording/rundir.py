@@ -44,6 +44,7 @@ their parent's directory and make no choice here.
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
 import json
 import os
 import socket
@@ -249,8 +250,6 @@ class _Claim:
     by an error, it removes what it made (the file, an empty directory)."""
 
     def __init__(self, run_dir: Path) -> None:
-        import fcntl
-
         self.path = run_dir / RUN_CLAIM
         self.made_dir = not run_dir.is_dir()
         run_dir.mkdir(parents=True, exist_ok=True)
