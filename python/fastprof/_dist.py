@@ -83,12 +83,11 @@ def process_group() -> Any:
 def default_store() -> Any:
     """The default process group's key-value store (what rank 0 shares with
     the other ranks through, without a collective), or None without one."""
-    if process_group() is None:
+    dist = process_group()
+    if dist is None:
         return None
     try:
-        from torch.distributed import distributed_c10d
-
-        return distributed_c10d._get_default_store()
+        return dist.distributed_c10d._get_default_store()
     except Exception:  # noqa: BLE001 - a group without a store (or one torn down)
         return None
 
@@ -276,9 +275,7 @@ def sync_clocks(group: Any = None, rounds: int = 8, *, force_measure: bool = Fal
     me = dist.get_rank(group)
     if world == 1:
         return _single(me)
-
-    import torch
-
+    torch = sys.modules["torch"]  # the job's: it made the process group
     wait_for = _dt.timedelta(seconds=timeout)
     cpu = _cpu_group(dist, group, wait_for)
 

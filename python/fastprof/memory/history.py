@@ -193,9 +193,8 @@ class CudaAllocator:
         self.torch.cuda.memory._record_memory_history(enabled=None)
 
     def html(self, snapshot: dict[str, Any]) -> str:
-        from torch.cuda import _memory_viz
-
-        return str(_memory_viz.trace_plot(snapshot))  # type: ignore[no-untyped-call]
+        # torch.cuda.memory loads _memory_viz with torch (it draws its summaries).
+        return str(self.torch.cuda._memory_viz.trace_plot(snapshot))
 
 
 def _entries(snapshot: Mapping[str, Any]) -> int:

@@ -9,6 +9,7 @@ names) are counted once in the totals and listed in ``tied``.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -212,7 +213,7 @@ def _run_example(
     outputs: dict[int, Any],
     calls: dict[int, int],
 ) -> None:
-    import torch
+    no_grad = _torch().no_grad
 
     def hook(module: torch.nn.Module, _args: Any, out: Any) -> None:
         key = id(module)
@@ -226,7 +227,7 @@ def _run_example(
         for _, m in chosen:
             handles.append(m.register_forward_hook(hook))
         model.eval()
-        with torch.no_grad():
+        with no_grad():
             if isinstance(example_input, dict):
                 model(**example_input)
             elif isinstance(example_input, tuple):
@@ -240,11 +241,14 @@ def _run_example(
             m.training = was
 
 
+def _torch() -> Any:
+    """The job's torch: a model is a ``torch.nn.Module``, so torch is imported already."""
+    return sys.modules["torch"]
+
+
 def _describe(x: Any, level: int) -> Any:
     """An output as JSON: a tensor's shape as a list of ints, containers as lists/dicts of those."""
-    import torch
-
-    if isinstance(x, torch.Tensor):
+    if isinstance(x, _torch().Tensor):
         return list(x.shape)
     if level >= _SHAPE_DEPTH:
         return "..."

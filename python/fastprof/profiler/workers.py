@@ -78,11 +78,9 @@ def instrument(
     instrumented is left as it is. Call it before iterating: persistent
     workers already running keep the ``worker_init_fn`` they started with.
     """
-    try:
-        from torch.utils.data import DataLoader
-    except ImportError:
-        return False
-    if not isinstance(loader, DataLoader) or not loader.num_workers > 0:
+    # A DataLoader is the job's: without torch.utils.data imported, ``loader`` is none.
+    data = sys.modules.get("torch.utils.data")
+    if data is None or not isinstance(loader, data.DataLoader) or not loader.num_workers > 0:
         return False
     if isinstance(loader.worker_init_fn, _WorkerInit):
         return True
@@ -188,7 +186,10 @@ def _stop(rec: Any) -> None:
 
 def _patch_fetchers(name: str, worker_id: int) -> None:
     """Wrap ``fetch`` of torch's dataset fetchers, in this process only."""
-    from torch.utils.data._utils import fetch as torch_fetch
+    # A worker runs torch's worker loop, so its fetchers are imported already.
+    torch_fetch = sys.modules.get("torch.utils.data._utils.fetch")
+    if torch_fetch is None:
+        raise ImportError("torch.utils.data._utils.fetch is not imported in this worker")
 
     span_name = _core.name_id(loader_fetch(name))
     count = [0]

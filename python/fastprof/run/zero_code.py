@@ -43,7 +43,6 @@ framework-loop API, and the pieces of ``Profiler.loader`` a pass needs.
 from __future__ import annotations
 
 import functools
-import importlib
 import sys
 import warnings
 import weakref
@@ -124,10 +123,11 @@ class ZeroCode:
             self._dist_patch = None
 
     def _on_torch(self) -> None:
-        """torch is imported: hook its optimizer steps and DataLoader passes."""
+        """torch is imported (``import torch`` loads its optimizer and data
+        modules): hook its optimizer steps and DataLoader passes."""
         try:
-            from torch.optim.optimizer import register_optimizer_step_post_hook
-            from torch.utils.data import DataLoader
+            register_optimizer_step_post_hook = sys.modules["torch.optim.optimizer"].register_optimizer_step_post_hook
+            loader_cls = sys.modules["torch.utils.data"].DataLoader
         except Exception as e:  # noqa: BLE001 - an old or partial torch: the run goes on untimed
             self._warn("cannot hook torch's optimizer and DataLoader", e)
             return
@@ -136,7 +136,7 @@ class ZeroCode:
         self.prof.remove_optimizer_hook()
         self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         self.prof.hook_torch_phases()
-        self._patch_loader(DataLoader)
+        self._patch_loader(loader_cls)
         if "accelerate.data_loader" in sys.modules:
             self._on_accelerate()
         else:
@@ -163,7 +163,7 @@ class ZeroCode:
         if self.off:
             return
         try:
-            adl = importlib.import_module("accelerate.data_loader")
+            adl = sys.modules["accelerate.data_loader"]
 
             for name in ("DataLoaderShard", "DataLoaderDispatcher"):
                 cls = getattr(adl, name, None)
@@ -180,8 +180,7 @@ class ZeroCode:
         nodes had only an end sync, skipped when the script destroys its
         group first, and the merge fell back on the hosts' NTP clocks."""
         try:
-            import torch.distributed as td
-
+            td: Any = sys.modules["torch.distributed"]  # loaded by `import torch`
             if not td.is_available():
                 return
             original = td.init_process_group
@@ -273,9 +272,7 @@ class ZeroCode:
         epoch), or any once it is gone."""
         if self._train:
             return False
-        import torch
-
-        if not torch.is_grad_enabled():
+        if not sys.modules["torch"].is_grad_enabled():  # a DataLoader's pass: the job's torch
             return False
         if self._train_loader is None:
             return True
