@@ -149,6 +149,15 @@ def _load(report_or_path: Any) -> tuple[dict[str, Any], list[Path]]:
     return doc, [d / n for n in names if (d / n).is_file()]
 
 
+def _mlflow() -> Any:
+    """mlflow, with the entities a log is made of: imported here only, at
+    the first call (``import fastprof`` never pays for it); ImportError
+    without it."""
+    import mlflow.entities
+
+    return mlflow
+
+
 def log_report(report_or_path: Any, *, run_id: str | None = None, artifact_path: str = "fastprof") -> Logged:
     """Log a report's files (``report.json``, the CSVs, ``report.html``) as
     artifacts under ``artifact_path`` and its headline numbers as
@@ -165,8 +174,7 @@ def log_report(report_or_path: Any, *, run_id: str | None = None, artifact_path:
     written).
     """
     try:
-        import mlflow
-        from mlflow.entities import Metric
+        mlflow = _mlflow()
     except ImportError as e:
         raise ConfigError(f"mlflow is not installed ({e}): {pip_install('mlflow')}") from None
     if run_id is None:
@@ -179,7 +187,7 @@ def log_report(report_or_path: Any, *, run_id: str | None = None, artifact_path:
     now = int(time.time() * 1000)
     metrics = {PREFIX + k: v for k, v in headline(doc).items()}
     if metrics:
-        client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
+        client.log_batch(run_id, metrics=[mlflow.entities.Metric(k, v, now, 0) for k, v in metrics.items()])
     logged = Logged(run_id, metrics)
     for f in files:
         client.log_artifact(run_id, str(f), artifact_path or None)
@@ -211,7 +219,7 @@ def check_option(given: bool | None) -> bool | None:
     setting = _setting(given)
     if setting:
         try:
-            import mlflow  # noqa: F401
+            _mlflow()
         except ImportError as e:
             raise ConfigError(f"invalid option mlflow=True: mlflow is not installed ({e})") from None
     return setting

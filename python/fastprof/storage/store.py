@@ -34,7 +34,7 @@ from fastprof.recording.names import (
     TRIGGERS_JSON,
     UNIFIED_TRACE,
 )
-from fastprof.storage.urls import check_url, missing
+from fastprof.storage.urls import check_url, load_fsspec, missing
 
 __all__ = [
     "REWRITTEN",
@@ -344,9 +344,8 @@ def open_store(url: str, what: str = "out_dir") -> Store:
     that names no place is refused first (:func:`fastprof.storage.urls.check_url`)."""
     check_url(url, what)
     try:
-        import fsspec.core  # installed with every protocol's package (s3fs, gcsfs, adlfs)
-
-        fs, root = fsspec.core.url_to_fs(url)
+        # fsspec comes with every protocol's package (s3fs, gcsfs, adlfs).
+        fs, root = load_fsspec().core.url_to_fs(url)
     except (ImportError, ValueError) as e:
         raise missing(url, what, e) from None
     return Store(url, fs, root)

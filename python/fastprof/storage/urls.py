@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+from typing import Any
 
 from fastprof._core import ConfigError
 from fastprof._package import pip_install
@@ -25,6 +26,7 @@ __all__ = [
     "check_store_url",
     "check_url",
     "is_url",
+    "load_fsspec",
     "missing",
     "needs_spool",
 ]
@@ -54,16 +56,25 @@ _BUCKET_WORD = {"az": "container", "abfs": "container", "abfss": "container", "a
 _ONE_SLASH = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+):/?(?!/)")
 
 
+def load_fsspec() -> Any:
+    """fsspec: the storage package imports it here only, once a URL is
+    used (a local run never loads it). ImportError without it."""
+    import fsspec
+
+    return fsspec
+
+
 def _served() -> frozenset[str]:
     """Protocols some filesystem serves: fsspec's known and registered
     implementations (installed or not: a missing package is the extra's
     line, not an unknown protocol), or without fsspec the ones fastprof
     knows of."""
     try:
-        from fsspec.registry import known_implementations, registry
+        fsspec = load_fsspec()
     except ImportError:
         return frozenset(EXTRAS) | _NO_BUCKET
-    return frozenset(known_implementations) | frozenset(registry)
+    # available_protocols(): the known implementations; fsspec.registry: the registered ones.
+    return frozenset(fsspec.available_protocols()) | frozenset(fsspec.registry)
 
 
 def check_url(url: str, what: str = "out_dir") -> str:
