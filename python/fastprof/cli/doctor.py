@@ -46,6 +46,7 @@ from fastprof import __version__, _core
 from fastprof._package import DISTRIBUTION
 from fastprof.cli.args import seconds
 from fastprof.cli.errors import CommandError, describe
+from fastprof.cli.workloads import import_torch
 from fastprof.recording.options import BY_NAME, ENV_VARS, resolve
 
 OK = "ok"
@@ -264,7 +265,7 @@ def package_item(path: Sequence[str] | None = None) -> Item:
 def _torch() -> tuple[list[Item], Any]:
     """torch, CUDA and each CUDA device; also the torch module (None: not importable)."""
     try:
-        import torch
+        torch = import_torch()
     except Exception as e:  # noqa: BLE001 - any import failure means "no torch"
         why = f"torch is not importable: {describe(e)}"
         hint = "install PyTorch (pip install torch); the recorder and merge work without it"
@@ -491,8 +492,7 @@ def _cupti_hint(stderr: str) -> str:
 def _distributed(torch: Any) -> list[Item]:
     if torch is None:
         return [_off(f"dist.{b}", "no torch", "install PyTorch") for b in BACKENDS]
-    import torch.distributed as dist
-
+    dist = torch.distributed  # loaded by `import torch`, built in or not
     if not dist.is_available():
         hint = "install a torch build with distributed support"
         return [_off(f"dist.{b}", "torch.distributed is not built in", hint) for b in BACKENDS]

@@ -12,14 +12,22 @@ from typing import Any
 from fastprof._package import pip_install
 
 
+def import_torch() -> Any:
+    """torch: the command line's one import of it (this workload's, and
+    ``fastprof doctor``'s check), never at a module's top, since ``fastprof
+    run`` loads the command line into a job that may not use torch."""
+    import torch
+
+    return torch
+
+
 def require_torch() -> Any:
     try:
-        import torch
+        return import_torch()
     except ImportError:
         raise SystemExit(
             f"fastprof: this needs PyTorch, which is not installed; install it with: {pip_install('torch')}"
         ) from None
-    return torch
 
 
 @dataclass

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import importlib.util
 import os
 import queue
 import stat
@@ -153,8 +154,6 @@ class TorchWindows:
                 "TorchWindows: memory_timeline needs profile_memory=True, record_shapes=True and with_stack=True"
             )
         if self.memory_timeline == "html":
-            import importlib.util
-
             if importlib.util.find_spec("matplotlib") is None:
                 raise ConfigError(
                     "TorchWindows: memory_timeline='html' needs matplotlib (pip install matplotlib); "
@@ -175,6 +174,15 @@ class TorchWindows:
                 break
             out = out / part.format(**variables)
         return out
+
+
+def _torch() -> Any:
+    """torch, with ``torch.profiler`` (and the memory profiler it loads): a
+    window starts torch's profiler, so this module imports torch itself,
+    here only, when the first window starts (``import fastprof`` never does)."""
+    import torch.profiler
+
+    return torch
 
 
 def _gzip(src: Path, dst: Path, level: int) -> None:
@@ -211,11 +219,9 @@ def _memory_timeline(tp: Any, path: Path) -> None:
     plot), built from the window's own results on the exporter thread.
     ``profile.export_memory_timeline`` does the same but is deprecated (it
     warns on every call); its building blocks are not."""
-    import torch
-    from torch.profiler._memory_profiler import MemoryProfileTimeline
-
+    torch = _torch()
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    timeline = MemoryProfileTimeline(tp._memory_profile())
+    timeline = torch.profiler._memory_profiler.MemoryProfileTimeline(tp._memory_profile())
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}{path.suffix}")
     try:
         if path.suffix == ".html":
@@ -247,8 +253,7 @@ def _kineto_quiet(on: bool) -> Iterator[None]:
 
 
 def _another_profiler_active() -> bool:
-    import torch
-
+    torch = _torch()
     try:
         return bool(torch.autograd.profiler._is_profiler_enabled)
     except AttributeError:  # older torch: ask the C++ side
@@ -343,13 +348,11 @@ class WindowDriver:
                 )
 
     def _activities(self) -> list[Any]:
-        import torch
-        from torch.profiler import ProfilerActivity
-
+        torch = _torch()
         names = list(self.cfg.activities or ("auto",))
         if names == ["auto"]:
             names = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-        return [getattr(ProfilerActivity, n.upper()) for n in names]
+        return [getattr(torch.profiler.ProfilerActivity, n.upper()) for n in names]
 
     def _fail(self, what: str, e: BaseException) -> None:
         if self.failed is None:
@@ -408,8 +411,7 @@ class WindowDriver:
                 return
         if action not in _RECORDS:
             return
-        import torch.profiler as tprof
-
+        tprof = _torch().profiler
         cfg = self.cfg
         t0 = time.perf_counter()
         try:
