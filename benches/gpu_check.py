@@ -91,6 +91,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fastprof
 from _util import machine
 from fastprof import _core
+from fastprof.profiler.drivers.memory import MemoryDriver
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 
@@ -738,7 +739,7 @@ def check_step_memory(env: Env, tmp: Path) -> Callable[[Item], Any]:
             growth_per_step_b=growth.tolist()[:5],
             stats_cost_us_per_step=cost_us,
             memory_stats_flat_us=flat_us,
-            memory_summary=prof._memory.summary(),
+            memory_summary=prof._driver(MemoryDriver).stats.summary(),
         )
         problems = []
         if any(n != steps for n in counts.values()):

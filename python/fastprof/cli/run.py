@@ -35,7 +35,7 @@ from fastprof._core import DEFAULT_SAMPLE_HZ, ConfigError
 from fastprof._loop_api import RunHost
 from fastprof.cli.args import location, option
 from fastprof.cli.errors import CommandError
-from fastprof.profiler.loop import Profiler
+from fastprof.profiler.args import ProfilerArgs
 from fastprof.recording.options import BY_NAME, _origin, _value
 from fastprof.storage.urls import absolute, check_location
 
@@ -192,7 +192,8 @@ def run(args: argparse.Namespace) -> int:
         zero.print_exception(e.error)  # as Python prints a SyntaxError: no traceback
         return 1
 
-    prof = Profiler(**kw)  # a bad option: ConfigError, one line (exit 2), before the script runs
+    # A bad option: ConfigError, one line (exit 2), before the script runs.
+    prof = ProfilerArgs(kw.pop("out_dir"), kw.pop("run_name"), kw).make()
     ended, discarded = zero.run(target, rest, prof)
     if discarded:
         _nothing_recorded(prof, target.label, ended)

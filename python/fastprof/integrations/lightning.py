@@ -67,8 +67,9 @@ import numpy as np
 
 from fastprof import _core
 from fastprof._core import FastprofError, FastprofWarning
+from fastprof.profiler.args import ProfilerArgs
 from fastprof.profiler.loop import Profiler
-from fastprof.profiler.options import framework_out_dir
+from fastprof.profiler.options import UNSET
 from fastprof.profiler.schedule import Schedule
 from fastprof.profiler.torch_windows import TorchWindows
 from fastprof.readers.columns import read_columns
@@ -76,7 +77,6 @@ from fastprof.recording.names import SEGMENT_PREFIX, SEGMENT_SUFFIX, STEP_SPAN
 
 __all__ = ["FastprofProfiler"]
 
-_UNSET: Any = object()
 #: Lightning's action names that drive the fit stage's epochs and steps
 #: (lightning/pytorch/loops/fit_loop.py and training_epoch_loop.py).
 EPOCH_ACTION = "run_training_epoch"
@@ -102,7 +102,7 @@ class FastprofProfiler(_LightningProfiler):
         run_name: str | None = None,
         *,
         schedule: Schedule | Callable[[int], Any] | str | None = None,
-        torch: TorchWindows | bool | None = _UNSET,
+        torch: TorchWindows | bool | None = UNSET,
         sample_hz: float | None = None,
         gate_spans: bool | None = None,
         merge: bool | None = None,
@@ -115,8 +115,9 @@ class FastprofProfiler(_LightningProfiler):
         self.out_dir = out_dir
         self.run_name = run_name
         self.summary_file = summary_file
-        self._options: dict[str, Any] = {
+        options = {
             "schedule": schedule,
+            "torch": torch,
             "sample_hz": sample_hz,
             "gate_spans": gate_spans,
             "merge": merge,
@@ -124,8 +125,8 @@ class FastprofProfiler(_LightningProfiler):
             "sync_clocks": sync_clocks,
             **recorder_options,
         }
-        if torch is not _UNSET:
-            self._options["torch"] = torch
+        # Every option checked now, before training.
+        self._args = ProfilerArgs.checked(out_dir, run_name, options)
         #: The fastprof.Profiler of the stage running now (None between stages).
         self.profiler: Profiler | None = None
         #: The fastprof.Profiler of the last finished stage.
@@ -135,8 +136,6 @@ class FastprofProfiler(_LightningProfiler):
         self._stage_t0 = 0
         self._summary = ""
         self._bind_clock()
-        # Every option checked now, before training (this Profiler never starts).
-        Profiler(out_dir, run_name, **self._options)
 
     def _bind_clock(self) -> None:
         clock = _core._ActionClock()
@@ -169,11 +168,7 @@ class FastprofProfiler(_LightningProfiler):
         self._finish()
         stage = str(getattr(stage, "value", stage))  # Lightning passes a TrainerFn (a str enum)
         self._runs += 1
-        out_dir = framework_out_dir(self.out_dir, lambda: Path(log_dir) / "fastprof" if log_dir else "fastprof_runs")
-        run_name = self.run_name or os.environ.get("FASTPROF_RUN_NAME") or None
-        if run_name is not None and self._runs > 1:
-            run_name = f"{run_name}-{self._runs}"
-        prof = Profiler(out_dir, run_name, **self._options)
+        prof = self._args.make(self._runs, lambda: Path(log_dir) / "fastprof" if log_dir else "fastprof_runs")
         self._clock.clear()
         self._set_hooks(stage == "fit", prof)
         # A bad option or a refused run directory raises here, before training

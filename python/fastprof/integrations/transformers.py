@@ -77,8 +77,8 @@ except ImportError as _e:  # pragma: no cover - exercised without transformers i
 
 from fastprof import _core
 from fastprof._core import FastprofError, FastprofWarning
+from fastprof.profiler.args import ProfilerArgs
 from fastprof.profiler.loop import Profiler
-from fastprof.profiler.options import framework_out_dir
 from fastprof.recording.names import TRAIN_LOADER, VAL_LOADER
 
 __all__ = ["FastprofCallback"]
@@ -95,7 +95,8 @@ class FastprofCallback(_TrainerCallback):
     def __init__(self, out_dir: str | os.PathLike[str] | None = None, run_name: str | None = None, **options: Any):
         self.out_dir = out_dir
         self.run_name = run_name
-        self.options = options
+        # Every option checked now, before training.
+        self._args = ProfilerArgs.checked(out_dir, run_name, options)
         #: The Profiler of the train() call running now, or of the last one.
         self.profiler: Profiler | None = None
         self._runs = 0
@@ -104,8 +105,6 @@ class FastprofCallback(_TrainerCallback):
         self._eval_t0 = 0
         self._eval_name = _core.name_id(EVALUATE_SPAN)
         self._failed = False
-        # Every option checked now, before training (this Profiler never starts).
-        Profiler(out_dir, run_name, **options)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -116,11 +115,7 @@ class FastprofCallback(_TrainerCallback):
         _guard_train(_trainer_of(self))  # added with add_callback: no on_init_end came
         self._close()
         self._runs += 1
-        out_dir = framework_out_dir(self.out_dir, lambda: Path(getattr(args, "output_dir", None) or ".") / "fastprof")
-        run_name = self.run_name or os.environ.get("FASTPROF_RUN_NAME") or None
-        if run_name is not None and self._runs > 1:
-            run_name = f"{run_name}-{self._runs}"
-        prof = Profiler(out_dir, run_name, **self.options)
+        prof = self._args.make(self._runs, lambda: Path(getattr(args, "output_dir", None) or ".") / "fastprof")
         try:
             prof.start(defer_step=True)
         except FastprofError:

@@ -42,7 +42,7 @@ def _steps(run_dir: Path) -> int:
 def test_an_unwritable_memory_folder_is_one_warning_and_the_run_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import fastprof.profiler.loop as loop
+    import fastprof.profiler.drivers.memory as loop  # where the Profiler's memory driver makes its history
     from fastprof.memory import collect, collector
     from fastprof.memory.history import HistoryDriver
 
@@ -115,7 +115,7 @@ DISK_FULL = textwrap.dedent(
     """
     import json, resource, signal, sys, warnings
     sys.path.insert(0, sys.argv[2])
-    import fastprof, fastprof.profiler.loop as loop
+    import fastprof, fastprof.profiler.drivers.memory as loop
     from fastprof.memory.history import HistoryDriver
     from test_memory_history import Allocator
 

@@ -18,6 +18,7 @@ import pytest
 
 import fastprof
 from fastprof import ConfigError
+from fastprof.profiler.drivers.memory import MemoryDriver
 
 torch = pytest.importorskip("torch")
 MIB = 1 << 20
@@ -185,7 +186,7 @@ def test_memory_history_follows_the_schedule_windows(tmp_path: Path, monkeypatch
     dumped there to rank{R}/memory/ep{epoch}-ba{batch}.history.pickle and
     listed in profiler.json. A stand-in allocator: no CUDA allocator can
     exist here (benches/gpu_check.py runs the real one)."""
-    import fastprof.profiler.loop as loop
+    import fastprof.profiler.drivers.memory as loop  # where the Profiler's memory driver makes its history
     from fastprof.memory.history import HistoryDriver
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit"))
@@ -234,7 +235,7 @@ def test_state_only_snapshots_and_the_windows_on_the_timeline(tmp_path: Path, mo
     loop calls back with the step's numbers); the window is a counter track
     (1 while the history records), the dump a span with what it kept, each
     snapshot and write a span; all in profiler.json."""
-    import fastprof.profiler.loop as loop
+    import fastprof.profiler.drivers.memory as loop  # where the Profiler's memory driver makes its history
     from fastprof.memory.history import HISTORY_COUNTER, HistoryDriver
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit"))
@@ -257,7 +258,8 @@ def test_state_only_snapshots_and_the_windows_on_the_timeline(tmp_path: Path, mo
         for _ in prof.loader(range(12)):
             alloc.step()
             prof.step()
-            writer = prof._history._state_writer if prof._history is not None else None
+            history = prof._driver(MemoryDriver).history
+            writer = history._state_writer if history is not None else None
             if writer is not None:
                 writer.join(10)  # else a snapshot while the last is written is skipped (counted as busy)
     hist = json.loads((prof.rank_dir / "profiler.json").read_text())["memory"]["history"]
