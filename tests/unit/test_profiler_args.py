@@ -46,5 +46,7 @@ def test_a_frameworks_runs_take_one_folder_and_name_rule(tmp_path: Path, monkeyp
     second = args.make(2, lambda: tmp_path / "fw")
     assert first.recorder.options.run_name == "job" and second.recorder.options.run_name == "job-2"
     assert Path(first.recorder.options.out_dir) == tmp_path / "fw"
-    mine = ProfilerArgs.checked(tmp_path / "mine", "r", {"torch": None, "sample_hz": 0}).make(3, lambda: tmp_path / "fw")
+    mine = ProfilerArgs.checked(tmp_path / "mine", "r", {"torch": None, "sample_hz": 0}).make(
+        3, lambda: tmp_path / "fw"
+    )
     assert Path(mine.recorder.options.out_dir) == tmp_path / "mine" and mine.recorder.options.run_name == "r-3"
