@@ -92,6 +92,7 @@ import fastprof
 from _util import machine
 from fastprof import _core
 from fastprof.profiler.drivers.memory import MemoryDriver
+from fastprof.recording.names import GPU_PHASE_COUNTER, GPU_PHASE_STEP_COUNTER, PHASE_SPANS
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 
@@ -1131,18 +1132,31 @@ def window_agreement(events: list[dict[str, Any]]) -> dict[str, Any]:
     ``span``: first phase begin to last phase end on the GPU) against a torch
     window's over the same steps: first start to last end of the GPU work
     launched (any thread) between the step's first phase span's begin and
-    its last one's end on the host. Relative differences, per step."""
-    phases = ("phase.forward", "phase.backward", "phase.optimizer", "phase.communication")
+    its last one's end on the host. Relative differences, per step. Each
+    ``phase.gpu [ms]`` event's step is the ``phase.gpu.step`` counter's value
+    recorded just before it on its process (a ``step`` series of the ms
+    counter in a trace from before that counter)."""
+    phases = tuple(PHASE_SPANS.values())
     steps: list[tuple[float, float, int]] = []
     phase_spans: list[tuple[float, float]] = []
     launches: dict[Any, float] = {}
     gpu: list[tuple[Any, float, float]] = []
     anat: dict[int, dict[str, float]] = {}
+    last_step: dict[Any, int] = {}
+    counters = sorted(
+        (e for e in events if e.get("ph") == "C" and e.get("name") in (GPU_PHASE_COUNTER, GPU_PHASE_STEP_COUNTER)),
+        key=lambda e: (float(e.get("ts", 0)), e.get("name") == GPU_PHASE_COUNTER),
+    )
+    for e in counters:
+        args = e.get("args") or {}
+        if e["name"] == GPU_PHASE_STEP_COUNTER:
+            last_step[e.get("pid")] = int(args.get("value", -1))
+        elif "step" in args or e.get("pid") in last_step:
+            step = int(args["step"]) if "step" in args else last_step.pop(e.get("pid"))
+            anat[step] = {k: float(v) for k, v in args.items() if k != "step"}
     for e in events:
         ph, name, cat = e.get("ph"), str(e.get("name", "")), str(e.get("cat", ""))
         args = e.get("args") or {}
-        if ph == "C" and name == "phase.gpu [ms]" and "step" in args:
-            anat[int(args["step"])] = {k: float(v) for k, v in args.items()}
         if ph != "X":
             continue
         ts, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))

@@ -31,9 +31,9 @@ an H200). Events cost ~10 µs each to record there, so whole steps are timed
 within a budget: a step is timed only when 100 timed steps' cost has passed
 since the previous one (~1% of the training thread). A timed step's phases
 are read once its events have completed (never waiting: ``query()``), a step
-or more later, as one counter event ``phase.gpu [ms]`` whose series are the
-step number (``step``), each phase's GPU milliseconds and ``span`` (first
-phase begin to last phase end on the GPU).
+or more later, as two counter events at one time: ``phase.gpu.step`` (the
+timed step's number) and ``phase.gpu [ms]`` (each phase's GPU milliseconds
+and ``span``, first phase begin to last phase end on the GPU).
 
 Only the training thread's calls are recorded (a DataLoader thread's or an
 evaluation thread's modules are not the step's). A hook never raises into
@@ -55,6 +55,12 @@ from typing import Any
 from fastprof import _core
 from fastprof.profiler.slow_phase import slow_phase
 from fastprof.recording.budget import moving_cost
+from fastprof.recording.names import GPU_PHASE_COUNTER, GPU_PHASE_STEP_COUNTER
+
+#: The counter each timed step's GPU phase times are recorded in (ms), and the
+#: counter recorded just before it with the timed step's number.
+GPU_COUNTER = GPU_PHASE_COUNTER
+GPU_STEP_COUNTER = GPU_PHASE_STEP_COUNTER
 
 #: The phases, in the order reports list them.
 PHASES = ("dataloader", "forward", "backward", "optimizer", "communication", "other")
@@ -502,8 +508,6 @@ def _forward_hook(register: Callable[..., Any], hook: Callable[..., Any]) -> Any
 
 #: ``FASTPROF_ANATOMY_GPU=0``: the anatomy records host phases only (no CUDA events).
 GPU_ENV = "FASTPROF_ANATOMY_GPU"
-#: The counter event each timed step's GPU phase times are recorded as.
-GPU_COUNTER = "phase.gpu [ms]"
 #: A step is timed only when this many timed steps' cost has passed since the
 #: previous timed step (1% of the training thread).
 GPU_BUDGET_FACTOR = 100
@@ -528,6 +532,7 @@ class _GpuPhases:
         self.cuda = torch.cuda
         self.anatomy = anatomy
         self.name = _core.name_id(GPU_COUNTER)
+        self.step_name = _core.name_id(GPU_STEP_COUNTER)
         self.step: int | None = None
         self.timed = False
         self.marks: list[tuple[str, bool, Any]] = []
@@ -540,6 +545,11 @@ class _GpuPhases:
         self.timed_steps = 0
         self.recorded = 0
         self.dropped = 0
+        #: Timed steps with more than GPU_MARKS phase marks (the rest untimed on the GPU).
+        self.capped = 0
+        self.step_capped = False
+        #: Timed steps lost to the failure that stopped GPU timing.
+        self.lost = 0
         self.failed: str | None = None
 
     def mark(self, phase: str, end: bool) -> None:
@@ -551,7 +561,10 @@ class _GpuPhases:
             step = step_of()
             if step != self.step:
                 self._new_step(step)
-            if not self.timed or len(self.marks) >= GPU_MARKS:
+            if not self.timed:
+                return
+            if len(self.marks) >= GPU_MARKS:
+                self.step_capped = True
                 return
             t0 = time.perf_counter_ns()
             ev = self.free.pop() if self.free else self.cuda.Event(enable_timing=True)
@@ -572,9 +585,12 @@ class _GpuPhases:
                 _, marks = self.pending.popleft()
                 self.dropped += 1
                 self.free.extend(ev for _, _, ev in marks)
+        self.capped += self.step_capped
+        self.step_capped = False
         self.marks = []
         self.step_cost_ns = 0
         self.step = step
+        self.timed = False
         self._resolve()
         # From one timed step's start to the next, at least 100 times what timing one costs.
         self.timed = now - self.last_ns >= self.gap_ns and self.cuda.is_initialized()
@@ -587,7 +603,6 @@ class _GpuPhases:
             step, marks = self.pending[0]
             if not all(ev.query() for _, _, ev in marks):
                 return
-            self.pending.popleft()
             ms: dict[str, float] = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0, "communication": 0.0}
             begun: dict[str, Any] = {}
             for phase, end, ev in marks:
@@ -596,7 +611,11 @@ class _GpuPhases:
                 elif phase in begun:
                     ms[phase] = ms.get(phase, 0.0) + begun.pop(phase).elapsed_time(ev)
             ms["span"] = marks[0][2].elapsed_time(marks[-1][2]) if len(marks) > 1 else 0.0
-            _core.counter(self.name, {"step": float(step), **ms})
+            self.pending.popleft()
+            # The step's number is a counter of its own, just before the times:
+            # a series of a counter in ms would plot it as milliseconds.
+            _core.counter(self.step_name, float(step))
+            _core.counter(self.name, ms)
             self.recorded += 1
             self.free.extend(ev for _, _, ev in marks)
 
@@ -618,16 +637,22 @@ class _GpuPhases:
             self._fail(e)
 
     def _fail(self, e: BaseException) -> None:
-        self.failed = f"{type(e).__name__}: {e}"
+        if self.failed is None:
+            self.failed = f"{type(e).__name__}: {e}"
+        # The timed steps not recorded yet are lost with it, and counted.
+        self.lost += len(self.pending) + (1 if self.timed else 0)
+        self.pending.clear()
+        self.marks = []
         self.timed = False
 
     def summary(self) -> str:
         """What GPU timing recorded, for profiler.json's anatomy status."""
         if self.failed:
-            return f"stopped: {self.failed}"
+            return f"stopped: {self.failed}; {self.recorded} timed steps recorded before it, {self.lost} lost"
         if not self.timed_steps:
             return "CUDA events, within a 1% budget: no step used CUDA"
+        capped = f", {self.capped} timed in their first {GPU_MARKS} phase marks only" if self.capped else ""
         return (
-            f"CUDA events, within a 1% budget: {self.recorded} steps recorded, {self.dropped} not completed in time, "
-            f"{self.cost_ns / 1e3:.1f} us per timed step"
+            f"CUDA events, within a 1% budget: {self.recorded} steps recorded, {self.dropped} not completed in time"
+            f"{capped}, {self.cost_ns / 1e3:.1f} us per timed step"
         )

@@ -46,6 +46,7 @@ __all__ = [
     "DONE_MARKER",
     "FIRST_INDEX_FILE",
     "GPU_PHASE_COUNTER",
+    "GPU_PHASE_STEP_COUNTER",
     "LIVE_JSON",
     "LOADER_NEXT_SUFFIX",
     "LOADER_PREFIX",
@@ -167,8 +168,12 @@ PHASE_PREFIX = "phase."
 #: The phases fastprof records a span for, and the span's name.
 PHASE_SPANS: dict[str, str] = {p: PHASE_PREFIX + p for p in ("forward", "backward", "optimizer", "communication")}
 #: The counter each timed step's GPU phase times (CUDA events) are in, one
-#: series per phase.
+#: series per phase and ``span``.
 GPU_PHASE_COUNTER = "phase.gpu [ms]"
+#: The counter recorded just before each ``GPU_PHASE_COUNTER`` event, with
+#: the number of the step whose GPU times it holds (not a series of the ms
+#: counter: a viewer would plot it as milliseconds).
+GPU_PHASE_STEP_COUNTER = "phase.gpu.step"
 
 # -------------------------------------------------------- torch.profiler windows
 

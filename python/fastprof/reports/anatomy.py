@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 
 from fastprof.profiler.slow_phase import slow_phase
-from fastprof.recording.names import GPU_PHASE_COUNTER, PHASE_SPANS, PHASES, STEP_SPAN, TRAIN_NEXT
+from fastprof.recording.names import (
+    GPU_PHASE_COUNTER,
+    GPU_PHASE_STEP_COUNTER,
+    PHASE_SPANS,
+    PHASES,
+    STEP_SPAN,
+    TRAIN_NEXT,
+)
 from fastprof.reports.data import RunData, step_spans, sum_inside
 
 #: Span names per phase: fastprof's own first, then the user's (used only
@@ -114,9 +121,12 @@ def rank_anatomy(data: RunData, rank: int, warmup_steps: int = 0) -> dict[str, A
 GPU_PHASES = tuple(PHASE_SPANS)
 
 
-def gpu_phases(data: RunData, rank: int, host: dict[str, Any], step_p50_ns: float) -> dict[str, Any] | None:
-    """A rank's phases on the GPU (CUDA events, the steps the budget timed)
-    beside the host's, None without them. ``host`` is the rank's ``phases``."""
+def gpu_steps(data: RunData, rank: int) -> tuple[Any, dict[str, Any]] | None:
+    """A rank's timed steps on the GPU: their numbers and each series of
+    ``phase.gpu [ms]`` (ms, arrays in the order recorded), None without them.
+    Each ms event's step is the value of the ``phase.gpu.step`` counter
+    recorded just before it (a trace from before that counter has the step
+    as a series ``step`` of the ms counter)."""
     c = data.cols.counters
     nid = data.name_id(GPU_PHASE_COUNTER)
     if nid is None:
@@ -124,19 +134,41 @@ def gpu_phases(data: RunData, rank: int, host: dict[str, Any], step_p50_ns: floa
     m = (c["name"] == nid) & (c["rank"] == rank)
     if not m.any():
         return None
-    ts, ser, val = c["ts"][m], c["series"][m], c["value"][m]
     by: dict[str, dict[int, float]] = {}
-    for t, sid, v in zip(ts.tolist(), ser.tolist(), val.tolist(), strict=True):
+    for t, sid, v in zip(c["ts"][m].tolist(), c["series"][m].tolist(), c["value"][m].tolist(), strict=True):
         by.setdefault(data.cols.names[int(sid)], {})[int(t)] = float(v)
-    events = sorted(by.get("step", {}))
-    if not events:
+    events = np.array(sorted({t for series in by.values() for t in series}), dtype=np.int64)
+    old = by.pop("step", None)
+    if old is not None:
+        steps = np.array([old.get(int(t), -1.0) for t in events])
+    else:
+        sid = data.name_id(GPU_PHASE_STEP_COUNTER)
+        sm = (c["name"] == sid) & (c["rank"] == rank) if sid is not None else np.zeros(len(c["ts"]), dtype=bool)
+        order = np.argsort(c["ts"][sm], kind="stable")
+        step_ts, step_val = c["ts"][sm][order], c["value"][sm][order]
+        at = np.searchsorted(step_ts, events, side="right") - 1
+        steps = np.where(at >= 0, step_val[np.maximum(at, 0)], -1.0)
+    keep = steps >= 0
+    if not keep.any():
         return None
+    series = {k: np.array([v.get(int(t), 0.0) for t in events[keep]]) for k, v in by.items()}
+    return steps[keep].astype(np.int64), series
+
+
+def gpu_phases(data: RunData, rank: int, host: dict[str, Any], step_p50_ns: float) -> dict[str, Any] | None:
+    """A rank's phases on the GPU (CUDA events, the steps the budget timed)
+    beside the host's, None without them. ``host`` is the rank's ``phases``."""
+    got = gpu_steps(data, rank)
+    if got is None:
+        return None
+    steps, by = got
+    none = np.zeros(len(steps))
     phases: dict[str, Any] = {}
     for p in GPU_PHASES:
-        v = np.array([by.get(p, {}).get(t, 0.0) for t in events]) * 1e6
+        v = by.get(p, none) * 1e6
         phases[p] = {"p50_ns": float(np.percentile(v, 50)), "host_p50_ns": float(host[p]["p50_ns"])}
-    span = np.array([by.get("span", {}).get(t, 0.0) for t in events]) * 1e6
-    summed = sum(np.array([by.get(p, {}).get(t, 0.0) for t in events]) * 1e6 for p in GPU_PHASES)
+    span = by.get("span", none) * 1e6
+    summed = sum(by.get(p, none) * 1e6 for p in GPU_PHASES)
     # The stream's time between the phases (a loss outside any module, a copy, a gap).
     between = np.maximum(span - summed, 0.0)
     gpu = sum(phases[p]["p50_ns"] for p in GPU_PHASES)
@@ -158,7 +190,7 @@ def gpu_phases(data: RunData, rank: int, host: dict[str, Any], step_p50_ns: floa
         verdict = f"balanced: the phases take {ratio:.1f}x as long on the GPU as on the host"
     return {
         "method": "CUDA events on the current stream at each phase's begin and end, in the steps a 1% budget timed",
-        "timed_steps": len(events),
+        "timed_steps": len(steps),
         "phases": phases,
         "span_p50_ns": float(np.percentile(span, 50)),
         "between_p50_ns": float(np.percentile(between, 50)),

@@ -418,7 +418,8 @@ class _HostClockEvent:
 def test_gpu_phase_times_are_recorded_per_timed_step_and_reported_beside_the_hosts(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from fastprof.profiler.anatomy import GPU_COUNTER, _GpuPhases
+    from fastprof.profiler.anatomy import GPU_COUNTER, GPU_STEP_COUNTER, _GpuPhases
+    from fastprof.profiler.drivers.anatomy import AnatomyDriver
 
     cuda = SimpleNamespace(Event=_HostClockEvent, is_initialized=lambda: True)
     torch.manual_seed(0)
@@ -426,8 +427,9 @@ def test_gpu_phase_times_are_recorded_per_timed_step_and_reported_beside_the_hos
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     prof = fastprof.Profiler(tmp_path, "gpu", torch=False, sample_hz=0)
     with prof:
-        assert prof._anatomy is not None and prof._anatomy.active
-        prof._anatomy._gpu = gpu = _GpuPhases(SimpleNamespace(cuda=cuda), prof._anatomy)
+        driver = prof._driver(AnatomyDriver)
+        assert driver is not None and driver.anatomy.active
+        driver.anatomy._gpu = gpu = _GpuPhases(SimpleNamespace(cuda=cuda), driver.anatomy)
         for _ in prof.loader(range(40)):
             loss = model(torch.randn(64, 32)).sum()
             loss.backward()
@@ -447,10 +449,13 @@ def test_gpu_phase_times_are_recorded_per_timed_step_and_reported_beside_the_hos
     )
     status = json.loads((prof.rank_dir / "profiler.json").read_text())["anatomy"]
     assert "GPU phase times: CUDA events, within a 1% budget: 40 steps recorded" in status, status
-    # In the trace: one counter event per timed step, read with Python's json.
+    # In the trace: one counter event per timed step, just after one with its
+    # step's number, read with Python's json.
     with gzip.open(prof.trace_path, "rt") as f:
-        events = [e for e in json.load(f)["traceEvents"] if e.get("name") == GPU_COUNTER]
-    assert sorted(int(e["args"]["step"]) for e in events) == list(range(40))
+        counters = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "C"]
+    events = [e for e in counters if e.get("name") == GPU_COUNTER]
+    assert sorted(int(e["args"]["value"]) for e in counters if e.get("name") == GPU_STEP_COUNTER) == list(range(40))
+    assert len(events) == 40
     for e in events:
         a = e["args"]
         assert a["forward"] > 0 and a["backward"] > 0 and a["optimizer"] > 0 and a["communication"] == 0

@@ -159,3 +159,38 @@ def test_the_anatomys_gpu_span_is_compared_with_the_windows_over_the_same_steps(
     # The window's span of step 3: 150 -> 1000 µs = 0.85 ms; the anatomy's 0.86 ms.
     assert [(r["step"], r["window_span_ms"], r["anatomy_span_ms"]) for r in got["steps"]] == [(3, 0.85, 0.86)]
     assert got["median_abs_diff_pct"] == pytest.approx(100 * 0.01 / 0.85, abs=0.01)
+
+
+def test_the_anatomys_gpu_step_is_read_from_its_own_counter() -> None:
+    """The anatomy records the timed step's number as ``phase.gpu.step``, just
+    before the ``phase.gpu [ms]`` event (issue #35, item 6): window_agreement
+    pairs the two, whatever order the merged trace holds them in."""
+    mod = _gpu_check_module()
+
+    def x(cat: str, name: str, ts: float, dur: float, **args: Any) -> dict[str, Any]:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1, "args": args}
+
+    def c(name: str, ts: float, **args: float) -> dict[str, Any]:
+        return {"ph": "C", "name": name, "ts": ts, "pid": 1, "tid": 1, "args": args}
+
+    events = [
+        # Step 4's times (recorded a step later), listed before its step counter.
+        c("phase.gpu [ms]", 2200.002, span=0.5, forward=0.5),
+        c("phase.gpu.step", 2200.001, value=4),
+        c("phase.gpu [ms]", 1200.002, span=0.86, forward=0.3),
+        c("phase.gpu.step", 1200.001, value=3),
+        x("fastprof", "step", 0, 1000, batch=3),
+        x("fastprof", "phase.forward", 100, 200),
+        x("fastprof", "phase.backward", 300, 300),
+        x("cuda_runtime", "cudaLaunchKernel", 120, 2, correlation=2),
+        x("kernel", "fwd", 150, 300, correlation=2),
+        x("cuda_runtime", "cudaLaunchKernel", 590, 2, correlation=3),
+        x("kernel", "bwd", 600, 400, correlation=3),
+        x("fastprof", "step", 1000, 1000, batch=4),
+        x("fastprof", "phase.forward", 1100, 200),
+        x("cuda_runtime", "cudaLaunchKernel", 1150, 2, correlation=4),
+        x("kernel", "fwd", 1160, 500, correlation=4),
+    ]
+    got = mod.window_agreement(events)
+    rows = [(r["step"], r["window_span_ms"], r["anatomy_span_ms"]) for r in got["steps"]]
+    assert rows == [(3, 0.85, 0.86), (4, 0.5, 0.5)]
