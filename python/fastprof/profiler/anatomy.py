@@ -6,8 +6,8 @@ as one complete event (begin ticks taken at entry, the record pushed at exit:
 an exception inside a phase still closes it):
 
 - ``phase.forward``: the outermost module call (global forward hooks learn
-  which modules are called at depth 0 until the first optimizer step, then
-  only those modules keep a pre/post hook pair: see :class:`_Forward`);
+  which modules are called at depth 0 for a bounded while, then only those
+  modules keep a pre/post hook pair: see :class:`_Forward`);
 - ``phase.backward``: ``Tensor.backward`` / ``torch.autograd.backward``, entry
   to exit (autograd runs the whole backward pass inside that call);
 - ``phase.optimizer``: the optimizer's step (torch's global step pre/post
@@ -37,7 +37,8 @@ and ``span``, first phase begin to last phase end on the GPU).
 
 Only the training thread's calls are recorded (a DataLoader thread's or an
 evaluation thread's modules are not the step's). A hook never raises into
-the job: a phase it cannot record is left out.
+the job: a phase it cannot record is left out, and counted in
+:attr:`Anatomy.status` (``profiler.json``'s ``anatomy``).
 """
 
 from __future__ import annotations
@@ -111,8 +112,8 @@ class Anatomy:
         #: Recent steps' time per phase (ticks), for :meth:`explain`.
         self._recent: OrderedDict[int, dict[str, int]] = OrderedDict()
         self.active = False
-        #: What is recorded, or why not (``profiler.json``'s ``anatomy``).
-        self.status = "off"
+        #: Why there is no anatomy ("off" before start).
+        self._why_not = "off"
         self._names = {phase: _core.name_id(span) for phase, span in SPANS.items()}
         self._forward: _Forward | None = None
         self._optimizer_t0 = 0
@@ -123,9 +124,28 @@ class Anatomy:
         self._seq: dict[Any, int] = {}
         #: A timed collective is running (a collective or wait inside it is its own).
         self._in_collective = False
+        #: Phases a failure on the host left out (their span, or their time in
+        #: :attr:`_recent`), and the first failure.
+        self.left_out = 0
+        self.left_out_first: str | None = None
         #: GPU phase times (CUDA events), where the job can use CUDA.
         self._gpu: _GpuPhases | None = None
         self.gpu_status = "off"
+
+    @property
+    def status(self) -> str:
+        """What is recorded, or why not (``profiler.json``'s ``anatomy``), with
+        what was left out: phases a failure on the host dropped, outermost
+        modules not timed, GPU steps not recorded."""
+        if self._forward is None:
+            return self._why_not
+        gpu = self._gpu.summary() if self._gpu is not None else self.gpu_status
+        failed = f" (first: {self.left_out_first})" if self.left_out_first else ""
+        return (
+            f"on: forward, backward, optimizer, communication; {self._forward.summary()}; "
+            f"left out: {self.left_out} phases (host failures){failed}, {self._forward.untimed()}; "
+            f"GPU phase times: {gpu}"
+        )
 
     # ------------------------------------------------------------ lifecycle
 
@@ -135,7 +155,7 @@ class Anatomy:
             return self.status
         torch = sys.modules.get("torch")
         if torch is None:
-            self.status = "waiting for torch to be imported"
+            self._why_not = "waiting for torch to be imported"
             return self.status
         self.thread_id = threading.get_ident()
         try:
@@ -145,11 +165,11 @@ class Anatomy:
             self._hook_collectives()
         except Exception as e:  # noqa: BLE001 - an old or partial torch: no anatomy, the job goes on
             self.stop()
-            self.status = f"unavailable: hooking torch failed ({type(e).__name__}: {e})"
+            self._forward = None
+            self._why_not = f"unavailable: hooking torch failed ({type(e).__name__}: {e})"
             return self.status
         self.active = True
         self.gpu_status = self._start_gpu(torch)
-        self.status = f"on: forward, backward, optimizer, communication; GPU phase times: {self.gpu_status}"
         return self.status
 
     def _start_gpu(self, torch: Any) -> str:
@@ -169,7 +189,6 @@ class Anatomy:
             self._gpu.flush()
             self.gpu_status = self._gpu.summary()
             self._gpu = None
-            self.status = f"on: forward, backward, optimizer, communication; GPU phase times: {self.gpu_status}"
         undo, self._undo = self._undo, []
         for u in reversed(undo):
             try:
@@ -187,23 +206,29 @@ class Anatomy:
         return _core._ticks()
 
     def _done(self, phase: str, name: _core.Name, t0: int, **args: Any) -> None:
-        """A phase ended: its span, and its time added to the step's."""
+        """A phase ended: its span, and its time added to the step's. Never
+        raises: a phase it cannot record is left out, and counted."""
         if self._gpu is not None:
             self._gpu.mark(phase, True)
-        _core._complete(name, t0, **args)
-        if self.step_of is None:
-            return
         try:
+            _core._complete(name, t0, **args)
+            if self.step_of is None:
+                return
             step = self.step_of()
-        except Exception:  # noqa: BLE001 - the loop cannot be read now: this phase is not kept
-            return
-        took = _core._ticks() - t0
-        row = self._recent.get(step)
-        if row is None:
-            row = self._recent[step] = {}
-            if len(self._recent) > RECENT_STEPS:
-                self._recent.popitem(last=False)
-        row[phase] = row.get(phase, 0) + took
+            took = _core._ticks() - t0
+            row = self._recent.get(step)
+            if row is None:
+                row = self._recent[step] = {}
+                if len(self._recent) > RECENT_STEPS:
+                    self._recent.popitem(last=False)
+            row[phase] = row.get(phase, 0) + took
+        except Exception as e:  # noqa: BLE001 - the phase is left out, the job goes on
+            self._left_out(e)
+
+    def _left_out(self, e: BaseException) -> None:
+        self.left_out += 1
+        if self.left_out_first is None:
+            self.left_out_first = f"{type(e).__name__}: {e}"
 
     def explain(self, step: int) -> str | None:
         """Which recorded phase made step ``step`` slow, by the report's rule
@@ -286,7 +311,7 @@ class Anatomy:
                 self._done("optimizer", name, self._optimizer_t0)
                 self._optimizer_t0 = 0
                 if self._forward is not None and self._forward.learning:
-                    self._forward.settle()
+                    self._forward.settle("at the first optimizer step")
 
         h1 = o.register_optimizer_step_pre_hook(pre)
         h2 = o.register_optimizer_step_post_hook(post)
@@ -366,9 +391,10 @@ class Anatomy:
             seq = self._seq.get(key, 0) + 1
             self._seq[key] = seq
             nbytes = _nbytes(args[0]) if args else 0
-            self._done("communication", name, t0, op=op, bytes=nbytes, group_size=size, seq=seq)
-        except Exception:  # noqa: BLE001 - a collective is never failed by its timing
-            pass
+        except Exception as e:  # noqa: BLE001 - a collective is never failed by its timing
+            self._left_out(e)
+            return
+        self._done("communication", name, t0, op=op, bytes=nbytes, group_size=size, seq=seq)
 
     def _patch(self, owner: Any, attr: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
         original = getattr(owner, attr)
@@ -385,9 +411,14 @@ class Anatomy:
 #: Steps whose phase times are kept for :meth:`Anatomy.explain`.
 RECENT_STEPS = 64
 
-#: Depth-0 module calls seen before the outermost modules are settled on
-#: without an optimizer step.
+#: The learning of the outermost modules ends at the first optimizer step,
+#: or after this many depth-0 module calls, or after this many steps,
+#: whichever comes first (a job with no ``torch.optim`` step, or with many
+#: outermost modules, must not keep the global hooks: they cost every call).
 LEARN_CALLS = 64
+LEARN_STEPS = 3
+#: Outermost modules timed at most (more are counted, not timed).
+MAX_ROOTS = 16
 
 
 def _inert_hook(*_args: Any) -> None:
@@ -419,10 +450,11 @@ class _Forward:
     A global forward hook runs for every module call (torch then takes its
     slow call path: ~7 µs a call measured here), so global hooks only learn
     which modules are called at depth 0 (the model, a loss module), until
-    the first optimizer step (or :data:`LEARN_CALLS` such calls); then they
-    go and each of those modules gets its own pre/post hook pair: the
-    modules inside them run untouched. A module first called at depth 0
-    after that is not timed."""
+    the first optimizer step, :data:`LEARN_CALLS` such calls or
+    :data:`LEARN_STEPS` steps; then they go and each of those modules (at
+    most :data:`MAX_ROOTS`) gets its own pre/post hook pair: the modules
+    inside them run untouched. A module first called at depth 0 after that
+    is not timed."""
 
     def __init__(self, anatomy: Anatomy, m: Any) -> None:
         self.anatomy = anatomy
@@ -431,7 +463,13 @@ class _Forward:
         self.t0 = 0
         self.learning = True
         self.roots: dict[int, Any] = {}
+        #: Depth-0 modules past :data:`MAX_ROOTS` (ids), and those that refused hooks.
+        self.over: set[int] = set()
+        self.refused = 0
         self.calls = 0
+        self.first_step: int | None = None
+        self.settled_by: str | None = None
+        self.timed = 0
         self.handles = [
             m.register_module_forward_pre_hook(self._learn_pre),
             _forward_hook(m.register_module_forward_hook, self._learn_post),
@@ -452,21 +490,40 @@ class _Forward:
                 self.anatomy.resume_optimizer()
 
     def _learn_pre(self, module: Any, _args: Any) -> None:
-        if self.depth == 0 and threading.get_ident() == self.anatomy.thread_id and len(self.roots) < 16:
-            self.roots.setdefault(id(module), module)
+        if self.depth == 0 and threading.get_ident() == self.anatomy.thread_id:
+            key = id(module)
+            if key not in self.roots:
+                if len(self.roots) < MAX_ROOTS:
+                    self.roots[key] = module
+                elif len(self.over) < 1024:
+                    self.over.add(key)
             self.calls += 1
         self._pre()
 
     def _learn_post(self, _module: Any, _args: Any, _out: Any) -> None:
         self._post()
-        if self.depth == 0 and self.calls >= LEARN_CALLS:
-            self.settle()
+        if self.depth == 0 and self.learning and threading.get_ident() == self.anatomy.thread_id:
+            if self.calls >= LEARN_CALLS:
+                self.settle(f"after {LEARN_CALLS} outermost module calls")
+                return
+            step_of = self.anatomy.step_of
+            try:
+                step = step_of() if step_of is not None else None
+            except Exception:  # noqa: BLE001 - the loop cannot be read now: the calls bound it
+                return
+            if step is None:
+                return
+            if self.first_step is None:
+                self.first_step = step
+            elif step - self.first_step >= LEARN_STEPS:
+                self.settle(f"after {LEARN_STEPS} steps without an optimizer step")
 
-    def settle(self) -> None:
+    def settle(self, by: str) -> None:
         """Stop learning: time the outermost modules seen so far only."""
         if not self.learning or self.depth:
             return
         self.learning = False
+        self.settled_by = by
         for h in self.handles:
             h.remove()
         self.handles = []
@@ -474,9 +531,23 @@ class _Forward:
             try:
                 self.handles.append(module.register_forward_pre_hook(_Hook(self._pre)))
                 self.handles.append(_forward_hook(module.register_forward_hook, _Hook(self._post)))
+                self.timed += 1
             except Exception:  # noqa: BLE001 - a module that refuses hooks is not timed
-                continue
+                self.refused += 1
         self.roots = {}
+
+    def summary(self) -> str:
+        """How forward is timed, for the anatomy's status."""
+        if self.learning:
+            return "forward: still learning the outermost modules (global module hooks on every call)"
+        return f"forward: {self.timed} outermost modules timed (by hooks), settled {self.settled_by}"
+
+    def untimed(self) -> str:
+        """The outermost modules seen and not timed, for the anatomy's status."""
+        return (
+            f"{len(self.over) + self.refused} outermost modules "
+            f"({len(self.over)} over the {MAX_ROOTS} timed, {self.refused} refusing a timer)"
+        )
 
     def remove(self) -> None:
         for h in self.handles:
