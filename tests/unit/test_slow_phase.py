@@ -9,7 +9,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from fastprof.profiler.anatomy import Anatomy
+from fastprof.profiler.anatomy import TIMED, Anatomy
 from fastprof.reports.anatomy import slow_steps
 
 # Per step (ticks, as the anatomy keeps them): the step's four timed phases.
@@ -25,8 +25,9 @@ SLOW = 3
 
 
 def _live(rows: list[dict[str, float]], step: int) -> str | None:
+    """The anatomy's answer, from its recent steps' rows (ticks per phase of TIMED)."""
     anatomy = Anatomy()
-    anatomy._recent = OrderedDict((i, {p: int(v) for p, v in r.items() if v}) for i, r in enumerate(rows))
+    anatomy._recent = OrderedDict((i, [int(r[p]) for p in TIMED]) for i, r in enumerate(rows))
     return anatomy.explain(step)
 
 

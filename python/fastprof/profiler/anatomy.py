@@ -7,9 +7,9 @@ an exception inside a phase still closes it):
 
 - ``phase.forward``: the outermost module call (global forward hooks learn
   which modules are called at depth 0 for a bounded while, then only those
-  modules keep a pre/post hook pair: see :class:`_Forward`);
-- ``phase.backward``: ``Tensor.backward`` / ``torch.autograd.backward``, entry
-  to exit (autograd runs the whole backward pass inside that call);
+  modules are timed, by their class's ``__call__``: see :class:`_Forward`);
+- ``phase.backward``: ``torch.autograd.backward`` (which ``Tensor.backward``
+  calls), entry to exit (autograd runs the whole backward pass inside it);
 - ``phase.optimizer``: the optimizer's step (torch's global step pre/post
   hooks) and ``Optimizer.zero_grad``;
 - ``phase.communication``: a ``torch.distributed`` collective called from
@@ -56,22 +56,24 @@ from typing import Any
 from fastprof import _core
 from fastprof.profiler.slow_phase import slow_phase
 from fastprof.recording.budget import moving_cost
-from fastprof.recording.names import GPU_PHASE_COUNTER, GPU_PHASE_STEP_COUNTER
+from fastprof.recording.names import GPU_PHASE_COUNTER, GPU_PHASE_STEP_COUNTER, PHASE_SPANS, PHASES
+
+__all__ = ["GPU_COUNTER", "GPU_STEP_COUNTER", "PHASES", "Anatomy"]
 
 #: The counter each timed step's GPU phase times are recorded in (ms), and the
 #: counter recorded just before it with the timed step's number.
 GPU_COUNTER = GPU_PHASE_COUNTER
 GPU_STEP_COUNTER = GPU_PHASE_STEP_COUNTER
 
-#: The phases, in the order reports list them.
-PHASES = ("dataloader", "forward", "backward", "optimizer", "communication", "other")
-#: The span each phase is recorded as.
-SPANS = {
-    "forward": "phase.forward",
-    "backward": "phase.backward",
-    "optimizer": "phase.optimizer",
-    "communication": "phase.communication",
-}
+#: The phases the hooks time, in the order of a step's row of times
+#: (:attr:`Anatomy._recent`): a row is a list indexed by these.
+TIMED = ("forward", "backward", "optimizer", "communication")
+FORWARD, BACKWARD, OPTIMIZER, COMMUNICATION = range(4)
+
+_ticks = _core._ticks
+_complete = _core._complete
+_get_ident = threading.get_ident
+
 #: torch.distributed's collectives (and point-to-point calls the host waits
 #: on) timed as communication.
 COLLECTIVES = (
@@ -109,12 +111,16 @@ class Anatomy:
         self.thread_id = threading.get_ident()
         #: The current step's number (the Profiler sets the step loop's), for :meth:`explain`.
         self.step_of: Callable[[], int] | None = None
-        #: Recent steps' time per phase (ticks), for :meth:`explain`.
-        self._recent: OrderedDict[int, dict[str, int]] = OrderedDict()
+        #: Recent steps' time per phase (ticks, indexed as :data:`TIMED`), for :meth:`explain`.
+        self._recent: OrderedDict[int, list[int]] = OrderedDict()
+        #: The current step's row of :attr:`_recent` and its step number.
+        self._row: list[int] = [0, 0, 0, 0]
+        self._row_step: int | None = None
         self.active = False
         #: Why there is no anatomy ("off" before start).
         self._why_not = "off"
-        self._names = {phase: _core.name_id(span) for phase, span in SPANS.items()}
+        #: The span of each phase of :data:`TIMED`.
+        self._ids = [_core.name_id(PHASE_SPANS[phase]) for phase in TIMED]
         self._forward: _Forward | None = None
         self._optimizer_t0 = 0
         #: An optimizer step's closure is running a forward or backward.
@@ -159,7 +165,7 @@ class Anatomy:
             return self.status
         self.thread_id = threading.get_ident()
         try:
-            self._hook_forward()
+            self._hook_forward(torch)
             self._hook_backward(torch)
             self._hook_optimizer(torch)
             self._hook_collectives()
@@ -199,31 +205,38 @@ class Anatomy:
 
     # ------------------------------------------------------------- records
 
-    def _begin(self, phase: str) -> int:
-        """A phase begins: its GPU mark (where CUDA events time it) and its start ticks."""
+    def _begin(self, i: int) -> int:
+        """Phase ``i`` of :data:`TIMED` begins: its GPU mark (where CUDA
+        events time it) and its start ticks. The hot wrappers inline it."""
         if self._gpu is not None:
-            self._gpu.mark(phase, False)
-        return _core._ticks()
+            self._gpu.mark(TIMED[i], False)
+        return _ticks()
 
-    def _done(self, phase: str, name: _core.Name, t0: int, **args: Any) -> None:
-        """A phase ended: its span, and its time added to the step's. Never
-        raises: a phase it cannot record is left out, and counted."""
+    def _done(self, i: int, t0: int, args: dict[str, Any] | None = None) -> None:
+        """Phase ``i`` of :data:`TIMED` ended: its span (with ``args``), and
+        its time added to the step's row. Never raises."""
         if self._gpu is not None:
-            self._gpu.mark(phase, True)
+            self._gpu.mark(TIMED[i], True)
         try:
-            _core._complete(name, t0, **args)
-            if self.step_of is None:
-                return
-            step = self.step_of()
-            took = _core._ticks() - t0
-            row = self._recent.get(step)
-            if row is None:
-                row = self._recent[step] = {}
-                if len(self._recent) > RECENT_STEPS:
-                    self._recent.popitem(last=False)
-            row[phase] = row.get(phase, 0) + took
+            if args is None:
+                _complete(self._ids[i], t0)
+            else:
+                _complete(self._ids[i], t0, **args)
+            if self.step_of is not None:
+                step = self.step_of()
+                row = self._row if step == self._row_step else self._new_row(step)
+                row[i] += _ticks() - t0
         except Exception as e:  # noqa: BLE001 - the phase is left out, the job goes on
             self._left_out(e)
+
+    def _new_row(self, step: int) -> list[int]:
+        row = self._recent.get(step)
+        if row is None:
+            row = self._recent[step] = [0, 0, 0, 0]
+            if len(self._recent) > RECENT_STEPS:
+                self._recent.popitem(last=False)
+        self._row, self._row_step = row, step
+        return row
 
     def _left_out(self, e: BaseException) -> None:
         self.left_out += 1
@@ -240,8 +253,7 @@ class Anatomy:
         if row is None:
             return None
         others = [r for s, r in self._recent.items() if s != step]
-        phases = [p for p in PHASES if p in row or any(p in r for r in others)]
-        got = slow_phase({p: row.get(p, 0) for p in phases}, {p: [r.get(p, 0) for r in others] for p in phases})
+        got = slow_phase(dict(zip(TIMED, row, strict=True)), {p: [r[i] for r in others] for i, p in enumerate(TIMED)})
         if got is None:
             return None
         if not got.stands_out:
@@ -250,35 +262,40 @@ class Anatomy:
 
     # ---------------------------------------------------------------- hooks
 
-    def _hook_forward(self) -> None:
+    def _hook_forward(self, torch: Any) -> None:
         """Learn the step's outermost modules with global hooks, then time
         only those (see :class:`_Forward`)."""
         from torch.nn.modules import module as m  # lazy: torch is optional
 
-        self._forward = _Forward(self, m)
+        compiler = getattr(torch, "compiler", None)
+        compiling = getattr(compiler, "is_dynamo_compiling", None) or getattr(compiler, "is_compiling", None)
+        self._forward = _Forward(self, m, compiling)
         self._undo.append(self._forward.remove)
 
     def _hook_backward(self, torch: Any) -> None:
-        name = self._names["backward"]
-
         def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(fn)
             def backward(*args: Any, **kwargs: Any) -> Any:
-                if threading.get_ident() != self.thread_id or self._backward_depth:
+                if self._backward_depth or _get_ident() != self.thread_id:
                     return fn(*args, **kwargs)
-                self.pause_optimizer()
-                t0 = self._begin("backward")
+                if self._optimizer_t0:
+                    self.pause_optimizer()
+                if self._gpu is not None:
+                    self._gpu.mark("backward", False)
+                t0 = _ticks()
                 self._backward_depth = 1
                 try:
                     return fn(*args, **kwargs)
                 finally:
                     self._backward_depth = 0
-                    self._done("backward", name, t0)
-                    self.resume_optimizer()
+                    self._done(BACKWARD, t0)
+                    if self._optimizer_paused:
+                        self.resume_optimizer()
 
             return backward
 
-        self._patch(torch.Tensor, "backward", timed)
+        # Tensor.backward calls torch.autograd.backward: one wrapper times both
+        # (a second, on Tensor.backward, cost a frame more a step).
         self._patch(torch.autograd, "backward", timed)
 
     def pause_optimizer(self) -> None:
@@ -286,7 +303,7 @@ class Anatomy:
         as LBFGS and Lightning run them): the optimizer's span so far is
         recorded, so that phases never overlap."""
         if self._optimizer_t0:
-            self._done("optimizer", self._names["optimizer"], self._optimizer_t0)
+            self._done(OPTIMIZER, self._optimizer_t0)
             self._optimizer_t0 = 0
             self._optimizer_paused = True
 
@@ -294,21 +311,21 @@ class Anatomy:
         """The closure's forward or backward ended: the optimizer step goes on."""
         if self._optimizer_paused:
             self._optimizer_paused = False
-            self._optimizer_t0 = self._begin("optimizer")
+            self._optimizer_t0 = self._begin(OPTIMIZER)
 
     def _hook_optimizer(self, torch: Any) -> None:
         from torch.optim import optimizer as o  # lazy: torch is optional
 
-        name = self._names["optimizer"]
-
         def pre(_opt: Any, _args: Any, _kwargs: Any) -> None:
-            if threading.get_ident() == self.thread_id:
-                self._optimizer_t0 = self._begin("optimizer")
+            if _get_ident() == self.thread_id:
+                if self._gpu is not None:
+                    self._gpu.mark("optimizer", False)
+                self._optimizer_t0 = _ticks()
                 self._optimizer_paused = False
 
         def post(_opt: Any, _args: Any, _kwargs: Any) -> None:
-            if threading.get_ident() == self.thread_id and self._optimizer_t0:
-                self._done("optimizer", name, self._optimizer_t0)
+            if self._optimizer_t0 and _get_ident() == self.thread_id:
+                self._done(OPTIMIZER, self._optimizer_t0)
                 self._optimizer_t0 = 0
                 if self._forward is not None and self._forward.learning:
                     self._forward.settle("at the first optimizer step")
@@ -321,13 +338,15 @@ class Anatomy:
             @functools.wraps(fn)
             def zero_grad(*args: Any, **kwargs: Any) -> Any:
                 # Inside an optimizer step (its closure), the step's span has it.
-                if threading.get_ident() != self.thread_id or self._optimizer_t0:
+                if self._optimizer_t0 or _get_ident() != self.thread_id:
                     return fn(*args, **kwargs)
-                t0 = self._begin("optimizer")
+                if self._gpu is not None:
+                    self._gpu.mark("optimizer", False)
+                t0 = _ticks()
                 try:
                     return fn(*args, **kwargs)
                 finally:
-                    self._done("optimizer", name, t0)
+                    self._done(OPTIMIZER, t0)
 
             return zero_grad
 
@@ -337,50 +356,45 @@ class Anatomy:
         dist = sys.modules.get("torch.distributed")
         if dist is None or not getattr(dist, "is_available", lambda: False)():
             return
-        name = self._names["communication"]
         for op in COLLECTIVES:
             fn = getattr(dist, op, None)
             if callable(fn):
-                self._patch(dist, op, functools.partial(self._timed_collective, name, op, dist, _group_at(fn)))
+                self._patch(dist, op, functools.partial(self._timed_collective, op, dist, _group_at(fn)))
         # An async collective (async_op=True) returns at once: the host waits in Work.wait().
         work = getattr(dist, "Work", None) or getattr(getattr(dist, "distributed_c10d", None), "Work", None)
         if isinstance(work, type) and callable(getattr(work, "wait", None)):
-            self._patch(work, "wait", functools.partial(self._timed_wait, name))
+            self._patch(work, "wait", self._timed_wait)
 
-    def _timed_wait(self, name: _core.Name, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def _timed_wait(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wait(*args: Any, **kwargs: Any) -> Any:
             # Inside a collective the collective's span has it (a sync collective waits on its Work).
-            if threading.get_ident() != self.thread_id or self._in_collective:
+            if self._in_collective or _get_ident() != self.thread_id:
                 return fn(*args, **kwargs)
-            t0 = self._begin("communication")
+            t0 = self._begin(COMMUNICATION)
             try:
                 return fn(*args, **kwargs)
             finally:
-                self._done("communication", name, t0, op="wait")
+                self._done(COMMUNICATION, t0, {"op": "wait"})
 
         return wait
 
-    def _timed_collective(
-        self, name: _core.Name, op: str, dist: Any, group_at: int | None, fn: Callable[..., Any]
-    ) -> Callable[..., Any]:
+    def _timed_collective(self, op: str, dist: Any, group_at: int | None, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() != self.thread_id or self._in_collective:
+            if self._in_collective or _get_ident() != self.thread_id:
                 return fn(*args, **kwargs)
-            t0 = self._begin("communication")
+            t0 = self._begin(COMMUNICATION)
             self._in_collective = True
             try:
                 return fn(*args, **kwargs)
             finally:
                 self._in_collective = False
-                self._comm_done(name, op, dist, t0, args, kwargs, group_at)
+                self._comm_done(op, dist, t0, args, kwargs, group_at)
 
         return collective
 
-    def _comm_done(
-        self, name: _core.Name, op: str, dist: Any, t0: int, args: Any, kwargs: Any, group_at: int | None
-    ) -> None:
+    def _comm_done(self, op: str, dist: Any, t0: int, args: Any, kwargs: Any, group_at: int | None) -> None:
         try:
             if "group" in kwargs:
                 group = kwargs["group"]
@@ -394,7 +408,7 @@ class Anatomy:
         except Exception as e:  # noqa: BLE001 - a collective is never failed by its timing
             self._left_out(e)
             return
-        self._done("communication", name, t0, op=op, bytes=nbytes, group_size=size, seq=seq)
+        self._done(COMMUNICATION, t0, {"op": op, "bytes": nbytes, "group_size": size, "seq": seq})
 
     def _patch(self, owner: Any, attr: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
         original = getattr(owner, attr)
@@ -444,53 +458,82 @@ def _get_inert() -> Callable[..., None]:
     return _inert_hook
 
 
+def _not_compiling() -> bool:
+    return False
+
+
+#: What a class's ``__dict__`` had under ``__call__`` before it was timed: nothing.
+_MISSING = object()
+
+
 class _Forward:
     """``phase.forward``: the outermost module call of the training thread.
 
     A global forward hook runs for every module call (torch then takes its
-    slow call path: ~7 µs a call measured here), so global hooks only learn
+    slow call path: ~5 µs a call measured here), so global hooks only learn
     which modules are called at depth 0 (the model, a loss module), until
     the first optimizer step, :data:`LEARN_CALLS` such calls or
     :data:`LEARN_STEPS` steps; then they go and each of those modules (at
-    most :data:`MAX_ROOTS`) gets its own pre/post hook pair: the modules
-    inside them run untouched. A module first called at depth 0 after that
-    is not timed."""
+    most :data:`MAX_ROOTS`) is timed by its class's ``__call__``: the class
+    gets a ``__call__`` of its own that times its outermost instances' calls
+    and passes every other call through, so that ``Module.__call__`` keeps
+    torch's fast path (an empty hook pair adds ~4.5 µs to a call, measured
+    here; a call passed through ~1.3 µs). A class
+    attribute, so that a copy of the module (``copy.copy``, DataParallel's
+    replicas, which copy its ``__dict__``), a deep copy and a pickle are
+    untouched; undone at stop. Where the module's class also has instances
+    inside it (a ``Sequential`` of ``Sequential``: each would pay the pass
+    through) or it is a TorchScript module, a forward pre/post hook pair
+    times it instead. The modules inside them run untouched. A module first
+    called at depth 0 after the learning is not timed. Under ``torch.compile``
+    or ``torch.export`` (Dynamo tracing) the class's ``__call__`` steps aside
+    (``torch.compiler.is_dynamo_compiling()``, a constant to Dynamo), so it
+    never breaks a graph."""
 
-    def __init__(self, anatomy: Anatomy, m: Any) -> None:
+    def __init__(self, anatomy: Anatomy, m: Any, compiling: Callable[[], bool] | None) -> None:
         self.anatomy = anatomy
-        self.name = anatomy._names["forward"]
+        self.compiling = compiling if callable(compiling) else _not_compiling
         self.depth = 0
         self.t0 = 0
         self.learning = True
         self.roots: dict[int, Any] = {}
-        #: Depth-0 modules past :data:`MAX_ROOTS` (ids), and those that refused hooks.
+        #: Depth-0 modules past :data:`MAX_ROOTS` (ids), and those that refused a timer.
         self.over: set[int] = set()
         self.refused = 0
         self.calls = 0
         self.first_step: int | None = None
         self.settled_by: str | None = None
-        self.timed = 0
+        #: The outermost modules timed by their class's ``__call__`` (ids; emptied at
+        #: stop), how many, and how many by hooks.
+        self.timed_ids: set[int] = set()
+        self.by_call = 0
+        self.by_hooks = 0
+        #: The classes given a ``__call__``: what their ``__dict__`` had, and ours.
+        self.classes: dict[type, tuple[Any, Callable[..., Any]]] = {}
         self.handles = [
             m.register_module_forward_pre_hook(self._learn_pre),
             _forward_hook(m.register_module_forward_hook, self._learn_post),
         ]
+        self.script_module: type | None = getattr(getattr(sys.modules.get("torch"), "jit", None), "ScriptModule", None)
 
     def _pre(self, *_hook_args: Any) -> None:
-        if threading.get_ident() == self.anatomy.thread_id:
+        if _get_ident() == self.anatomy.thread_id:
             if self.depth == 0:
-                self.anatomy.pause_optimizer()
-                self.t0 = self.anatomy._begin("forward")
+                if self.anatomy._optimizer_t0:
+                    self.anatomy.pause_optimizer()
+                self.t0 = self.anatomy._begin(FORWARD)
             self.depth += 1
 
     def _post(self, *_hook_args: Any) -> None:
-        if threading.get_ident() == self.anatomy.thread_id and self.depth > 0:
+        if self.depth > 0 and _get_ident() == self.anatomy.thread_id:
             self.depth -= 1
             if self.depth == 0:
-                self.anatomy._done("forward", self.name, self.t0)
-                self.anatomy.resume_optimizer()
+                self.anatomy._done(FORWARD, self.t0)
+                if self.anatomy._optimizer_paused:
+                    self.anatomy.resume_optimizer()
 
     def _learn_pre(self, module: Any, _args: Any) -> None:
-        if self.depth == 0 and threading.get_ident() == self.anatomy.thread_id:
+        if self.depth == 0 and _get_ident() == self.anatomy.thread_id:
             key = id(module)
             if key not in self.roots:
                 if len(self.roots) < MAX_ROOTS:
@@ -502,7 +545,7 @@ class _Forward:
 
     def _learn_post(self, _module: Any, _args: Any, _out: Any) -> None:
         self._post()
-        if self.depth == 0 and self.learning and threading.get_ident() == self.anatomy.thread_id:
+        if self.depth == 0 and self.learning and _get_ident() == self.anatomy.thread_id:
             if self.calls >= LEARN_CALLS:
                 self.settle(f"after {LEARN_CALLS} outermost module calls")
                 return
@@ -529,18 +572,34 @@ class _Forward:
         self.handles = []
         for module in self.roots.values():
             try:
-                self.handles.append(module.register_forward_pre_hook(_Hook(self._pre)))
-                self.handles.append(_forward_hook(module.register_forward_hook, _Hook(self._post)))
-                self.timed += 1
-            except Exception:  # noqa: BLE001 - a module that refuses hooks is not timed
+                self._time(module)
+            except Exception:  # noqa: BLE001 - a module that refuses a timer is not timed
                 self.refused += 1
         self.roots = {}
+
+    def _time(self, module: Any) -> None:
+        cls = type(module)
+        nested = any(isinstance(m, cls) for m in module.modules() if m is not module)
+        if nested or (self.script_module is not None and isinstance(module, self.script_module)):
+            self.handles.append(module.register_forward_pre_hook(_Hook(self._pre)))
+            self.handles.append(_forward_hook(module.register_forward_hook, _Hook(self._post)))
+            self.by_hooks += 1
+            return
+        if cls not in self.classes:
+            before = cls.__dict__.get("__call__", _MISSING)
+            ours = _timed_call(self, cls.__call__)
+            cls.__call__ = ours
+            self.classes[cls] = (before, ours)
+        self.timed_ids.add(id(module))
+        self.by_call += 1
 
     def summary(self) -> str:
         """How forward is timed, for the anatomy's status."""
         if self.learning:
             return "forward: still learning the outermost modules (global module hooks on every call)"
-        return f"forward: {self.timed} outermost modules timed (by hooks), settled {self.settled_by}"
+        n, hooks = self.by_call, self.by_hooks
+        how = f"{n} by their class's __call__" + (f", {hooks} by hooks" if hooks else "")
+        return f"forward: {n + hooks} outermost modules timed ({how}), settled {self.settled_by}"
 
     def untimed(self) -> str:
         """The outermost modules seen and not timed, for the anatomy's status."""
@@ -553,7 +612,48 @@ class _Forward:
         for h in self.handles:
             h.remove()
         self.handles = []
+        # Every call passes through from now on (a wrapper put around ours keeps it).
+        self.timed_ids = set()
+        for cls, (before, ours) in self.classes.items():
+            if cls.__dict__.get("__call__") is ours:
+                if before is _MISSING:
+                    del cls.__call__
+                else:
+                    cls.__call__ = before  # type: ignore[method-assign]
+        self.classes = {}
         self.roots = {}
+
+
+def _timed_call(timer: _Forward, call: Callable[..., Any]) -> Callable[..., Any]:
+    """The ``__call__`` of a class with outermost modules: times theirs
+    (``phase.forward``), passes every other call through to ``call``."""
+
+    @functools.wraps(call)
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # Dynamo reads is_dynamo_compiling() as True: it traces the call alone.
+        if (
+            timer.compiling()
+            or timer.depth
+            or id(self) not in timer.timed_ids
+            or _get_ident() != timer.anatomy.thread_id
+        ):
+            return call(self, *args, **kwargs)
+        anatomy = timer.anatomy
+        if anatomy._optimizer_t0:
+            anatomy.pause_optimizer()
+        if anatomy._gpu is not None:
+            anatomy._gpu.mark("forward", False)
+        t0 = _ticks()
+        timer.depth = 1
+        try:
+            return call(self, *args, **kwargs)
+        finally:
+            timer.depth = 0
+            anatomy._done(FORWARD, t0)
+            if anatomy._optimizer_paused:
+                anatomy.resume_optimizer()
+
+    return __call__
 
 
 def _group_at(fn: Callable[..., Any]) -> int | None:
