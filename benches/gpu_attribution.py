@@ -24,6 +24,7 @@ import torch
 
 import fastprof
 from fastprof.profiler import anatomy as anatomy_mod
+from fastprof.profiler.drivers.anatomy import AnatomyDriver
 from gpu_check import transformer_step
 
 
@@ -84,8 +85,8 @@ def main() -> None:
                 cs.append(time.thread_time() - c0)
             if p is not None:
                 p.stop()
-                an = getattr(p, "_anatomy", None)
-                status[name] = None if an is None else an.gpu_status
+                d = p._driver(AnatomyDriver)  # the anatomy is a driver of the Profiler (#35)
+                status[name] = None if d is None else d.anatomy.gpu_status
             wall[name].append(statistics.median(ts))
             cpu[name].append(statistics.median(cs))
     b, bc = statistics.median(wall["none"]), statistics.median(cpu["none"])
