@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from fastprof.profiler.schedule import Action
 
-__all__ = ["Closing", "Driver"]
+__all__ = ["Closing", "Driver", "first_of", "overrides"]
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,13 @@ class Driver:
         (asked once, when the Profiler takes its drivers): a step's hooks
         cost at every step that needs Python."""
         return frozenset()
+
+
+def first_of(errors: list[str]) -> str:
+    """A part's failures in one line: the first, and how many more (all are
+    in profiler.json)."""
+    more = f" (and {len(errors) - 1} more: see profiler.json)" if len(errors) > 1 else ""
+    return errors[0] + more
 
 
 def overrides(driver: Driver, name: str) -> bool:

@@ -19,7 +19,7 @@ from fastprof.memory.history import HistoryDriver, MemoryHistory
 from fastprof.memory.history import driver as history_driver
 from fastprof.memory.model_summary import model_summary
 from fastprof.memory.step_stats import StepMemory
-from fastprof.profiler.driver import Closing, Driver
+from fastprof.profiler.driver import Closing, Driver, first_of
 from fastprof.profiler.schedule import RECORDING, Action, Schedule
 
 __all__ = ["MemoryDriver"]
@@ -29,8 +29,7 @@ def _warn_first(what: str, errors: list[str]) -> None:
     """One warning for a part's failures: the first, and how many more
     (all in profiler.json)."""
     if errors:
-        more = f" (and {len(errors) - 1} more: see profiler.json)" if len(errors) > 1 else ""
-        warnings.warn(f"fastprof: {what}: {errors[0]}{more}; training went on", FastprofWarning, stacklevel=5)
+        warnings.warn(f"fastprof: {what}: {first_of(errors)}; training went on", FastprofWarning, stacklevel=5)
 
 
 class MemoryDriver(Driver):

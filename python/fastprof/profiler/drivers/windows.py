@@ -11,7 +11,7 @@ from typing import Any
 
 from fastprof._core import FastprofWarning
 from fastprof._loop_api import TriggerHost
-from fastprof.profiler.driver import Closing, Driver
+from fastprof.profiler.driver import Closing, Driver, first_of
 from fastprof.profiler.exits import SIGNAL_EXPORT_WAIT_S
 from fastprof.profiler.schedule import Action
 from fastprof.profiler.torch_windows import TorchWindows, WindowDriver, WindowRecord
@@ -92,8 +92,7 @@ class WindowsDriver(Driver):
         wait_s = min(self.merge_timeout, SIGNAL_EXPORT_WAIT_S) if closing.abrupt else self.merge_timeout
         done = w.wait(wait_s)
         if w.errors:
-            more = f" (and {len(w.errors) - 1} more: see profiler.json)" if len(w.errors) > 1 else ""
-            warnings.warn(f"fastprof: {w.errors[0]}{more}", FastprofWarning, stacklevel=5)
+            warnings.warn(f"fastprof: {first_of(w.errors)}", FastprofWarning, stacklevel=5)
         if not done:
             warnings.warn(
                 f"fastprof: torch window exports still running after {wait_s:g} s; the unified trace may miss them",

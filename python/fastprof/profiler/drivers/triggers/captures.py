@@ -86,14 +86,6 @@ class Captures:
         self._anomaly_captures = 0
         self._t_start = time.monotonic()
 
-    def steps(self) -> tuple[int, int] | None:
-        """The (first, last) steps of the capture armed or running, None
-        without one: the Profiler's action plan (fastprof.profiler.plan)
-        merges them with the schedule's windows, and keeps the step loop
-        asking at the first."""
-        c = self.pending
-        return None if c is None else (c.start, c.last)
-
     def on_anomaly(self, batch_seen: int, batch: int, dur_ns: int, median_ns: int, mad_ns: int) -> None:
         rec: dict[str, Any] = {
             "step": batch,

@@ -224,7 +224,10 @@ class TriggerDriver(Driver):
     def capture(self, batch: int, epoch: int) -> tuple[int, int] | None:
         if _core._attention_take():
             self._boundary(batch)
-        c = self.captures.pending  # Captures.steps(), inline: at every step that needs Python
+        # The (first, last) steps of the capture armed or running: the plan
+        # merges them with the schedule's windows, and keeps the step loop
+        # asking at the first.
+        c = self.captures.pending
         return None if c is None else (c.start, c.last)
 
     def _boundary(self, batch: int) -> None:
