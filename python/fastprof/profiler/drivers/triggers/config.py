@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastprof._core import ConfigError
+from fastprof.profiler import slow_step
 from fastprof.recording import names
 from fastprof.recording.options import Option, _bool, _float, _int, _str, _value, check_format, prefixed
 
@@ -41,10 +42,11 @@ FLIGHT_EVENTS = ("trigger", "anomaly", "exception", "oom", "sigterm")
 #: Bounds, so that nothing grows with a long run's requests.
 MAX_RECORDS = 200
 MAX_LEAD = 10_000
-#: An anomaly is also beyond this many (scaled) MADs of the median ...
-ANOMALY_MADS = 6.0
+#: An anomaly is a slow step by the one rule (:mod:`fastprof.profiler.slow_step`):
+#: also beyond this many (scaled) MADs of the median ...
+ANOMALY_MADS = slow_step.MADS
 #: ... and at least this much slower than it (microsecond steps are noise at 3x).
-ANOMALY_MIN_EXCESS_NS = 1_000_000
+ANOMALY_MIN_EXCESS_NS = slow_step.MIN_EXCESS_NS
 #: Flight-only requests closer than this to the previous dump are coalesced.
 FLIGHT_MIN_INTERVAL_S = 2.0
 
@@ -109,7 +111,7 @@ OPTIONS: tuple[Option, ...] = (
     _opt(
         "anomaly_factor",
         "float",
-        3.0,
+        slow_step.FACTOR,
         "a number from 1.5 to 1000",
         "A step slower than this many times the median of the recent steps is an anomaly.",
         _float,
@@ -118,7 +120,7 @@ OPTIONS: tuple[Option, ...] = (
     _opt(
         "anomaly_window",
         "int",
-        64,
+        slow_step.WINDOW,
         "an integer from 8 to 100000",
         "Recent steps the median is taken over (an anomaly needs half of them seen first).",
         _int,

@@ -37,6 +37,7 @@ from fastprof.profiler.drivers.triggers.state import Board
 from fastprof.profiler.drivers.triggers.store import RankStore
 from fastprof.profiler.drivers.windows import WindowsDriver
 from fastprof.profiler.schedule import Action
+from fastprof.profiler.slow_step import SlowStepRule
 
 __all__ = ["TriggerDriver"]
 
@@ -75,9 +76,9 @@ class TriggerDriver(Driver):
         self.signal = SignalTrigger(b)
         self.captures = Captures(b, self.flight, self.store, self._has_windows, self._last_window, self._explain)
         if cfg.anomaly:
-            steps.anomaly_detector(
-                int(cfg.anomaly_window), float(cfg.anomaly_factor), ANOMALY_MADS, ANOMALY_MIN_EXCESS_NS
-            )
+            # The one slow-step rule (the report replays it over every step).
+            rule = SlowStepRule(float(cfg.anomaly_factor), int(cfg.anomaly_window), ANOMALY_MADS, ANOMALY_MIN_EXCESS_NS)
+            steps.anomaly_detector(rule.window, rule.factor, rule.mads, rule.min_excess_ns)
         if not self.flight.ok and cfg.flight_events:
             b.notes.append(
                 "flight dumps unavailable: the recorder keeps no window (window_seconds=0); "
