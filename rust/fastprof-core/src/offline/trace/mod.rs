@@ -16,6 +16,8 @@
 //! * [`columns`]: spans, instants and counters as numpy-ready columns, with
 //!   filters, epoch-ns timestamps, ranks and steps, in memory proportional
 //!   to the rows kept.
+//! * [`step_args`]: the `step` spans' args the columns leave out (each
+//!   step's epoch), for `fastprof export`'s step table.
 //!
 //! Everything that reads a trace goes through [`scan::Scanner`], so a
 //! malformed event is dropped and the walk resynchronises on the next one in
@@ -30,3 +32,4 @@ pub mod inputs;
 pub mod reader;
 pub mod remote;
 pub mod scan;
+pub mod step_args;
