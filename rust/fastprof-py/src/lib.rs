@@ -7,6 +7,7 @@ mod analyze;
 mod columns;
 mod convert;
 mod errors;
+mod hang;
 mod recording;
 mod remote;
 mod session;
@@ -285,6 +286,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(steps::_anomaly_hold, m)?)?;
     m.add_function(wrap_pyfunction!(steps::_median_step_ns, m)?)?;
     m.add_function(wrap_pyfunction!(signals::_signal_harmless, m)?)?;
+    m.add_class::<hang::_HangWatch>()?;
+    m.add_function(wrap_pyfunction!(hang::_hang_last_step, m)?)?;
     m.add_function(wrap_pyfunction!(is_active, m)?)?;
     m.add_function(wrap_pyfunction!(_noop, m)?)?;
     m.add_function(wrap_pyfunction!(_span_depth, m)?)?;

@@ -11,12 +11,14 @@
 //! * [`sink`]: where events go: gzip segment files, the in-memory window.
 //! * [`sampler`]: the always-on host / process / NVML sampler thread.
 //! * [`steps`]: the training loop's step machine (where steps begin and end) and the slow-step detector.
+//! * [`hang`]: the hang watchdog thread (no GIL) and the step heartbeat it reads.
 //! * [`clock`]: CLOCK_MONOTONIC / CLOCK_REALTIME and anchor pairs.
 //! * [`names`], [`config`]: the process-wide name interner; a session's options and their checks.
 
 pub mod clock;
 pub mod collect;
 pub mod config;
+pub mod hang;
 mod leaked;
 pub mod names;
 pub mod record;

@@ -649,6 +649,7 @@ pub struct StepArgs {
 /// this thread's last step, one [`Kind::StepContext`] record before it. No
 /// heap, no formatting here.
 pub fn step_complete(name: u32, begin_ticks: u64, args: StepArgs, hooks: &mut dyn ThreadHooks) {
+    super::hang::beat(args.batch);
     let context = (
         args.epoch,
         args.batch.saturating_sub(args.batch_in_epoch),
