@@ -12,6 +12,7 @@ mod recording;
 mod remote;
 mod session;
 mod signals;
+mod step_args;
 mod steps;
 
 use errors::Error;
@@ -297,6 +298,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(analyze::analyze_steps, m)?)?;
     m.add_function(wrap_pyfunction!(merge, m)?)?;
     m.add_function(wrap_pyfunction!(columns::read_columns, m)?)?;
+    m.add_function(wrap_pyfunction!(step_args::_read_step_args, m)?)?;
     m.add_function(wrap_pyfunction!(nvml_probe, m)?)?;
     m.add_function(wrap_pyfunction!(clock_info, m)?)?;
     add_contract(m)?;
