@@ -3,23 +3,32 @@
 and ``other``, from the spans the Profiler records at every step
 (:mod:`fastprof.profiler.anatomy`), with no torch.profiler window.
 
-A phase's time in a step is the time its spans cover inside the step:
-fastprof's own ``phase.*`` spans, or, on a rank that has none of them for
-the phase, the user's own spans named for it (``forward``, ``backward``,
-``optimizer``); ``dataloader`` is the train loader's wait
-(``loader.train.next``). ``other`` is the rest of the step. Where phases
-overlap (a collective called inside backward), ``other`` is floored at 0 and
-the shares are of the phases' sum, so that they sum to 1.
+A phase's spans are fastprof's own ``phase.*`` spans, or, on a rank that has
+none of them for the phase, the user's own spans named for it (``forward``,
+``backward``, ``optimizer``); ``dataloader`` is the train loader's wait
+(``loader.train.next``). A span belongs to the step it starts in and ends
+with it at the latest.
+
+Phases that overlap are resolved by one rule (:data:`OVERLAP_RULE`, issue
+#36 item 4): an instant that several phases' spans cover belongs to the
+first of :data:`PRECEDENCE` that covers it, so that the phases never add up
+to more than the step and nothing is rescaled; ``other`` is the rest of the
+step. The report says where the rule had to split time (``overlap`` per
+rank), and names the forward recomputed inside backward (gradient
+checkpointing) as backward's.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from fastprof.profiler.slow_phase import slow_phase
+from fastprof.profiler.slow_step import SlowStepRule
 from fastprof.recording.names import (
+    ACTION_COUNTER,
     GPU_PHASE_COUNTER,
     GPU_PHASE_STEP_COUNTER,
     PHASE_SPANS,
@@ -27,7 +36,8 @@ from fastprof.recording.names import (
     STEP_SPAN,
     TRAIN_NEXT,
 )
-from fastprof.reports.data import RunData, step_spans, sum_inside
+from fastprof.reports.data import RunData, step_spans
+from fastprof.reports.triggers import triggers_report
 
 #: Span names per phase: fastprof's own first, then the user's (used only
 #: where the rank has none of fastprof's).
@@ -38,62 +48,178 @@ NAMES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "optimizer": ((PHASE_SPANS["optimizer"],), ("optimizer", "optimizer_step")),
     "communication": ((PHASE_SPANS["communication"],), ()),
 }
-#: A step this many times the median step is slow.
-SLOW_FACTOR = 2.0
+#: Which phase an instant several phases cover belongs to: the first here.
+#: In every nesting fastprof records this is the innermost phase (a
+#: collective inside backward or forward, an optimizer step in a gradient
+#: hook), except a forward inside backward: gradient checkpointing's
+#: recomputed forward, which is backward's work and stays in backward.
+PRECEDENCE = ("communication", "optimizer", "backward", "forward", "dataloader")
+OVERLAP_RULE = (
+    "phases never overlap in the anatomy: an instant that several phases cover belongs to the innermost one "
+    "(a collective inside backward or forward is communication, an optimizer step inside a gradient hook is "
+    "optimizer), except that a forward inside backward (gradient checkpointing's recomputation) is backward's, "
+    "reported as its recomputed forward; other is what no phase covers, so the phases add up to the step exactly "
+    "and no share is rescaled"
+)
 #: Slow steps listed per rank.
 MAX_SLOW = 10
+#: The schedule's action level from which a step runs inside a torch.profiler
+#: window (the live detector judges only steps below it).
+WINDOW_LEVEL = 2
 NO_ANATOMY = (
     "no step anatomy in this trace: no fastprof step spans with phase spans in them (the Profiler records "
     "them at every step unless anatomy=False, and fastprof run does too)"
 )
 
 
-def _phase_ns(data: RunData, rank: int, names: tuple[str, ...], ts: Any, end: Any) -> Any:
-    """Each step's time (ns) covered by spans ``names`` inside it."""
-    out = np.zeros(len(ts), dtype=np.int64)
-    for name in names:
-        s = data.spans(name, rank)
-        if len(s.ts):
-            out += sum_inside(s.ts, s.dur, ts, end)
-    return out
-
-
 def _has(data: RunData, rank: int, names: tuple[str, ...]) -> bool:
     return any(len(data.spans(n, rank).ts) for n in names)
 
 
-def per_step_phases(data: RunData, rank: int, skip: int = 0) -> tuple[Any, dict[str, Any]] | None:
-    """Each step's duration and its time in each phase (ns, arrays in step
-    order from step ``skip``), None without fastprof steps or phase spans."""
+def _union(ts: Any, end: Any) -> tuple[Any, Any]:
+    """Sorted disjoint intervals covering the ones given (touching ones kept
+    apart, so that a union never joins two steps)."""
+    if not len(ts):
+        return ts, end
+    order = np.argsort(ts, kind="stable")
+    ts, end = ts[order], end[order]
+    reach = np.maximum.accumulate(end)
+    new = np.concatenate([[True], ts[1:] >= reach[:-1]])
+    group = np.cumsum(new) - 1
+    out_end = np.zeros(int(group[-1]) + 1, np.int64)
+    np.maximum.at(out_end, group, end)
+    return ts[new], out_end
+
+
+def _covered(u_ts: Any, u_end: Any, a: Any, b: Any) -> Any:
+    """For each [a, b), the time the disjoint sorted intervals ``u`` cover in it."""
+    if not len(u_ts):
+        return np.zeros(len(a), np.int64)
+    before = np.concatenate([[0], np.cumsum(u_end - u_ts)])
+
+    def upto(t: Any) -> Any:  # covered time before t
+        k = np.searchsorted(u_ts, t, side="right")
+        last = np.maximum(k - 1, 0)
+        part = np.clip(t - u_ts[last], 0, u_end[last] - u_ts[last])
+        return np.where(k > 0, before[last] + part, 0)
+
+    return np.asarray(upto(b) - upto(a), dtype=np.int64)
+
+
+@dataclass
+class PhaseSplit:
+    """One rank's steps split by :data:`OVERLAP_RULE` (ns, arrays in step order)."""
+
+    dur: Any
+    #: Each phase's time in each step, the phases disjoint; ``other`` the rest.
+    per_step: dict[str, Any]
+    #: (phase, counted as): the time the phase's spans covered that the rule
+    #: gave to another phase; ("forward", "backward") is backward's
+    #: recomputed forward (gradient checkpointing).
+    given: dict[tuple[str, str], Any]
+
+
+def split_phases(data: RunData, rank: int, skip: int = 0) -> PhaseSplit | None:
+    """Each step's duration and its time in each phase by :data:`OVERLAP_RULE`
+    (from step ``skip``), None without fastprof steps or phase spans."""
     steps, source = step_spans(data, rank)
     if source != STEP_SPAN or len(steps.ts) <= skip:
         return None
     ts, dur = steps.ts[skip:], steps.dur[skip:]
     end = ts + dur
-    per_step: dict[str, Any] = {}
     found = False
+    spans: dict[str, tuple[Any, Any, Any]] = {}
     for phase, (ours, theirs) in NAMES.items():
         has_ours = _has(data, rank, ours)
         names = ours if has_ours else theirs
         found |= phase != "dataloader" and (has_ours or _has(data, rank, theirs))
-        per_step[phase] = _phase_ns(data, rank, names, ts, end)
+        parts = [data.spans(n, rank) for n in names]
+        s_ts = np.concatenate([np.zeros(0, np.int64), *(p.ts for p in parts)]).astype(np.int64)
+        s_end = np.concatenate([np.zeros(0, np.int64), *(p.end for p in parts)]).astype(np.int64)
+        # A span belongs to the step it starts in, and ends with it at the latest.
+        k = np.searchsorted(ts, s_ts, side="right") - 1
+        ok = k >= 0
+        ok[ok] &= s_ts[ok] < end[k[ok]]
+        s_ts, k = s_ts[ok], k[ok]
+        s_end = np.minimum(s_end[ok], end[k])
+        u_ts, u_end = _union(s_ts, s_end)
+        spans[phase] = (u_ts, u_end, np.searchsorted(ts, u_ts, side="right") - 1)
     if not found:
         return None
-    covered = sum(per_step[p] for p in NAMES)
+    n = len(ts)
+    per_step: dict[str, Any] = {}
+    given: dict[tuple[str, str], Any] = {}
+    # After each phase of PRECEDENCE: the union of its spans and those before it.
+    claimed: list[tuple[str, Any, Any]] = []
+    for phase in PRECEDENCE:
+        u_ts, u_end, k = spans[phase]
+        lost = np.zeros(len(u_ts), np.int64)
+        for winner, c_ts, c_end in claimed:
+            # Of this phase's time, what the phases up to `winner` cover, less those before it.
+            upto = _covered(c_ts, c_end, u_ts, u_end)
+            if (upto - lost).any():
+                given[(phase, winner)] = np.bincount(k, weights=upto - lost, minlength=n).astype(np.int64)
+            lost = upto
+        per_step[phase] = np.bincount(k, weights=u_end - u_ts - lost, minlength=n).astype(np.int64)
+        c_ts, c_end = claimed[-1][1:] if claimed else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        claimed.append((phase, *_union(np.concatenate([c_ts, u_ts]), np.concatenate([c_end, u_end]))))
+    covered = sum(per_step[p] for p in PRECEDENCE)
     per_step["other"] = np.maximum(dur - covered, 0)
-    return dur, per_step
+    return PhaseSplit(dur, {p: per_step[p] for p in PHASES}, given)
 
 
-def rank_anatomy(data: RunData, rank: int, warmup_steps: int = 0) -> dict[str, Any] | None:
-    """One rank's anatomy (steps after the warm-up), None without steps or phases."""
+def per_step_phases(data: RunData, rank: int, skip: int = 0) -> tuple[Any, dict[str, Any]] | None:
+    """Each step's duration and its time in each phase (ns, arrays in step
+    order from step ``skip``; the phases disjoint, see :data:`OVERLAP_RULE`),
+    None without fastprof steps or phase spans."""
+    got = split_phases(data, rank, skip)
+    return None if got is None else (got.dur, got.per_step)
+
+
+def slow_step_rule(data: RunData, rank: int) -> SlowStepRule:
+    """The rule the rank's anomaly trigger used (its options in
+    ``profiler.json``), the defaults without triggers."""
+    triggers = (data.profiler.get(rank) or {}).get("triggers")
+    return SlowStepRule.of_triggers(triggers.get("config") if isinstance(triggers, dict) else None)
+
+
+def judged_steps(data: RunData, rank: int, n: int, captures: list[dict[str, Any]]) -> Any:
+    """Which of the rank's ``n`` steps (from step 0) the live detector
+    judges: not the first, none inside a torch.profiler window (the
+    schedule's action level, a counter recorded where it changes), none of
+    the steps held after a triggered capture (its export competes for the CPU)."""
+    ok = np.ones(n, dtype=bool)
+    if n:
+        ok[0] = False
+    steps, _ = step_spans(data, rank)
+    t, v = data.counter(ACTION_COUNTER, rank)
+    if len(t) and n:
+        at = np.searchsorted(t, steps.ts[:n], side="right") - 1
+        level = np.where(at >= 0, v[np.maximum(at, 0)], 0)
+        ok &= level < WINDOW_LEVEL
+    for c in captures:
+        if c.get("status") != "done":
+            continue
+        last = int(c["first_step"]) + max(int(c["steps"]), 1) - 1
+        ok[last + 1 : last + 1 + max(10, 2 * int(c["steps"]))] = False
+    return ok
+
+
+def rank_anatomy(
+    data: RunData, rank: int, warmup_steps: int = 0, triggers: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """One rank's anatomy (steps after the warm-up), None without steps or
+    phases. ``triggers``: the rank's entry of the report's ``triggers``
+    section (its captures and anomalies), for the slow steps."""
     steps, _ = step_spans(data, rank)
     skip = warmup_steps if len(steps.ts) > warmup_steps else 0
-    got = per_step_phases(data, rank, skip)
-    if got is None:
+    every = split_phases(data, rank)
+    if every is None or len(every.dur) <= skip:
         return None
-    dur, per_step = got
-    ts = steps.ts[skip:]
-    whole = float(sum(float(v.sum()) for v in per_step.values())) or 1.0
+    dur = every.dur[skip:]
+    per_step = {p: v[skip:] for p, v in every.per_step.items()}
+    step_total = int(dur.sum())
+    whole = float(step_total) or 1.0
     phases = {}
     for p in PHASES:
         v = per_step[p]
@@ -103,18 +229,83 @@ def rank_anatomy(data: RunData, rank: int, warmup_steps: int = 0) -> dict[str, A
             "p95_ns": float(np.percentile(v, 95)),
             "share": float(v.sum()) / whole,
         }
+    pairs: list[dict[str, Any]] = [
+        {"phase": p, "counted_as": q, "ns": int(v[skip:].sum())}
+        for (p, q), v in every.given.items()
+        if int(v[skip:].sum()) > 0
+    ]
+    recompute = sum(x["ns"] for x in pairs if (x["phase"], x["counted_as"]) == ("forward", "backward"))
+    backward = phases["backward"]["total_ns"]
+    overlap = {
+        "split_ns": sum(x["ns"] for x in pairs),
+        "pairs": pairs,
+        "recomputed_forward_ns": recompute,
+        "recomputed_forward_share_of_backward": recompute / backward if backward else 0.0,
+    }
+    rule = slow_step_rule(data, rank)
+    t = triggers or {}
+    judged = judged_steps(data, rank, len(every.dur), list(t.get("captures") or []))
+    live = {int(x["step"]): str(x["action"]) for x in t.get("anomalies") or []}
     out = {
         "rank": rank,
-        "steps": len(ts),
+        "steps": len(dur),
         "warmup_steps_excluded": skip,
-        "step_total_ns": int(dur.sum()),
+        "step_total_ns": step_total,
         "phases": phases,
-        "slow_steps": slow_steps(dur, per_step, skip),
+        "overlap": overlap,
+        "slow_steps": slow_steps(every.dur, every.per_step, 0, rule, judged, live),
+        "slow_step_count": len(rule.find(every.dur, judged)),
     }
     gpu = gpu_phases(data, rank, phases, float(np.percentile(dur, 50)))
     if gpu is not None:
         out["gpu"] = gpu
     return out
+
+
+def overlap_line(r: dict[str, Any]) -> str | None:
+    """Where :data:`OVERLAP_RULE` split a rank's time, in one sentence (None where it had not to)."""
+    o = r.get("overlap") or {}
+    if not o.get("split_ns"):
+        return None
+    parts = []
+    for x in o.get("pairs") or []:
+        ms = f"{int(x['ns']) / 1e6:.1f} ms"
+        if (x["phase"], x["counted_as"]) == ("forward", "backward"):
+            share = 100 * float(o["recomputed_forward_share_of_backward"])
+            parts.append(
+                f"{ms} of forward ran inside backward and counts as backward's recomputed forward "
+                f"(backward, of which {share:.0f}% recomputed forward)"
+            )
+        else:
+            parts.append(f"{ms} of {x['phase']} was also {x['counted_as']} and counts as {x['counted_as']}")
+    return f"rank {r['rank']}: phases overlapped: " + "; ".join(parts) + " (no share rescaled)"
+
+
+def slow_step_line(rank: int, s: dict[str, Any]) -> str:
+    """One slow step, as the terminal and the page list it."""
+    factor = "" if s["phase_factor"] is None else f" {s['phase_factor']:.1f}x its median"
+    live = f"; the anomaly trigger: {s['trigger']}" if s.get("trigger") else ""
+    return (
+        f"Slow step on rank {rank}: step {s['step']} took {s['dur_ns'] / 1e6:.1f} ms "
+        f"({s['dur_ns'] / s['median_step_ns']:.1f}x the median {s['median_step_ns'] / 1e6:.1f} ms of the steps "
+        f"before it): {s['phase']}{factor}{live}"
+    )
+
+
+def slow_and_overlap_note(section: dict[str, Any]) -> str:
+    """What the page says under the anatomy's plots: where the overlap rule
+    split time, the slow-step rule and the slow steps (as the terminal)."""
+    said = ""
+    for r in section["per_rank"]:
+        line = overlap_line(r)
+        if line:
+            said += f" {line}. Rule: {section['overlap_rule']}."
+    rule = section.get("slow_step_rule")
+    if rule:
+        said += f" Slow steps: {rule['text']}."
+        listed = [slow_step_line(int(r["rank"]), s) for r in section["per_rank"] for s in r["slow_steps"]]
+        said += "".join(f" {x}." for x in listed) if listed else " None in this run."
+    return said
 
 
 #: The phases timed on the GPU: those fastprof records a span for.
@@ -205,32 +396,41 @@ GPU_BOUND = 1.3
 HOST_BOUND = 1.1
 
 
-def slow_steps(dur: Any, per_step: dict[str, Any], first: int) -> list[dict[str, Any]]:
-    """The steps over :data:`SLOW_FACTOR` times the median step (at most
-    :data:`MAX_SLOW`, slowest first), each with the phase that made it slow
-    (:func:`fastprof.profiler.slow_phase.slow_phase`, the live anomaly
-    trigger's answer too): the one furthest above its own median over the
-    other steps ("backward 3.1x its median")."""
-    if len(dur) < 4:
-        return []
-    median = float(np.median(dur))
-    slow = np.flatnonzero(dur > SLOW_FACTOR * median)
-    slow = slow[np.argsort(-dur[slow], kind="stable")][:MAX_SLOW]
+def slow_steps(
+    dur: Any,
+    per_step: dict[str, Any],
+    first: int,
+    rule: SlowStepRule | None = None,
+    judged: Any = None,
+    live: dict[int, str] | None = None,
+) -> list[dict[str, Any]]:
+    """The slow steps by the one rule (:class:`fastprof.profiler.slow_step.SlowStepRule`,
+    the live anomaly trigger's; ``judged``: the steps it judges), at most
+    :data:`MAX_SLOW`, slowest first, each with the phase that made it slow
+    (:func:`fastprof.profiler.slow_phase.slow_phase`, the trigger's answer
+    too: the one furthest above its own median over the other steps,
+    "backward 3.1x its median") and what the trigger did with it (``live``:
+    step -> action). ``first``: the number of the first step given."""
+    found = (rule or SlowStepRule()).find(dur, judged)
+    found.sort(key=lambda x: -x.dur_ns)
     out = []
-    for i in slow:
+    for f in found[:MAX_SLOW]:
+        i = f.index
         step = {p: float(v[i]) for p, v in per_step.items()}
         got = slow_phase(step, {p: np.delete(v, i) for p, v in per_step.items()})
         if got is None:
             continue
         out.append(
             {
-                "step": first + int(i),
-                "dur_ns": int(dur[i]),
-                "median_step_ns": median,
+                "step": first + i,
+                "dur_ns": f.dur_ns,
+                "median_step_ns": float(f.median_ns),
+                "mad_ns": float(f.mad_ns),
                 "phase": got.phase,
                 "phase_ns": int(per_step[got.phase][i]),
                 "phase_median_ns": got.median,
                 "phase_factor": got.factor,
+                "trigger": (live or {}).get(first + i),
             }
         )
     return out
@@ -372,7 +572,8 @@ def straggler_line(s: dict[str, Any]) -> str:
 
 def anatomy_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | None, str | None]:
     """The report's ``anatomy`` section, or None and the reason."""
-    per_rank = [a for r in data.ranks if (a := rank_anatomy(data, r, warmup_steps)) is not None]
+    triggers = {int(t["rank"]): t for t in (triggers_report(data) or {}).get("per_rank") or []}
+    per_rank = [a for r in data.ranks if (a := rank_anatomy(data, r, warmup_steps, triggers.get(int(r)))) is not None]
     if not per_rank:
         return None, NO_ANATOMY
     warm = min(int(a["warmup_steps_excluded"]) for a in per_rank)
@@ -382,6 +583,8 @@ def anatomy_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | N
             "each step's time covered by its phase spans (phase.*, else the user's forward/backward/optimizer "
             "spans; dataloader: the train loader's wait), other the rest of the step; warm-up steps left out"
         ),
+        "overlap_rule": OVERLAP_RULE,
+        "slow_step_rule": slow_step_rule(data, per_rank[0]["rank"]).to_dict(),
         "phases": list(PHASES),
         "per_rank": per_rank,
         "stragglers": strag,

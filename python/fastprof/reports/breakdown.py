@@ -238,3 +238,41 @@ def step_breakdown(
         step_count=int(raw["step_count"]),
         csv_path=None if csv is None else Path(csv),
     )
+
+
+def steps_from(section: dict[str, Any], triggers: dict[str, Any] | None) -> str:
+    """Which steps the breakdown covers, in words, so that its figures are
+    quoted as what they are (issue #36, item 3): every step (fastprof step
+    spans), or the steps of torch.profiler windows, named by the captures
+    that recorded them ("the 5 steps captured after the anomaly at step
+    84"). ``triggers``: the report's ``triggers`` section."""
+    n = int(section.get("step_count") or 0)
+    if "ProfilerStep" not in str(section.get("source")):
+        return f"every step ({n} steps)"
+    told: list[str] = []
+    per_rank = section.get("per_rank") or []
+    ranks = {int(r["rank"]) for r in per_rank}
+    captured = 0
+    for r in (triggers or {}).get("per_rank") or []:
+        if int(r["rank"]) not in ranks:
+            continue
+        for c in r.get("captures") or []:
+            if c.get("status") != "done":
+                continue
+            first, k = int(c["first_step"]), int(c["steps"])
+            if c.get("source") == "anomaly":
+                before = [int(a["step"]) for a in r.get("anomalies") or [] if int(a["step"]) < first]
+                why = f"after the anomaly at step {max(before)}" if before else "after an anomaly"
+            else:
+                why = f"on a {c.get('source')} request"
+            said = f"the {k} steps captured {why} (steps {first}..{first + k - 1})"
+            if int(r["rank"]) == min(ranks):
+                captured += k
+            if said not in told:
+                told.append(said)
+    if not told:
+        return f"the {n} steps of torch.profiler windows only, not every step"
+    rest = int(next(r for r in per_rank if int(r["rank"]) == min(ranks))["steps"]) - captured
+    if rest > 0:
+        told.append(f"{rest} steps of the schedule's windows")
+    return f"{'; '.join(told)}: torch.profiler windows only, not every step"

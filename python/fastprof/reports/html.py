@@ -28,7 +28,7 @@ from plotly.offline import get_plotlyjs
 from fastprof.readers.merge import describe_rotated
 from fastprof.recording.names import STEP_SPAN
 from fastprof.reports import html_triggers
-from fastprof.reports.anatomy import per_step_phases, straggler_line
+from fastprof.reports.anatomy import per_step_phases, slow_and_overlap_note, straggler_line
 from fastprof.reports.data import (
     _CHUNK,
     F64,
@@ -280,6 +280,7 @@ def anatomy_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figure]
     for r in an["per_rank"]:
         if r.get("gpu"):
             said += f" On the GPU, rank {r['rank']}: {r['gpu']['verdict']}."
+    said += slow_and_overlap_note(an)
     return figs, (
         "Step anatomy: every step split into the train loader's wait, the outermost module call (forward), "
         "backward, the optimizer and collectives from Python, recorded at every step (no torch.profiler window); "

@@ -1,7 +1,13 @@
 """Recommendations: rules over the measured numbers, each quoting the number
 that triggered it. Every rule is listed in ``checks`` with its status
 (``fired``, ``ok``, or ``not_evaluated`` and why), so a quiet report says
-what it looked at."""
+what it looked at.
+
+One story per report (issue #36, item 3): a share of step time comes from
+the every-step anatomy where the run has one; the step-time breakdown (torch
+windows: often a few steps captured after an anomaly) is used only for what
+the anatomy does not measure, and its figures are quoted with the steps they
+come from (``breakdown.steps_from``)."""
 
 from __future__ import annotations
 
@@ -46,17 +52,39 @@ def _breakdown_mean(breakdown: dict[str, Any] | None, key: str) -> float | None:
     return sum(float(v) * w for v, w in pairs) / n if n else None
 
 
+def _anatomy_share(anatomy: dict[str, Any] | None, phase: str) -> float | None:
+    """A phase's share of all ranks' step time (%), from the every-step anatomy."""
+    ranks = (anatomy or {}).get("per_rank") or []
+    total = sum(int(r["step_total_ns"]) for r in ranks)
+    if total <= 0:
+        return None
+    return 100.0 * sum(int(r["phases"][phase]["total_ns"]) for r in ranks) / total
+
+
+def _anatomy_source(anatomy: dict[str, Any]) -> str:
+    steps = sum(int(r["steps"]) for r in anatomy["per_rank"])
+    return f"step anatomy, every step: {steps} steps"
+
+
+def _breakdown_source(breakdown: dict[str, Any]) -> str:
+    return f"step-time breakdown, in {breakdown.get('steps_from') or 'the steps of its torch windows'}"
+
+
 def recommend(
     speed: dict[str, Any],
     system: dict[str, Any],
     breakdown: dict[str, Any] | None,
     memory: dict[str, Any] | None = None,
+    anatomy: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     checks: list[dict[str, Any]] = []
 
-    # DataLoader share of step time.
-    share = _breakdown_share(breakdown, "dataloader_ns")
-    source = "step-time breakdown"
+    # DataLoader share of step time: every step's where the anatomy has it.
+    share = _anatomy_share(anatomy, "dataloader")
+    source = "" if anatomy is None else _anatomy_source(anatomy)
+    if share is None and breakdown:
+        share = _breakdown_share(breakdown, "dataloader_ns")
+        source = _breakdown_source(breakdown)
     if share is None:
         share = _mean_of(speed["train"]["per_rank"], "loader_share_pct")
         source = "time in loader.train.next inside steps"
@@ -75,14 +103,18 @@ def recommend(
             )
         )
     else:
-        checks.append(_check("dataloader", "ok", share, LOADER_SHARE_PCT, f"DataLoader {share:.1f}% of step time"))
+        checks.append(
+            _check("dataloader", "ok", share, LOADER_SHARE_PCT, f"DataLoader {share:.1f}% of step time ({source})")
+        )
 
     # GPU utilisation.
     devices = system["gpu"]["devices"]
     util = _mean_of(devices, "util_mean_pct")
     bd_util = _breakdown_mean(breakdown, "gpu_util")
-    if bd_util is not None:
+    util_source = "the sampler's GPU readings over the run"
+    if bd_util is not None and breakdown is not None:
         util = 100.0 * bd_util
+        util_source = _breakdown_source(breakdown)
     if util is None:
         checks.append(_check("gpu_utilization", "not_evaluated", None, GPU_UTIL_PCT, system["gpu"]["reason"] or ""))
     elif util < GPU_UTIL_PCT:
@@ -92,12 +124,15 @@ def recommend(
                 "fired",
                 util,
                 GPU_UTIL_PCT,
-                f"GPU utilisation is {util:.1f}% (threshold {GPU_UTIL_PCT:g}%): try a larger batch size, "
-                "and look for host-side stalls (data loading, synchronisation) between kernels",
+                f"GPU utilisation is {util:.1f}% ({util_source}; threshold {GPU_UTIL_PCT:g}%): "
+                "try a larger batch size, and look for host-side stalls (data loading, synchronisation) "
+                "between kernels",
             )
         )
     else:
-        checks.append(_check("gpu_utilization", "ok", util, GPU_UTIL_PCT, f"GPU utilisation {util:.1f}%"))
+        checks.append(
+            _check("gpu_utilization", "ok", util, GPU_UTIL_PCT, f"GPU utilisation {util:.1f}% ({util_source})")
+        )
 
     # Peak device memory.
     peaks = [
@@ -123,11 +158,21 @@ def recommend(
     else:
         checks.append(_check("gpu_memory", "ok", max(peaks), MEMORY_PCT, f"peak GPU memory {max(peaks):.1f}%"))
 
-    # Communication.
-    comm = _breakdown_share(breakdown, "communication_ns")
+    # Communication: the anatomy's where it timed collectives, else the breakdown's (GPU kernels).
+    comm = _anatomy_share(anatomy, "communication")
+    comm_source = "" if anatomy is None else _anatomy_source(anatomy)
+    if not comm and breakdown:
+        comm = _breakdown_share(breakdown, "communication_ns")
+        comm_source = _breakdown_source(breakdown)
     if comm is None:
         checks.append(
-            _check("communication", "not_evaluated", None, COMM_PCT, "needs the step-time breakdown (torch windows)")
+            _check(
+                "communication",
+                "not_evaluated",
+                None,
+                COMM_PCT,
+                "needs the step anatomy or the step-time breakdown (torch windows)",
+            )
         )
     elif comm > COMM_PCT:
         checks.append(
@@ -136,12 +181,15 @@ def recommend(
                 "fired",
                 comm,
                 COMM_PCT,
-                f"communication takes {comm:.1f}% of step time (threshold {COMM_PCT:g}%): overlap it with compute "
+                f"communication takes {comm:.1f}% of step time ({comm_source}; threshold {COMM_PCT:g}%): "
+                "overlap it with compute "
                 "(DDP bucket size, gradient accumulation with no_sync), compress gradients, or check the interconnect",
             )
         )
     else:
-        checks.append(_check("communication", "ok", comm, COMM_PCT, f"communication {comm:.1f}% of step time"))
+        checks.append(
+            _check("communication", "ok", comm, COMM_PCT, f"communication {comm:.1f}% of step time ({comm_source})")
+        )
 
     # Host CPU saturated by DataLoader workers.
     hosts = system["host"]
@@ -182,7 +230,8 @@ def recommend(
                 "fired",
                 tc,
                 50.0,
-                f"only {tc:.1f}% of kernel time uses tensor cores: enable mixed precision (torch.autocast / AMP)",
+                f"only {tc:.1f}% of kernel time uses tensor cores ({_breakdown_source(breakdown or {})}): "
+                "enable mixed precision (torch.autocast / AMP)",
             )
         )
     else:

@@ -21,7 +21,7 @@ from fastprof._core import ConfigError, __version__
 from fastprof.recording.names import OPERATORS_JSON, REPORT_JSON
 from fastprof.reports import data as _data
 from fastprof.reports.anatomy import anatomy_report
-from fastprof.reports.breakdown import step_breakdown
+from fastprof.reports.breakdown import step_breakdown, steps_from
 from fastprof.reports.csvout import TABLES, write_csv
 from fastprof.reports.finite import encode, report_warning
 from fastprof.reports.jsonout import write_json
@@ -148,7 +148,11 @@ def _build_from(
     tick("breakdown")
     memory, memory_reason = memory_report(data, int(speed["warmup"]["steps_excluded"]))
     anatomy, anatomy_reason = anatomy_report(data, int(speed["warmup"]["steps_excluded"]))
-    recs = recommend(speed, system, breakdown, memory)
+    triggers = triggers_report(data)
+    if breakdown is not None:
+        # Its figures are quoted as what they are: which steps it covers (#36, item 3).
+        breakdown["steps_from"] = steps_from(breakdown, triggers)
+    recs = recommend(speed, system, breakdown, memory, anatomy)
     w0, w1 = data.wall()
     return {
         "schema": SCHEMA_ID,
@@ -181,7 +185,7 @@ def _build_from(
         "memory_reason": memory_reason,
         "anatomy": anatomy,
         "anatomy_reason": anatomy_reason,
-        "triggers": triggers_report(data),
+        "triggers": triggers,
         "recommendations": recs,
     }
 

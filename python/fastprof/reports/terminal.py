@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fastprof.readers.merge import describe_rotated
-from fastprof.reports.anatomy import straggler_line
+from fastprof.reports.anatomy import overlap_line, slow_step_line, straggler_line
 from fastprof.reports.data import HOST_COLUMNS, host_rows, human_bytes
 from fastprof.reports.resumed import describe as describe_resumed
 from fastprof.reports.speed import trend_note, trend_text
@@ -135,9 +135,11 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None, title: 
                 f"MiB{rate}: {r['verdict']}" + (f" from step {r['began_at_step']}" if r["leak"] else "")
             )
     for r in (doc.get("triggers") or {}).get("per_rank") or []:
-        for a in r["anomalies"]:
+        # With an anatomy its slow steps say what the trigger did with each (one list, one rule).
+        for a in [] if doc.get("anatomy") else r["anomalies"]:
             con.print(
-                f"Slow step on rank {r['rank']}: step {a['step']} took {a['duration_ms']:.1f} ms, "
+                f"Slow step on rank {r['rank']} (the anomaly trigger): step {a['step']} "
+                f"took {a['duration_ms']:.1f} ms, "
                 f"{_s(a['factor'], '{:.1f}')}x the median {a['median_ms']:.1f} ms ({a['action']})"
                 + (f": {a['phase']}" if a.get("phase") else "")
             )
@@ -184,12 +186,15 @@ def _anatomy(con: Any, section: dict[str, Any] | None) -> None:
     for st in section.get("stragglers") or []:
         con.print(f"Straggler: {straggler_line(st)}.")
     for r in section["per_rank"]:
+        said = overlap_line(r)
+        if said:
+            con.print(f"{said}. Rule: {section['overlap_rule']}.", markup=False)
+    rule = section.get("slow_step_rule")
+    if rule:
+        con.print(f"Slow steps: {rule['text']}.", markup=False)
+    for r in section["per_rank"]:
         for s in r["slow_steps"][:3]:
-            factor = "" if s["phase_factor"] is None else f" {s['phase_factor']:.1f}x its median"
-            con.print(
-                f"Slow step on rank {r['rank']}: step {s['step']} took {s['dur_ns'] / 1e6:.1f} ms "
-                f"({s['dur_ns'] / s['median_step_ns']:.1f}x the median): {s['phase']}{factor}"
-            )
+            con.print(slow_step_line(r["rank"], s), markup=False)
 
 
 _ROLES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other")
@@ -198,7 +203,7 @@ _ROLES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader"
 def _breakdown_table(section: dict[str, Any]) -> Table:
     """Per rank: the share of step time in each role (the TensorBoard
     plugin's priorities), summed over the steps the breakdown covers."""
-    t = Table(title=f"Step-time breakdown (% of step time; steps from {section['source']})")
+    t = Table(title=f"Step-time breakdown (% of step time in {section.get('steps_from') or section['source']})")
     for col in ("rank", "steps", "mean step", *_ROLES, "GPU util"):
         t.add_column(col.replace("_", " "), justify="right")
     for r in section["per_rank"]:
