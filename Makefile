@@ -22,7 +22,7 @@ $(PY):
 # compile torch again (11.6 s of CPU to import it, 6.7 s from bytecode).
 DEPS := 'maturin>=1.7,<2' 'numpy>=1.24' 'psutil>=5.9' 'nvidia-ml-py>=12' 'torch>=2.4' 'lightning>=2.2' 'HolisticTraceAnalysis>=0.5' 'rich>=13' 'plotly>=6' 'mlflow-skinny>=2' 'transformers>=4.40' 'accelerate>=0.30' \
 	'pytest>=8' 'pytest-timeout>=2.3' 'pytest-xdist>=3.5' 'jsonschema>=4.18' 'websocket-client>=1.6' 'pillow>=10' 'ruff>=0.6' 'mypy>=1.11' \
-	's3fs>=2026.2.0' 'moto[server]>=5'
+	's3fs>=2026.2.0' 'moto[server]>=5' 'pyarrow>=14' 'pandas>=2' 'polars>=1' 'duckdb>=1'
 $(VENV)/.deps: pyproject.toml | $(PY)
 	if $(PY) -m pip install -q uv; then $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $(DEPS); else $(PY) -m pip install -q $(DEPS); fi
 	touch $@
