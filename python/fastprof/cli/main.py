@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from fastprof import __version__
 from fastprof._core import FastprofError
-from fastprof.cli import demo, diff, doctor, merge, report, run, summary, trigger, upload
+from fastprof.cli import demo, diff, doctor, export, merge, report, run, summary, trigger, upload
 from fastprof.cli.args import Parser, plain
 from fastprof.cli.errors import CommandError, describe, exit_code
 from fastprof.storage.store import store_failure
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_parser(verbs)
     summary.add_parser(verbs)
     diff.add_parser(verbs)
+    export.add_parser(verbs)
     doctor.add_parser(verbs)
     run.add_parser(verbs)
     trigger.add_parser(verbs)
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: Verbs that read whole runs into columns, in a process of their own.
-_READERS = frozenset({"report", "summary", "diff", "merge"})
+_READERS = frozenset({"report", "summary", "diff", "merge", "export"})
 
 
 def _map_large_allocations() -> None:
