@@ -48,6 +48,7 @@ from fastprof.profiler.drivers.triggers import Triggers
 from fastprof.profiler.loop import Profiler
 from fastprof.profiler.torch_windows import TorchWindows
 from fastprof.readers.merge import merge
+from fastprof.readers.steps import load
 from fastprof.readers.trace import read_trace
 from fastprof.recording.recorder import Recorder, RunStats, current, start, stop
 from fastprof.reports import Report
@@ -133,6 +134,7 @@ __all__ = [
     "end",
     "instant",
     "is_active",
+    "load",
     "merge",
     "model_summary",
     "name_id",
