@@ -125,17 +125,30 @@ def split_phases(data: RunData, rank: int, skip: int = 0) -> PhaseSplit | None:
     steps, source = step_spans(data, rank)
     if source != STEP_SPAN or len(steps.ts) <= skip:
         return None
-    ts, dur = steps.ts[skip:], steps.dur[skip:]
-    end = ts + dur
     found = False
-    spans: dict[str, tuple[Any, Any, Any]] = {}
+    spans: dict[str, list[tuple[Any, Any]]] = {}
     for phase, (ours, theirs) in NAMES.items():
         has_ours = _has(data, rank, ours)
         names = ours if has_ours else theirs
         found |= phase != "dataloader" and (has_ours or _has(data, rank, theirs))
-        parts = [data.spans(n, rank) for n in names]
-        s_ts = np.concatenate([np.zeros(0, np.int64), *(p.ts for p in parts)]).astype(np.int64)
-        s_end = np.concatenate([np.zeros(0, np.int64), *(p.end for p in parts)]).astype(np.int64)
+        spans[phase] = [(s.ts, s.end) for s in (data.spans(n, rank) for n in names)]
+    if not found:
+        return None
+    return split(steps.ts[skip:], steps.dur[skip:], spans)
+
+
+def split(ts: Any, dur: Any, spans: dict[str, list[tuple[Any, Any]]]) -> PhaseSplit:
+    """Steps (``ts``, ``dur``, ns, sorted) split into phases by
+    :data:`OVERLAP_RULE`, from each phase's spans (``spans[phase]``: (begin,
+    end) arrays, one pair per span name; a phase absent has none); the step
+    table (:mod:`fastprof.readers.steps`) can split its steps with it too."""
+    end = ts + dur
+    n = len(ts)
+    unions: dict[str, tuple[Any, Any, Any]] = {}
+    for phase in PRECEDENCE:
+        parts = spans.get(phase) or []
+        s_ts = np.concatenate([np.zeros(0, np.int64), *(b for b, _ in parts)]).astype(np.int64)
+        s_end = np.concatenate([np.zeros(0, np.int64), *(e for _, e in parts)]).astype(np.int64)
         # A span belongs to the step it starts in, and ends with it at the latest.
         k = np.searchsorted(ts, s_ts, side="right") - 1
         ok = k >= 0
@@ -143,16 +156,13 @@ def split_phases(data: RunData, rank: int, skip: int = 0) -> PhaseSplit | None:
         s_ts, k = s_ts[ok], k[ok]
         s_end = np.minimum(s_end[ok], end[k])
         u_ts, u_end = _union(s_ts, s_end)
-        spans[phase] = (u_ts, u_end, np.searchsorted(ts, u_ts, side="right") - 1)
-    if not found:
-        return None
-    n = len(ts)
+        unions[phase] = (u_ts, u_end, np.searchsorted(ts, u_ts, side="right") - 1)
     per_step: dict[str, Any] = {}
     given: dict[tuple[str, str], Any] = {}
     # After each phase of PRECEDENCE: the union of its spans and those before it.
     claimed: list[tuple[str, Any, Any]] = []
     for phase in PRECEDENCE:
-        u_ts, u_end, k = spans[phase]
+        u_ts, u_end, k = unions[phase]
         lost = np.zeros(len(u_ts), np.int64)
         for winner, c_ts, c_end in claimed:
             # Of this phase's time, what the phases up to `winner` cover, less those before it.
