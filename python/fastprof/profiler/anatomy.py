@@ -66,12 +66,10 @@ GPU_COUNTER = GPU_PHASE_COUNTER
 GPU_STEP_COUNTER = GPU_PHASE_STEP_COUNTER
 
 #: The phases the hooks time, in the order of a step's row of times
-#: (:attr:`Anatomy._recent`): a row is a list indexed by these.
+#: (:meth:`Anatomy.recent`): a row is a list indexed by these.
 TIMED = ("forward", "backward", "optimizer", "communication")
-FORWARD, BACKWARD, OPTIMIZER, COMMUNICATION = range(4)
+COMMUNICATION = 3
 
-_ticks = _core._ticks
-_complete = _core._complete
 _get_ident = threading.get_ident
 
 #: torch.distributed's collectives (and point-to-point calls the host waits
@@ -109,34 +107,50 @@ class Anatomy:
 
     def __init__(self) -> None:
         self.thread_id = threading.get_ident()
-        #: The current step's number (the Profiler sets the step loop's), for :meth:`explain`.
-        self.step_of: Callable[[], int] | None = None
-        #: Recent steps' time per phase (ticks, indexed as :data:`TIMED`), for :meth:`explain`.
-        self._recent: OrderedDict[int, list[int]] = OrderedDict()
-        #: The current step's row of :attr:`_recent` and its step number.
-        self._row: list[int] = [0, 0, 0, 0]
-        self._row_step: int | None = None
+        #: The phases' clock (the core): their begins and ends, spans and the
+        #: recent steps' rows of times; the hooks below only install it.
+        self._clock = _core._PhaseClock([_core.name_id(PHASE_SPANS[p]) for p in TIMED], list(TIMED))
+        self._step_of: Callable[[], int] | None = None
         self.active = False
         #: Why there is no anatomy ("off" before start).
         self._why_not = "off"
-        #: The span of each phase of :data:`TIMED`.
-        self._ids = [_core.name_id(PHASE_SPANS[phase]) for phase in TIMED]
         self._forward: _Forward | None = None
-        self._optimizer_t0 = 0
-        #: An optimizer step's closure is running a forward or backward.
-        self._optimizer_paused = False
-        self._backward_depth = 0
         self._undo: list[Callable[[], None]] = []
         self._seq: dict[Any, int] = {}
         #: A timed collective is running (a collective or wait inside it is its own).
         self._in_collective = False
         #: Phases a failure on the host left out (their span, or their time in
-        #: :attr:`_recent`), and the first failure.
+        #: the step's row), and the first failure.
         self.left_out = 0
         self.left_out_first: str | None = None
         #: GPU phase times (CUDA events), where the job can use CUDA.
-        self._gpu: _GpuPhases | None = None
+        self.__gpu: _GpuPhases | None = None
         self.gpu_status = "off"
+
+    @property
+    def step_of(self) -> Callable[[], int] | None:
+        """The current step's number (the Profiler sets the step loop's)."""
+        return self._step_of
+
+    @step_of.setter
+    def step_of(self, fn: Callable[[], int] | None) -> None:
+        self._step_of = fn
+        self._clock.set_steps(fn)
+
+    def follow(self, steps: Any) -> None:
+        """Number the phases' steps by the step loop's ``batch`` (read by
+        the core, with no Python frame per phase)."""
+        self._step_of = functools.partial(getattr, steps, "batch")
+        self._clock.set_steps(steps)
+
+    @property
+    def _gpu(self) -> _GpuPhases | None:
+        return self.__gpu
+
+    @_gpu.setter
+    def _gpu(self, gpu: _GpuPhases | None) -> None:
+        self.__gpu = gpu
+        self._clock.set_gpu(gpu.mark if gpu is not None else None)
 
     @property
     def status(self) -> str:
@@ -164,6 +178,7 @@ class Anatomy:
             self._why_not = "waiting for torch to be imported"
             return self.status
         self.thread_id = threading.get_ident()
+        self._clock.start()
         try:
             self._hook_forward(torch)
             self._hook_backward(torch)
@@ -201,42 +216,14 @@ class Anatomy:
                 u()
             except Exception:  # noqa: BLE001 - best effort at stop
                 pass
+        self._clock.stop()
         self.active = False
 
     # ------------------------------------------------------------- records
 
-    def _begin(self, i: int) -> int:
-        """Phase ``i`` of :data:`TIMED` begins: its GPU mark (where CUDA
-        events time it) and its start ticks. The hot wrappers inline it."""
-        if self._gpu is not None:
-            self._gpu.mark(TIMED[i], False)
-        return _ticks()
-
-    def _done(self, i: int, t0: int, args: dict[str, Any] | None = None) -> None:
-        """Phase ``i`` of :data:`TIMED` ended: its span (with ``args``), and
-        its time added to the step's row. Never raises."""
-        if self._gpu is not None:
-            self._gpu.mark(TIMED[i], True)
-        try:
-            if args is None:
-                _complete(self._ids[i], t0)
-            else:
-                _complete(self._ids[i], t0, **args)
-            if self.step_of is not None:
-                step = self.step_of()
-                row = self._row if step == self._row_step else self._new_row(step)
-                row[i] += _ticks() - t0
-        except Exception as e:  # noqa: BLE001 - the phase is left out, the job goes on
-            self._left_out(e)
-
-    def _new_row(self, step: int) -> list[int]:
-        row = self._recent.get(step)
-        if row is None:
-            row = self._recent[step] = [0, 0, 0, 0]
-            if len(self._recent) > RECENT_STEPS:
-                self._recent.popitem(last=False)
-        self._row, self._row_step = row, step
-        return row
+    def recent(self) -> OrderedDict[int, list[int]]:
+        """The recent steps' time per phase (ticks, indexed as :data:`TIMED`), oldest first."""
+        return OrderedDict((step, list(row)) for step, row in self._clock.rows())
 
     def _left_out(self, e: BaseException) -> None:
         self.left_out += 1
@@ -249,10 +236,11 @@ class Anatomy:
         steps): "backward 3.1x its median", or where none of them did ("not
         forward, backward, optimizer or communication: ..."). None when the
         step is not among the recent or fewer than 3 others are."""
-        row = self._recent.get(step)
+        recent = self.recent()
+        row = recent.get(step)
         if row is None:
             return None
-        others = [r for s, r in self._recent.items() if s != step]
+        others = [r for s, r in recent.items() if s != step]
         got = slow_phase(dict(zip(TIMED, row, strict=True)), {p: [r[i] for r in others] for i, p in enumerate(TIMED)})
         if got is None:
             return None
@@ -273,84 +261,26 @@ class Anatomy:
         self._undo.append(self._forward.remove)
 
     def _hook_backward(self, torch: Any) -> None:
-        def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(fn)
-            def backward(*args: Any, **kwargs: Any) -> Any:
-                if self._backward_depth or _get_ident() != self.thread_id:
-                    return fn(*args, **kwargs)
-                if self._optimizer_t0:
-                    self.pause_optimizer()
-                if self._gpu is not None:
-                    self._gpu.mark("backward", False)
-                t0 = _ticks()
-                self._backward_depth = 1
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    self._backward_depth = 0
-                    self._done(BACKWARD, t0)
-                    if self._optimizer_paused:
-                        self.resume_optimizer()
-
-            return backward
-
-        # Tensor.backward calls torch.autograd.backward: one wrapper times both
-        # (a second, on Tensor.backward, cost a frame more a step).
-        self._patch(torch.autograd, "backward", timed)
-
-    def pause_optimizer(self) -> None:
-        """A forward or backward begins inside an optimizer step (a closure,
-        as LBFGS and Lightning run them): the optimizer's span so far is
-        recorded, so that phases never overlap."""
-        if self._optimizer_t0:
-            self._done(OPTIMIZER, self._optimizer_t0)
-            self._optimizer_t0 = 0
-            self._optimizer_paused = True
-
-    def resume_optimizer(self) -> None:
-        """The closure's forward or backward ended: the optimizer step goes on."""
-        if self._optimizer_paused:
-            self._optimizer_paused = False
-            self._optimizer_t0 = self._begin(OPTIMIZER)
+        # Tensor.backward calls torch.autograd.backward: one wrapper times both.
+        # The core's wrapper adds no frame to the job's traceback.
+        self._patch(torch.autograd, "backward", functools.partial(self._clock.wrap, "backward"))
 
     def _hook_optimizer(self, torch: Any) -> None:
         from torch.optim import optimizer as o  # lazy: torch is optional
 
-        def pre(_opt: Any, _args: Any, _kwargs: Any) -> None:
-            if _get_ident() == self.thread_id:
-                if self._gpu is not None:
-                    self._gpu.mark("optimizer", False)
-                self._optimizer_t0 = _ticks()
-                self._optimizer_paused = False
-
-        def post(_opt: Any, _args: Any, _kwargs: Any) -> None:
-            if self._optimizer_t0 and _get_ident() == self.thread_id:
-                self._done(OPTIMIZER, self._optimizer_t0)
-                self._optimizer_t0 = 0
-                if self._forward is not None and self._forward.learning:
-                    self._forward.settle("at the first optimizer step")
-
-        h1 = o.register_optimizer_step_pre_hook(pre)
-        h2 = o.register_optimizer_step_post_hook(post)
+        # The core's hooks (no Python frame); while the forward's outermost
+        # modules are being learnt, the first optimizer step settles them.
+        h1 = o.register_optimizer_step_pre_hook(self._clock.optimizer_pre)
+        h2 = o.register_optimizer_step_post_hook(self._clock.optimizer_post)
         self._undo += [h1.remove, h2.remove]
+        self._clock.set_on_optimizer_step(self._first_optimizer_step)
+        # Inside an optimizer step (its closure), the step's span has zero_grad.
+        self._patch(torch.optim.Optimizer, "zero_grad", functools.partial(self._clock.wrap, "zero_grad"))
 
-        def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(fn)
-            def zero_grad(*args: Any, **kwargs: Any) -> Any:
-                # Inside an optimizer step (its closure), the step's span has it.
-                if self._optimizer_t0 or _get_ident() != self.thread_id:
-                    return fn(*args, **kwargs)
-                if self._gpu is not None:
-                    self._gpu.mark("optimizer", False)
-                t0 = _ticks()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    self._done(OPTIMIZER, t0)
-
-            return zero_grad
-
-        self._patch(torch.optim.Optimizer, "zero_grad", timed)
+    def _first_optimizer_step(self) -> None:
+        self._clock.set_on_optimizer_step(None)
+        if self._forward is not None and self._forward.learning:
+            self._forward.settle("at the first optimizer step")
 
     def _hook_collectives(self) -> None:
         dist = sys.modules.get("torch.distributed")
@@ -371,11 +301,11 @@ class Anatomy:
             # Inside a collective the collective's span has it (a sync collective waits on its Work).
             if self._in_collective or _get_ident() != self.thread_id:
                 return fn(*args, **kwargs)
-            t0 = self._begin(COMMUNICATION)
+            t0 = self._clock.begin(COMMUNICATION)
             try:
                 return fn(*args, **kwargs)
             finally:
-                self._done(COMMUNICATION, t0, {"op": "wait"})
+                self._done(t0, {"op": "wait"})
 
         return wait
 
@@ -384,7 +314,7 @@ class Anatomy:
         def collective(*args: Any, **kwargs: Any) -> Any:
             if self._in_collective or _get_ident() != self.thread_id:
                 return fn(*args, **kwargs)
-            t0 = self._begin(COMMUNICATION)
+            t0 = self._clock.begin(COMMUNICATION)
             self._in_collective = True
             try:
                 return fn(*args, **kwargs)
@@ -408,7 +338,14 @@ class Anatomy:
         except Exception as e:  # noqa: BLE001 - a collective is never failed by its timing
             self._left_out(e)
             return
-        self._done(COMMUNICATION, t0, {"op": op, "bytes": nbytes, "group_size": size, "seq": seq})
+        self._done(t0, {"op": op, "bytes": nbytes, "group_size": size, "seq": seq})
+
+    def _done(self, t0: int, args: dict[str, Any]) -> None:
+        """A communication phase ended: its span and its time in the step's row. Never raises."""
+        try:
+            self._clock.done_with(COMMUNICATION, t0, args)
+        except Exception as e:  # noqa: BLE001 - the phase is left out, the job goes on
+            self._left_out(e)
 
     def _patch(self, owner: Any, attr: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
         original = getattr(owner, attr)
@@ -421,9 +358,6 @@ class Anatomy:
 
         self._undo.append(undo)
 
-
-#: Steps whose phase times are kept for :meth:`Anatomy.explain`.
-RECENT_STEPS = 64
 
 #: The learning of the outermost modules ends at the first optimizer step,
 #: or after this many depth-0 module calls, or after this many steps,
@@ -492,9 +426,8 @@ class _Forward:
 
     def __init__(self, anatomy: Anatomy, m: Any, compiling: Callable[[], bool] | None) -> None:
         self.anatomy = anatomy
+        self.clock = anatomy._clock
         self.compiling = compiling if callable(compiling) else _not_compiling
-        self.depth = 0
-        self.t0 = 0
         self.learning = True
         self.roots: dict[int, Any] = {}
         #: Depth-0 modules past :data:`MAX_ROOTS` (ids), and those that refused a timer.
@@ -503,9 +436,8 @@ class _Forward:
         self.calls = 0
         self.first_step: int | None = None
         self.settled_by: str | None = None
-        #: The outermost modules timed by their class's ``__call__`` (ids; emptied at
-        #: stop), how many, and how many by hooks.
-        self.timed_ids: set[int] = set()
+        #: The outermost modules timed by their class's ``__call__`` (the clock
+        #: keeps which), and by hooks.
         self.by_call = 0
         self.by_hooks = 0
         #: The classes given a ``__call__``: what their ``__dict__`` had, and ours.
@@ -516,24 +448,8 @@ class _Forward:
         ]
         self.script_module: type | None = getattr(getattr(sys.modules.get("torch"), "jit", None), "ScriptModule", None)
 
-    def _pre(self, *_hook_args: Any) -> None:
-        if _get_ident() == self.anatomy.thread_id:
-            if self.depth == 0:
-                if self.anatomy._optimizer_t0:
-                    self.anatomy.pause_optimizer()
-                self.t0 = self.anatomy._begin(FORWARD)
-            self.depth += 1
-
-    def _post(self, *_hook_args: Any) -> None:
-        if self.depth > 0 and _get_ident() == self.anatomy.thread_id:
-            self.depth -= 1
-            if self.depth == 0:
-                self.anatomy._done(FORWARD, self.t0)
-                if self.anatomy._optimizer_paused:
-                    self.anatomy.resume_optimizer()
-
     def _learn_pre(self, module: Any, _args: Any) -> None:
-        if self.depth == 0 and _get_ident() == self.anatomy.thread_id:
+        if self.clock.forward_depth == 0 and _get_ident() == self.anatomy.thread_id:
             key = id(module)
             if key not in self.roots:
                 if len(self.roots) < MAX_ROOTS:
@@ -541,11 +457,11 @@ class _Forward:
                 elif len(self.over) < 1024:
                     self.over.add(key)
             self.calls += 1
-        self._pre()
+        self.clock.forward_pre()
 
     def _learn_post(self, _module: Any, _args: Any, _out: Any) -> None:
-        self._post()
-        if self.depth == 0 and self.learning and _get_ident() == self.anatomy.thread_id:
+        self.clock.forward_post()
+        if self.clock.forward_depth == 0 and self.learning and _get_ident() == self.anatomy.thread_id:
             if self.calls >= LEARN_CALLS:
                 self.settle(f"after {LEARN_CALLS} outermost module calls")
                 return
@@ -563,7 +479,7 @@ class _Forward:
 
     def settle(self, by: str) -> None:
         """Stop learning: time the outermost modules seen so far only."""
-        if not self.learning or self.depth:
+        if not self.learning or self.clock.forward_depth:
             return
         self.learning = False
         self.settled_by = by
@@ -581,8 +497,8 @@ class _Forward:
         cls = type(module)
         nested = any(isinstance(m, cls) for m in module.modules() if m is not module)
         if nested or (self.script_module is not None and isinstance(module, self.script_module)):
-            self.handles.append(module.register_forward_pre_hook(_Hook(self._pre)))
-            self.handles.append(_forward_hook(module.register_forward_hook, _Hook(self._post)))
+            self.handles.append(module.register_forward_pre_hook(_Hook(self.clock.forward_pre)))
+            self.handles.append(_forward_hook(module.register_forward_hook, _Hook(self.clock.forward_post)))
             self.by_hooks += 1
             return
         if cls not in self.classes:
@@ -590,7 +506,7 @@ class _Forward:
             ours = _timed_call(self, cls.__call__)
             cls.__call__ = ours
             self.classes[cls] = (before, ours)
-        self.timed_ids.add(id(module))
+        self.clock.time_module(module)
         self.by_call += 1
 
     def summary(self) -> str:
@@ -612,8 +528,8 @@ class _Forward:
         for h in self.handles:
             h.remove()
         self.handles = []
-        # Every call passes through from now on (a wrapper put around ours keeps it).
-        self.timed_ids = set()
+        # Every call passes through from now on (a wrapper put around ours keeps
+        # it): the clock is stopped with the anatomy.
         for cls, (before, ours) in self.classes.items():
             if cls.__dict__.get("__call__") is ours:
                 if before is _MISSING:
@@ -626,32 +542,21 @@ class _Forward:
 
 def _timed_call(timer: _Forward, call: Callable[..., Any]) -> Callable[..., Any]:
     """The ``__call__`` of a class with outermost modules: times theirs
-    (``phase.forward``), passes every other call through to ``call``."""
+    (``phase.forward``, by the core's clock), passes every other call
+    through to ``call``."""
+    compiling = timer.compiling
+    enter = timer.clock.enter_forward
+    leave = timer.clock.forward_post
 
     @functools.wraps(call)
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         # Dynamo reads is_dynamo_compiling() as True: it traces the call alone.
-        if (
-            timer.compiling()
-            or timer.depth
-            or id(self) not in timer.timed_ids
-            or _get_ident() != timer.anatomy.thread_id
-        ):
+        if compiling() or not enter(self):
             return call(self, *args, **kwargs)
-        anatomy = timer.anatomy
-        if anatomy._optimizer_t0:
-            anatomy.pause_optimizer()
-        if anatomy._gpu is not None:
-            anatomy._gpu.mark("forward", False)
-        t0 = _ticks()
-        timer.depth = 1
         try:
             return call(self, *args, **kwargs)
         finally:
-            timer.depth = 0
-            anatomy._done(FORWARD, t0)
-            if anatomy._optimizer_paused:
-                anatomy.resume_optimizer()
+            leave()
 
     return __call__
 

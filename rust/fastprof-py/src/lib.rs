@@ -4,6 +4,7 @@
 
 mod actions;
 mod analyze;
+mod anatomy;
 mod columns;
 mod convert;
 mod errors;
@@ -280,6 +281,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::Session>()?;
     m.add_class::<session::_GzipJob>()?;
     m.add_class::<steps::_StepLoop>()?;
+    m.add_class::<anatomy::_PhaseClock>()?;
+    m.add_class::<anatomy::_Timed>()?;
     m.add_class::<steps::_LoaderIter>()?;
     m.add_function(wrap_pyfunction!(steps::_attention_set, m)?)?;
     m.add_function(wrap_pyfunction!(steps::_attention_take, m)?)?;

@@ -236,6 +236,11 @@ pub struct _StepLoop {
 }
 
 impl _StepLoop {
+    /// The loop's step number (`batch`), for the anatomy's clock.
+    pub(crate) fn batch_number(&self) -> u64 {
+        self.m.position().batch
+    }
+
     /// Run `f` on the machine with its host, then raise what a callback left.
     fn drive(
         &mut self,

@@ -3,7 +3,6 @@ thread (:mod:`fastprof.profiler.anatomy` does the timing)."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from fastprof.profiler.anatomy import Anatomy
@@ -21,7 +20,7 @@ class AnatomyDriver(Driver):
 
     def start(self, steps: Any) -> None:
         # The step's number straight from the loop (no Python frame per phase).
-        self.anatomy.step_of = functools.partial(getattr, steps, "batch")
+        self.anatomy.follow(steps)
         self.running = True
         self.hook()
 

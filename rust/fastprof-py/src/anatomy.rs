@@ -1,0 +1,580 @@
+//! The step anatomy's hot path (`python/fastprof/profiler/anatomy.py` owns
+//! the hooks' installation, the learning of the outermost modules, GPU
+//! timing and the status). Each phase of a training step (forward,
+//! backward, the optimizer, communication) is timed here: its begin ticks,
+//! its span (one complete event), and its time added to the step's row of
+//! recent phase times, which the anomaly trigger reads to say which phase
+//! made a step slow.
+//!
+//! Why in Rust: a Python wrapper per phase cost ~45k instructions a step on
+//! a one-layer step (frames for the wrapper, the phase's end, the step's
+//! row); the wrappers here are C calls, and they add no frame to the job's
+//! traceback (an exception in backward reads as it does without fastprof).
+//!
+//! Only the training thread's calls are timed (a DataLoader thread's or an
+//! evaluation thread's calls pass through). Every call holds the GIL, so the
+//! state's mutex is never contended; it is released before calling Python
+//! (the GPU marks, the optimizer-step callback).
+
+use crate::recording::Name;
+use crate::session::PyHooks;
+use crate::steps::_StepLoop;
+use fastprof_core::runtime::{clock, registry};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString, PyTuple};
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
+
+/// The phases, in the order of a step's row of times (communication, the
+/// fourth, is timed from Python: `begin` / `done_with`).
+const FORWARD: usize = 0;
+const BACKWARD: usize = 1;
+const OPTIMIZER: usize = 2;
+const PHASES: usize = 4;
+
+/// Steps whose phase times are kept (for `explain`).
+const RECENT_STEPS: usize = 64;
+
+/// What a wrapper times (see [`_Timed`]).
+const KIND_BACKWARD: u8 = 0;
+const KIND_ZERO_GRAD: u8 = 1;
+const KIND_FORWARD: u8 = 2;
+
+fn thread_ident() -> u64 {
+    // What `threading.get_ident()` returns on Linux and macOS.
+    unsafe { libc::pthread_self() as u64 }
+}
+
+#[derive(Default)]
+struct State {
+    /// The training thread (`threading.get_ident()`); 0: none yet.
+    thread: u64,
+    forward_depth: u32,
+    forward_t0: u64,
+    backward: bool,
+    backward_t0: u64,
+    zero_grad_t0: u64,
+    /// An optimizer step is running (its begin ticks); 0: none.
+    optimizer_t0: u64,
+    /// An optimizer step's closure is running a forward or backward.
+    optimizer_paused: bool,
+    /// The outermost modules timed by their class's `__call__` (addresses).
+    timed: HashSet<usize>,
+    /// Recent steps' phase times (ticks), oldest first.
+    rows: VecDeque<(u64, [u64; PHASES])>,
+    /// The step number last read from the loop (when it cannot be read now).
+    last_step: u64,
+}
+
+impl State {
+    fn mine(&self) -> bool {
+        self.thread != 0 && self.thread == thread_ident()
+    }
+
+    fn add(&mut self, step: u64, phase: usize, ticks: u64) {
+        if let Some(row) = self.rows.back_mut().filter(|r| r.0 == step) {
+            row.1[phase] += ticks;
+            return;
+        }
+        if let Some(row) = self.rows.iter_mut().rev().find(|r| r.0 == step) {
+            row.1[phase] += ticks;
+            return;
+        }
+        let mut row = [0u64; PHASES];
+        row[phase] = ticks;
+        self.rows.push_back((step, row));
+        while self.rows.len() > RECENT_STEPS {
+            self.rows.pop_front();
+        }
+    }
+}
+
+/// A GPU mark to make once the state's lock is released.
+type Mark = Option<(usize, bool)>;
+
+/// The anatomy's clock: its state, and the phases' begins and ends.
+#[pyclass(module = "fastprof._core", frozen)]
+pub struct _PhaseClock {
+    /// The span name of each phase.
+    ids: [u32; PHASES],
+    /// The phases' names, for the GPU marks (`mark(phase, end)`).
+    names: [Py<PyString>; PHASES],
+    state: Mutex<State>,
+    /// What numbers a phase's step: the step loop (its `batch`, read
+    /// directly) or a callable returning the step.
+    steps: Mutex<Option<Py<PyAny>>>,
+    /// `mark(phase, end)` of the GPU timing, where CUDA is used.
+    gpu: Mutex<Option<Py<PyAny>>>,
+    /// Called after an optimizer step while set (the anatomy's learning).
+    on_optimizer_step: Mutex<Option<Py<PyAny>>>,
+}
+
+impl _PhaseClock {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn step(&self, py: Python<'_>, st: &mut State) -> u64 {
+        let steps = self.steps.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = steps.as_ref().map(|s| s.bind(py)) else {
+            return st.last_step;
+        };
+        if let Ok(l) = s.cast::<_StepLoop>() {
+            // Borrowed mutably while the loop runs a callback: the last step read.
+            if let Ok(l) = l.try_borrow() {
+                st.last_step = l.batch_number();
+            }
+        } else if let Ok(n) = s.call0().and_then(|n| n.extract::<u64>()) {
+            st.last_step = n;
+        }
+        st.last_step
+    }
+
+    /// Record phase `phase`'s span from `t0` to now and add it to the step's row.
+    fn done(&self, py: Python<'_>, st: &mut State, phase: usize, t0: u64) {
+        registry::complete(self.ids[phase], t0, None, &mut PyHooks(py));
+        let step = self.step(py, st);
+        let now = clock::ticks();
+        st.add(step, phase, now.saturating_sub(t0));
+    }
+
+    fn mark(&self, py: Python<'_>, marks: &[Mark]) {
+        if marks.iter().all(Option::is_none) {
+            return;
+        }
+        let gpu = self
+            .gpu
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|g| g.clone_ref(py));
+        if let Some(gpu) = gpu {
+            for &(phase, end) in marks.iter().flatten() {
+                // The GPU timing catches its own failures; a raise here is dropped.
+                let _ = gpu.call1(py, (self.names[phase].clone_ref(py), end));
+            }
+        }
+    }
+
+    fn gpu_on(&self) -> bool {
+        self.gpu.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    /// An optimizer step's span so far is recorded before a forward or
+    /// backward inside it (a closure): phases never overlap.
+    fn pause_optimizer(&self, py: Python<'_>, st: &mut State) -> Mark {
+        if st.optimizer_t0 == 0 {
+            return None;
+        }
+        let t0 = std::mem::take(&mut st.optimizer_t0);
+        self.done(py, st, OPTIMIZER, t0);
+        st.optimizer_paused = true;
+        Some((OPTIMIZER, true))
+    }
+
+    fn resume_optimizer(&self, st: &mut State) -> Mark {
+        if !st.optimizer_paused {
+            return None;
+        }
+        st.optimizer_paused = false;
+        st.optimizer_t0 = clock::ticks();
+        Some((OPTIMIZER, false))
+    }
+
+    fn forward_begin(&self, py: Python<'_>, st: &mut State) -> [Mark; 2] {
+        let mut marks = [None, None];
+        if st.forward_depth == 0 {
+            marks[0] = self.pause_optimizer(py, st);
+            marks[1] = Some((FORWARD, false));
+            st.forward_t0 = clock::ticks();
+        }
+        st.forward_depth += 1;
+        marks
+    }
+
+    fn forward_end(&self, py: Python<'_>, st: &mut State) -> [Mark; 2] {
+        st.forward_depth -= 1;
+        if st.forward_depth > 0 {
+            return [None, None];
+        }
+        let t0 = st.forward_t0;
+        self.done(py, st, FORWARD, t0);
+        [Some((FORWARD, true)), self.resume_optimizer(st)]
+    }
+
+    /// Begin `kind`'s phase if this call is timed; false: pass it through.
+    fn enter(&self, py: Python<'_>, kind: u8, target: Option<&Bound<'_, PyAny>>) -> bool {
+        let mut st = self.lock();
+        if !st.mine() {
+            return false;
+        }
+        let marks: [Mark; 2] = match kind {
+            KIND_BACKWARD => {
+                if st.backward {
+                    return false;
+                }
+                let m = self.pause_optimizer(py, &mut st);
+                st.backward = true;
+                st.backward_t0 = clock::ticks();
+                [m, Some((BACKWARD, false))]
+            }
+            KIND_ZERO_GRAD => {
+                // Inside an optimizer step (its closure), the step's span has it.
+                if st.optimizer_t0 != 0 || st.zero_grad_t0 != 0 {
+                    return false;
+                }
+                st.zero_grad_t0 = clock::ticks();
+                [None, Some((OPTIMIZER, false))]
+            }
+            _ => {
+                let key = target.map_or(0, |t| t.as_ptr() as usize);
+                if st.forward_depth > 0 || !st.timed.contains(&key) {
+                    return false;
+                }
+                self.forward_begin(py, &mut st)
+            }
+        };
+        drop(st);
+        if self.gpu_on() {
+            self.mark(py, &marks);
+            // A GPU event costs ~10 µs of host time: the phase begins after it.
+            let mut st = self.lock();
+            let now = clock::ticks();
+            match kind {
+                KIND_BACKWARD => st.backward_t0 = now,
+                KIND_ZERO_GRAD => st.zero_grad_t0 = now,
+                _ => st.forward_t0 = now,
+            }
+        }
+        true
+    }
+
+    fn leave(&self, py: Python<'_>, kind: u8) {
+        let mut st = self.lock();
+        let marks: [Mark; 2] = match kind {
+            KIND_BACKWARD => {
+                st.backward = false;
+                let t0 = st.backward_t0;
+                self.done(py, &mut st, BACKWARD, t0);
+                [Some((BACKWARD, true)), self.resume_optimizer(&mut st)]
+            }
+            KIND_ZERO_GRAD => {
+                let t0 = std::mem::take(&mut st.zero_grad_t0);
+                self.done(py, &mut st, OPTIMIZER, t0);
+                [Some((OPTIMIZER, true)), None]
+            }
+            _ => self.forward_end(py, &mut st),
+        };
+        drop(st);
+        if self.gpu_on() {
+            self.mark(py, &marks);
+        }
+    }
+}
+
+#[pymethods]
+impl _PhaseClock {
+    /// `names`: the span (a `Name`) of forward, backward, optimizer and
+    /// communication; `phases`: their phase names (for the GPU marks).
+    #[new]
+    fn new(names: Vec<Bound<'_, Name>>, phases: Vec<Bound<'_, PyString>>) -> PyResult<Self> {
+        if names.len() != PHASES || phases.len() != PHASES {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "_PhaseClock takes 4 names and 4 phases",
+            ));
+        }
+        let ids = [0, 1, 2, 3].map(|i| names[i].get().id);
+        let names = [0, 1, 2, 3].map(|i| phases[i].clone().unbind());
+        Ok(_PhaseClock {
+            ids,
+            names,
+            state: Mutex::new(State::default()),
+            steps: Mutex::new(None),
+            gpu: Mutex::new(None),
+            on_optimizer_step: Mutex::new(None),
+        })
+    }
+
+    /// Time the calling thread's phases from now on.
+    fn start(&self) {
+        self.lock().thread = thread_ident();
+    }
+
+    /// Number the phases' steps by `steps`: the step loop (its `batch`) or
+    /// a callable returning the step; None: the last step read.
+    #[pyo3(signature = (steps=None))]
+    fn set_steps(&self, steps: Option<Py<PyAny>>) {
+        *self.steps.lock().unwrap_or_else(|e| e.into_inner()) = steps;
+    }
+
+    /// Time no thread from now on; forget the loop, the GPU timing and the
+    /// callback (a wrapper still installed somewhere passes through).
+    fn stop(&self) {
+        let mut st = self.lock();
+        st.thread = 0;
+        st.timed.clear();
+        drop(st);
+        *self.steps.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.gpu.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self
+            .on_optimizer_step
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// The GPU timing's `mark(phase, end)`, or None.
+    #[pyo3(signature = (mark=None))]
+    fn set_gpu(&self, mark: Option<Py<PyAny>>) {
+        *self.gpu.lock().unwrap_or_else(|e| e.into_inner()) = mark;
+    }
+
+    /// `callback()` after each optimizer step recorded, or None.
+    #[pyo3(signature = (callback=None))]
+    fn set_on_optimizer_step(&self, callback: Option<Py<PyAny>>) {
+        *self
+            .on_optimizer_step
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = callback;
+    }
+
+    /// Time `module`'s calls by its class's `__call__` (a [`_Timed`] forward).
+    fn time_module(&self, module: &Bound<'_, PyAny>) {
+        self.lock().timed.insert(module.as_ptr() as usize);
+    }
+
+    /// A forward begins (the hooks' forward: nested calls count once); a
+    /// module forward pre-hook (its arguments are not used).
+    #[pyo3(signature = (*_args))]
+    fn forward_pre(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) {
+        let mut st = self.lock();
+        if !st.mine() {
+            return;
+        }
+        let marks = self.forward_begin(py, &mut st);
+        drop(st);
+        self.mark(py, &marks);
+    }
+
+    /// A forward ends (pairs with `forward_pre`); a module forward hook.
+    #[pyo3(signature = (*_args))]
+    fn forward_post(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) {
+        let mut st = self.lock();
+        if st.forward_depth == 0 || !st.mine() {
+            return;
+        }
+        let marks = self.forward_end(py, &mut st);
+        drop(st);
+        self.mark(py, &marks);
+    }
+
+    /// A timed outermost module's call begins (true), or passes through.
+    fn enter_forward(&self, py: Python<'_>, module: &Bound<'_, PyAny>) -> bool {
+        self.enter(py, KIND_FORWARD, Some(module))
+    }
+
+    /// A forward runs on the training thread.
+    #[getter]
+    fn forward_depth(&self) -> u32 {
+        self.lock().forward_depth
+    }
+
+    /// torch's global optimizer step pre-hook (`(optimizer, args, kwargs)`).
+    #[pyo3(signature = (*_args))]
+    fn optimizer_pre(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) {
+        let mut st = self.lock();
+        if !st.mine() {
+            return;
+        }
+        st.optimizer_t0 = clock::ticks();
+        st.optimizer_paused = false;
+        drop(st);
+        self.mark(py, &[Some((OPTIMIZER, false))]);
+    }
+
+    /// torch's global optimizer step post-hook.
+    #[pyo3(signature = (*_args))]
+    fn optimizer_post(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<()> {
+        let mut st = self.lock();
+        if st.optimizer_t0 == 0 || !st.mine() {
+            return Ok(());
+        }
+        let t0 = std::mem::take(&mut st.optimizer_t0);
+        self.done(py, &mut st, OPTIMIZER, t0);
+        drop(st);
+        self.mark(py, &[Some((OPTIMIZER, true))]);
+        let cb = self
+            .on_optimizer_step
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|c| c.clone_ref(py));
+        if let Some(cb) = cb {
+            cb.call0(py)?;
+        }
+        Ok(())
+    }
+
+    /// An optimizer step is running (its span begun, not paused).
+    #[getter]
+    fn optimizer_running(&self) -> bool {
+        self.lock().optimizer_t0 != 0
+    }
+
+    /// Phase `phase` begins on the training thread (communication, from
+    /// Python): its begin ticks (0 on another thread: not timed). An
+    /// optimizer step around it is paused for a forward or backward.
+    fn begin(&self, py: Python<'_>, phase: usize) -> u64 {
+        let mut st = self.lock();
+        if !st.mine() || phase >= PHASES {
+            return 0;
+        }
+        let paused = match phase {
+            FORWARD | BACKWARD => self.pause_optimizer(py, &mut st),
+            _ => None,
+        };
+        drop(st);
+        self.mark(py, &[paused, Some((phase, false))]);
+        clock::ticks()
+    }
+
+    /// Phase `phase` begun at `t0` ended: its span (with `args`), its time
+    /// in the step's row.
+    #[pyo3(signature = (phase, t0, args=None))]
+    fn done_with(
+        &self,
+        py: Python<'_>,
+        phase: usize,
+        t0: u64,
+        args: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        if phase >= PHASES || t0 == 0 {
+            return Ok(());
+        }
+        match args {
+            None => registry::complete(self.ids[phase], t0, None, &mut PyHooks(py)),
+            Some(a) => {
+                let x = Box::new(fastprof_core::runtime::record::Extra {
+                    args_json: crate::convert::args_json(a),
+                    ..Default::default()
+                });
+                registry::complete(self.ids[phase], t0, Some(x), &mut PyHooks(py));
+            }
+        }
+        let mut st = self.lock();
+        let step = self.step(py, &mut st);
+        st.add(step, phase, clock::ticks().saturating_sub(t0));
+        drop(st);
+        self.mark(py, &[Some((phase, true))]);
+        Ok(())
+    }
+
+    /// The recent steps' phase times: `[(step, (forward, backward,
+    /// optimizer, communication))]` in ticks, oldest first.
+    fn rows(&self) -> Vec<(u64, (u64, u64, u64, u64))> {
+        self.lock()
+            .rows
+            .iter()
+            .map(|(s, r)| (*s, (r[0], r[1], r[2], r[3])))
+            .collect()
+    }
+
+    /// A wrapper of `inner` that times backward (`"backward"`), an
+    /// optimizer's `zero_grad` (`"zero_grad"`) or an outermost module's
+    /// call (`"forward"`, the class's `__call__`).
+    fn wrap(slf: &Bound<'_, Self>, kind: &str, inner: Py<PyAny>) -> PyResult<_Timed> {
+        let kind = match kind {
+            "backward" => KIND_BACKWARD,
+            "zero_grad" => KIND_ZERO_GRAD,
+            "forward" => KIND_FORWARD,
+            _ => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "no such timed call: {kind:?}"
+                )))
+            }
+        };
+        Ok(_Timed {
+            clock: slf.clone().unbind(),
+            kind,
+            inner,
+        })
+    }
+}
+
+extern "C" {
+    /// CPython's bound method constructor (pyo3-ffi does not declare it).
+    fn PyMethod_New(
+        func: *mut pyo3::ffi::PyObject,
+        obj: *mut pyo3::ffi::PyObject,
+    ) -> *mut pyo3::ffi::PyObject;
+}
+
+/// A timed call: `inner(*args, **kwargs)` inside its phase on the training
+/// thread, passed through elsewhere. A method when set on a class (it binds
+/// like a function). Adds no frame to a traceback.
+#[pyclass(module = "fastprof._core", frozen)]
+pub struct _Timed {
+    clock: Py<_PhaseClock>,
+    kind: u8,
+    inner: Py<PyAny>,
+}
+
+#[pymethods]
+impl _Timed {
+    #[pyo3(signature = (*args, **kwargs))]
+    fn __call__(
+        &self,
+        py: Python<'_>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Py<PyAny>> {
+        let clock = self.clock.get();
+        let target = if self.kind == KIND_FORWARD {
+            args.get_borrowed_item(0).ok().map(|t| t.to_owned())
+        } else {
+            None
+        };
+        if !clock.enter(py, self.kind, target.as_ref()) {
+            return Ok(self.inner.bind(py).call(args, kwargs)?.unbind());
+        }
+        let r = self.inner.bind(py).call(args, kwargs);
+        clock.leave(py, self.kind);
+        Ok(r?.unbind())
+    }
+
+    /// Bound to an instance like a function (`optimizer.zero_grad()`).
+    fn __get__(
+        slf: &Bound<'_, Self>,
+        obj: Option<&Bound<'_, PyAny>>,
+        _owner: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        match obj {
+            Some(o) if !o.is_none() => {
+                let m = unsafe { PyMethod_New(slf.as_ptr(), o.as_ptr()) };
+                Ok(unsafe { Bound::from_owned_ptr_or_err(py, m)? }.unbind())
+            }
+            _ => Ok(slf.clone().into_any().unbind()),
+        }
+    }
+
+    /// The wrapped call (`inspect.unwrap`, `inspect.signature`).
+    #[getter]
+    fn __wrapped__(&self, py: Python<'_>) -> Py<PyAny> {
+        self.inner.clone_ref(py)
+    }
+
+    /// Everything else (`__name__`, `__qualname__`, `__doc__`...) is the wrapped call's.
+    fn __getattr__(&self, py: Python<'_>, name: &Bound<'_, PyString>) -> PyResult<Py<PyAny>> {
+        Ok(self.inner.bind(py).getattr(name)?.unbind())
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let inner = self
+            .inner
+            .bind(py)
+            .repr()
+            .map(|r| r.to_string())
+            .unwrap_or_default();
+        format!("<timed by fastprof's step anatomy: {inner}>")
+    }
+}
