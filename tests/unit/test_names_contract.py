@@ -38,15 +38,7 @@ NAMES_PY = ROOT / "recording" / "names.py"
 #: Modules being rewritten now (the Profiler's loop.py and the drivers it is
 #: split into, the triggers, the anatomy's hooks) and the literals they still
 #: spell: to be emptied as they import from names.py.
-ALLOWED: dict[str, set[str]] = {
-    "profiler/anatomy.py": {
-        "phase.forward",
-        "phase.backward",
-        "phase.optimizer",
-        "phase.communication",
-        "phase.gpu [ms]",
-    },
-}
+ALLOWED: dict[str, set[str]] = {}
 
 #: Calls whose arguments name a record (readers, the recorder, the step loop).
 RECORD_CALLS = frozenset({"spans", "counter", "span", "instant", "name_id", "read_columns", "_complete", "_StepLoop"})

@@ -253,8 +253,7 @@ class Anatomy:
     def _hook_forward(self, torch: Any) -> None:
         """Learn the step's outermost modules with global hooks, then time
         only those (see :class:`_Forward`)."""
-        from torch.nn.modules import module as m  # lazy: torch is optional
-
+        m = torch.nn.modules.module
         compiler = getattr(torch, "compiler", None)
         compiling = getattr(compiler, "is_dynamo_compiling", None) or getattr(compiler, "is_compiling", None)
         self._forward = _Forward(self, m, compiling)
@@ -266,8 +265,7 @@ class Anatomy:
         self._patch(torch.autograd, "backward", functools.partial(self._clock.wrap, "backward"))
 
     def _hook_optimizer(self, torch: Any) -> None:
-        from torch.optim import optimizer as o  # lazy: torch is optional
-
+        o = torch.optim.optimizer
         # The core's hooks (no Python frame); while the forward's outermost
         # modules are being learnt, the first optimizer step settles them.
         h1 = o.register_optimizer_step_pre_hook(self._clock.optimizer_pre)
