@@ -195,23 +195,33 @@ def slow_step_rule(data: RunData, rank: int) -> SlowStepRule:
 
 def judged_steps(data: RunData, rank: int, n: int, captures: list[dict[str, Any]]) -> Any:
     """Which of the rank's ``n`` steps (from step 0) the live detector
-    judges: not the first, none inside a torch.profiler window (the
-    schedule's action level, a counter recorded where it changes), none of
-    the steps held after a triggered capture (its export competes for the CPU)."""
+    judges: not the first, none inside a torch.profiler window, none of the
+    steps held after a triggered capture (its export competes for the CPU).
+
+    A step's level is the schedule's action level (a counter recorded where
+    it changes) last recorded before the step ends: the step machine sets it
+    as the step begins, which may be after the step's span began (a step
+    opened while its batch was awaited). The hold counts from the first step
+    after the capture's window."""
     ok = np.ones(n, dtype=bool)
-    if n:
-        ok[0] = False
+    if not n:
+        return ok
+    ok[0] = False
     steps, _ = step_spans(data, rank)
     t, v = data.counter(ACTION_COUNTER, rank)
-    if len(t) and n:
-        at = np.searchsorted(t, steps.ts[:n], side="right") - 1
+    level = np.zeros(n)
+    if len(t):
+        at = np.searchsorted(t, steps.end[:n], side="left") - 1
         level = np.where(at >= 0, v[np.maximum(at, 0)], 0)
-        ok &= level < WINDOW_LEVEL
+    window = level >= WINDOW_LEVEL
+    ok &= ~window
     for c in captures:
         if c.get("status") != "done":
             continue
-        last = int(c["first_step"]) + max(int(c["steps"]), 1) - 1
-        ok[last + 1 : last + 1 + max(10, 2 * int(c["steps"]))] = False
+        after = np.flatnonzero(~window[int(c["first_step"]) :])
+        if len(after):
+            first = int(c["first_step"]) + int(after[0])
+            ok[first : first + max(10, 2 * int(c["steps"]))] = False
     return ok
 
 
