@@ -302,6 +302,16 @@ class _GzipJob:
 
     def join(self) -> dict[str, Any] | None: ...
 
+@final
+class _RunWait:
+    """The training thread's wait for a CPU (issue #36, item 1): a core thread reads the
+    kernel's run_delay of thread ``tid`` every ``period_ms``."""
+
+    def __init__(self, tid: int, period_ms: float = 10.0, keep_s: float = 60.0) -> None: ...
+    def waited(self, step_ns: int, baseline_ns: int = 2_000_000_000) -> dict[str, Any] | None: ...
+    def cost(self) -> dict[str, Any]: ...
+    def stop(self) -> None: ...
+
 def merge(
     inputs: list[str],
     output: str,

@@ -280,6 +280,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<actions::_ActionScope>()?;
     m.add_class::<session::Session>()?;
     m.add_class::<session::_GzipJob>()?;
+    m.add_class::<session::_RunWait>()?;
     m.add_class::<steps::_StepLoop>()?;
     m.add_class::<anatomy::_PhaseClock>()?;
     m.add_class::<anatomy::_Timed>()?;

@@ -489,3 +489,108 @@ impl _GzipJob {
         Ok(Some(d))
     }
 }
+
+/// The training thread's wait for a CPU (issue #36, item 1): a watcher
+/// thread of the core reads the kernel's `run_delay` of thread `tid`
+/// every `period_ms`; [`_RunWait::waited`] is called only for a step
+/// already suspect. In a forked child (no watcher thread there) it reads
+/// nothing and is never joined.
+#[pyclass(frozen, module = "fastprof._core")]
+pub struct _RunWait {
+    pid: u32,
+    inner: Mutex<Option<fastprof_core::runtime::sampler::runwait::RunWait>>,
+}
+
+impl _RunWait {
+    fn mine(&self) -> bool {
+        self.pid == std::process::id()
+    }
+}
+
+#[pymethods]
+impl _RunWait {
+    /// Err (OSError): the kernel keeps no `schedstat` for the thread.
+    #[new]
+    #[pyo3(signature = (tid, period_ms = 10.0, keep_s = 60.0))]
+    fn new(tid: i32, period_ms: f64, keep_s: f64) -> PyResult<Self> {
+        let period = std::time::Duration::from_secs_f64(period_ms.clamp(1.0, 1000.0) / 1e3);
+        let keep = std::time::Duration::from_secs_f64(keep_s.clamp(1.0, 3600.0));
+        let w = fastprof_core::runtime::sampler::runwait::RunWait::start(tid, period, keep)?;
+        Ok(_RunWait {
+            pid: std::process::id(),
+            inner: Mutex::new(Some(w)),
+        })
+    }
+
+    /// The thread's wait for a CPU over the last `step_ns` up to now:
+    /// `run_delay_ns`, `from_ns`, `to_ns` (CLOCK_MONOTONIC: the wait counts
+    /// from the last reading at or before the step's begin), and
+    /// `involuntary` switches from `involuntary_from_ns` (None when not
+    /// read), and the usual wait before it: `usual_delay_ns` over the
+    /// `usual_span_ns` (up to `baseline_ns`) that end at `from_ns`; None when the thread's files are gone or the watcher stopped.
+    #[pyo3(signature = (step_ns, baseline_ns = 2_000_000_000))]
+    fn waited<'py>(
+        &self,
+        py: Python<'py>,
+        step_ns: u64,
+        baseline_ns: u64,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        if !self.mine() {
+            return Ok(None);
+        }
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(w) = g.as_ref().and_then(|w| w.waited(step_ns, baseline_ns)) else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("run_delay_ns", w.run_delay_ns)?;
+        d.set_item("from_ns", w.from_ns)?;
+        d.set_item("to_ns", w.to_ns)?;
+        d.set_item("involuntary", w.involuntary)?;
+        d.set_item("involuntary_from_ns", w.involuntary_from_ns)?;
+        d.set_item("usual_delay_ns", w.usual_delay_ns)?;
+        d.set_item("usual_span_ns", w.usual_span_ns)?;
+        Ok(Some(d))
+    }
+
+    /// `readings` taken, the watcher's own `cpu_ns`, its `period_ms`.
+    fn cost<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let ((readings, cpu_ns), period) = match g.as_ref() {
+            Some(w) if self.mine() => (w.cost(), w.period().as_secs_f64() * 1e3),
+            _ => ((0, 0), 0.0),
+        };
+        d.set_item("readings", readings)?;
+        d.set_item("cpu_ns", cpu_ns)?;
+        d.set_item("period_ms", period)?;
+        Ok(d)
+    }
+
+    /// Stop the watcher (without the GIL) and wait for it; idempotent.
+    fn stop(&self, py: Python<'_>) {
+        if !self.mine() {
+            return;
+        }
+        let w = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(mut w) = w {
+            py.detach(move || w.stop());
+        }
+    }
+}
+
+impl Drop for _RunWait {
+    fn drop(&mut self) {
+        if !self.mine() {
+            // A forked child's copy: its thread is not here to join.
+            if let Some(w) = self
+                .inner
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+            {
+                std::mem::forget(w);
+            }
+        }
+    }
+}

@@ -18,6 +18,7 @@ pub mod gpus;
 pub mod helper;
 pub mod pcie;
 pub mod procfs;
+pub mod runwait;
 pub mod schedule;
 pub mod series;
 
@@ -290,7 +291,7 @@ impl Sampler {
     }
 }
 
-fn thread_cpu_ns() -> u64 {
+pub(crate) fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -1,0 +1,388 @@
+//! How long one thread (the training thread) waited for a CPU while it was
+//! runnable: the kernel's `run_delay` (`/proc/self/task/<tid>/schedstat`,
+//! second field, ns) and its involuntary context switches (`status`,
+//! `nonvoluntary_ctxt_switches`), read by a watcher thread of its own
+//! (issue #36, item 1).
+//!
+//! Why a thread and not the step path: a quiet step never makes a syscall,
+//! so the training thread cannot read the counter at each step's begin.
+//! The watcher reads it every `period` (10 ms by default: one 1.3 µs pread
+//! of a kept-open file; `status`, ~9 µs, every [`STATUS_EVERY`]th reading)
+//! into a ring, and the training thread reads the counter itself only when a
+//! step is already suspect ([`RunWait::waited`]): the wait over the step is
+//! the counter now less the last reading at or before the step's begin.
+//! That reading is at most one period older than the begin, so the wait
+//! may include up to one period before the step; [`Waited::from_ns`] says
+//! where it was counted from. Why not the sampler's tick: at its 10 Hz
+//! default the bracket would be 100 ms, the size of what it must resolve.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::procfs::{nums, ProcFile};
+use crate::runtime::clock;
+
+/// `status` is read every this many readings (it is ~7x the cost of
+/// `schedstat`, and the switch count only supports the wait).
+pub const STATUS_EVERY: u64 = 5;
+
+/// One reading: CLOCK_MONOTONIC ns, cumulative run delay ns, cumulative
+/// involuntary switches (None when `status` was not read this time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reading {
+    pub t_ns: u64,
+    pub run_delay_ns: u64,
+    pub involuntary: Option<u64>,
+}
+
+/// The thread's wait for a CPU from `from_ns` to `to_ns` (now).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Waited {
+    pub run_delay_ns: u64,
+    pub from_ns: u64,
+    pub to_ns: u64,
+    /// Involuntary switches from `involuntary_from_ns` to `to_ns`.
+    pub involuntary: Option<u64>,
+    pub involuntary_from_ns: u64,
+    /// The usual wait before the step: run delay over the readings from
+    /// `baseline_ns` before `from_ns` (or the oldest kept) up to `from_ns`,
+    /// and the span it covers (0 when nothing was kept before).
+    pub usual_delay_ns: u64,
+    pub usual_span_ns: u64,
+}
+
+/// (run_delay ns, timeslices) from a `schedstat` file's text
+/// ("<on-cpu ns> <run_delay ns> <timeslices>").
+pub fn parse_schedstat(text: &[u8]) -> Option<u64> {
+    let mut it = nums(text);
+    it.next()?;
+    it.next()
+}
+
+/// `nonvoluntary_ctxt_switches` from a `status` file's text.
+pub fn parse_involuntary(text: &[u8]) -> Option<u64> {
+    const KEY: &[u8] = b"nonvoluntary_ctxt_switches:";
+    text.split(|&b| b == b'\n')
+        .find(|l| l.starts_with(KEY))
+        .and_then(|l| nums(&l[KEY.len()..]).next())
+}
+
+/// The readings kept: a ring, oldest overwritten.
+struct Ring {
+    buf: Vec<Reading>,
+    next: usize,
+    filled: usize,
+}
+
+impl Ring {
+    fn new(cap: usize) -> Ring {
+        Ring {
+            buf: Vec::with_capacity(cap.max(2)),
+            next: 0,
+            filled: 0,
+        }
+    }
+
+    fn push(&mut self, r: Reading) {
+        let cap = self.buf.capacity();
+        if self.buf.len() < cap {
+            self.buf.push(r);
+        } else {
+            self.buf[self.next] = r;
+        }
+        self.next = (self.next + 1) % cap;
+        self.filled = (self.filled + 1).min(cap);
+    }
+
+    /// Oldest first.
+    fn iter(&self) -> impl DoubleEndedIterator<Item = &Reading> {
+        let (a, b) = self.buf.split_at(if self.buf.len() < self.buf.capacity() {
+            0
+        } else {
+            self.next
+        });
+        b.iter().chain(a.iter())
+    }
+}
+
+/// The last reading at or before `t` (else the oldest, which is after `t`),
+/// and the last one at or before `t` that has a switch count.
+fn before(ring: &Ring, t: u64) -> (Option<Reading>, Option<Reading>) {
+    let mut delay = None;
+    let mut switches = None;
+    for r in ring.iter().rev() {
+        if r.t_ns <= t {
+            delay.get_or_insert(*r);
+            if r.involuntary.is_some() {
+                switches = Some(*r);
+                break;
+            }
+        }
+    }
+    if delay.is_none() {
+        delay = ring.iter().next().copied();
+    }
+    if switches.is_none() {
+        switches = ring.iter().find(|r| r.involuntary.is_some()).copied();
+    }
+    (delay, switches)
+}
+
+/// The wait from the readings before `begin_ns` to `now`, and the usual
+/// wait over the `baseline_ns` before that.
+fn combine(ring: &Ring, begin_ns: u64, baseline_ns: u64, now: Reading) -> Option<Waited> {
+    let (d, s) = before(ring, begin_ns);
+    let d = d?;
+    let (b, _) = before(ring, d.t_ns.saturating_sub(baseline_ns));
+    let b = b.filter(|b| b.t_ns <= d.t_ns).unwrap_or(d);
+    let (involuntary, involuntary_from_ns) = match (
+        s.and_then(|s| s.involuntary.map(|n| (s, n))),
+        now.involuntary,
+    ) {
+        (Some((s, then)), Some(n)) => (Some(n.saturating_sub(then)), s.t_ns),
+        _ => (None, 0),
+    };
+    Some(Waited {
+        run_delay_ns: now.run_delay_ns.saturating_sub(d.run_delay_ns),
+        from_ns: d.t_ns,
+        to_ns: now.t_ns,
+        involuntary,
+        involuntary_from_ns,
+        usual_delay_ns: d.run_delay_ns.saturating_sub(b.run_delay_ns),
+        usual_span_ns: d.t_ns - b.t_ns,
+    })
+}
+
+struct Shared {
+    ring: Mutex<Ring>,
+    /// Relaxed: a flag polled by the watcher; `unpark` wakes it, and the
+    /// join that follows orders everything after.
+    stop: AtomicBool,
+    /// The watcher's own CPU time, ns (relaxed: a statistic).
+    cpu_ns: AtomicU64,
+    /// Readings taken (relaxed: a statistic).
+    readings: AtomicU64,
+}
+
+/// The watcher of one thread's wait for a CPU. Stopped on drop.
+pub struct RunWait {
+    tid: i32,
+    shared: Arc<Shared>,
+    handle: Option<JoinHandle<()>>,
+    period: Duration,
+}
+
+fn task_path(tid: i32, file: &str) -> String {
+    format!("/proc/self/task/{tid}/{file}")
+}
+
+/// A reading of thread `tid` now (None: the thread or the file is gone).
+fn read_now(sched: &mut ProcFile, status: Option<&mut ProcFile>) -> Option<Reading> {
+    let run_delay_ns = sched.read().and_then(parse_schedstat)?;
+    let t_ns = clock::monotonic_ns();
+    let involuntary = status.and_then(|f| f.read().and_then(parse_involuntary));
+    Some(Reading {
+        t_ns,
+        run_delay_ns,
+        involuntary,
+    })
+}
+
+impl RunWait {
+    /// Watch thread `tid` of this process every `period`, keeping `keep` of
+    /// history (a step longer than that is counted from the oldest reading).
+    /// Err: the kernel keeps no `schedstat` for it (no CONFIG_SCHED_INFO,
+    /// not Linux).
+    pub fn start(tid: i32, period: Duration, keep: Duration) -> std::io::Result<RunWait> {
+        let path = task_path(tid, "schedstat");
+        let mut sched = ProcFile::open(&path).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("{path}: not readable"),
+            )
+        })?;
+        let mut status = ProcFile::open(task_path(tid, "status"));
+        let first = read_now(&mut sched, status.as_mut()).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{path}: no run_delay"),
+            )
+        })?;
+        let period = period.max(Duration::from_millis(1));
+        let cap = (keep.as_nanos() / period.as_nanos()).clamp(2, 1 << 20) as usize;
+        let mut ring = Ring::new(cap);
+        ring.push(first);
+        let shared = Arc::new(Shared {
+            ring: Mutex::new(ring),
+            stop: AtomicBool::new(false),
+            cpu_ns: AtomicU64::new(0),
+            readings: AtomicU64::new(1),
+        });
+        let s = Arc::clone(&shared);
+        let handle = std::thread::Builder::new()
+            .name("fastprof-runwait".into())
+            .spawn(move || watch(s, sched, status, period))?;
+        Ok(RunWait {
+            tid,
+            shared,
+            handle: Some(handle),
+            period,
+        })
+    }
+
+    pub fn tid(&self) -> i32 {
+        self.tid
+    }
+
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// The watched thread's wait for a CPU over the last `step_ns` up to
+    /// now, and its usual wait over the `baseline_ns` before, reading the counters now (on the caller's thread: call it only
+    /// for a step already suspect). None: the thread's files are gone.
+    pub fn waited(&self, step_ns: u64, baseline_ns: u64) -> Option<Waited> {
+        let mut sched = ProcFile::open(task_path(self.tid, "schedstat"))?;
+        let mut status = ProcFile::open(task_path(self.tid, "status"));
+        let now = read_now(&mut sched, status.as_mut())?;
+        let ring = self.shared.ring.lock().unwrap_or_else(|e| e.into_inner());
+        combine(&ring, now.t_ns.saturating_sub(step_ns), baseline_ns, now)
+    }
+
+    /// (readings taken, the watcher's own CPU ns so far).
+    pub fn cost(&self) -> (u64, u64) {
+        (
+            self.shared.readings.load(Ordering::Relaxed),
+            self.shared.cpu_ns.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Stop the watcher and wait for it.
+    pub fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            h.thread().unpark();
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for RunWait {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn watch(s: Arc<Shared>, mut sched: ProcFile, mut status: Option<ProcFile>, period: Duration) {
+    let mut n: u64 = 0;
+    while !s.stop.load(Ordering::Relaxed) {
+        std::thread::park_timeout(period);
+        if s.stop.load(Ordering::Relaxed) {
+            break;
+        }
+        n += 1;
+        let st = if n % STATUS_EVERY == 0 {
+            status.as_mut()
+        } else {
+            None
+        };
+        let Some(r) = read_now(&mut sched, st) else {
+            break; // the thread exited
+        };
+        s.ring.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+        s.readings.fetch_add(1, Ordering::Relaxed);
+        s.cpu_ns.store(super::thread_cpu_ns(), Ordering::Relaxed);
+    }
+    s.cpu_ns.store(super::thread_cpu_ns(), Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(t: u64, d: u64, s: Option<u64>) -> Reading {
+        Reading {
+            t_ns: t,
+            run_delay_ns: d,
+            involuntary: s,
+        }
+    }
+
+    #[test]
+    fn parses_the_kernels_files() {
+        assert_eq!(parse_schedstat(b"937929 250000000 12\n"), Some(250_000_000));
+        assert_eq!(parse_schedstat(b"937929\n"), None);
+        let status =
+            b"Name:\tpython\nvoluntary_ctxt_switches:\t7\nnonvoluntary_ctxt_switches:\t42\n";
+        assert_eq!(parse_involuntary(status), Some(42));
+        assert_eq!(parse_involuntary(b"Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn the_wait_is_counted_from_the_last_reading_before_the_begin() {
+        let mut ring = Ring::new(4);
+        for (t, d, s) in [
+            (10, 0, Some(1)),
+            (20, 5, None),
+            (30, 7, None),
+            (40, 100, Some(9)),
+        ] {
+            ring.push(r(t, d, s));
+        }
+        let w = combine(&ring, 25, 10, r(50, 107, Some(12))).unwrap();
+        assert_eq!((w.run_delay_ns, w.from_ns, w.to_ns), (102, 20, 50));
+        // The usual wait: from the reading 10 before the one at 20.
+        assert_eq!((w.usual_delay_ns, w.usual_span_ns), (5, 10));
+        // Switches from the last reading before the begin that has them.
+        assert_eq!((w.involuntary, w.involuntary_from_ns), (Some(11), 10));
+        // The ring wrapped: (10, ..) is gone, the oldest is (20, ..).
+        ring.push(r(45, 101, None));
+        let w = combine(&ring, 5, 100, r(50, 107, None)).unwrap();
+        assert_eq!((w.run_delay_ns, w.from_ns), (102, 20));
+        // Nothing kept before the oldest: no usual wait to speak of.
+        assert_eq!((w.usual_delay_ns, w.usual_span_ns), (0, 0));
+        assert_eq!(w.involuntary, None);
+    }
+
+    #[test]
+    fn a_thread_that_waits_for_a_cpu_is_seen_waiting() {
+        // This thread and a spinner pinned to one CPU: each waits while the
+        // other runs, and the watcher sees this thread's run delay grow.
+        let tid = unsafe { libc::gettid() };
+        let Ok(w) = RunWait::start(tid, Duration::from_millis(2), Duration::from_secs(5)) else {
+            return; // no schedstat on this kernel
+        };
+        let pin = || unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+        };
+        assert_eq!(pin(), 0);
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = Arc::clone(&stop);
+        let spinner = std::thread::spawn(move || {
+            assert_eq!(pin(), 0);
+            while !s2.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        let t0 = clock::monotonic_ns();
+        let mut x = 0u64;
+        while clock::monotonic_ns() - t0 < 300_000_000 {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        let waited = w.waited(clock::monotonic_ns() - t0, 1_000_000_000).unwrap();
+        stop.store(true, Ordering::Relaxed);
+        spinner.join().unwrap();
+        assert!(x > 0);
+        // Sharing one CPU with a spinner, a good part of the 300 ms is spent
+        // waiting (the exact share is the scheduler's).
+        let span = waited.to_ns - waited.from_ns;
+        assert!(waited.run_delay_ns * 5 > span, "{waited:?}");
+        assert!(waited.involuntary.unwrap_or(1) > 0);
+        let (readings, _) = w.cost();
+        assert!(readings > 1);
+    }
+}
