@@ -28,7 +28,7 @@ from plotly.offline import get_plotlyjs
 from fastprof.readers.merge import describe_rotated
 from fastprof.recording.names import STEP_SPAN
 from fastprof.reports import html_triggers
-from fastprof.reports.anatomy import per_step_phases, slow_and_overlap_note, straggler_line
+from fastprof.reports.anatomy import per_step_phases, slow_and_overlap_note
 from fastprof.reports.data import (
     _CHUNK,
     F64,
@@ -44,6 +44,7 @@ from fastprof.reports.finite import encode
 from fastprof.reports.memory import reading_steps
 from fastprof.reports.resumed import describe as describe_resumed
 from fastprof.reports.speed import trend_note, trend_text
+from fastprof.reports.stragglers import pace_line, straggler_line
 
 MAX_POINTS = 2000
 #: Per-step parts beyond this many span names are summed into "other spans".
@@ -275,8 +276,11 @@ def anatomy_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figure]
         merged = merged or bars.note()
         figs.append(fig)
     said = ""
+    pace = an.get("ranks_in_pace")
     for st in an.get("stragglers") or []:
-        said += " Straggler: " + straggler_line(st) + "."
+        said += " Straggler: " + straggler_line(st, pace and pace["jitter_ns"]) + "."
+    if pace and not an.get("stragglers"):
+        said += " No straggler: " + pace_line(pace) + "."
     for r in an["per_rank"]:
         if r.get("gpu"):
             said += f" On the GPU, rank {r['rank']}: {r['gpu']['verdict']}."

@@ -97,5 +97,5 @@ def test_the_terminal_and_the_page_say_it_in_one_line(report: dict[str, Any]) ->
     buf = io.StringIO()
     render(report["doc"], file=buf)
     text = " ".join(buf.getvalue().split())
-    assert "Straggler: rank 1 arrives last at" in text and "its dataloader phase is" in text, text
-    assert "Straggler: rank 1 arrives last at" in report["html"]
+    assert "Straggler: rank 1, dataloader:" in text and "a step over the others" in text, text
+    assert "Straggler: rank 1, dataloader:" in report["html"]
