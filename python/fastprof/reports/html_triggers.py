@@ -7,7 +7,8 @@ file, by a link relative to the folder the page is written to (the page
 opens from a file, beside the run or copied with it), and only where the
 file is there: a file rotated away, or never written, is named, not linked.
 On the step-time plot a capture shades its steps, a slow step the anomaly
-detector flagged is a marker on its step, a flight dump a dotted line."""
+detector flagged is a marker on its step (an open circle when the host
+caused it), a flight dump a dotted line."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
+
+from fastprof.reports.triggers import CONTENTION
 
 #: At most this many rows per table (the job keeps at most 200 of each per rank).
 MAX_ROWS = 200
@@ -126,14 +129,24 @@ def section(doc: dict[str, Any], run_dir: Path | None, link_from: Path | None) -
                     _num(a["duration_ms"], "{:.1f}"),
                     _num(a["median_ms"], "{:.1f}"),
                     _num(a["factor"], "{:.1f}x"),
+                    _cause(a),
                     _esc(a["action"]),
                 ]
             )
         said = [f"rank {r['rank']}: signal {r['signal'] or 'none'}", f"{r['requests']} request(s)"]
+        con = r.get("contention")
+        if con:
+            said.append(
+                f"{con['steps']} slow step(s) the host caused ({con['waited_ms']:.0f} ms waiting for a CPU), "
+                "not captured"
+            )
         if r["coalesced"]:
             said.append(f"{r['coalesced']} coalesced into another capture")
         out.append(_note("; ".join(said) + "."))
         out.extend(_note(f"rank {r['rank']}: {n}") for n in r["notes"])
+        out.extend(_note(f"rank {r['rank']}, {a['said']}") for a in r["anomalies"][:MAX_ROWS] if a.get("said"))
+        if con and con.get("error"):
+            out.append(_note(f"rank {r['rank']}: {con['error']}"))
     for title, header, rows, cls, none in (
         (
             "Captures",
@@ -145,7 +158,7 @@ def section(doc: dict[str, Any], run_dir: Path | None, link_from: Path | None) -
         ("Flight dumps", ["rank", "reason", "step", "file"], dumps, "flight-dumps", "No flight dump."),
         (
             "Slow steps (the anomaly trigger)",
-            ["rank", "step", "took ms", "median ms", "factor", "what was done"],
+            ["rank", "step", "took ms", "median ms", "factor", "cause (wait for a CPU)", "what was done"],
             slow,
             "slow-steps",
             "No slow step flagged.",
@@ -168,6 +181,15 @@ def section(doc: dict[str, Any], run_dir: Path | None, link_from: Path | None) -
     return out
 
 
+def _cause(a: dict[str, Any]) -> str:
+    """Who slowed the step, and how long it waited for a CPU."""
+    cause = a.get("cause")
+    if cause is None:
+        return "-"
+    waited = a.get("waited_ms")
+    return _esc(cause) + ("" if waited is None else f" ({_num(waited, '{:.1f}')} ms)")
+
+
 def mark(fig: go.Figure, doc: dict[str, Any], ranks: list[int]) -> str | None:
     """Mark the plotted ranks' captures, slow steps and flight dumps on the
     step-time plot ``fig`` (x: step); returns the note saying what is marked,
@@ -178,6 +200,9 @@ def mark(fig: go.Figure, doc: dict[str, Any], ranks: list[int]) -> str | None:
     xs: list[int] = []
     ys: list[float] = []
     text: list[str] = []
+    hx: list[int] = []  # the slow steps the host caused
+    hy: list[float] = []
+    htext: list[str] = []
     for r in per_rank:
         for c in r["captures"][:MAX_ROWS]:
             first, n = int(c["first_step"]), max(int(c["steps"]), 1)
@@ -190,9 +215,21 @@ def mark(fig: go.Figure, doc: dict[str, Any], ranks: list[int]) -> str | None:
                 lines.add(step)
                 fig.add_vline(x=step, line_dash="dot", line_color=DUMP_COLOUR)
         for a in r["anomalies"][:MAX_ROWS]:
-            xs.append(int(a["step"]))
-            ys.append(float(a["duration_ms"]))
-            text.append(f"rank {r['rank']}: {a['action']}")
+            host = a.get("cause") == CONTENTION
+            (hx if host else xs).append(int(a["step"]))
+            (hy if host else ys).append(float(a["duration_ms"]))
+            (htext if host else text).append(f"rank {r['rank']}: {a.get('said') or a['action']}")
+    if hx:
+        fig.add_trace(
+            go.Scatter(
+                x=hx,
+                y=hy,
+                mode="markers",
+                name="slow step (host contention)",
+                marker={"symbol": "circle-open", "size": 11, "color": SLOW_COLOUR},
+                text=htext,
+            )
+        )
     if xs:
         fig.add_trace(
             go.Scatter(
@@ -211,6 +248,8 @@ def mark(fig: go.Figure, doc: dict[str, Any], ranks: list[int]) -> str | None:
         said.append(f"shaded: {len(shaded)} capture(s) (steps {listed})")
     if xs:
         said.append(f"x: {len(xs)} slow step(s) the anomaly trigger flagged")
+    if hx:
+        said.append(f"o: {len(hx)} slow step(s) the host caused (waiting for a CPU)")
     if lines:
         said.append(f"dotted: {len(lines)} flight dump(s)")
     return ("Triggers on this plot: " + "; ".join(said) + " (see Triggers below).") if said else None

@@ -8,11 +8,10 @@ from rich.console import Console
 from rich.table import Table
 
 from fastprof.readers.merge import describe_rotated
-from fastprof.reports.anatomy import overlap_line, slow_step_line
+from fastprof.reports.anatomy import overlap_line, slow_step_line, straggler_line
 from fastprof.reports.data import HOST_COLUMNS, host_rows, human_bytes
 from fastprof.reports.resumed import describe as describe_resumed
 from fastprof.reports.speed import trend_note, trend_text
-from fastprof.reports.stragglers import pace_line, straggler_line
 
 
 def _s(v: Any, fmt: str = "{:.4f}") -> str:
@@ -102,13 +101,10 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None, title: 
         )
     spread = doc["ranks"]["spread"]
     if spread:
-        slowest = (
-            "no rank slowest more often than chance (ties are no one's)"
-            if spread["most_often_slowest_rank"] is None
-            else f"rank {spread['most_often_slowest_rank']} clearly slowest in "
-            f"{spread['slowest_share_pct']:.0f}% of steps"
+        con.print(
+            f"Ranks: step spread p50 {spread['p50_s']:.4f} s, max {spread['max_s']:.4f} s; rank "
+            f"{spread['most_often_slowest_rank']} slowest in {spread['slowest_share_pct']:.0f}% of steps"
         )
-        con.print(f"Ranks: step spread p50 {spread['p50_s']:.4f} s, max {spread['max_s']:.4f} s; {slowest}")
     if doc["breakdown"] is None:
         con.print(f"Step-time breakdown: {doc['breakdown_reason']}")
     else:
@@ -141,12 +137,15 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None, title: 
     for r in (doc.get("triggers") or {}).get("per_rank") or []:
         # With an anatomy its slow steps say what the trigger did with each (one list, one rule).
         for a in [] if doc.get("anatomy") else r["anomalies"]:
+            if a.get("said"):
+                continue  # the host slowed it: said below
             con.print(
                 f"Slow step on rank {r['rank']} (the anomaly trigger): step {a['step']} "
                 f"took {a['duration_ms']:.1f} ms, "
                 f"{_s(a['factor'], '{:.1f}')}x the median {a['median_ms']:.1f} ms ({a['action']})"
                 + (f": {a['phase']}" if a.get("phase") else "")
             )
+        _contention(con, r)
         for c in r["captures"]:
             last = c["first_step"] + c["steps"] - 1
             con.print(
@@ -159,6 +158,21 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None, title: 
     con.print("[bold]Recommendations[/bold]" if recs else "Recommendations: none fired")
     for r in recs:
         con.print(f"  - {r['message']}")
+
+
+def _contention(con: Any, r: dict[str, Any]) -> None:
+    """A rank's slow steps the host caused (fastprof.profiler.contention)."""
+    c = r.get("contention")
+    said = [a for a in r["anomalies"] if a.get("said")]
+    if c and c["steps"]:
+        con.print(
+            f"Host contention on rank {r['rank']}: {c['steps']} slow step(s), {c['waited_ms']:.0f} ms waiting "
+            "for a CPU (another process had it), not the job's doing"
+        )
+    for a in said[:10]:
+        con.print(f"  {a['said']} ({a['action']})")
+    if len(said) > 10:
+        con.print(f"  ... {len(said) - 10} more in report.json")
 
 
 def _anatomy(con: Any, section: dict[str, Any] | None) -> None:
@@ -187,11 +201,8 @@ def _anatomy(con: Any, section: dict[str, Any] | None) -> None:
                 if ph[p]["p50_ns"] or ph[p]["host_p50_ns"]
             )
             con.print(f"On the GPU, rank {r['rank']} ({g['timed_steps']} timed steps, p50): {parts}. {g['verdict']}.")
-    pace = section.get("ranks_in_pace")
     for st in section.get("stragglers") or []:
-        con.print(f"Straggler: {straggler_line(st, pace and pace['jitter_ns'])}.")
-    if pace and not section.get("stragglers"):
-        con.print(f"No straggler: {pace_line(pace)}.")
+        con.print(f"Straggler: {straggler_line(st)}.")
     for r in section["per_rank"]:
         said = overlap_line(r)
         if said:

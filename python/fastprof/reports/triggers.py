@@ -1,6 +1,7 @@
 """The report's ``triggers`` section (issue #17): per rank, what the job's
 triggers did (``profiler.json``'s ``triggers``, written by
-:mod:`fastprof.profiler.drivers.triggers`): each anomaly with its step and numbers,
+:mod:`fastprof.profiler.drivers.triggers`): each anomaly with its step, numbers and cause (the
+host's contention for the CPU, or the job), the slow steps the host caused,
 each capture with its steps and file, each flight dump, and what was
 coalesced. Bounded: the job keeps at most 200 of each per rank."""
 
@@ -12,7 +13,10 @@ from typing import Any
 from fastprof.recording.names import TRIGGERS_JSON
 from fastprof.reports import data as _data
 
-__all__ = ["triggers_report"]
+__all__ = ["CONTENTION", "triggers_report"]
+
+#: An anomaly's ``cause`` when the host slowed the step.
+CONTENTION = "host contention"
 
 
 def _file(data: _data.RunData, path: Any) -> Any:
@@ -58,6 +62,38 @@ def _records(data: _data.RunData) -> dict[int, dict[str, Any]]:
     return out
 
 
+def _anomaly(a: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "step": int(a.get("step", 0)),
+        "duration_ms": float(a.get("duration_ms") or 0.0),
+        "median_ms": float(a.get("median_ms") or 0.0),
+        "factor": None if a.get("factor") is None else float(a["factor"]),
+        "action": str(a.get("action")),
+        "phase": None if a.get("phase") is None else str(a["phase"]),
+        # Who slowed the step (fastprof.profiler.contention): "host contention",
+        # "the job", or None when the wait for a CPU was not read.
+        "cause": None if a.get("cause") is None else str(a["cause"]),
+        "waited_ms": None if a.get("waited_ms") is None else float(a["waited_ms"]),
+    }
+    # The job's own words for a step the host slowed (fastprof.profiler.contention.text).
+    out["said"] = str(a["said"]) if out["cause"] == CONTENTION and a.get("said") else None
+    return out
+
+
+def _contention(t: dict[str, Any]) -> dict[str, Any] | None:
+    """The rank's slow steps the host caused: how many, their summed wait,
+    and the rule (None: the trigger did not judge them)."""
+    c = t.get("contention")
+    if not isinstance(c, dict):
+        return None
+    return {
+        "steps": int(c.get("steps", 0)),
+        "waited_ms": float(c.get("waited_ms") or 0.0),
+        "rule": str(c.get("rule", "")),
+        "error": None if c.get("error") is None else str(c["error"]),
+    }
+
+
 def triggers_report(data: _data.RunData) -> dict[str, Any] | None:
     """None when no rank ran with triggers."""
     per_rank = []
@@ -66,17 +102,8 @@ def triggers_report(data: _data.RunData) -> dict[str, Any] | None:
             {
                 "rank": int(rank),
                 "signal": t.get("signal"),
-                "anomalies": [
-                    {
-                        "step": int(a.get("step", 0)),
-                        "duration_ms": float(a.get("duration_ms") or 0.0),
-                        "median_ms": float(a.get("median_ms") or 0.0),
-                        "factor": None if a.get("factor") is None else float(a["factor"]),
-                        "action": str(a.get("action")),
-                        "phase": None if a.get("phase") is None else str(a["phase"]),
-                    }
-                    for a in t.get("anomalies", [])
-                ],
+                "anomalies": [_anomaly(a) for a in t.get("anomalies", [])],
+                "contention": _contention(t),
                 "captures": [_capture(data, c) for c in t.get("captures", [])],
                 "flight_dumps": [
                     {

@@ -13,7 +13,9 @@ from typing import Any
 
 from fastprof import _core
 from fastprof._loop_api import Window
+from fastprof.profiler import contention
 from fastprof.profiler.drivers.triggers.config import FLIGHT_MIN_INTERVAL_S, MAX_LEAD, MAX_RECORDS
+from fastprof.profiler.drivers.triggers.contention import Judged
 from fastprof.profiler.drivers.triggers.flight import FlightDumps
 from fastprof.profiler.drivers.triggers.state import Board
 from fastprof.profiler.drivers.triggers.store import RankStore
@@ -71,6 +73,7 @@ class Captures:
         has_windows: Callable[[], bool],
         last_window: Callable[[], Window | None],
         explain: Callable[[int], str | None],
+        judge: Callable[[int, int], Judged] | None = None,
     ) -> None:
         self.board = board
         self.flight = flight
@@ -78,6 +81,7 @@ class Captures:
         self.has_windows = has_windows
         self.last_window = last_window
         self.explain = explain
+        self.judge = judge
         self.pending: Capture | None = None
         self.captures: list[Capture] = []
         self.anomalies: list[dict[str, Any]] = []
@@ -87,17 +91,29 @@ class Captures:
         self._t_start = time.monotonic()
 
     def on_anomaly(self, batch_seen: int, batch: int, dur_ns: int, median_ns: int, mad_ns: int) -> None:
+        judged = None if self.judge is None else self.judge(dur_ns, median_ns)
+        host = judged is not None and bool(judged.contention)
         rec: dict[str, Any] = {
             "step": batch,
             "duration_ms": round(dur_ns / 1e6, 3),
             "median_ms": round(median_ns / 1e6, 3),
             "mad_ms": round(mad_ns / 1e6, 3),
             "factor": round(dur_ns / median_ns, 2) if median_ns else None,
-            "phase": self.explain(batch),
-            "time": time.time(),
+            # The phase a preemption landed in made nothing slow: not named.
+            "phase": None if host else self.explain(batch),
         }
+        if judged is not None:
+            rec.update(judged.record)
+        if host:
+            rec["said"] = contention.text(batch, dur_ns / 1e6, float(rec.get("waited_ms") or 0.0))
+        rec["time"] = time.time()
         _core.instant("anomaly", **{k: v for k, v in rec.items() if k != "time"})
         cfg = self.board.cfg
+        if host and not cfg.anomaly_on_contention:
+            rec["action"] = "recorded only (host contention)"
+            if len(self.anomalies) < MAX_RECORDS:
+                self.anomalies.append(rec)
+            return
         act = self._anomaly_captures < int(cfg.anomaly_max)
         rec["action"] = "captured" if act else f"recorded only (anomaly_max={cfg.anomaly_max} reached)"
         if len(self.anomalies) < MAX_RECORDS:

@@ -136,6 +136,15 @@ OPTIONS: tuple[Option, ...] = (
         lambda v: 0 <= v <= 1000,
     ),
     _opt(
+        "anomaly_on_contention",
+        "bool",
+        False,
+        "a boolean",
+        "A slow step the host caused (its wait for a CPU beyond the usual explains at least half its excess over "
+        "the median: fastprof.profiler.contention) also captures and dumps; off, it is only recorded and counted.",
+        _bool,
+    ),
+    _opt(
         "folder",
         "str",
         "rank{rank}/flight",
@@ -194,6 +203,7 @@ class Triggers:
     anomaly_factor: Any = None
     anomaly_window: Any = None
     anomaly_max: Any = None
+    anomaly_on_contention: Any = None
     folder: Any = None
     env: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
 

@@ -30,6 +30,7 @@ from fastprof.profiler.drivers.triggers.config import (
     OPTIONS,
     Triggers,
 )
+from fastprof.profiler.drivers.triggers.contention import ContentionWatch
 from fastprof.profiler.drivers.triggers.flight import FlightDumps
 from fastprof.profiler.drivers.triggers.requests import TriggerFiles
 from fastprof.profiler.drivers.triggers.signals import SignalTrigger
@@ -60,6 +61,7 @@ class TriggerDriver(Driver):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._exported: set[int] = set()  # captures whose window's file is in triggers.json
+        self.contention = ContentionWatch()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -74,8 +76,14 @@ class TriggerDriver(Driver):
         remote = spool.open() if spool is not None else None
         self.files = TriggerFiles(b, remote, str(rec.options.run_name), self._reads_run_file)
         self.signal = SignalTrigger(b)
-        self.captures = Captures(b, self.flight, self.store, self._has_windows, self._last_window, self._explain)
+        self.captures = Captures(
+            b, self.flight, self.store, self._has_windows, self._last_window, self._explain, self.contention.judge
+        )
         if cfg.anomaly:
+            # The wait for a CPU of this thread (the one that runs the steps).
+            self.contention.start()
+            if self.contention.error:
+                b.notes.append(self.contention.error)
             # The one slow-step rule (the report replays it over every step).
             rule = SlowStepRule(float(cfg.anomaly_factor), int(cfg.anomaly_window), ANOMALY_MADS, ANOMALY_MIN_EXCESS_NS)
             steps.anomaly_detector(rule.window, rule.factor, rule.mads, rule.min_excess_ns)
@@ -133,6 +141,7 @@ class TriggerDriver(Driver):
             self._thread.join(timeout=5.0)
         self.flight.join()
         self.captures.stop()
+        self.contention.stop()
         b.write_state()
 
     def summary(self) -> dict[str, Any]:
@@ -144,6 +153,7 @@ class TriggerDriver(Driver):
             "requests": b.requests[-MAX_RECORDS:],
             "captures": [x.to_dict() for x in c.captures[-MAX_RECORDS:]],
             "anomalies": c.anomalies[-MAX_RECORDS:],
+            "contention": self.contention.summary() if self.cfg.anomaly else None,
             "flight_dumps": self.flight.dumps[-MAX_RECORDS:],
             "coalesced": b.coalesced,
             "notes": b.notes,

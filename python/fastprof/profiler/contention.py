@@ -1,0 +1,88 @@
+"""When a slow step is the host's doing, not the job's (issue #36, item 1):
+one rule, here, for the live anomaly trigger (:mod:`fastprof.profiler.drivers.triggers`)
+and the reports that print its verdicts.
+
+The kernel counts, per thread, the time it waited for a CPU while it was
+runnable (``run_delay`` in ``/proc/self/task/<tid>/schedstat``). A slow step
+(:mod:`fastprof.profiler.slow_step`) of the training thread is **host
+contention** when its wait for a CPU *beyond the usual* explains at least
+:data:`SHARE` (half) of what made it slow::
+
+    own     = duration - waited                 (running, sleeping, blocked)
+    usual   = own x rate / (1 - rate)           (the wait the usual rate gives it)
+    host contention  <=>  waited - usual  >=  SHARE x (duration - median)
+
+``rate`` is the share of wall time the thread spent waiting for a CPU over
+the :data:`BASELINE_S` seconds before the step (0 on a quiet host; at most
+:data:`MAX_RATE`). The usual wait is taken off because a host that has been
+busy all along slows every step in proportion: a step of 30x the work under
+a steady 50% share also waits 30x as long, and that is not what made this
+one step slow. It is counted from the step's own time, not its duration,
+because a preemption is lumpy: a sub-millisecond step that waited 4 ms of
+its 4.4 ms did nothing slow itself, however busy the host was before. A
+step that slept, waited for data, a collective or the GPU, or computed
+more does not wait for a CPU beyond the usual (sleeping and blocking are
+not runnable), so it stays an anomaly of the job.
+
+The wait is read by a watcher thread (never on the step path): it counts
+from the watcher's last reading at or before the step's begin, so it may
+include up to one watch period before the step; it is capped at the step's
+duration. The job's own threads and processes pinned to the same CPUs (a
+DataLoader worker, intra-op threads) make the training thread wait too:
+they count as contention, as the kernel cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["BASELINE_S", "MAX_RATE", "SHARE", "Contention", "judge", "rule", "text"]
+
+#: A slow step is host contention when its wait for a CPU beyond the usual
+#: is at least this share of its excess over the median.
+SHARE = 0.5
+#: Seconds before a slow step its thread's usual wait rate is taken over.
+BASELINE_S = 2.0
+#: The usual wait rate is taken as at most this (a thread that waited 95%
+#: of the time would make any step's wait "usual").
+MAX_RATE = 0.9
+
+
+@dataclass(frozen=True)
+class Contention:
+    """A slow step's wait for a CPU and the verdict (ns)."""
+
+    dur_ns: int
+    median_ns: int
+    waited_ns: int
+    usual_ns: int  # the wait the usual rate gives the step's own time
+    contention: bool
+
+    @property
+    def excess_ns(self) -> int:
+        return max(self.dur_ns - self.median_ns, 0)
+
+
+def judge(dur_ns: int, median_ns: int, run_delay_ns: int, usual_rate: float = 0.0) -> Contention:
+    """The verdict on a slow step of ``dur_ns`` against ``median_ns``
+    whose thread waited ``run_delay_ns`` for a CPU over it, and usually
+    waits ``usual_rate`` of the wall time."""
+    dur = int(dur_ns)
+    waited = max(min(int(run_delay_ns), dur), 0)
+    rate = min(max(float(usual_rate), 0.0), MAX_RATE)
+    usual = round((dur - waited) * rate / (1.0 - rate))
+    excess = max(dur - int(median_ns), 0)
+    return Contention(dur, int(median_ns), waited, usual, excess > 0 and waited - usual >= SHARE * excess)
+
+
+def rule() -> str:
+    """The rule, as the records and the report say it."""
+    return (
+        f"a slow step is host contention when its wait for a CPU beyond the usual (its own time at the wait "
+        f"rate of the {BASELINE_S:g} s before it) is at least {SHARE:g} x its excess over the median"
+    )
+
+
+def text(step: int, duration_ms: float, waited_ms: float) -> str:
+    """How a contention step is said, everywhere it is said."""
+    return f"step {step}: {duration_ms:.1f} ms, of which {waited_ms:.0f} ms waiting for a CPU: host contention"

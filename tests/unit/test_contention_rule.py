@@ -1,0 +1,62 @@
+"""The host-contention rule (issue #36, item 1) on the readings of real runs
+(tests/integration/triggers/test_contention.py's job on a loaded 2-vCPU VM):
+each case is a slow step the kernel's run delay was read for."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastprof.profiler import contention
+
+MS = 1_000_000
+
+
+def _judge(dur_ms: float, median_ms: float, waited_ms: float, rate: float = 0.0) -> contention.Contention:
+    return contention.judge(round(dur_ms * MS), round(median_ms * MS), round(waited_ms * MS), rate)
+
+
+def test_a_step_that_only_waited_is_contention() -> None:
+    # Four CPU hogs beside the job on its CPU, on a host quiet before.
+    c = _judge(54.9, 10.8, 54.9)
+    assert c.contention
+    assert c.usual_ns == 0
+
+
+def test_a_step_that_did_not_wait_is_the_jobs() -> None:
+    # A sleep or more compute on a quiet host: no wait for a CPU.
+    assert not _judge(150.0, 5.0, 0.2).contention
+
+
+def test_a_busy_host_all_along_does_not_make_more_work_contention() -> None:
+    # 30x the work while the thread waited half the time all along: it also
+    # waited 30x as long, but the host was no busier than before.
+    c = _judge(104.8, 4.8, 63.6, rate=0.503)
+    assert not c.contention
+    # Without the usual wait taken off, half the excess was waiting.
+    assert c.waited_ns >= contention.SHARE * c.excess_ns
+
+
+def test_a_preempted_sub_millisecond_step_on_a_busy_host_is_contention() -> None:
+    # A 0.36 ms step preempted for 4 ms while the host had taken 72% of the
+    # thread's time: its own time is nothing, whatever the usual rate.
+    assert _judge(4.468, 0.355, 4.468, rate=0.72).contention
+
+
+def test_the_rule_is_half_the_excess() -> None:
+    # On a quiet host: exactly half the excess waited is contention, less is not.
+    assert _judge(30.0, 10.0, 10.0).contention
+    assert not _judge(30.0, 10.0, 9.9).contention
+
+
+def test_the_wait_is_capped_at_the_step_and_the_rate_bounded() -> None:
+    c = _judge(5.0, 1.0, 9.0)  # the wait counted from a reading before the step
+    assert c.waited_ns == 5 * MS
+    c = _judge(5.0, 1.0, 1.0, rate=1.0)  # a thread that only ever waited
+    assert c.usual_ns == pytest.approx(4 * MS * contention.MAX_RATE / (1 - contention.MAX_RATE), rel=1e-6)
+    assert not _judge(1.0, 1.0, 1.0).contention  # no excess: nothing to explain
+
+
+def test_the_text() -> None:
+    assert contention.text(84, 254.84, 212.2) == (
+        "step 84: 254.8 ms, of which 212 ms waiting for a CPU: host contention"
+    )
