@@ -51,10 +51,12 @@ fn dumper() -> CpythonDumper {
     CpythonDumper { dump, interp }
 }
 
-/// The watchdog thread of one Profiler (see `fastprof_core::runtime::hang`).
-#[pyclass(module = "fastprof._core")]
+/// The watchdog thread of one Profiler (see `fastprof_core::runtime::hang`). Frozen: the
+/// helper thread waits in `next` (a shared borrow, without the GIL) while the Profiler's
+/// close calls `stop` from another thread.
+#[pyclass(module = "fastprof._core", frozen)]
 pub struct _HangWatch {
-    inner: Option<Watchdog>,
+    inner: Watchdog,
     stacks_native: bool,
 }
 
@@ -88,7 +90,7 @@ impl _HangWatch {
             pyo3::exceptions::PyOSError::new_err(format!("cannot start the hang watchdog: {e}"))
         })?;
         Ok(_HangWatch {
-            inner: Some(w),
+            inner: w,
             stacks_native,
         })
     }
@@ -101,9 +103,7 @@ impl _HangWatch {
 
     /// The next event as a dict, waiting at most `wait_s` without the GIL; None if none came.
     fn next<'py>(&self, py: Python<'py>, wait_s: f64) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let Some(w) = self.inner.as_ref() else {
-            return Ok(None);
-        };
+        let w = &self.inner;
         let wait = Duration::from_secs_f64(wait_s.clamp(0.0, 3600.0));
         let got: Option<Event> = py.detach(|| w.next(wait));
         let Some(e) = got else { return Ok(None) };
@@ -122,14 +122,13 @@ impl _HangWatch {
 
     /// Take event `n` (False: the watchdog already wrote its evidence).
     fn claim(&self, n: u64) -> bool {
-        self.inner.as_ref().is_some_and(|w| w.claim(n))
+        self.inner.claim(n)
     }
 
     /// Stop and join the thread (idempotent).
-    fn stop(&mut self, py: Python<'_>) {
-        if let Some(mut w) = self.inner.take() {
-            py.detach(move || w.stop());
-        }
+    fn stop(&self, py: Python<'_>) {
+        let w = &self.inner;
+        py.detach(|| w.stop());
     }
 }
 

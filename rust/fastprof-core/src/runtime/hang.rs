@@ -121,7 +121,9 @@ struct Shared {
 /// A running watchdog thread; stopped and joined on drop.
 pub struct Watchdog {
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    /// Taken by the first [`Watchdog::stop`]: a handle shared by threads (one waiting in
+    /// [`Watchdog::next`] while another stops it) needs `stop(&self)`.
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Watchdog {
@@ -136,7 +138,7 @@ impl Watchdog {
             .spawn(move || run(config, dumper, s))?;
         Ok(Watchdog {
             shared,
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
         })
     }
 
@@ -172,13 +174,15 @@ impl Watchdog {
         ok
     }
 
-    pub fn stop(&mut self) {
+    /// Stop and join the thread (idempotent); a waiter in [`Watchdog::next`] gets None.
+    pub fn stop(&self) {
         {
             let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
             st.stopping = true;
             self.shared.cv.notify_all();
         }
-        if let Some(t) = self.thread.take() {
+        let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = t {
             let _ = t.join();
         }
     }
