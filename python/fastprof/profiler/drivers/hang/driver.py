@@ -1,0 +1,248 @@
+"""The hang driver (issue #37): starts the core's watchdog thread
+(``_core._HangWatch``, no GIL: see ``fastprof_core::runtime::hang``) and a
+helper thread that answers its events.
+
+When no step has ended for the timeout (:mod:`.config`), or ``fastprof
+trigger RUN --stacks`` asks, the watchdog dumps every thread's stack without
+the GIL and wakes the helper, which claims the event and writes the full
+evidence (:mod:`.evidence`); when the interpreter cannot answer within the
+grace (a thread holds the GIL), the watchdog writes the evidence itself from
+its dump. For a stall, rank 0 (or, when it cannot, the first rank that can)
+then joins the ranks' evidence through the run directory, never through a
+collective, and prints one verdict on stderr while the job is still hung
+(:func:`.verdict.verdict`). With ``FASTPROF_HANG_ACTION=abort``
+each hung rank then ends with :data:`.config.HANG_EXIT_STATUS`.
+
+A SIGTERM that lands while the rank has made no progress for a while (ten
+typical steps and at least 10 s) writes the evidence too, from the handler,
+before the job's own handling of the signal goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import warnings
+from typing import Any
+
+from fastprof import _core
+from fastprof._core import FastprofWarning
+from fastprof._loop_api import LoopHost
+from fastprof.profiler.driver import Closing, Driver
+from fastprof.profiler.drivers.hang import evidence
+from fastprof.profiler.drivers.hang.config import HANG_EXIT_STATUS, HangConfig
+from fastprof.profiler.drivers.hang.verdict import WATCH_FILE, evidence_files, join, verdict
+
+__all__ = ["HangDriver"]
+
+#: A verdict is said once per stall across ranks: the first rank to create
+#: this file in the run directory (holding the stall's time) says it.
+VERDICT_LOCK = ".hang-verdict"
+
+
+class HangDriver(Driver):
+    key = "hang"
+
+    def __init__(self, prof: LoopHost, config: HangConfig | None = None) -> None:
+        self.prof = prof
+        self.error: str | None = None
+        if config is None:
+            try:
+                config = HangConfig.from_env()
+            except ValueError as e:
+                self.error = str(e)
+                warnings.warn(f"fastprof: {e}; the hang watchdog uses its defaults", FastprofWarning, stacklevel=2)
+                config = HangConfig()
+        self.config = config
+        self.watch: Any = None
+        self.thread: threading.Thread | None = None
+        self.stop_event = threading.Event()
+        self.pid = os.getpid()
+        self.training: int | None = None
+        self.reports: list[dict[str, Any]] = []
+        self.said: list[str] = []
+        # The helper's view of progress, for a SIGTERM: (last step, since when).
+        self._seen: tuple[int | None, float] = (None, time.monotonic())
+        self._recent: list[float] = []
+
+    def start(self, steps: Any) -> None:
+        if not self.config.enabled:
+            return
+        try:
+            p = self.prof
+            self.rank = p.rank
+            self.world_size = int(getattr(p.recorder.options, "world_size", 1) or 1)
+            self.training = threading.get_ident()
+            watch = {
+                "rank": self.rank,
+                "pid": self.pid,
+                "host": socket.gethostname(),
+                "training_thread": self.training,
+                "world_size": self.world_size,
+                "started": time.time(),
+            }
+            evidence.write(p.rank_dir / WATCH_FILE, watch)
+            c = self.config
+            self.watch = _core._HangWatch(
+                str(p.rank_dir),
+                self.rank,
+                c.timeout or 0.0,
+                c.grace,
+                c.poll,
+                HANG_EXIT_STATUS if c.action == "abort" else None,
+                self._abort_wait(),
+            )
+            self.thread = threading.Thread(target=self._serve, name="fastprof-hang-helper", daemon=True)
+            self.thread.start()
+        except Exception as e:  # noqa: BLE001 - profiling never takes the job down
+            self.error = f"{type(e).__name__}: {e}"
+            warnings.warn(f"fastprof: the hang watchdog did not start: {self.error}", FastprofWarning, stacklevel=2)
+
+    def _abort_wait(self) -> float:
+        """How long a hung rank waits, before ending, for the other ranks'
+        evidence and the verdict."""
+        return max(10.0, 2 * self.config.grace + 5.0)
+
+    # The helper thread.
+
+    def _serve(self) -> None:
+        while not self.stop_event.is_set():
+            w = self.watch
+            if w is None:
+                return
+            try:
+                event = w.next(0.5)
+                self._progress()
+                if event is None:
+                    continue
+                self._answer(event)
+            except Exception as e:  # noqa: BLE001
+                self.error = f"{type(e).__name__}: {e}"
+                warnings.warn(f"fastprof: hang evidence failed: {self.error}", FastprofWarning, stacklevel=1)
+
+    def _progress(self) -> None:
+        last = _core._hang_last_step()
+        seen, since = self._seen
+        now = time.monotonic()
+        if last != seen:
+            if seen is not None and last is not None and last > seen:
+                self._recent = ([*self._recent, (now - since) / (last - seen)])[-16:]
+            self._seen = (last, now)
+
+    def stalled_s(self) -> float:
+        """Seconds since the helper last saw a step end (or the start)."""
+        return time.monotonic() - self._seen[1]
+
+    def _answer(self, event: dict[str, Any]) -> None:
+        w = self.watch
+        claimed = w is not None and w.claim(event["n"])
+        path = self.prof.rank_dir / f"hang-{event['n']}.json"
+        if claimed:
+            doc = evidence.gather(event, self.rank, self.world_size, self.training)
+            evidence.write(path, doc)
+            self.reports.append({"n": event["n"], "reason": event["reason"], "by": "python"})
+        else:
+            self.reports.append({"n": event["n"], "reason": event["reason"], "by": "watchdog"})
+        if claimed and event.get("stacks"):
+            with contextlib.suppress(OSError):
+                os.unlink(event["stacks"])  # the full evidence has the stacks
+        if event["reason"] != "stalled":
+            return
+        self._say(event)
+        if self.config.action == "abort":
+            sys.stderr.flush()
+            os._exit(HANG_EXIT_STATUS)
+
+    def _say(self, event: dict[str, Any]) -> None:
+        """Join the ranks' evidence and print the verdict, if this rank is the
+        first that can (rank 0 at once; rank r after r grace periods)."""
+        run_dir = self.prof.run_dir
+        window = max(30.0, float(event["timeout_s"]))
+        deadline = time.monotonic() + max(10.0, 2 * self.config.grace + 4.0)
+        states = join(run_dir, event["time"], window, world_size=self.world_size)
+        while time.monotonic() < deadline and any(s["state"] == "silent" for s in states.values()):
+            if self.stop_event.wait(0.25):
+                return
+            states = join(run_dir, event["time"], window, world_size=self.world_size)
+        if self.rank != 0 and self.stop_event.wait(self.config.grace * self.rank):
+            return
+        if not self._take_lock(run_dir / VERDICT_LOCK, event["time"], window):
+            return
+        v = verdict(join(run_dir, event["time"], window, world_size=self.world_size))
+        self.said.append(v["text"])
+        print(f"fastprof: {v['text']}", file=sys.stderr, flush=True)
+
+    def _take_lock(self, path: Any, t: float, window: float) -> bool:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                other = float(json.loads(path.read_text()).get("time", 0.0))
+            except (OSError, ValueError, AttributeError):
+                return False
+            if abs(other - t) <= window:
+                return False  # another rank said this stall's verdict
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return self._take_lock(path, t, window)
+        except OSError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            json.dump({"time": t, "rank": self.rank}, f)
+        return True
+
+    # SIGTERM and the close.
+
+    def on_exit_event(self, reason: str) -> None:
+        if reason != "sigterm" or self.watch is None:
+            return
+        self._progress()
+        typical = sorted(self._recent)[len(self._recent) // 2] if len(self._recent) >= 2 else 1.0
+        if self.stalled_s() < max(10.0, 10 * typical):
+            return
+        try:
+            n = max((k for k, _ in evidence_files(self.prof.rank_dir)), default=0)
+            event = {
+                "n": n + 1,
+                "reason": "sigterm",
+                "request": None,
+                "step": _core._hang_last_step(),
+                "stalled_s": self.stalled_s(),
+                "timeout_s": self.config.timeout or 0.0,
+                "typical_step_s": typical if len(self._recent) >= 2 else None,
+                "time": time.time(),
+            }
+            doc = evidence.gather(event, self.rank, self.world_size, self.training)
+            # The handler runs on the training thread: its own frames are the signal's.
+            evidence.write(self.prof.rank_dir / f"hang-{event['n']}.json", doc)
+            self.reports.append({"n": event["n"], "reason": "sigterm", "by": "python"})
+        except Exception as e:  # noqa: BLE001
+            self.error = f"{type(e).__name__}: {e}"
+
+    def close(self, closing: Closing) -> None:
+        self.release()
+
+    def release(self) -> None:
+        self.stop_event.set()
+        w, self.watch = self.watch, None
+        if w is not None and os.getpid() == self.pid:
+            w.stop()
+        t, self.thread = self.thread, None
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=2.0)
+
+    def account(self) -> Any:
+        c = self.config
+        return {
+            "enabled": c.enabled,
+            "timeout": "auto" if c.timeout is None else c.timeout,
+            "action": c.action,
+            "reports": self.reports,
+            "verdicts": self.said,
+            "error": self.error,
+        }

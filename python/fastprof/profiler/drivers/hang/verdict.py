@@ -1,0 +1,443 @@
+"""Hangs (issue #37): what each rank's evidence says, and one verdict across
+ranks. The hung job's ranks (:mod:`fastprof.profiler.drivers.hang.driver`),
+``fastprof trigger --stacks`` and the report of a run killed while hung
+(:mod:`fastprof.reports.hangs`) call the same functions on the same files, so
+the line printed on stderr and report.json's ``hangs[]`` agree. Standard
+library only: the reports import it without the Profiler's machinery.
+
+Each rank writes ``rank{R}/hang-<n>.json`` when its watchdog sees no step end
+for the timeout (or on ``fastprof trigger --stacks``): every thread's stack
+(innermost frame first), the step and how long it has stalled, the DataLoader
+workers, torch's Flight Recorder entries. ``answered_by`` says who wrote it:
+``"python"`` (the interpreter answered: the full evidence) or ``"watchdog"``
+(the Rust thread, because a thread held the GIL for the whole grace: only
+the stacks, read without the GIL). ``rank{R}/.hang-watch.json`` says which
+process and thread the rank's training loop is, so a rank that wrote nothing
+is told apart as gone (its process ended) or unable to answer.
+
+A rank's state, from its training thread's stack:
+
+- ``collective``: inside a ``torch.distributed`` collective (op, and the
+  user's call site);
+- ``gil``: its evidence came from the watchdog alone: a thread held the GIL
+  for the whole grace (spinning in a C call);
+- ``elsewhere``: in its own code, the data loader, compute (``phase``);
+- ``gone``: no evidence and its process is not there;
+- ``silent``: no evidence and its process is there (or on another host).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import sysconfig
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "HANG_FILE",
+    "HANG_REQUEST_FILE",
+    "WATCH_FILE",
+    "collect",
+    "describe",
+    "evidence_files",
+    "join",
+    "rank_state",
+    "summarize",
+    "verdict",
+]
+
+#: ``rank{R}/hang-<n>.json``: one rank's evidence (names shared with the core's watchdog).
+HANG_FILE = re.compile(r"^hang-(\d+)\.json$")
+#: ``rank{R}/STACKS``: ``fastprof trigger --stacks``'s request (the core's watchdog reads it).
+HANG_REQUEST_FILE = "STACKS"
+#: ``rank{R}/.hang-watch.json``: the rank's process (pid, host) and training thread.
+WATCH_FILE = ".hang-watch.json"
+
+#: torch.distributed's collectives and point-to-point calls, as their functions are named.
+COLLECTIVE_OPS = frozenset(
+    {
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "all_to_all",
+        "all_to_all_single",
+        "barrier",
+        "broadcast",
+        "broadcast_object_list",
+        "gather",
+        "gather_object",
+        "monitored_barrier",
+        "recv",
+        "reduce",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "scatter",
+        "scatter_object_list",
+        "send",
+        "wait",
+    }
+)
+
+_SEP = os.sep
+_TORCH = f"{_SEP}torch{_SEP}"
+_FASTPROF = f"{_SEP}fastprof{_SEP}"
+_STDLIB = tuple(
+    p + _SEP for p in {sysconfig.get_paths().get("stdlib", ""), sysconfig.get_paths().get("platstdlib", "")} if p
+)
+
+
+def _is_user(file: str) -> bool:
+    """A frame of the job's own code: not torch, fastprof or the standard library."""
+    return not (_TORCH in file or _FASTPROF in file or file.startswith(_STDLIB) or file.startswith("<"))
+
+
+def _phase_of(frames: list[dict[str, Any]]) -> str:
+    """The step's phase a stack is in: the outermost frame that names one (a
+    collective inside backward is backward's, as the anatomy counts it)."""
+    for f in reversed(frames):
+        file, fn = str(f.get("file", "")), str(f.get("function", ""))
+        if f"{_SEP}torch{_SEP}utils{_SEP}data{_SEP}" in file:
+            return "dataloader"
+        if f"{_SEP}torch{_SEP}autograd{_SEP}" in file or (file.endswith(f"torch{_SEP}_tensor.py") and fn == "backward"):
+            return "backward"
+        if f"{_SEP}torch{_SEP}optim{_SEP}" in file:
+            return "optimizer"
+        if f"{_SEP}torch{_SEP}nn{_SEP}modules{_SEP}module.py" in file:
+            return "forward"
+        if f"{_SEP}torch{_SEP}distributed{_SEP}" in file:
+            return "communication"
+    return "other"
+
+
+def summarize(evidence: dict[str, Any], training: int | None) -> dict[str, Any]:
+    """Where a rank's training thread is: ``where`` (its innermost frame of
+    the job's own code), ``top`` (its innermost frame), ``phase``, and
+    ``collective`` (``op`` and the ``site`` it was called from) or None.
+    ``training``: the training thread's id (None: the first thread listed
+    that has frames)."""
+    threads = [t for t in evidence.get("threads") or [] if isinstance(t, dict)]
+    thread = None
+    for t in threads:
+        if training is not None and _ident(t) == training:
+            thread = t
+            break
+    if thread is None:
+        thread = next((t for t in threads if t.get("training")), None)
+    if thread is None:
+        thread = next((t for t in threads if t.get("frames")), None)
+    frames = [f for f in (thread or {}).get("frames") or [] if isinstance(f, dict)]
+    where = next((f for f in frames if _is_user(str(f.get("file", "")))), frames[0] if frames else None)
+    collective = None
+    for i, f in enumerate(frames):
+        if f"{_SEP}torch{_SEP}distributed{_SEP}" in str(f.get("file", "")) and f.get("function") in COLLECTIVE_OPS:
+            site = next((g for g in frames[i + 1 :] if _is_user(str(g.get("file", "")))), None)
+            collective = {"op": f["function"], "site": _frame(site), "seq": _seq(evidence, f["function"])}
+            break
+    return {
+        "where": _frame(where),
+        "top": _frame(frames[0] if frames else None),
+        "phase": _phase_of(frames),
+        "collective": collective,
+    }
+
+
+def _seq(evidence: dict[str, Any], op: str) -> int | None:
+    """The sequence number of the collective a rank is in: from its
+    wavefront (the last entered, not completed, of that op) when recorded,
+    else from torch's Flight Recorder (its last entry not retired, of that op)."""
+    wave = evidence.get("collectives")
+    if isinstance(wave, dict):
+        for g in wave.values():
+            e = g.get("entered") if isinstance(g, dict) else None
+            if isinstance(e, dict) and e.get("op") == op and e.get("seq") != (g.get("completed") or {}).get("seq"):
+                return int(e["seq"])
+    fr = evidence.get("flight_recorder")
+    entries = fr.get("entries") if isinstance(fr, dict) else None
+    for e in reversed(entries or []):
+        if not isinstance(e, dict) or e.get("retired") or e.get("is_p2p"):
+            continue
+        if str(e.get("profiling_name", "")).split(":")[-1] == op and isinstance(e.get("collective_seq_id"), int):
+            return int(e["collective_seq_id"])
+        break
+    return None
+
+
+def last_completed(evidence: dict[str, Any] | None) -> int | None:
+    """The last collective a rank completed on the default group, from
+    torch's Flight Recorder (None: not recorded)."""
+    fr = (evidence or {}).get("flight_recorder")
+    entries = fr.get("entries") if isinstance(fr, dict) else None
+    done = [
+        int(e["collective_seq_id"])
+        for e in entries or []
+        if isinstance(e, dict) and e.get("retired") and not e.get("is_p2p")
+        if isinstance(e.get("collective_seq_id"), int)
+    ]
+    return max(done, default=None)
+
+
+def _ident(thread: dict[str, Any]) -> int | None:
+    v = thread.get("ident", thread.get("id"))
+    if isinstance(v, int):
+        return v
+    with contextlib.suppress(TypeError, ValueError):
+        return int(str(v), 16)
+    return None
+
+
+def _frame(f: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not f:
+        return None
+    return {"file": f.get("file"), "line": f.get("line"), "function": f.get("function")}
+
+
+def rank_state(evidence: dict[str, Any] | None, watch: dict[str, Any] | None, live: bool = True) -> dict[str, Any]:
+    """One rank's state (see the module documentation) with its summary.
+    ``live``: the job still runs, so a process that is not there is gone
+    (after the job, a rank without evidence is only silent)."""
+    if evidence is None:
+        alive = _alive(watch) if live else None
+        return {"state": "gone" if alive is False else "silent", "alive": alive}
+    s = summarize(evidence, (watch or {}).get("training_thread", evidence.get("training_thread")))
+    if evidence.get("answered_by") == "watchdog":
+        state = "gil"
+    elif s["collective"] is not None:
+        state = "collective"
+    else:
+        state = "elsewhere"
+    return {
+        **s,
+        "state": state,
+        "step": evidence.get("step"),
+        "stalled_s": evidence.get("stalled_s"),
+        "last_completed": last_completed(evidence),
+    }
+
+
+def _alive(watch: dict[str, Any] | None) -> bool | None:
+    """Whether a rank's process is there: None when unknown (another host, no record)."""
+    if not watch or watch.get("host") != socket.gethostname():
+        return None
+    try:
+        os.kill(int(watch["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError, ValueError, KeyError, TypeError):
+        return True
+    return True
+
+
+def _ranks(states: Iterable[int]) -> str:
+    """``0-2, 4`` for [0, 1, 2, 4]."""
+    rs = sorted(states)
+    out: list[str] = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def _at(f: dict[str, Any] | None) -> str:
+    if not f:
+        return "an unknown place"
+    name = os.path.basename(str(f.get("file")))
+    return f"{name}:{f.get('line')} in {f.get('function')}"
+
+
+def verdict(states: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """One verdict across ranks (``states``: :func:`rank_state` by rank):
+    the entry of report.json's ``hangs[]``, with ``kind`` and ``text``."""
+    waiting = {r: s for r, s in states.items() if s["state"] == "collective"}
+    others = {r: s for r, s in states.items() if s["state"] != "collective"}
+    answered = [s for s in states.values() if s.get("step") is not None]
+    step = min((int(s["step"]) for s in answered), default=None)
+    seconds = max((float(s.get("stalled_s") or 0.0) for s in answered), default=0.0)
+    collective: dict[str, Any] | None = None
+    suspects: list[int]
+    if waiting:
+        ops: dict[tuple[str, Any], list[int]] = {}
+        for r, s in waiting.items():
+            ops.setdefault((s["collective"]["op"], s["collective"]["seq"]), []).append(r)
+        (op, seq), main = max(ops.items(), key=lambda kv: (len(kv[1]), -min(kv[1])))
+        collective = {"op": op, "seq": seq}
+        if not others and len(ops) == 1:
+            kind, suspects = "backend", []
+        elif not others:
+            kind = "mismatch"
+            suspects = sorted(r for r, _ in waiting.items() if r not in main)
+        else:
+            kind, suspects = _kind_of(others), sorted(others)
+        waiting_ranks = sorted(main)
+    else:
+        kind, suspects, waiting_ranks = _kind_of(others), sorted(others), []
+    where = [
+        {
+            "rank": r,
+            "file": (states[r].get("where") or {}).get("file"),
+            "line": (states[r].get("where") or {}).get("line"),
+            "function": (states[r].get("where") or {}).get("function"),
+            "phase": states[r].get("phase"),
+            "state": states[r]["state"],
+        }
+        for r in suspects
+    ]
+    out = {
+        "step": None if step is None else step + 1,
+        "seconds": round(seconds, 1),
+        "kind": kind,
+        "suspect_ranks": suspects,
+        "where": where,
+        "collective": collective,
+        "waiting_ranks": waiting_ranks,
+    }
+    out["text"] = describe(out, states)
+    return out
+
+
+def _kind_of(others: dict[int, dict[str, Any]]) -> str:
+    kinds = {s["state"] for s in others.values()}
+    for k in ("gil", "gone", "silent", "elsewhere"):
+        if k in kinds:
+            return {"gil": "gil", "gone": "gone", "silent": "silent", "elsewhere": "elsewhere"}[k]
+    return "elsewhere"
+
+
+def describe(v: dict[str, Any], states: dict[int, dict[str, Any]]) -> str:
+    """The verdict in one sentence (without the ``fastprof:`` prefix)."""
+    head = f"hang at step {v['step']}" if v["step"] is not None else "hang"
+    head += f" ({v['seconds']:.0f} s)"
+    c = v["collective"]
+    cname = None
+    if c is not None:
+        cname = c["op"] + (f" #{c['seq']}" if c.get("seq") is not None else "")
+    parts: list[str] = []
+    if v["kind"] == "backend":
+        site = _at(states[v["waiting_ranks"][0]]["collective"]["site"]) if v["waiting_ranks"] else ""
+        return (
+            f"{head}: every rank waits in {cname} ({site}): none is missing, so the network or the "
+            "collective backend is stuck"
+        )
+    for r in v["suspect_ranks"]:
+        s = states[r]
+        st = s["state"]
+        never = f"never entered {cname}; " if cname is not None and st != "collective" else ""
+        if st == "collective":
+            sc = s["collective"]
+            parts.append(
+                f"rank {r} is in {sc['op']} ({_at(sc['site'])}, {s['phase']}) where the others are in "
+                f"{cname}: the ranks took different code paths"
+            )
+        elif st == "gil":
+            parts.append(
+                f"rank {r} {never}it spins with the GIL held at {_at(s['where'])} ({s['phase']}); "
+                f"innermost: {_at(s['top'])}"
+            )
+        elif st == "gone":
+            parts.append(f"rank {r} {never}its process is gone")
+        elif st == "silent":
+            parts.append(f"rank {r} {never}it cannot answer (no evidence from it)")
+        else:
+            phase = "the dataloader" if s["phase"] == "dataloader" else s["phase"]
+            parts.append(f"rank {r} {never}it is in {phase}: {_at(s['where'])}")
+    text = f"{head}: " + "; ".join(parts) + "."
+    if v["waiting_ranks"] and cname is not None:
+        w = v["waiting_ranks"]
+        site = _at(states[w[0]]["collective"]["site"])
+        text += f" Rank{'s' if len(w) > 1 else ''} {_ranks(w)} wait{'' if len(w) > 1 else 's'} in {cname} ({site})."
+    return text
+
+
+def evidence_files(rank_dir: Path) -> list[tuple[int, Path]]:
+    """A rank's ``hang-<n>.json`` files, by n."""
+    out = []
+    with contextlib.suppress(OSError):
+        for p in rank_dir.iterdir():
+            m = HANG_FILE.match(p.name)
+            if m:
+                out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _rank_dirs(run_dir: Path) -> dict[int, Path]:
+    out = {}
+    with contextlib.suppress(OSError):
+        for d in run_dir.iterdir():
+            m = re.match(r"^rank(\d+)$", d.name)
+            if m and d.is_dir():
+                out[int(m.group(1))] = d
+    return out
+
+
+def join(
+    run_dir: Path,
+    near: float,
+    window: float,
+    request: str | None = None,
+    world_size: int | None = None,
+    live: bool = True,
+) -> dict[int, dict[str, Any]]:
+    """Each rank's state for the hang seen at wall time ``near``: its
+    newest evidence within ``window`` seconds of it (or answering
+    ``request``), else gone or silent."""
+    dirs = _rank_dirs(run_dir)
+    ranks = set(dirs) | (set(range(world_size)) if world_size else set())
+    states: dict[int, dict[str, Any]] = {}
+    for r in sorted(ranks):
+        d = dirs.get(r)
+        watch = _read(d / WATCH_FILE) if d is not None else None
+        found = None
+        for _n, p in reversed(evidence_files(d) if d is not None else []):
+            doc = _read(p)
+            if doc is None:
+                continue
+            if request is not None:
+                if doc.get("request") == request:
+                    found = doc
+                    break
+            elif doc.get("reason") == "stalled" and abs(float(doc.get("time", 0.0)) - near) <= window:
+                found = doc
+                break
+        states[r] = rank_state(found, watch, live)
+    return states
+
+
+def collect(run_dir: Path) -> list[dict[str, Any]]:
+    """report.json's ``hangs[]``: one verdict per stall the ranks reported
+    (their ``hang-<n>.json`` of reason ``stalled``, grouped by time)."""
+    dirs = _rank_dirs(run_dir)
+    times: list[tuple[float, float]] = []
+    for d in dirs.values():
+        for _n, p in evidence_files(d):
+            doc = _read(p)
+            if doc is not None and doc.get("reason") == "stalled":
+                times.append((float(doc.get("time", 0.0)), float(doc.get("timeout_s") or 60.0)))
+    times.sort()
+    hangs: list[dict[str, Any]] = []
+    last: float | None = None
+    for t, timeout in times:
+        window = max(30.0, timeout)
+        if last is not None and t - last <= window:
+            continue
+        last = t
+        v = verdict(join(run_dir, t, window, live=False))
+        v["time"] = t
+        hangs.append(v)
+    return hangs

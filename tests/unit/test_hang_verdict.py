@@ -1,0 +1,126 @@
+"""The verdict across ranks (issue #37, item 4) on evidence as the ranks
+write it: each kind a hung job can be in is told apart, and the sentence
+names the suspect rank, its line and the collective the others wait in."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import sysconfig
+from typing import Any
+
+from fastprof.profiler.drivers.hang.verdict import rank_state, summarize, verdict
+
+TORCH = os.path.join(os.sep, "venv", "site-packages", "torch")
+C10D = os.path.join(TORCH, "distributed", "distributed_c10d.py")
+LOADER = os.path.join(TORCH, "utils", "data", "dataloader.py")
+TRAIN = os.path.join(os.sep, "job", "train.py")
+DATA = os.path.join(os.sep, "job", "dataset.py")
+
+
+def _ev(frames: list[tuple[str, int, str]], by: str = "python", step: int = 41, fr: Any = None) -> dict[str, Any]:
+    return {
+        "answered_by": by,
+        "step": step,
+        "stalled_s": 47.2,
+        "training_thread": 7,
+        "threads": [
+            {"ident": 9, "frames": [{"file": TRAIN, "line": 1, "function": "other_thread"}]},
+            {"ident": 7, "frames": [{"file": f, "line": n, "function": fn} for f, n, fn in frames]},
+        ],
+        "flight_recorder": fr,
+    }
+
+
+def _in(op: str, line: int = 88) -> dict[str, Any]:
+    return _ev([(C10D, 2800, op), (TRAIN, line, "train_step"), (TRAIN, 120, "<module>")])
+
+
+IN_DATA = [(DATA, 22, "__getitem__"), (LOADER, 700, "__next__"), (TRAIN, 80, "<module>")]
+
+
+def test_a_rank_elsewhere_is_named_with_its_line_and_phase() -> None:
+    states = {
+        0: rank_state(_in("all_reduce"), None),
+        1: rank_state(_ev(IN_DATA), None),
+        2: rank_state(_in("all_reduce"), None),
+    }
+    v = verdict(states)
+    assert (v["kind"], v["suspect_ranks"], v["waiting_ranks"]) == ("elsewhere", [1], [0, 2])
+    assert v["collective"] == {"op": "all_reduce", "seq": None}
+    assert v["where"][0] | {"state": None} == {
+        "rank": 1,
+        "file": DATA,
+        "line": 22,
+        "function": "__getitem__",
+        "phase": "dataloader",
+        "state": None,
+    }
+    assert v["step"] == 42
+    assert v["text"] == (
+        "hang at step 42 (47 s): rank 1 never entered all_reduce; it is in the dataloader: dataset.py:22 in "
+        "__getitem__. Ranks 0, 2 wait in all_reduce (train.py:88 in train_step)."
+    )
+
+
+def test_a_mismatched_collective_is_code_path_divergence() -> None:
+    states = {
+        0: rank_state(_in("all_reduce"), None),
+        1: rank_state(_in("broadcast", 95), None),
+        2: rank_state(_in("all_reduce"), None),
+    }
+    v = verdict(states)
+    assert (v["kind"], v["suspect_ranks"], v["waiting_ranks"]) == ("mismatch", [1], [0, 2])
+    assert "rank 1 is in broadcast (train.py:95 in train_step" in v["text"]
+    assert "different code paths" in v["text"]
+
+
+def test_a_skipped_collective_shows_as_different_sequence_numbers() -> None:
+    def fr(seq: int) -> dict[str, Any]:
+        return {"entries": [{"profiling_name": "gloo:all_reduce", "collective_seq_id": seq, "retired": False}]}
+
+    e0, e1 = _in("all_reduce"), _in("all_reduce")
+    e0["flight_recorder"], e1["flight_recorder"] = fr(12), fr(13)
+    e2 = _in("all_reduce")
+    e2["flight_recorder"] = fr(12)
+    v = verdict({0: rank_state(e0, None), 1: rank_state(e1, None), 2: rank_state(e2, None)})
+    assert (v["kind"], v["suspect_ranks"], v["collective"]) == ("mismatch", [1], {"op": "all_reduce", "seq": 12})
+
+
+def test_all_ranks_in_the_same_collective_is_the_backend() -> None:
+    v = verdict({0: rank_state(_in("all_reduce"), None), 1: rank_state(_in("all_reduce"), None)})
+    assert (v["kind"], v["suspect_ranks"], v["waiting_ranks"]) == ("backend", [], [0, 1])
+    assert "network or the collective backend" in v["text"]
+
+
+def test_a_rank_spinning_with_the_gil_held() -> None:
+    spin = _ev(
+        [(os.path.join(sysconfig.get_paths()["stdlib"], "re", "__init__.py"), 166, "match"), (TRAIN, 60, "forward")],
+        by="watchdog",
+    )
+    v = verdict({0: rank_state(_in("all_reduce"), None), 1: rank_state(spin, None)})
+    assert (v["kind"], v["suspect_ranks"]) == ("gil", [1])
+    assert "spins with the GIL held at train.py:60 in forward" in v["text"]
+
+
+def test_a_gone_process_and_a_silent_one() -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    here = {"host": socket.gethostname(), "pid": dead.pid}
+    alive = {"host": socket.gethostname(), "pid": os.getpid()}
+    v = verdict({0: rank_state(_in("all_reduce"), None), 1: rank_state(None, here), 2: rank_state(None, alive)})
+    assert v["suspect_ranks"] == [1, 2] and v["kind"] == "gone"
+    assert "rank 1 never entered all_reduce; its process is gone" in v["text"]
+    assert "rank 2 never entered all_reduce; it cannot answer" in v["text"]
+    # After the job (a report), a rank without evidence is only silent.
+    assert rank_state(None, here, live=False)["state"] == "silent"
+
+
+def test_summary_picks_the_training_thread_and_the_user_frame() -> None:
+    s = summarize(_in("all_reduce"), 7)
+    assert s["collective"]["op"] == "all_reduce" and s["collective"]["site"]["line"] == 88
+    assert s["where"]["line"] == 88 and s["phase"] == "communication"
+    # Without the training thread's id, the first thread with frames.
+    assert summarize(_in("all_reduce"), None)["where"]["function"] == "other_thread"
