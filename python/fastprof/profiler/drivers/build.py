@@ -10,6 +10,7 @@ from fastprof.profiler.drivers.anatomy import AnatomyDriver
 from fastprof.profiler.drivers.clocks import ClockDriver
 from fastprof.profiler.drivers.exits import ExitsDriver
 from fastprof.profiler.drivers.gate import GateDriver
+from fastprof.profiler.drivers.hang import HangDriver
 from fastprof.profiler.drivers.memory import MemoryDriver
 from fastprof.profiler.drivers.optimizer import OptimizerStepsDriver
 from fastprof.profiler.drivers.outputs import OutputsDriver
@@ -47,5 +48,6 @@ def build(prof: Any, f: Resolved) -> list[Driver]:
     out.append(WorkersDriver(prof))
     triggers = f.triggers
     out.append(TriggerDriver(triggers, prof, windows, anatomy) if triggers is not None else Absent("triggers", None))
+    out.append(HangDriver(prof))
     out.append(OutputsDriver(prof))
     return out
