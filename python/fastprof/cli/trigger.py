@@ -27,6 +27,8 @@ from typing import Any
 from fastprof.cli.args import integer, location, seconds
 from fastprof.cli.errors import CommandError, describe
 from fastprof.memory._files import write_atomic
+from fastprof.profiler.drivers.hang import verdict as hangs
+from fastprof.profiler.drivers.hang.verdict import HANG_REQUEST_FILE
 from fastprof.profiler.drivers.triggers import LIVE_FILE, REMOTE_POLL_S, STATE_FILE, TRIGGER_FILE, new_request_id
 from fastprof.recording.names import PROFILER_JSON, RANK_DIR
 from fastprof.storage.run_view import RunView, open_run
@@ -58,6 +60,11 @@ def add_parser(verbs: Any) -> None:
     p.add_argument("--flight", action="store_true", help="only dump the flight recorder (no torch capture)")
     p.add_argument(
         "--signal", action="store_true", help="also send the job's trigger signal to the pids live.json lists"
+    )
+    p.add_argument(
+        "--stacks",
+        action="store_true",
+        help="ask each rank for its hang evidence (every thread's stack, step, collectives) and print a verdict",
     )
     p.add_argument(
         "--wait",
@@ -115,6 +122,8 @@ def _alive(info: dict[str, Any]) -> bool | None:
 def run(args: argparse.Namespace) -> int:
     view = open_run(args.run_dir, what="run")
     run_dir = view.local_path
+    if getattr(args, "stacks", False):
+        return _stacks(args, run_dir, view.name)
     if run_dir is None:
         # Not a folder of this machine: the ranks are reached only through the store.
         return _run_in_store(args, view)
@@ -374,6 +383,76 @@ def _run_in_store(args: argparse.Namespace, view: RunView) -> int:
         pause=2.0,
         where=url,
     )
+
+
+def _stacks(args: argparse.Namespace, run_dir: Path | None, name: str) -> int:
+    """``--stacks``: write each live rank's request file (``rank{R}/STACKS``,
+    read by its hang watchdog thread, which answers even while a thread of
+    the job holds the GIL), wait for each rank's ``hang-<n>.json`` answering
+    it, and print where each rank is and one verdict (issue #37)."""
+    if run_dir is None:
+        raise CommandError(f"{name}: --stacks needs the run directory on this machine (not yet through a store)", 2)
+    if not run_dir.is_dir():
+        raise CommandError(f"{run_dir}: no such run directory (expected <out>/<run_name>)", 2)
+    watches: dict[int, dict[str, Any]] = {}
+    for d in sorted(run_dir.glob("rank*")):
+        m = RANK_DIR.match(d.name)
+        f = d / hangs.WATCH_FILE
+        if not m or not f.is_file():
+            continue
+        try:
+            watches[int(m.group(1))] = {**json.loads(f.read_text()), "dir": d}
+        except (OSError, ValueError, RecursionError):
+            continue
+    live = {r: w for r, w in watches.items() if _alive(w) is not False}
+    if args.rank != "all":
+        if args.rank not in live:
+            raise CommandError(f"rank {args.rank} has no live hang watchdog in {run_dir}", 2)
+        live = {args.rank: live[args.rank]}
+    if not live:
+        raise CommandError(
+            f"{run_dir}: no live rank with a hang watchdog (no rank*/{hangs.WATCH_FILE} of a running process); "
+            "is the job running with fastprof.Profiler and FASTPROF_HANG_TIMEOUT not off?"
+        )
+    rid = new_request_id()
+    for w in live.values():
+        where = w["dir"] / HANG_REQUEST_FILE
+        try:
+            write_atomic(where, rid)
+        except OSError as e:
+            raise CommandError(f"{where}: cannot write the request ({e.strerror or e})") from None
+    asked = ", ".join(map(str, sorted(live)))
+    print(f"fastprof trigger: asked rank(s) {asked} of {run_dir} for stacks (request {rid})")
+    deadline = time.monotonic() + args.wait
+    pending = set(live)
+    while pending and time.monotonic() < deadline:
+        for r in sorted(pending):
+            for _n, p in hangs.evidence_files(live[r]["dir"]):
+                try:
+                    doc = json.loads(p.read_text())
+                except (OSError, ValueError, RecursionError):
+                    continue
+                if isinstance(doc, dict) and doc.get("request") == rid:
+                    pending.discard(r)
+                    print(f"  rank {r}: {p}")
+                    break
+        if pending:
+            time.sleep(0.2)
+    states = hangs.join(run_dir, time.time(), 0.0, request=rid)
+    for r, s in sorted(states.items()):
+        if r not in live:
+            continue
+        if s["state"] in ("gone", "silent"):
+            print(f"  rank {r}: no answer ({s['state']})")
+            continue
+        w = s.get("where") or {}
+        c = s.get("collective")
+        inside = f", in {c['op']}" if c else ""
+        gil = ", the GIL held (stacks read without it)" if s["state"] == "gil" else ""
+        print(f"  rank {r}: {w.get('file')}:{w.get('line')} in {w.get('function')} ({s.get('phase')}{inside}{gil})")
+    v = hangs.verdict({r: s for r, s in states.items() if r in live})
+    print(f"fastprof trigger: {v['text']}")
+    return 3 if pending else 0
 
 
 def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
