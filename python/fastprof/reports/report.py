@@ -24,6 +24,7 @@ from fastprof.reports.anatomy import anatomy_report
 from fastprof.reports.breakdown import step_breakdown, steps_from
 from fastprof.reports.csvout import TABLES, write_csv
 from fastprof.reports.finite import encode, report_warning
+from fastprof.reports.hangs import hangs_report
 from fastprof.reports.jsonout import write_json
 from fastprof.reports.memory import memory_report
 from fastprof.reports.ranks import ranks_report
@@ -191,6 +192,7 @@ def _build_from(
         "anatomy": anatomy,
         "anatomy_reason": anatomy_reason,
         "triggers": triggers,
+        "hangs": hangs_report(data),
         "recommendations": recs,
     }
 
