@@ -8,10 +8,11 @@ from rich.console import Console
 from rich.table import Table
 
 from fastprof.readers.merge import describe_rotated
-from fastprof.reports.anatomy import overlap_line, slow_step_line, straggler_line
+from fastprof.reports.anatomy import overlap_line, slow_step_line
 from fastprof.reports.data import HOST_COLUMNS, host_rows, human_bytes
 from fastprof.reports.resumed import describe as describe_resumed
 from fastprof.reports.speed import trend_note, trend_text
+from fastprof.reports.stragglers import pace_line, straggler_line
 
 
 def _s(v: Any, fmt: str = "{:.4f}") -> str:
@@ -101,10 +102,13 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None, title: 
         )
     spread = doc["ranks"]["spread"]
     if spread:
-        con.print(
-            f"Ranks: step spread p50 {spread['p50_s']:.4f} s, max {spread['max_s']:.4f} s; rank "
-            f"{spread['most_often_slowest_rank']} slowest in {spread['slowest_share_pct']:.0f}% of steps"
+        slowest = (
+            "no rank slowest more often than chance (ties are no one's)"
+            if spread["most_often_slowest_rank"] is None
+            else f"rank {spread['most_often_slowest_rank']} clearly slowest in "
+            f"{spread['slowest_share_pct']:.0f}% of steps"
         )
+        con.print(f"Ranks: step spread p50 {spread['p50_s']:.4f} s, max {spread['max_s']:.4f} s; {slowest}")
     if doc["breakdown"] is None:
         con.print(f"Step-time breakdown: {doc['breakdown_reason']}")
     else:
@@ -201,8 +205,11 @@ def _anatomy(con: Any, section: dict[str, Any] | None) -> None:
                 if ph[p]["p50_ns"] or ph[p]["host_p50_ns"]
             )
             con.print(f"On the GPU, rank {r['rank']} ({g['timed_steps']} timed steps, p50): {parts}. {g['verdict']}.")
+    pace = section.get("ranks_in_pace")
     for st in section.get("stragglers") or []:
-        con.print(f"Straggler: {straggler_line(st)}.")
+        con.print(f"Straggler: {straggler_line(st, pace and pace['jitter_ns'])}.")
+    if pace and not section.get("stragglers"):
+        con.print(f"No straggler: {pace_line(pace)}.")
     for r in section["per_rank"]:
         said = overlap_line(r)
         if said:
