@@ -1,0 +1,238 @@
+"""Hangs across ranks (issue #37) with a real ``torchrun --nproc-per-node 2``
+job (gloo, CPU): the watchdog notices without the training thread, each rank
+writes ``rank{R}/hang-<n>.json``, rank 0 prints one verdict naming the stuck
+rank and its line while the job is still hung, and the report of the run,
+killed while hung, has it in ``hangs[]``. A rank spinning in a C call with
+the GIL held still gives its stack; a job that is merely slow reports nothing.
+Every file is read back with Python's json."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fastprof
+from conftest import TORCHRUN_VARS, free_port
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("torch")
+
+WORKER = textwrap.dedent(
+    """
+    import os, re, sys, time
+    import torch, torch.distributed as dist
+    from torch.utils.data import DataLoader, Dataset
+    import fastprof
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    mode = sys.argv[2]
+
+    class Data(Dataset):
+        def __len__(self):
+            return 40
+        def __getitem__(self, i):
+            if mode == "data" and rank == 1 and i == 6:
+                time.sleep(3600)  # STUCK-DATA
+            return torch.ones(4)
+
+    prof = fastprof.Profiler(out_dir=sys.argv[1], run_name="job", schedule="never", merge_timeout=30)
+    with prof:
+        for i, x in enumerate(prof.loader(DataLoader(Data(), batch_size=1))):
+            if mode == "gil" and rank == 1 and i == 6:
+                re.match(r"(a+)+$", "a" * 40 + "b")  # STUCK-GIL
+            if mode == "slow" and i >= 8:
+                time.sleep(2.0)  # slower than usual, under the timeout
+            t = x.sum()
+            dist.all_reduce(t)  # WAIT-HERE
+            prof.step()
+    dist.destroy_process_group()
+    """
+)
+
+
+def _line(marker: str) -> int:
+    return next(i for i, text in enumerate(WORKER.splitlines(), 1) if marker in text)
+
+
+def _start(root: Path, mode: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    (root / "worker.py").write_text(WORKER)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_") and k not in TORCHRUN_VARS}
+    base.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+    cmd += ["--master-port", str(free_port()), str(root / "worker.py"), str(root / "out"), mode]
+    return subprocess.Popen(
+        cmd,
+        cwd=root,
+        env={**base, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _kill(p: subprocess.Popen[str], run: Path) -> tuple[str, str]:
+    """SIGKILL the job: torchrun's process group, and each rank (torchrun
+    starts them in their own sessions) by the pid its watch file names."""
+    for w in run.glob("rank*/.hang-watch.json"):
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(json.loads(w.read_text())["pid"]), signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(os.getpgid(p.pid), signal.SIGKILL)
+    out, err = p.communicate(timeout=60)
+    return out, err
+
+
+def _wait_for(pred: Any, limit: float, p: subprocess.Popen[str]) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        if p.poll() is not None:
+            return bool(pred())
+        time.sleep(0.25)
+    return False
+
+
+def _hangs(run: Path, rank: int) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((run / f"rank{rank}").glob("hang-*.json"))]
+
+
+TIMEOUT_S = 4.0
+
+
+@pytest.fixture(scope="module")
+def data_hang(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Rank 1 sleeps in ``__getitem__``; rank 0 waits in ``all_reduce``. The
+    job stays hung until the fixture kills it (after ``--stacks`` ran)."""
+    root = tmp_path_factory.mktemp("hang-data")
+    p = _start(root, "data", {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"})
+    run = root / "out" / "job"
+    t0 = time.monotonic()
+    try:
+        seen = _wait_for(lambda: _hangs(run, 0) and _hangs(run, 1) and (run / ".hang-verdict").exists(), 150, p)
+        took = time.monotonic() - t0
+        stacks = None
+        if seen:
+            time.sleep(1.0)  # the verdict's line reaches stderr
+            stacks = subprocess.run(
+                [sys.executable, "-m", "fastprof", "trigger", str(run), "--stacks", "--wait", "30"],
+                capture_output=True,
+                text=True,
+                timeout=90,
+            )
+    finally:
+        out, err = _kill(p, run)
+    assert seen, f"no hang evidence within 150 s\nstdout:\n{out}\nstderr:\n{err}"
+    rep = root / "rep"
+    fastprof.report(run, out_dir=rep, formats=("json",))
+    doc = json.loads((rep / "report.json").read_text())
+    return {"run": run, "stderr": err, "took": took, "stacks": stacks, "report": doc}
+
+
+def test_each_rank_writes_its_evidence_with_the_stuck_line(data_hang: dict[str, Any]) -> None:
+    run = data_hang["run"]
+    r0, r1 = _hangs(run, 0)[0], _hangs(run, 1)[0]
+    for doc, rank in ((r0, 0), (r1, 1)):
+        assert doc["kind"] == "fastprof.hang" and doc["rank"] == rank and doc["reason"] == "stalled"
+        assert doc["answered_by"] == "python"
+        assert doc["stalled_s"] >= TIMEOUT_S
+        assert doc["step"] == 5  # steps 0-5 ended; step 6 is the stuck one
+    # Rank 1's training thread is in the dataset's __getitem__, at the sleep.
+    assert r1["summary"]["where"]["line"] == _line("STUCK-DATA")
+    assert r1["summary"]["where"]["function"] == "__getitem__"
+    assert r1["summary"]["phase"] == "dataloader"
+    assert r1["summary"]["collective"] is None
+    # Rank 0 waits in all_reduce, called from the loop's line.
+    assert r0["summary"]["collective"]["op"] == "all_reduce"
+    assert r0["summary"]["collective"]["site"]["line"] == _line("WAIT-HERE")
+    # Every thread has a stack; the training thread is marked.
+    assert sum(t["training"] for t in r1["threads"]) == 1
+    assert isinstance(r1["workers"], list)
+
+
+def test_rank0_prints_one_verdict_naming_the_stuck_rank_while_hung(data_hang: dict[str, Any]) -> None:
+    lines = [ln for ln in data_hang["stderr"].splitlines() if "fastprof: hang at step" in ln]
+    assert len(lines) == 1, data_hang["stderr"]
+    v = lines[0]
+    # The collective's number comes from torch's Flight Recorder (rank 0's
+    # entry not yet retired); rank 1 completed the one before it.
+    m = re.search(r"rank 1 never entered all_reduce #(\d+); it is in the dataloader: ", v)
+    assert m, v
+    assert f"worker.py:{_line('STUCK-DATA')} in __getitem__" in v
+    assert f"Rank 0 waits in all_reduce #{m.group(1)} (worker.py:{_line('WAIT-HERE')} in <module>)." in v
+    r1 = _hangs(data_hang["run"], 1)[0]
+    done = [e["collective_seq_id"] for e in r1["flight_recorder"]["entries"] if e["retired"]]
+    assert max(done) == int(m.group(1)) - 1
+    # Within the timeout and the join's bounded wait of the stall (startup included).
+    assert data_hang["took"] < 150
+
+
+def test_trigger_stacks_asks_every_rank_on_demand(data_hang: dict[str, Any]) -> None:
+    r = data_hang["stacks"]
+    assert r is not None and r.returncode == 0, (r.stdout, r.stderr) if r else None
+    run = data_hang["run"]
+    for rank in (0, 1):
+        docs = [d for d in _hangs(run, rank) if d["reason"] == "request"]
+        assert len(docs) == 1 and docs[0]["request"], docs
+    assert "rank 1" in r.stdout and f"worker.py:{_line('STUCK-DATA')}" in r.stdout, r.stdout
+
+
+def test_report_of_the_killed_run_has_the_hang(data_hang: dict[str, Any]) -> None:
+    hangs = data_hang["report"]["hangs"]
+    assert len(hangs) == 1, hangs
+    h = hangs[0]
+    assert h["step"] == 6 and h["seconds"] >= TIMEOUT_S
+    assert h["suspect_ranks"] == [1] and h["waiting_ranks"] == [0]
+    assert h["collective"]["op"] == "all_reduce"
+    (w,) = h["where"]
+    assert (w["rank"], w["line"], w["function"], w["phase"]) == (1, _line("STUCK-DATA"), "__getitem__", "dataloader")
+
+
+def test_a_rank_spinning_with_the_gil_held_gives_its_stack_and_abort_ends_the_job(tmp_path: Path) -> None:
+    env = {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2", "FASTPROF_HANG_ACTION": "abort"}
+    p = _start(tmp_path, "gil", env)
+    try:
+        out, err = p.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        out, err = _kill(p, tmp_path / "out" / "job")
+        pytest.fail(f"the aborting job did not end within 150 s\nstdout:\n{out}\nstderr:\n{err}")
+    run = tmp_path / "out" / "job"
+    assert p.returncode != 0
+    (r1,) = _hangs(run, 1)
+    # Python could not answer: the watchdog wrote the stacks, read without the GIL.
+    assert r1["answered_by"] == "watchdog", r1
+    frames = [f for t in r1["threads"] for f in t["frames"]]
+    assert any(f["file"].endswith("worker.py") and f["line"] == _line("STUCK-GIL") for f in frames), frames
+    lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
+    assert len(lines) == 1, err
+    assert "rank 1 never entered all_reduce" in lines[0] and "spins with the GIL held" in lines[0]
+    assert f"worker.py:{_line('STUCK-GIL')}" in lines[0]
+    assert "exitcode: 124" in err or "exit code: 124" in err, err[-3000:]
+
+
+def test_a_slow_job_reports_no_hang(tmp_path: Path) -> None:
+    p = _start(tmp_path, "slow", {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"})
+    try:
+        out, err = p.communicate(timeout=200)
+    except subprocess.TimeoutExpired:
+        out, err = _kill(p, tmp_path / "out" / "job")
+        pytest.fail(f"the slow job did not end\nstdout:\n{out}\nstderr:\n{err}")
+    assert p.returncode == 0, err
+    run = tmp_path / "out" / "job"
+    assert _hangs(run, 0) == [] and _hangs(run, 1) == []
+    assert "fastprof: hang" not in err
+    acct = json.loads((run / "rank0" / "profiler.json").read_text())["hang"]
+    assert acct["enabled"] and acct["reports"] == []
