@@ -785,6 +785,8 @@ def _render(doc: dict[str, Any], data: RunData, link_from: Path | None) -> list[
         page.note("resumed: " + describe_resumed(idle))
     _headline(page, doc, data)
     _recommendations(page, doc)
+    for h in doc.get("hangs") or []:
+        page.add(f"<h2>Hang</h2><p>{_esc(h['text'])}</p>")
     _step_times(page, doc, data)
     for part in html_triggers.section(doc, data.run_dir, link_from):
         page.add(part)

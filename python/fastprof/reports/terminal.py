@@ -113,6 +113,9 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None, title: 
         con.print(f"Step-time breakdown: {doc['breakdown_reason']}")
     else:
         con.print(_breakdown_table(doc["breakdown"]))
+    for h in doc.get("hangs") or []:
+        # One paragraph per stall the ranks reported (reports/hangs.py).
+        con.print(f"Hang: {h['text']}", markup=False)
     _anatomy(con, doc.get("anatomy"))
     mem = doc.get("memory")
     if mem:
