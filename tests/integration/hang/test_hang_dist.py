@@ -9,6 +9,7 @@ Every file is read back with Python's json."""
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import os
 import re
@@ -137,9 +138,26 @@ def data_hang(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         out, err = _kill(p, run)
     assert seen, f"no hang evidence within 150 s\nstdout:\n{out}\nstderr:\n{err}"
     rep = root / "rep"
-    fastprof.report(run, out_dir=rep, formats=("json",))
+    cli = subprocess.run(
+        [sys.executable, "-m", "fastprof", "report", str(run), "-o", str(rep)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert cli.returncode == 0, cli.stderr
     doc = json.loads((rep / "report.json").read_text())
-    return {"run": run, "stderr": err, "took": took, "stacks": stacks, "report": doc}
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.Draft202012Validator(json.loads(fastprof.reports.SCHEMA_PATH.read_text())).validate(doc)
+    page = (rep / "report.html").read_text()
+    return {
+        "run": run,
+        "stderr": err,
+        "took": took,
+        "stacks": stacks,
+        "report": doc,
+        "terminal": cli.stdout,
+        "html": page,
+    }
 
 
 def test_each_rank_writes_its_evidence_with_the_stuck_line(data_hang: dict[str, Any]) -> None:
@@ -199,6 +217,9 @@ def test_report_of_the_killed_run_has_the_hang(data_hang: dict[str, Any]) -> Non
     assert h["collective"]["op"] == "all_reduce"
     (w,) = h["where"]
     assert (w["rank"], w["line"], w["function"], w["phase"]) == (1, _line("STUCK-DATA"), "__getitem__", "dataloader")
+    # The terminal and the page say it in one paragraph, the same sentence.
+    assert f"Hang: {h['text']}" in " ".join(data_hang["terminal"].split()), data_hang["terminal"]
+    assert f"<h2>Hang</h2><p>{html.escape(h['text'])}</p>" in data_hang["html"]
 
 
 def test_a_rank_spinning_with_the_gil_held_gives_its_stack_and_abort_ends_the_job(tmp_path: Path) -> None:
