@@ -265,7 +265,9 @@ class Anatomy:
         self._patch(torch.autograd, "backward", functools.partial(self._clock.wrap, "backward"))
 
     def _hook_optimizer(self, torch: Any) -> None:
-        o = torch.optim.optimizer
+        # torch.optim's step hooks live in the Optimizer's own module (imported
+        # with torch.optim, though not always an attribute of it).
+        o = sys.modules[torch.optim.Optimizer.__module__]
         # The core's hooks (no Python frame); while the forward's outermost
         # modules are being learnt, the first optimizer step settles them.
         h1 = o.register_optimizer_step_pre_hook(self._clock.optimizer_pre)
