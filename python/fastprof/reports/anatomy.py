@@ -305,10 +305,12 @@ def slow_step_line(rank: int, s: dict[str, Any]) -> str:
     """One slow step, as the terminal and the page list it."""
     factor = "" if s["phase_factor"] is None else f" {s['phase_factor']:.1f}x its median"
     live = f"; the anomaly trigger: {s['trigger']}" if s.get("trigger") else ""
+    # The phase a preemption landed in made nothing slow (the trigger names none either).
+    why = "the host's doing" if "contention" in str(s.get("trigger")) else f"{s['phase']}{factor}"
     return (
         f"Slow step on rank {rank}: step {s['step']} took {s['dur_ns'] / 1e6:.1f} ms "
         f"({s['dur_ns'] / s['median_step_ns']:.1f}x the median {s['median_step_ns'] / 1e6:.1f} ms of the steps "
-        f"before it): {s['phase']}{factor}{live}"
+        f"before it): {why}{live}"
     )
 
 
