@@ -179,10 +179,11 @@ class _Reader:
         cols = read_columns(path, names=_SPAN_NAMES + _COUNTER_NAMES, kinds=("spans", "counters"), step_column=False)
         self.warnings.extend(cols.warnings)
         args = _core._read_step_args(path)
-        names = np.asarray(cols.names, dtype=object)
         sp, ct = cols.spans, cols.counters
-        span_name = names[sp["name"]] if len(sp["name"]) else np.zeros(0, object)
-        is_step = span_name == STEP_SPAN
+        # Each row's name as a small code (an index into cols.names), not a str per row.
+        code = sp["name"].astype(np.int32, copy=False)
+        step_id = cols.names.index(STEP_SPAN) if STEP_SPAN in cols.names else -1
+        is_step = code == step_id
         if int(is_step.sum()) != len(args["pid"]) or not np.array_equal(sp["pid"][is_step], args["pid"]):
             raise StepTableError(
                 f"{path}: its step spans read {int(is_step.sum())} rows as columns and {len(args['pid'])} with "
@@ -191,24 +192,27 @@ class _Reader:
         ranks = sorted({int(r) for r in np.unique(sp["rank"])} | {int(r) for r in np.unique(ct["rank"])})
         for rank in ranks:
             state = self.ranks.setdefault(rank, _Rank(rank))
-            m = sp["rank"] == rank
+            m = sp["rank"] == rank if len(ranks) > 1 else np.ones(len(code), bool)
             sm = m & is_step
-            self._add_steps(state, sp["ts"][sm], sp["dur"][sm], args["number"][sm[is_step]], args["epoch"][sm[is_step]])
-            for name in np.unique(span_name[m & ~is_step]).tolist():
-                k = m & (span_name == name)
+            at = sm[is_step]
+            self._add_steps(state, sp["ts"][sm], sp["dur"][sm], args["number"][at], args["epoch"][at])
+            for nid in np.unique(code[m & ~is_step]).tolist():
+                k = m & (code == nid)
+                name = cols.names[nid]
                 state.met.add(name)
                 old = state.spans.get(name, (np.zeros(0, np.int64), np.zeros(0, np.int64)))
                 state.spans[name] = _by_ts(_cat(old[0], sp["ts"][k]), _cat(old[1], sp["dur"][k]))  # type: ignore[assignment]
             self._add_counters(state, cols.names, ct, ct["rank"] == rank)
-            batch = self._close(state, last)
-            if batch is not None:
+        # The rows are in the ranks' state now: the columns go before the batches are built.
+        del cols, sp, ct, code, is_step, args
+        for rank in ranks:
+            while (batch := self._close(self.ranks[rank], last)) is not None:
                 yield batch
 
     def finish(self) -> Iterator[Batch]:
         """Every rank's steps still held (a file read alone held none back)."""
         for state in self.ranks.values():
-            batch = self._close(state, True)
-            if batch is not None:
+            while (batch := self._close(state, True)) is not None:
                 yield batch
             if state.gpu_late or state.gpu:
                 self.warnings.append(
@@ -255,7 +259,10 @@ class _Reader:
                 state.gpu.setdefault(int(state.gpu_step), {})[s] = float(v)
 
     def _close(self, state: _Rank, last: bool) -> Batch | None:
-        n = len(state.ts) if last else max(len(state.ts) - HOLD, 0)
+        """The next at most :data:`ROW_GROUP` steps that are closed (all the
+        rank's when ``last``), None when no more are."""
+        n = min(len(state.ts) if last else max(len(state.ts) - HOLD, 0), ROW_GROUP)
+        flush = last and n == len(state.ts)
         if n == 0:
             if last:
                 state.spans.clear()
@@ -301,7 +308,7 @@ class _Reader:
                     idx = np.where(at < 0, 0, idx)  # before the first step's end: step 0, as the report reads it
                 mine = (idx >= 0) & (idx < n)
                 col[idx[mine]] = r[1][mine]  # the last reading of a step wins
-                keep = idx >= n if not last else np.zeros(len(idx), bool)
+                keep = idx >= n if not flush else np.zeros(len(idx), bool)
                 state.readings[name] = (r[0][keep], r[1][keep])
             out[column] = col
         # GPU times, by step number.

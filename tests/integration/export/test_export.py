@@ -163,6 +163,17 @@ def test_read_a_segment_at_a_time_or_the_merged_trace_whole_the_table_is_the_sam
     assert pq.read_table(a).equals(pq.read_table(b))
 
 
+def test_rows_closed_in_small_batches_make_the_same_table_in_more_row_groups(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    assert main(["export", str(run), "-o", str(a), "-q"]) == 0
+    monkeypatch.setattr("fastprof.readers.steps.ROW_GROUP", 97)
+    assert main(["export", str(run), "-o", str(b), "-q"]) == 0
+    assert pq.read_table(a).equals(pq.read_table(b))
+    assert pq.ParquetFile(b).metadata.num_row_groups > pq.ParquetFile(a).metadata.num_row_groups
+
+
 def test_load_is_the_exported_file_as_pandas_and_polars_read_it(run: Path, tmp_path: Path) -> None:
     out = tmp_path / "steps.parquet"
     assert main(["export", str(run), "-o", str(out), "-q"]) == 0
