@@ -56,7 +56,10 @@ WORKER = textwrap.dedent(
             if mode == "slow" and i >= 8:
                 time.sleep(2.0)  # slower than usual, under the timeout
             t = x.sum()
-            dist.all_reduce(t)  # WAIT-HERE
+            if mode == "mismatch" and rank == 1 and i == 6:
+                dist.broadcast(t, src=0)  # MISMATCH
+            else:
+                dist.all_reduce(t)  # WAIT-HERE
             prof.step()
     dist.destroy_process_group()
     """
@@ -257,3 +260,21 @@ def test_a_slow_job_reports_no_hang(tmp_path: Path) -> None:
     assert "fastprof: hang" not in err
     acct = json.loads((run / "rank0" / "profiler.json").read_text())["hang"]
     assert acct["enabled"] and acct["reports"] == []
+
+
+def test_a_mismatched_collective_is_named_as_different_code_paths(tmp_path: Path) -> None:
+    """Rank 1 calls broadcast where rank 0 calls all_reduce: gloo waits
+    forever on both; the verdict names rank 1's call and line."""
+    p = _start(tmp_path, "mismatch", {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"})
+    run = tmp_path / "out" / "job"
+    try:
+        seen = _wait_for(lambda: (run / ".hang-verdict").exists(), 150, p)
+        time.sleep(1.0)  # the verdict's line reaches stderr
+    finally:
+        out, err = _kill(p, run)
+    assert seen, f"no verdict within 150 s\nstdout:\n{out}\nstderr:\n{err}"
+    lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
+    assert len(lines) == 1, err
+    assert f"rank 1 is in broadcast (worker.py:{_line('MISMATCH')} in <module>" in lines[0]
+    assert "the ranks took different code paths" in lines[0]
+    assert re.search(rf"Rank 0 waits in all_reduce #\d+ \(worker.py:{_line('WAIT-HERE')} in <module>\)", lines[0])
