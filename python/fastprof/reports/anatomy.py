@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from fastprof import _core
+from fastprof._core import FastprofError
 from fastprof.profiler.slow_phase import slow_phase
 from fastprof.profiler.slow_step import SlowStepRule
 from fastprof.recording.names import (
@@ -193,9 +195,39 @@ def slow_step_rule(data: RunData, rank: int) -> SlowStepRule:
     return SlowStepRule.of_triggers(triggers.get("config") if isinstance(triggers, dict) else None)
 
 
-def judged_steps(data: RunData, rank: int, n: int, captures: list[dict[str, Any]]) -> Any:
+def epoch_starts(data: RunData) -> dict[int, Any]:
+    """rank -> a bool per step (in time order): the first step of an epoch,
+    from the step spans' ``epoch`` args (``_core._read_step_args``: the
+    columns carry no args); empty where the args cannot be matched with the
+    columns' step spans (then only a run's first step counts as one)."""
+    sp = data.cols.spans
+    sid = data.name_id(STEP_SPAN)
+    if sid is None:
+        return {}
+    is_step = sp["name"] == sid
+    try:
+        got = [_core._read_step_args(str(f["path"])) for f in data.cols.files]
+    except (FastprofError, OSError):
+        return {}
+    if not got:
+        return {}
+    pid = np.concatenate([g["pid"] for g in got])
+    epoch = np.concatenate([g["epoch"] for g in got])
+    if len(pid) != int(is_step.sum()) or not np.array_equal(pid, sp["pid"][is_step]):
+        return {}
+    out: dict[int, Any] = {}
+    ranks, ts = sp["rank"][is_step], sp["ts"][is_step]
+    for rank in np.unique(ranks).tolist():
+        m = ranks == rank
+        e = epoch[m][np.argsort(ts[m], kind="stable")]
+        out[int(rank)] = np.concatenate([[True], e[1:] != e[:-1]])
+    return out
+
+
+def judged_steps(data: RunData, rank: int, n: int, captures: list[dict[str, Any]], epoch_starts: Any = None) -> Any:
     """Which of the rank's ``n`` steps (from step 0) the live detector
-    judges: not the first, none inside a torch.profiler window, none of the
+    judges: not the first of an epoch (``epoch_starts``; without it the
+    run's first step), none inside a torch.profiler window, none of the
     steps held after a triggered capture (its export competes for the CPU).
 
     A step's level is the schedule's action level (a counter recorded where
@@ -207,6 +239,8 @@ def judged_steps(data: RunData, rank: int, n: int, captures: list[dict[str, Any]
     if not n:
         return ok
     ok[0] = False
+    if epoch_starts is not None and len(epoch_starts) == n:
+        ok &= ~np.asarray(epoch_starts, dtype=bool)
     steps, _ = step_spans(data, rank)
     t, v = data.counter(ACTION_COUNTER, rank)
     level = np.zeros(n)
@@ -226,11 +260,16 @@ def judged_steps(data: RunData, rank: int, n: int, captures: list[dict[str, Any]
 
 
 def rank_anatomy(
-    data: RunData, rank: int, warmup_steps: int = 0, triggers: dict[str, Any] | None = None
+    data: RunData,
+    rank: int,
+    warmup_steps: int = 0,
+    triggers: dict[str, Any] | None = None,
+    epoch_starts: Any = None,
 ) -> dict[str, Any] | None:
     """One rank's anatomy (steps after the warm-up), None without steps or
     phases. ``triggers``: the rank's entry of the report's ``triggers``
-    section (its captures and anomalies), for the slow steps."""
+    section (its captures and anomalies), and ``epoch_starts`` (a bool per
+    step: the first of an epoch, see :func:`epoch_starts`), for the slow steps."""
     steps, _ = step_spans(data, rank)
     skip = warmup_steps if len(steps.ts) > warmup_steps else 0
     every = split_phases(data, rank)
@@ -264,7 +303,7 @@ def rank_anatomy(
     }
     rule = slow_step_rule(data, rank)
     t = triggers or {}
-    judged = judged_steps(data, rank, len(every.dur), list(t.get("captures") or []))
+    judged = judged_steps(data, rank, len(every.dur), list(t.get("captures") or []), epoch_starts)
     live = {int(x["step"]): str(x["action"]) for x in t.get("anomalies") or []}
     out = {
         "rank": rank,
@@ -595,7 +634,12 @@ def straggler_line(s: dict[str, Any]) -> str:
 def anatomy_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | None, str | None]:
     """The report's ``anatomy`` section, or None and the reason."""
     triggers = {int(t["rank"]): t for t in (triggers_report(data) or {}).get("per_rank") or []}
-    per_rank = [a for r in data.ranks if (a := rank_anatomy(data, r, warmup_steps, triggers.get(int(r)))) is not None]
+    starts = epoch_starts(data)
+    per_rank = [
+        a
+        for r in data.ranks
+        if (a := rank_anatomy(data, r, warmup_steps, triggers.get(int(r)), starts.get(int(r)))) is not None
+    ]
     if not per_rank:
         return None, NO_ANATOMY
     warm = min(int(a["warmup_steps_excluded"]) for a in per_rank)

@@ -132,3 +132,49 @@ def test_one_slow_step_rule_in_the_trigger_report_terminal_and_page(
         assert terminal.count(f"Slow step on rank 0: step {step} took") == 1
         assert f"Slow step on rank 0: step {step} took" in page
     assert "(the anomaly trigger): step" not in terminal
+
+
+EPOCHS = """
+import sys, time, torch, fastprof
+SEEN = set()
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 100
+    def __getitem__(self, i):
+        # The first batch of the second epoch is slow (a loader's restart),
+        # and so is one batch in the middle of it.
+        if (i == 0 and i in SEEN) or (i == 50 and i in SEEN):
+            time.sleep(0.3)
+        SEEN.add(i)
+        return torch.randn(16, 64)
+model = torch.nn.Linear(64, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = torch.utils.data.DataLoader(Data(), batch_size=None, num_workers=0)
+prof = fastprof.Profiler(sys.argv[1], "run", torch=fastprof.TorchWindows(), sample_hz=0, sync_clocks=False,
+                         schedule=fastprof.schedule.epoch(wait=100000, warmup=0, active=1, repeat=0),
+                         triggers=fastprof.Triggers(poll_s=0.05, anomaly_max=0))
+with prof:
+    for epoch in range(2):
+        for x in prof.loader(loader):
+            time.sleep(0.01)
+            model(x).sum().backward()
+            opt.step(); opt.zero_grad()
+            prof.step()
+"""
+
+
+def test_the_first_step_of_an_epoch_is_judged_by_neither(tmp_path: Path) -> None:
+    """The live detector leaves an epoch's first step out (a loader's
+    restart); the report reads the steps' epochs and leaves it out too."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
+    p = subprocess.run(
+        [sys.executable, "-c", EPOCHS, str(tmp_path)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    live = json.loads((tmp_path / "run" / "rank0" / "triggers.json").read_text())["anomalies"]
+    assert 150 in {a["step"] for a in live} and 100 not in {a["step"] for a in live}, live
+    rep = fastprof.report(tmp_path / "run", formats=())
+    (an,) = rep["anatomy"]["per_rank"]
+    slow = {s["step"] for s in an["slow_steps"]}
+    assert 150 in slow and 100 not in slow, an["slow_steps"]
+    assert an["slow_step_count"] == len(live) and slow <= {a["step"] for a in live}
