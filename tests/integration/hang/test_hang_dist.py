@@ -44,7 +44,8 @@ WORKER = textwrap.dedent(
         def __len__(self):
             return 40
         def __getitem__(self, i):
-            if mode == "data" and rank == 1 and i == 6:
+            if mode in ("data", "sigterm") and rank == 1 and i == 6:
+                open(os.path.join(sys.argv[1], "stuck"), "w").close()
                 time.sleep(3600)  # STUCK-DATA
             return torch.ones(4)
 
@@ -278,3 +279,25 @@ def test_a_mismatched_collective_is_named_as_different_code_paths(tmp_path: Path
     assert f"rank 1 is in broadcast (worker.py:{_line('MISMATCH')} in <module>" in lines[0]
     assert "the ranks took different code paths" in lines[0]
     assert re.search(rf"Rank 0 waits in all_reduce #\d+ \(worker.py:{_line('WAIT-HERE')} in <module>\)", lines[0])
+
+
+def test_sigterm_on_a_stuck_rank_writes_its_evidence(tmp_path: Path) -> None:
+    """No watchdog timeout yet (600 s): a SIGTERM that reaches rank 1 after
+    more than 10 s without a step (and ten typical steps) writes the evidence
+    from the handler, before the job's own handling of the signal goes on."""
+    p = _start(tmp_path, "sigterm", {"FASTPROF_HANG_TIMEOUT": "600"})
+    run = tmp_path / "out" / "job"
+    try:
+        stuck = _wait_for(lambda: (tmp_path / "out" / "stuck").exists(), 150, p)
+        assert stuck, "rank 1 never reached its stuck read"
+        time.sleep(12.0)
+        pid = int(json.loads((run / "rank1" / ".hang-watch.json").read_text())["pid"])
+        os.kill(pid, signal.SIGTERM)
+        seen = _wait_for(lambda: bool(_hangs(run, 1)), 60, p)
+    finally:
+        out, err = _kill(p, run)
+    assert seen, f"no evidence after SIGTERM\nstdout:\n{out}\nstderr:\n{err}"
+    (doc,) = _hangs(run, 1)
+    assert doc["reason"] == "sigterm" and doc["stalled_s"] >= 10.0
+    assert doc["summary"]["where"]["line"] == _line("STUCK-DATA")
+    assert _hangs(run, 0) == []  # rank 0 got no signal and its watchdog has 600 s

@@ -217,8 +217,8 @@ class HangDriver(Driver):
                 "typical_step_s": typical if len(self._recent) >= 2 else None,
                 "time": time.time(),
             }
-            doc = evidence.gather(event, self.rank, self.world_size, self.training)
-            # The handler runs on the training thread: its own frames are the signal's.
+            # The handler runs on the training thread: its stack, less the handler's frames.
+            doc = evidence.gather(event, self.rank, self.world_size, self.training, here=True)
             evidence.write(self.prof.rank_dir / f"hang-{event['n']}.json", doc)
             self.reports.append({"n": event["n"], "reason": "sigterm", "by": "python"})
         except Exception as e:  # noqa: BLE001

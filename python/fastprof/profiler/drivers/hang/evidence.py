@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import multiprocessing.process
 import os
+import signal
 import socket
 import sys
 import threading
@@ -21,6 +22,8 @@ from fastprof.profiler.drivers.hang.verdict import summarize
 
 __all__ = ["gather", "write"]
 
+#: fastprof's own package folder: a signal handler's frames in it are not the job's.
+FASTPROF_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))) + os.sep
 #: Frames kept per thread (innermost first).
 MAX_FRAMES = 200
 #: Flight Recorder entries kept (the most recent).
@@ -36,21 +39,27 @@ def _frames(frame: FrameType | None) -> list[dict[str, Any]]:
     return out
 
 
-def threads(training: int | None) -> list[dict[str, Any]]:
-    """Every thread's stack but the caller's, innermost frame first."""
+def threads(training: int | None, here: bool = False) -> list[dict[str, Any]]:
+    """Every thread's stack, innermost frame first; the caller's own only
+    with ``here`` (a signal handler on the training thread), without the
+    handler's fastprof frames on top of what the signal interrupted."""
     me = threading.get_ident()
     names = {t.ident: t.name for t in threading.enumerate()}
     out = []
     for ident, frame in sys._current_frames().items():
+        frames = _frames(frame)
         if ident == me:
-            continue
+            if not here:
+                continue
+            while frames and (FASTPROF_DIR in frames[0]["file"] or frames[0]["file"] == signal.__file__):
+                frames.pop(0)
         out.append(
             {
                 "id": f"0x{ident:016x}",
                 "ident": ident,
                 "name": names.get(ident),
                 "training": ident == training,
-                "frames": _frames(frame),
+                "frames": frames,
             }
         )
     return out
@@ -100,8 +109,11 @@ def flight_recorder() -> dict[str, Any] | None:
     return {"entries": keep, "total": len(entries)}
 
 
-def gather(event: dict[str, Any], rank: int, world_size: int, training: int | None) -> dict[str, Any]:
-    """The full evidence for watchdog ``event`` (``_HangWatch.next``'s dict)."""
+def gather(
+    event: dict[str, Any], rank: int, world_size: int, training: int | None, here: bool = False
+) -> dict[str, Any]:
+    """The full evidence for watchdog ``event`` (``_HangWatch.next``'s dict);
+    ``here``: the caller's thread too (see :func:`threads`)."""
     doc: dict[str, Any] = {
         "kind": "fastprof.hang",
         "version": 1,
@@ -119,7 +131,7 @@ def gather(event: dict[str, Any], rank: int, world_size: int, training: int | No
         "typical_step_s": event.get("typical_step_s"),
         "answered_by": "python",
         "training_thread": training,
-        "threads": threads(training),
+        "threads": threads(training, here),
         "collectives": collectives.snapshot() or None,
         "workers": workers(),
         "flight_recorder": flight_recorder(),
