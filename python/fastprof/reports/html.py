@@ -318,7 +318,9 @@ def step_part_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figur
                     f"{per} consecutive steps."
                 )
             figs.append(fig)
-        note = f"Step-time breakdown ({bd.get('source') or 'torch windows'}): {bd.get('note') or ''}"
+        # Its figures said as what they are: which steps (#36, item 3).
+        steps = bd.get("steps_from") or bd.get("source") or "torch windows"
+        note = f"Step-time breakdown (in {steps}): {bd.get('note') or ''}"
         return figs, note.rstrip(": ") + ("." if merged and not note.endswith(".") else "") + merged
     for r in data.ranks[:MAX_RANK_PLOTS]:
         parts = span_parts(data, r)

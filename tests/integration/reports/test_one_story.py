@@ -84,7 +84,7 @@ def reported(run: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[
 def test_recommendations_use_every_step_and_the_captures_figures_say_what_they_are(
     run: Path, reported: tuple[dict[str, Any], str, str]
 ) -> None:
-    doc, terminal, _ = reported
+    doc, terminal, page = reported
     triggers = json.loads((run / "rank0" / "triggers.json").read_text())
     capture = next(c for c in triggers["captures"] if c["source"] == "anomaly")
     assert capture["status"] == "done" and SLOW < capture["first_step"] <= SLOW + 30 - capture["steps"]
@@ -105,6 +105,7 @@ def test_recommendations_use_every_step_and_the_captures_figures_say_what_they_a
     )
     assert label in doc["breakdown"]["steps_from"]
     assert f"Step-time breakdown (% of step time in {label}" in terminal
+    assert f"Step-time breakdown (in {label}" in page
 
 
 def test_one_slow_step_rule_in_the_trigger_report_terminal_and_page(
