@@ -20,6 +20,7 @@ checkpointing) as backward's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,7 +270,9 @@ def rank_anatomy(
     """One rank's anatomy (steps after the warm-up), None without steps or
     phases. ``triggers``: the rank's entry of the report's ``triggers``
     section (its captures and anomalies), and ``epoch_starts`` (a bool per
-    step: the first of an epoch, see :func:`epoch_starts`), for the slow steps."""
+    step: the first of an epoch, see :func:`epoch_starts`; or a function of
+    no argument that reads them, called only where a slow step is found),
+    for the slow steps."""
     steps, _ = step_spans(data, rank)
     skip = warmup_steps if len(steps.ts) > warmup_steps else 0
     every = split_phases(data, rank)
@@ -303,7 +306,12 @@ def rank_anatomy(
     }
     rule = slow_step_rule(data, rank)
     t = triggers or {}
-    judged = judged_steps(data, rank, len(every.dur), list(t.get("captures") or []), epoch_starts)
+    captures = list(t.get("captures") or [])
+    starts = epoch_starts
+    if callable(starts):
+        # Reading the epochs is a pass over the traces: only where they may matter.
+        starts = starts() if rule.find(every.dur, judged_steps(data, rank, len(every.dur), captures)) else None
+    judged = judged_steps(data, rank, len(every.dur), captures, starts)
     live = {int(x["step"]): str(x["action"]) for x in t.get("anomalies") or []}
     out = {
         "rank": rank,
@@ -634,11 +642,20 @@ def straggler_line(s: dict[str, Any]) -> str:
 def anatomy_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | None, str | None]:
     """The report's ``anatomy`` section, or None and the reason."""
     triggers = {int(t["rank"]): t for t in (triggers_report(data) or {}).get("per_rank") or []}
-    starts = epoch_starts(data)
+    starts: dict[str, dict[int, Any]] = {}
+
+    def starts_of(rank: int) -> Callable[[], Any]:
+        def read() -> Any:
+            if "all" not in starts:
+                starts["all"] = epoch_starts(data)
+            return starts["all"].get(rank)
+
+        return read
+
     per_rank = [
         a
         for r in data.ranks
-        if (a := rank_anatomy(data, r, warmup_steps, triggers.get(int(r)), starts.get(int(r)))) is not None
+        if (a := rank_anatomy(data, r, warmup_steps, triggers.get(int(r)), starts_of(int(r)))) is not None
     ]
     if not per_rank:
         return None, NO_ANATOMY
