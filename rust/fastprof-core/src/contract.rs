@@ -41,6 +41,11 @@ pub const REPORT_JSON: &str = "report.json";
 pub const MODEL_SUMMARY_JSON: &str = "model_summary.json";
 /// The operator table the memory profiling writes.
 pub const OPERATORS_JSON: &str = "operators.json";
+/// A rank's hang evidence, `hang-<n>.json` (issue #37): this prefix, the hang's number, `.json`.
+pub const HANG_EVIDENCE_PREFIX: &str = "hang-";
+/// The request file `fastprof trigger --stacks` writes in a rank's directory; the hang
+/// watchdog thread takes it.
+pub const HANG_REQUEST_FILE: &str = "STACKS";
 /// fastprof's own JSON files that are not traces (never inputs inside a directory).
 pub const OWN_JSON_FILES: [&str; 7] = [
     PROFILER_JSON,

@@ -45,7 +45,7 @@ pub fn last_step() -> Option<u64> {
 }
 
 /// The request file `fastprof trigger --stacks` writes in a rank's directory.
-pub const REQUEST_FILE: &str = "STACKS";
+pub const REQUEST_FILE: &str = crate::contract::HANG_REQUEST_FILE;
 
 /// The default rule's numbers (`timeout: None`): before two steps have ended, a stall is
 /// reported after [`FIRST_STEPS_TIMEOUT`] (the first steps compile and warm up); after that,
@@ -343,7 +343,9 @@ fn answer_or_write(config: &Config, shared: &Shared, event: Event) -> bool {
     drop(st);
     let doc = fallback_evidence(config, &event);
     write_atomic(
-        &config.rank_dir.join(format!("hang-{n}.json")),
+        &config
+            .rank_dir
+            .join(format!("{}{n}.json", crate::contract::HANG_EVIDENCE_PREFIX)),
         doc.as_bytes(),
     )
     .is_ok()
@@ -357,7 +359,7 @@ fn existing_hangs(dir: &Path) -> u64 {
         .filter_map(|e| {
             let name = e.file_name();
             let s = name.to_str()?;
-            s.strip_prefix("hang-")?
+            s.strip_prefix(crate::contract::HANG_EVIDENCE_PREFIX)?
                 .strip_suffix(".json")?
                 .parse::<u64>()
                 .ok()

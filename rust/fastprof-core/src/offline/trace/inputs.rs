@@ -55,13 +55,15 @@ pub fn is_own_non_trace(name: &str) -> bool {
 /// fastprof writes a rank's memory profiling, never a trace), and a flight
 /// dump (`flight-*.json.gz`, issue #17): a copy of the last seconds the
 /// rank's segments also hold, which a merge of the run must not take twice
-/// (name the dump itself to read it).
+/// (name the dump itself to read it). A rank's hang evidence
+/// (`hang-<n>.json`, issue #37) is not a trace either.
 /// The report's folder (`<run>/reports/`: report.json, its CSVs, the
 /// operator tables per window `operators.rank{R}.<window>.json`, the model
 /// summary) holds no trace either.
 pub fn is_own_path(path: &Path, name: &str) -> bool {
     is_own_non_trace(name)
         || name.starts_with("flight-")
+        || (name.starts_with(contract::HANG_EVIDENCE_PREFIX) && name.ends_with(".json"))
         || (name.starts_with("operators.") && name.ends_with(".json"))
         || path
             .parent()
@@ -587,6 +589,10 @@ mod tests {
         assert!(is_own_path(
             Path::new("run/rank0/flight/flight-001-trigger-ba7.json.gz"),
             "flight-001-trigger-ba7.json.gz"
+        ));
+        assert!(is_own_path(
+            Path::new("run/rank0/hang-12.json"),
+            "hang-12.json"
         ));
         assert!(!is_own_path(
             Path::new("run/rank0/torch/w.pt.trace.json"),
