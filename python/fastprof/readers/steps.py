@@ -180,6 +180,9 @@ class _Reader:
         self.warnings.extend(cols.warnings)
         args = _core._read_step_args(path)
         sp, ct = cols.spans, cols.counters
+        for table in (sp, ct):
+            for unused in ("tid", "cat", "file"):
+                table.pop(unused, None)  # 16 bytes a row no step needs, gone before the rows are copied
         # Each row's name as a small code (an index into cols.names), not a str per row.
         code = sp["name"].astype(np.int32, copy=False)
         step_id = cols.names.index(STEP_SPAN) if STEP_SPAN in cols.names else -1
@@ -189,6 +192,7 @@ class _Reader:
                 f"{path}: its step spans read {int(is_step.sum())} rows as columns and {len(args['pid'])} with "
                 "their args; the file changed while it was read, or this is a bug"
             )
+        del sp["pid"]
         ranks = sorted({int(r) for r in np.unique(sp["rank"])} | {int(r) for r in np.unique(ct["rank"])})
         for rank in ranks:
             state = self.ranks.setdefault(rank, _Rank(rank))
