@@ -88,6 +88,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--segment-size", type=_size, default=0, help="the recorder's segment_size (default: its own)")
     ap.add_argument("--keep", help="keep the run in this folder")
+    ap.add_argument("--no-load", action="store_true", help="leave fastprof.load out (it holds the whole table)")
     a = ap.parse_args()
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory(prefix="bench_export_") as tmp_s:
@@ -114,7 +115,7 @@ def main() -> None:
         out = tmp / "steps.parquet"
         cases = {
             "fastprof export": [*fp, "export", str(run), "-o", str(out), "-f"],
-            "fastprof.load (pandas)": [sys.executable, "-c", LOAD, str(run)],
+            **({} if a.no_load else {"fastprof.load (pandas)": [sys.executable, "-c", LOAD, str(run)]}),
             "fastprof merge": [*fp, "merge", str(run), "-o", str(tmp / "merged.json.gz"), "-f", "-q"],
         }
         results = {}
