@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 import fastprof
@@ -44,14 +45,15 @@ WORKER = textwrap.dedent(
         def __len__(self):
             return 40
         def __getitem__(self, i):
-            if mode in ("data", "sigterm") and rank == 1 and i == 6:
+            if mode in ("data", "sigterm", "worker") and rank == 1 and i == 6:
                 open(os.path.join(sys.argv[1], "stuck"), "w").close()
                 time.sleep(3600)  # STUCK-DATA
             return torch.ones(4)
 
     prof = fastprof.Profiler(out_dir=sys.argv[1], run_name="job", schedule="never", merge_timeout=30)
     with prof:
-        for i, x in enumerate(prof.loader(DataLoader(Data(), batch_size=1))):
+        loader = DataLoader(Data(), batch_size=1, num_workers=1 if mode == "worker" else 0)
+        for i, x in enumerate(prof.loader(loader)):  # LOOP
             if mode == "gil" and rank == 1 and i == 6:
                 re.match(r"(a+)+$", "a" * 40 + "b")  # STUCK-GIL
             if mode == "slow" and i >= 8:
@@ -92,8 +94,10 @@ def _kill(p: subprocess.Popen[str], run: Path) -> tuple[str, str]:
     """SIGKILL the job: torchrun's process group, and each rank (torchrun
     starts them in their own sessions) by the pid its watch file names."""
     for w in run.glob("rank*/.hang-watch.json"):
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int(json.loads(w.read_text())["pid"]), signal.SIGKILL)
+        with contextlib.suppress(OSError, ValueError, psutil.Error):
+            rank = psutil.Process(int(json.loads(w.read_text())["pid"]))
+            for proc in [*rank.children(recursive=True), rank]:  # DataLoader workers too
+                proc.kill()
     with contextlib.suppress(ProcessLookupError):
         os.killpg(os.getpgid(p.pid), signal.SIGKILL)
     out, err = p.communicate(timeout=60)
@@ -301,3 +305,26 @@ def test_sigterm_on_a_stuck_rank_writes_its_evidence(tmp_path: Path) -> None:
     assert doc["reason"] == "sigterm" and doc["stalled_s"] >= 10.0
     assert doc["summary"]["where"]["line"] == _line("STUCK-DATA")
     assert _hangs(run, 0) == []  # rank 0 got no signal and its watchdog has 600 s
+
+
+def test_a_hung_dataloader_worker_is_named_alive_with_its_rank_in_the_dataloader(tmp_path: Path) -> None:
+    """Rank 1's DataLoader worker sleeps in ``__getitem__``: rank 1's training
+    thread waits for the batch in the loader; the evidence lists the worker
+    alive, and the verdict names rank 1 in the dataloader at the loop's line."""
+    p = _start(tmp_path, "worker", {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"})
+    run = tmp_path / "out" / "job"
+    try:
+        seen = _wait_for(lambda: (run / ".hang-verdict").exists() and bool(_hangs(run, 1)), 150, p)
+        time.sleep(1.0)
+    finally:
+        out, err = _kill(p, run)
+    assert seen, f"no verdict within 150 s\nstdout:\n{out}\nstderr:\n{err}"
+    (r1,) = _hangs(run, 1)
+    assert r1["summary"]["phase"] == "dataloader"
+    assert r1["summary"]["where"]["line"] == _line("LOOP")
+    workers = [w for w in r1["workers"] if w.get("dataloader")]
+    assert len(workers) == 1 and workers[0]["alive"] is True, r1["workers"]
+    lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
+    assert len(lines) == 1, err
+    loop = _line("LOOP")
+    assert re.search(rf"rank 1 never entered all_reduce #\d+; it is in the dataloader: worker.py:{loop} ", lines[0])

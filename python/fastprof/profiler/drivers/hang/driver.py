@@ -143,7 +143,7 @@ class HangDriver(Driver):
         claimed = w is not None and w.claim(event["n"])
         path = self.prof.rank_dir / f"hang-{event['n']}.json"
         if claimed:
-            doc = evidence.gather(event, self.rank, self.world_size, self.training)
+            doc = evidence.gather(event, self.rank, self.world_size, self.training, rank_dir=self.prof.rank_dir)
             evidence.write(path, doc)
             self.reports.append({"n": event["n"], "reason": event["reason"], "by": "python"})
         else:
@@ -218,7 +218,9 @@ class HangDriver(Driver):
                 "time": time.time(),
             }
             # The handler runs on the training thread: its stack, less the handler's frames.
-            doc = evidence.gather(event, self.rank, self.world_size, self.training, here=True)
+            doc = evidence.gather(
+                event, self.rank, self.world_size, self.training, here=True, rank_dir=self.prof.rank_dir
+            )
             evidence.write(self.prof.rank_dir / f"hang-{event['n']}.json", doc)
             self.reports.append({"n": event["n"], "reason": "sigterm", "by": "python"})
         except Exception as e:  # noqa: BLE001

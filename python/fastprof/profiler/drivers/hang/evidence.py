@@ -6,9 +6,11 @@ DataLoader workers and torch's Flight Recorder entries. Written as
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing.process
 import os
+import re
 import signal
 import socket
 import sys
@@ -24,6 +26,8 @@ __all__ = ["gather", "write"]
 
 #: fastprof's own package folder: a signal handler's frames in it are not the job's.
 FASTPROF_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))) + os.sep
+#: A recorded DataLoader worker's folder: ``<loader>-w<id>-pid<pid>`` (profiler/workers.py).
+_WORKER_DIR = re.compile(r"^(.*)-w(\d+)-pid(\d+)$")
 #: Frames kept per thread (innermost first).
 MAX_FRAMES = 200
 #: Flight Recorder entries kept (the most recent).
@@ -65,22 +69,39 @@ def threads(training: int | None, here: bool = False) -> list[dict[str, Any]]:
     return out
 
 
-def workers() -> list[dict[str, Any]]:
-    """This process's multiprocessing children (DataLoader workers among
-    them), alive or not; a dead one still listed is one the DataLoader has
-    not noticed yet."""
+def _recorded_workers(rank_dir: Path | None) -> dict[int, tuple[str, int]]:
+    """pid -> (loader, worker id) of the DataLoader workers this rank's
+    Profiler recorded (``rank{R}/workers/<loader>-w<id>-pid<pid>/``): a
+    started Process no longer says its target."""
+    out: dict[int, tuple[str, int]] = {}
+    if rank_dir is None:
+        return out
+    with contextlib.suppress(OSError):
+        for d in (rank_dir / "workers").iterdir():
+            m = _WORKER_DIR.match(d.name)
+            if m:
+                out[int(m.group(3))] = (m.group(1), int(m.group(2)))
+    return out
+
+
+def workers(rank_dir: Path | None = None) -> list[dict[str, Any]]:
+    """This process's multiprocessing children, alive or not, the DataLoader
+    workers among them marked (with their loader and id); a dead one still
+    listed is one the DataLoader has not noticed yet."""
+    recorded = _recorded_workers(rank_dir)
     out = []
     for p in list(getattr(multiprocessing.process, "_children", ())):
         try:
-            target = getattr(getattr(p, "_target", None), "__name__", None)
-            alive = p.is_alive()
+            loader = recorded.get(p.pid) if p.pid is not None else None
             out.append(
                 {
                     "pid": p.pid,
                     "name": p.name,
-                    "alive": alive,
+                    "alive": p.is_alive(),
                     "exitcode": p.exitcode,
-                    "dataloader": target == "_worker_loop",
+                    "dataloader": loader is not None,
+                    "loader": loader and loader[0],
+                    "worker_id": loader and loader[1],
                 }
             )
         except Exception as e:  # noqa: BLE001 - one child's state, never the evidence
@@ -110,7 +131,12 @@ def flight_recorder() -> dict[str, Any] | None:
 
 
 def gather(
-    event: dict[str, Any], rank: int, world_size: int, training: int | None, here: bool = False
+    event: dict[str, Any],
+    rank: int,
+    world_size: int,
+    training: int | None,
+    here: bool = False,
+    rank_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The full evidence for watchdog ``event`` (``_HangWatch.next``'s dict);
     ``here``: the caller's thread too (see :func:`threads`)."""
@@ -133,7 +159,7 @@ def gather(
         "training_thread": training,
         "threads": threads(training, here),
         "collectives": collectives.snapshot() or None,
-        "workers": workers(),
+        "workers": workers(rank_dir),
         "flight_recorder": flight_recorder(),
     }
     doc["summary"] = summarize(doc, training)
