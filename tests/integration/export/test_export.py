@@ -163,6 +163,77 @@ def test_read_a_segment_at_a_time_or_the_merged_trace_whole_the_table_is_the_sam
     assert pq.read_table(a).equals(pq.read_table(b))
 
 
+# The GPU figures as the Profiler records them on a GPU, written by the loop
+# itself here (no GPU on this machine): every third step's phase times a step
+# late (``phase.gpu.step`` with its number, then ``phase.gpu [ms]``), and the
+# allocator's bytes at each step's end.
+GPU_JOB = """
+import sys, fastprof
+from fastprof.recording.names import CUDA_ALLOCATED, GPU_PHASE_COUNTER, GPU_PHASE_STEP_COUNTER
+prof = fastprof.Profiler(sys.argv[1], "run", torch=False, sample_hz=0, segment_size=65536)
+with prof:
+    for i in prof.loader(range(int(sys.argv[2]))):
+        with fastprof.span("forward"):
+            if i % 3 == 1:
+                fastprof.counter(GPU_PHASE_STEP_COUNTER, float(i - 1))
+                fastprof.counter(GPU_PHASE_COUNTER, {"forward": 1.5 + i, "backward": 2.25, "optimizer": 0.5,
+                                                     "communication": 0.0, "span": 4.75 + i})
+        prof.step()
+        fastprof.counter(CUDA_ALLOCATED, float(1000 * i))
+"""
+
+
+def test_gpu_times_join_their_step_by_number_and_allocator_bytes_their_step_by_time(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
+    n = 3000
+    p = subprocess.run(
+        [sys.executable, "-c", GPU_JOB, str(tmp_path), str(n)], capture_output=True, text=True, timeout=240, env=env
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = tmp_path / "run"
+    assert len(list((run / "rank0").glob("fastprof.*.json.gz"))) >= 2
+    df = fastprof.load(run)
+    assert df["step"].tolist() == list(range(n))
+    # Read with Python's json: each GPU event's step is the phase.gpu.step value
+    # before it; each allocator reading the last step that ended at or before it.
+    events: list[tuple[int, str, dict[str, float]]] = []
+    ends: list[int] = []
+    for seg in sorted((run / "rank0").glob("fastprof.*.json.gz"), key=lambda q: int(q.name.split(".")[1])):
+        with gzip.open(seg, "rt") as f:
+            doc = json.load(f)
+        base = int(doc["baseTimeNanoseconds"])
+        for e in doc["traceEvents"]:
+            if e.get("ph") == "C" and e["name"] in ("phase.gpu.step", "phase.gpu [ms]", "mem.cuda.allocated [B]"):
+                events.append((base + _ns(e["ts"]), e["name"], e["args"]))
+            elif e.get("ph") == "X" and e["name"] == "step":
+                ends.append(base + _ns(e["ts"]) + _ns(e["dur"]))
+    ends.sort()
+    gpu: dict[int, dict[str, float]] = {}
+    cuda: dict[int, float] = {}
+    current = -1
+    for t, name, a in sorted(events, key=lambda x: x[0]):
+        if name == "phase.gpu.step":
+            current = int(a["value"])
+        elif name == "phase.gpu [ms]":
+            gpu[current] = a
+        else:
+            cuda[max(int(np.searchsorted(ends, t, side="right")) - 1, 0)] = a["value"]
+    assert len(gpu) == n // 3 and len(cuda) > n // 2
+    for row in df.itertuples(index=False):
+        g = gpu.get(row.step)
+        for phase in ("forward", "backward", "optimizer", "communication", "span"):
+            value = getattr(row, f"gpu_{phase}_ns")
+            if g is None:
+                assert np.isnan(value), row
+            else:
+                assert value == round(g[phase] * 1e6), (row, g)
+        if row.step in cuda:
+            assert row.cuda_allocated_bytes == cuda[row.step], row
+        else:
+            assert np.isnan(row.cuda_allocated_bytes), row
+    assert df["rss_bytes"].notna().any()
+
+
 def test_rows_closed_in_small_batches_make_the_same_table_in_more_row_groups(
     run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
