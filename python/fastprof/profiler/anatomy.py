@@ -441,7 +441,10 @@ class _Forward:
         self.by_call = 0
         self.by_hooks = 0
         #: The classes given a ``__call__``: what their ``__dict__`` had, and ours.
-        self.classes: dict[type, tuple[Any, Callable[..., Any]]] = {}
+        self.classes: dict[type, list[Any]] = {}
+        #: Watches for Dynamo's first import while a core ``__call__`` has no
+        #: stand-in for Dynamo yet.
+        self.watch: _DynamoWatch | None = None
         self.handles = [
             m.register_module_forward_pre_hook(self._learn_pre),
             _forward_hook(m.register_module_forward_hook, self._learn_post),
@@ -502,10 +505,10 @@ class _Forward:
             self.by_hooks += 1
             return
         if cls not in self.classes:
-            before = cls.__dict__.get("__call__", _MISSING)
-            ours = _timed_call(self, cls.__call__)
+            before, call = cls.__dict__.get("__call__", _MISSING), cls.__call__
+            ours = self._core_call(call)
             cls.__call__ = ours
-            self.classes[cls] = (before, ours)
+            self.classes[cls] = [before, ours, call]
         self.clock.time_module(module)
         self.by_call += 1
 
@@ -524,13 +527,52 @@ class _Forward:
             f"({len(self.over)} over the {MAX_ROOTS} timed, {self.refused} refusing a timer)"
         )
 
+    def _core_call(self, call: Callable[..., Any]) -> Any:
+        """The core's timed ``__call__`` around ``call`` (a C call: no frame,
+        ~4k instructions less a call than a Python one), with a Python
+        stand-in registered for Dynamo to trace in its place (it passes
+        through: the phase is timed from outside a compiled call). Where
+        Dynamo is not imported yet, it is registered when it is (the
+        Python ``__call__`` takes the core's place then); where it cannot
+        be, the Python ``__call__``."""
+        method, function = self.clock.forward_call(call)
+        if "torch._dynamo" not in sys.modules:
+            if self.watch is None:
+                self.watch = _DynamoWatch(self.for_dynamo)
+                sys.meta_path.insert(0, self.watch)
+            return method
+        try:
+            _stand_in_for_dynamo(function, call)
+        except Exception:  # noqa: BLE001 - an older Dynamo: the Python __call__, which it traces
+            return _timed_call(self, call)
+        return method
+
+    def for_dynamo(self) -> None:
+        """Dynamo is being imported (it is not run yet, so no stand-in can be
+        registered): each class's core ``__call__`` becomes the Python one,
+        which steps aside while Dynamo traces."""
+        self._unwatch()
+        for cls, entry in self.classes.items():
+            _before, ours, call = entry
+            if cls.__dict__.get("__call__") is ours:
+                entry[1] = cls.__call__ = _timed_call(self, call)  # type: ignore[method-assign]
+
+    def _unwatch(self) -> None:
+        if self.watch is not None:
+            try:
+                sys.meta_path.remove(self.watch)
+            except ValueError:
+                pass
+            self.watch = None
+
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles = []
+        self._unwatch()
         # Every call passes through from now on (a wrapper put around ours keeps
         # it): the clock is stopped with the anatomy.
-        for cls, (before, ours) in self.classes.items():
+        for cls, (before, ours, _call) in self.classes.items():
             if cls.__dict__.get("__call__") is ours:
                 if before is _MISSING:
                     del cls.__call__
@@ -538,6 +580,38 @@ class _Forward:
                     cls.__call__ = before  # type: ignore[method-assign]
         self.classes = {}
         self.roots = {}
+
+
+#: The core's ``__call__`` functions given a stand-in for Dynamo, kept for
+#: the process's life: Dynamo keys its stand-ins by ``id()``, which a freed
+#: function's successor could take.
+_STOOD_IN: list[Any] = []
+
+
+def _stand_in_for_dynamo(function: Any, call: Callable[..., Any]) -> None:
+    """Register with Dynamo a Python function to trace in place of the core's
+    ``function`` (a builtin): the plain ``call``, untimed while compiling."""
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return call(self, *args, **kwargs)
+
+    sys.modules["torch._dynamo"].substitute_in_graph(function, skip_signature_check=True)(__call__)
+    _STOOD_IN.append(function)
+
+
+class _DynamoWatch:
+    """A finder on ``sys.meta_path`` that finds nothing: it calls ``then()``
+    when ``torch._dynamo`` is first imported (before it runs)."""
+
+    def __init__(self, then: Callable[[], None]) -> None:
+        self.then = then
+
+    def find_spec(self, name: str, _path: Any = None, _target: Any = None) -> None:
+        if name == "torch._dynamo":
+            try:
+                self.then()
+            except Exception:  # noqa: BLE001 - the import goes on
+                pass
 
 
 def _timed_call(timer: _Forward, call: Callable[..., Any]) -> Callable[..., Any]:

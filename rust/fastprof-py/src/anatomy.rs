@@ -478,6 +478,41 @@ impl _PhaseClock {
             .collect()
     }
 
+    /// An outermost module class's timed `__call__`: `(method, function)`,
+    /// where `function` is a builtin function (a C closure) that times the
+    /// calls of the modules given to `time_module` and passes every other
+    /// call to `inner`, and `method` binds it like a function when set on a
+    /// class. A builtin, so that Dynamo can be given a Python stand-in to
+    /// trace in its place (`torch.compiler.substitute_in_graph`).
+    fn forward_call<'py>(
+        slf: &Bound<'py, Self>,
+        inner: Py<PyAny>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let py = slf.py();
+        let clock: Py<_PhaseClock> = slf.clone().unbind();
+        let f = pyo3::types::PyCFunction::new_closure(
+            py,
+            Some(c"__call__"),
+            Some(c"An outermost module's call, timed by fastprof's step anatomy."),
+            move |args: &Bound<'_, PyTuple>,
+                  kwargs: Option<&Bound<'_, PyDict>>|
+                  -> PyResult<Py<PyAny>> {
+                let py = args.py();
+                let c = clock.get();
+                let target = args.get_borrowed_item(0).ok().map(|t| t.to_owned());
+                if !c.enter(py, KIND_FORWARD, target.as_ref()) {
+                    return Ok(inner.bind(py).call(args, kwargs)?.unbind());
+                }
+                let r = inner.bind(py).call(args, kwargs);
+                c.leave(py, KIND_FORWARD);
+                Ok(r?.unbind())
+            },
+        )?;
+        let m = unsafe { PyInstanceMethod_New(f.as_ptr()) };
+        let m = unsafe { Bound::from_owned_ptr_or_err(py, m)? };
+        Ok((m, f.into_any()))
+    }
+
     /// A wrapper of `inner` that times backward (`"backward"`), an
     /// optimizer's `zero_grad` (`"zero_grad"`) or an outermost module's
     /// call (`"forward"`, the class's `__call__`).
@@ -506,6 +541,8 @@ extern "C" {
         func: *mut pyo3::ffi::PyObject,
         obj: *mut pyo3::ffi::PyObject,
     ) -> *mut pyo3::ffi::PyObject;
+    /// CPython's `instancemethod`: binds any callable like a function.
+    fn PyInstanceMethod_New(func: *mut pyo3::ffi::PyObject) -> *mut pyo3::ffi::PyObject;
 }
 
 /// A timed call: `inner(*args, **kwargs)` inside its phase on the training
