@@ -31,6 +31,7 @@ def test_a_busy_host_all_along_does_not_make_more_work_contention() -> None:
     # 30x the work while the thread waited half the time all along: it also
     # waited 30x as long, but the host was no busier than before.
     c = _judge(104.8, 4.8, 63.6, rate=0.503)
+    assert c.dur_ns - c.waited_ns > (1 + contention.SHARE) * c.median_ns
     assert not c.contention
     # Without the usual wait taken off, half the excess was waiting.
     assert c.waited_ns >= contention.SHARE * c.excess_ns
@@ -42,10 +43,21 @@ def test_a_preempted_sub_millisecond_step_on_a_busy_host_is_contention() -> None
     assert _judge(4.468, 0.355, 4.468, rate=0.72).contention
 
 
+def test_a_preempted_ms_step_whose_own_time_is_the_median_is_contention() -> None:
+    # A 1.8 ms step that waited 4 ms of its 5.8 on a host at 61% all along:
+    # in proportion its own time "usually" waits 2.8 ms, but it did nothing slow.
+    c = _judge(5.84, 1.838, 4.022, rate=0.608)
+    assert c.waited_ns - c.usual_ns < contention.SHARE * c.excess_ns  # (b) alone would say the job
+    assert c.contention  # (a): own time 1.82 ms <= 1.5 x the median
+
+
 def test_the_rule_is_half_the_excess() -> None:
-    # On a quiet host: exactly half the excess waited is contention, less is not.
+    # On a quiet host, own time past 1.5x the median: exactly half the
+    # excess waited is contention, less is not.
     assert _judge(30.0, 10.0, 10.0).contention
     assert not _judge(30.0, 10.0, 9.9).contention
+    # Own time within 1.5x the median: contention, whatever the share.
+    assert _judge(30.0, 10.0, 15.0, rate=0.9).contention
 
 
 def test_the_wait_is_capped_at_the_step_and_the_rate_bounded() -> None:
@@ -60,3 +72,5 @@ def test_the_text() -> None:
     assert contention.text(84, 254.84, 212.2) == (
         "step 84: 254.8 ms, of which 212 ms waiting for a CPU: host contention"
     )
+    # Under 10 ms the wait keeps a decimal (never "7.8 ms, of which 8 ms").
+    assert contention.text(10, 7.842, 7.842) == "step 10: 7.8 ms, of which 7.8 ms waiting for a CPU: host contention"

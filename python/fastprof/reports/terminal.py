@@ -177,7 +177,9 @@ def _contention(con: Any, r: dict[str, Any]) -> None:
             "for a CPU (another process had it), not the job's doing"
         )
     for a in said[:10]:
-        con.print(f"  {a['said']} ({a['action']})")
+        # Said when it is not the default (anomaly_on_contention captured it, say).
+        done = "" if a["action"] == "recorded only (host contention)" else f" ({a['action']})"
+        con.print(f"  {a['said']}{done}")
     if len(said) > 10:
         con.print(f"  ... {len(said) - 10} more in report.json")
 

@@ -526,8 +526,9 @@ impl _RunWait {
     /// `run_delay_ns`, `from_ns`, `to_ns` (CLOCK_MONOTONIC: the wait counts
     /// from the last reading at or before the step's begin), and
     /// `involuntary` switches from `involuntary_from_ns` (None when not
-    /// read), and the usual wait before it: `usual_delay_ns` over the
-    /// `usual_span_ns` (up to `baseline_ns`) that end at `from_ns`; None when the thread's files are gone or the watcher stopped.
+    /// read), and the usual wait before it: `usual_rate`, the median share
+    /// of the intervals between readings over the `usual_span_ns` (up to
+    /// `baseline_ns`) that end at `from_ns` spent waiting; None when the thread's files are gone or the watcher stopped.
     #[pyo3(signature = (step_ns, baseline_ns = 2_000_000_000))]
     fn waited<'py>(
         &self,
@@ -548,7 +549,7 @@ impl _RunWait {
         d.set_item("to_ns", w.to_ns)?;
         d.set_item("involuntary", w.involuntary)?;
         d.set_item("involuntary_from_ns", w.involuntary_from_ns)?;
-        d.set_item("usual_delay_ns", w.usual_delay_ns)?;
+        d.set_item("usual_rate", w.usual_rate)?;
         d.set_item("usual_span_ns", w.usual_span_ns)?;
         Ok(Some(d))
     }

