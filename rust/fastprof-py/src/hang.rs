@@ -120,6 +120,12 @@ impl _HangWatch {
         Ok(Some(d))
     }
 
+    /// `(seconds since a step last ended, the median recent step or None)`, as of the
+    /// watchdog's last poll.
+    fn stall(&self) -> (f64, Option<f64>) {
+        self.inner.stall()
+    }
+
     /// Take event `n` (False: the watchdog already wrote its evidence).
     fn claim(&self, n: u64) -> bool {
         self.inner.claim(n)

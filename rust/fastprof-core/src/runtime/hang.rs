@@ -111,6 +111,9 @@ struct State {
     /// The numbers claimed (by Python or by this thread), most recent last; bounded.
     claimed: VecDeque<u64>,
     stopping: bool,
+    /// The stall clock as of the last poll: since when no step ended, the median recent step.
+    since: Option<Instant>,
+    typical: Option<f64>,
 }
 
 struct Shared {
@@ -164,6 +167,14 @@ impl Watchdog {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+
+    /// Seconds since a step last ended (or the watchdog started), as of the last poll, and
+    /// the median recent step (None before two steps).
+    pub fn stall(&self) -> (f64, Option<f64>) {
+        let st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        let since = st.since.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        (since, st.typical)
     }
 
     /// Take event `n` for the Python side: false when this thread already wrote its evidence.
@@ -279,6 +290,11 @@ fn run(config: Config, dumper: Box<dyn StackDumper>, shared: Arc<Shared>) {
         let now = Instant::now();
         progress.observe(BEAT.load(Ordering::Relaxed), now);
         let typical = progress.typical();
+        {
+            let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.since = Some(progress.since);
+            st.typical = typical;
+        }
         let timeout = timeout_for(config.timeout, typical);
         let stalled = now.duration_since(progress.since);
         let request = take_request(&request_path);

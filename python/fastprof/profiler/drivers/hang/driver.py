@@ -66,9 +66,6 @@ class HangDriver(Driver):
         self.training: int | None = None
         self.reports: list[dict[str, Any]] = []
         self.said: list[str] = []
-        # The helper's view of progress, for a SIGTERM: (last step, since when).
-        self._seen: tuple[int | None, float] = (None, time.monotonic())
-        self._recent: list[float] = []
 
     def start(self, steps: Any) -> None:
         if not self.config.enabled:
@@ -116,27 +113,14 @@ class HangDriver(Driver):
             if w is None:
                 return
             try:
-                event = w.next(0.5)
-                self._progress()
+                # Woken by an event or the close: no periodic GIL taking.
+                event = w.next(30.0)
                 if event is None:
                     continue
                 self._answer(event)
             except Exception as e:  # noqa: BLE001
                 self.error = f"{type(e).__name__}: {e}"
                 warnings.warn(f"fastprof: hang evidence failed: {self.error}", FastprofWarning, stacklevel=1)
-
-    def _progress(self) -> None:
-        last = _core._hang_last_step()
-        seen, since = self._seen
-        now = time.monotonic()
-        if last != seen:
-            if seen is not None and last is not None and last > seen:
-                self._recent = ([*self._recent, (now - since) / (last - seen)])[-16:]
-            self._seen = (last, now)
-
-    def stalled_s(self) -> float:
-        """Seconds since the helper last saw a step end (or the start)."""
-        return time.monotonic() - self._seen[1]
 
     def _answer(self, event: dict[str, Any]) -> None:
         w = self.watch
@@ -201,9 +185,8 @@ class HangDriver(Driver):
     def on_exit_event(self, reason: str) -> None:
         if reason != "sigterm" or self.watch is None:
             return
-        self._progress()
-        typical = sorted(self._recent)[len(self._recent) // 2] if len(self._recent) >= 2 else 1.0
-        if self.stalled_s() < max(10.0, 10 * typical):
+        stalled, typical = self.watch.stall()
+        if stalled < max(10.0, 10 * (typical or 1.0)):
             return
         try:
             n = max((k for k, _ in evidence_files(self.prof.rank_dir)), default=0)
@@ -212,9 +195,9 @@ class HangDriver(Driver):
                 "reason": "sigterm",
                 "request": None,
                 "step": _core._hang_last_step(),
-                "stalled_s": self.stalled_s(),
+                "stalled_s": stalled,
                 "timeout_s": self.config.timeout or 0.0,
-                "typical_step_s": typical if len(self._recent) >= 2 else None,
+                "typical_step_s": typical,
                 "time": time.time(),
             }
             # The handler runs on the training thread: its stack, less the handler's frames.
