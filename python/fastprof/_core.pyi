@@ -228,8 +228,8 @@ class _HangWatch:
     """The hang watchdog thread of one Profiler (issue #37): it never takes the GIL, dumps the
     stacks of every thread on a stall or a request and queues an event for :meth:`next`."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         rank_dir: str,
         rank: int,
         timeout_s: float,
@@ -237,7 +237,7 @@ class _HangWatch:
         poll_s: float,
         abort_status: int | None = None,
         abort_after_s: float = 0.0,
-    ) -> None: ...
+    ) -> _HangWatch: ...
     @property
     def stacks_native(self) -> bool: ...
     def next(self, wait_s: float) -> dict[str, Any] | None: ...
