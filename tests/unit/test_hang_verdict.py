@@ -124,3 +124,11 @@ def test_summary_picks_the_training_thread_and_the_user_frame() -> None:
     assert s["where"]["line"] == 88 and s["phase"] == "communication"
     # Without the training thread's id, the first thread with frames.
     assert summarize(_in("all_reduce"), None)["where"]["function"] == "other_thread"
+
+
+def test_a_rank_with_no_record_here_is_not_called_stuck() -> None:
+    """A rank whose node writes another run directory (no shared
+    filesystem) has no watch file here: it is named as unknown here, not as
+    a rank that cannot answer."""
+    v = verdict({0: rank_state(_in("all_reduce"), None), 1: rank_state(None, None)})
+    assert "rank 1: no evidence of it in this run directory (another node's?)" in v["text"]

@@ -203,7 +203,7 @@ def rank_state(evidence: dict[str, Any] | None, watch: dict[str, Any] | None, li
     (after the job, a rank without evidence is only silent)."""
     if evidence is None:
         alive = _alive(watch) if live else None
-        return {"state": "gone" if alive is False else "silent", "alive": alive}
+        return {"state": "gone" if alive is False else "silent", "alive": alive, "known": watch is not None}
     s = summarize(evidence, (watch or {}).get("training_thread", evidence.get("training_thread")))
     if evidence.get("answered_by") == "watchdog":
         state = "gil"
@@ -344,6 +344,10 @@ def describe(v: dict[str, Any], states: dict[int, dict[str, Any]]) -> str:
             )
         elif st == "gone":
             parts.append(f"rank {r} {never}its process is gone")
+        elif st == "silent" and s.get("known") is False:
+            # No record of the rank here: its node writes another run directory (no shared
+            # filesystem) or it never started its Profiler.
+            parts.append(f"rank {r}: no evidence of it in this run directory (another node's?)")
         elif st == "silent":
             parts.append(f"rank {r} {never}it cannot answer (no evidence from it)")
         else:
