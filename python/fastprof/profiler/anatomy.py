@@ -452,6 +452,10 @@ class _Forward:
         self.script_module: type | None = getattr(getattr(sys.modules.get("torch"), "jit", None), "ScriptModule", None)
 
     def _learn_pre(self, module: Any, _args: Any) -> None:
+        # Dynamo reads is_dynamo_compiling() as True: a module compiled while
+        # the modules are learnt traces no hook (no graph break).
+        if self.compiling():
+            return
         if self.clock.forward_depth == 0 and _get_ident() == self.anatomy.thread_id:
             key = id(module)
             if key not in self.roots:
@@ -463,6 +467,8 @@ class _Forward:
         self.clock.forward_pre()
 
     def _learn_post(self, _module: Any, _args: Any, _out: Any) -> None:
+        if self.compiling():
+            return
         self.clock.forward_post()
         if self.clock.forward_depth == 0 and self.learning and _get_ident() == self.anatomy.thread_id:
             if self.calls >= LEARN_CALLS:

@@ -87,3 +87,40 @@ def test_dynamo_imported_after_the_learning_gets_the_python_call(tmp_path: Path)
     assert seen["call"] == "instancemethod"
     assert seen["call_after"] == "function"  # swapped as Dynamo was imported
     assert seen["breaks"] == 0 and seen["compiled"] == seen["eager"]
+
+
+COMPILED_FIRST = r"""
+import json, sys
+import torch
+import fastprof
+from torch._dynamo.utils import counters
+
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+compiled = torch.compile(model, backend="eager")
+prof = fastprof.Profiler(sys.argv[1] + "/run", "r", torch=False, sample_hz=0, merge=False)
+with prof:
+    for i in prof.loader(range(6)):
+        compiled(torch.ones(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        prof.step()
+json.dump(
+    {"breaks": dict(counters["graph_break"]), "status": json.load(open(prof.rank_dir / "profiler.json"))["anatomy"]},
+    open(sys.argv[1] + "/seen.json", "w"),
+)
+"""
+
+
+def test_a_model_compiled_before_the_learning_traces_no_learning_hook(tmp_path: Path) -> None:
+    """The learning's global hooks fire inside Dynamo's trace of a compiled
+    module's first call; they step aside there (no graph break), and the
+    compiled module is learnt and timed from outside its compiled call."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
+    p = subprocess.run(
+        [sys.executable, "-c", COMPILED_FIRST, str(tmp_path)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["breaks"] == {}, seen["breaks"]
+    assert "1 outermost modules timed" in seen["status"], seen["status"]
