@@ -34,17 +34,38 @@ merge of the same file, and prints how time per step grows from the smallest
 size to the largest (1.0 is linear).
 
     python benches/bench_report.py --steps 100000,1000000 --rounds 1 --no-hta
+
+Many ranks (issue #38, items 1 and 6): ``--ranks 64,256,1024`` records one
+real rank with the Profiler on CPU (``--rank-steps`` steps, default 2,000:
+a train-loader wait, ``forward`` / ``backward`` / ``optimizer`` spans), and a
+second one whose backward is 3x as long; it then builds a run directory of N
+ranks from them, rewriting every place the rank appears (the folder, the
+segments' ``rank`` / ``world_size`` / pid, the side documents' paths), each
+rank's clock shifted by its own jitter (+-5 ms) and ~1% of the ranks (at
+least one) the slow one. Each case runs in a fresh process: ``fastprof
+merge`` of the run, then ``fastprof report -q`` of it (wall, CPU, peak RSS
+from ``wait4``). ``--python DIR`` puts DIR first on the path of the cases
+(a copy of an older ``fastprof`` package: before/after on the same runs).
+
+    python benches/bench_report.py --ranks 64,256,1024 --rounds 1
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import importlib.util
+import json
+import os
+import random
+import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -94,7 +115,6 @@ print(df.to_string())
 
 def generate_steps(path: Path, steps: int) -> tuple[int, int]:
     """A Kineto trace of ``steps`` training steps, ~1 KB of JSON each; (JSON bytes, events)."""
-    import gzip
 
     head = (
         f'{{"schemaVersion": 1, "deviceProperties": {DEVICE_PROPERTIES}, '
@@ -204,6 +224,178 @@ def main_steps(sizes: list[int], rounds: int) -> None:
             print(f"  {k:32s} time per step at {hi} / at {lo}: {growth:.2f} (1.0 is linear)")
 
 
+RECORD_RANK = """
+import sys, time, fastprof
+steps, out, slow = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+prof = fastprof.Profiler(out, "run", torch=False, sample_hz=0, flush_interval=0.05)
+
+
+def busy(s):
+    t = time.perf_counter() + s
+    while time.perf_counter() < t:
+        pass
+
+
+with prof:
+    for i, _ in enumerate(prof.loader(range(steps))):
+        with fastprof.span("forward"):
+            busy(0.0002)
+        with fastprof.span("backward"):
+            busy(0.0004 * slow)
+        with fastprof.span("optimizer"):
+            busy(0.0001)
+        prof.step()
+"""
+
+#: Run a command; write "wall_s cpu_s peak_rss_bytes exit_code" to argv[1].
+SPAWN_CPU = """
+import os, subprocess, sys, time
+t0 = time.perf_counter()
+p = subprocess.Popen(sys.argv[2:])
+_, status, ru = os.wait4(p.pid, 0)
+with open(sys.argv[1], "w") as f:
+    cpu = ru.ru_utime + ru.ru_stime
+    f.write(f"{time.perf_counter() - t0} {cpu} {ru.ru_maxrss * 1024} {os.waitstatus_to_exitcode(status)}")
+"""
+
+
+@dataclass
+class RankTemplate:
+    """One real rank's recording, as text: its segments and side documents."""
+
+    folder: str  #: the recorded run folder (absolute, as written in the documents)
+    pid: int
+    segments: dict[str, str]  #: file name -> decompressed JSON text
+    documents: dict[str, str]  #: profiler.json, triggers.json
+
+
+def record_rank(tmp: Path, name: str, steps: int, slow: float) -> RankTemplate:
+    """Record one real rank with the Profiler (a fresh process) and read it back."""
+    out = tmp / name
+    if not (out / "run" / "rank0").is_dir():  # kept (--keep): the same ranks for a later measure
+        subprocess.run([sys.executable, "-c", RECORD_RANK, str(steps), str(out), str(slow)], check=True)
+    rank_dir = out / "run" / "rank0"
+    segments = {p.name: gzip.decompress(p.read_bytes()).decode() for p in sorted(rank_dir.glob("fastprof.*.json.gz"))}
+    documents = {n: (rank_dir / n).read_text() for n in ("profiler.json", "triggers.json") if (rank_dir / n).is_file()}
+    first = next(iter(segments.values()))
+    pid = int(re.search(r'"pid":\s*(\d+)', first).group(1))  # type: ignore[union-attr]
+    return RankTemplate(str(out / "run"), pid, segments, documents)
+
+
+_RANK_KEY = re.compile(r'("rank"\s*:\s*)0\b')
+_WORLD_KEY = re.compile(r'("world_size"\s*:\s*)1\b')
+_BASE_KEY = re.compile(r'("(?:baseTimeNanoseconds|realtime_ns)"\s*:\s*)(\d+)')
+
+
+def _as_rank(text: str, t: RankTemplate, run: Path, rank: int, world: int, shift_ns: int) -> str:
+    """The template's text as rank ``rank`` of ``world`` wrote it into ``run``,
+    its wall clock ``shift_ns`` off."""
+    text = _RANK_KEY.sub(lambda m: f"{m.group(1)}{rank}", text)
+    text = _WORLD_KEY.sub(lambda m: f"{m.group(1)}{world}", text)
+    text = text.replace("rank 0 (", f"rank {rank} (")
+    text = re.sub(rf"(?<![\d.]){t.pid}(?![\d.])", str(100000 + rank), text)
+    text = text.replace(t.folder + "/rank0", f"{run}/rank{rank}").replace(t.folder, str(run))
+    if shift_ns:
+        text = _BASE_KEY.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + shift_ns}", text)
+    return text
+
+
+def build_ranks(run: Path, n: int, normal: RankTemplate, slow: RankTemplate, seed: int = 38) -> list[int]:
+    """A run directory of ``n`` ranks from the two recorded ones: each rank's
+    clock off by its own jitter (+-5 ms), ~1% of them (at least one) the
+    slow recording. Returns the slow ranks."""
+    rng = random.Random(seed)
+    slow_ranks = sorted(rng.sample(range(n), max(1, n // 100)))
+    run.mkdir(parents=True)
+    for rank in range(n):
+        t = slow if rank in slow_ranks else normal
+        shift = rng.randint(-5_000_000, 5_000_000)
+        d = run / f"rank{rank}"
+        d.mkdir()
+        for name, text in t.segments.items():
+            with open(d / name, "wb") as f:
+                f.write(gzip.compress(_as_rank(text, t, run, rank, n, shift).encode(), compresslevel=1))
+        for name, text in t.documents.items():
+            (d / name).write_text(_as_rank(text, t, run, rank, n, 0))
+        (d / ".fastprof-done").write_text("done\n")
+    return slow_ranks
+
+
+def measured_cpu(cmd: list[str], log: Path, env: dict[str, str]) -> tuple[float, float, int]:
+    """Run ``cmd`` in a fresh process; (wall s, CPU s, peak RSS bytes)."""
+    result = log.with_suffix(".rusage")
+    with open(log, "wb") as out:
+        subprocess.run(
+            [sys.executable, "-c", SPAWN_CPU, str(result), *cmd],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=True,
+            env=env,
+        )
+    wall, cpu, rss, code = result.read_text().split()
+    if int(code) != 0:
+        sys.stdout.write(log.read_text(errors="replace")[-4000:])
+        raise SystemExit(f"{cmd[:3]}... failed with exit code {code}")
+    return float(wall), float(cpu), int(rss)
+
+
+def main_ranks(sizes: list[int], rounds: int, steps: int, python: str | None, keep: str | None) -> None:
+    """merge and report -q of N-rank runs built from a real rank."""
+    print(f"machine: {machine()}")
+    env = dict(os.environ)
+    if python:
+        env["PYTHONPATH"] = python + os.pathsep + env.get("PYTHONPATH", "")
+        print(f"fastprof from {python}")
+    cli = [sys.executable, "-m", "fastprof"]
+    rows: list[tuple[int, str, float, float, int]] = []
+    with tempfile.TemporaryDirectory(prefix="bench_report_ranks_") as tmp_s:
+        tmp = Path(keep) if keep else Path(tmp_s)
+        tmp.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        normal = record_rank(tmp, "template_normal", steps, 1.0)
+        slow = record_rank(tmp, "template_slow", steps, 3.0)
+        print(f"recorded two real ranks of {steps} steps in {time.perf_counter() - t0:.0f} s")
+        for n in sizes:
+            run = tmp / f"ranks{n}"
+            if not run.exists():
+                t0 = time.perf_counter()
+                slow_ranks = build_ranks(run, n, normal, slow)
+                print(f"{n} ranks built in {time.perf_counter() - t0:.0f} s (slow: {slow_ranks})")
+            cases = {
+                "merge": [*cli, "merge", str(run), "-f", "-q"],
+                "report -q": [*cli, "report", str(run), "-q", "-o", str(tmp / f"report{n}")],
+            }
+            for r in range(rounds):
+                for name, cmd in cases.items():  # the report reads the merge's trace.json.gz
+                    wall, cpu, rss = measured_cpu(cmd, tmp / f"{n}_{r}_{name.split()[0]}.log", env)
+                    print(
+                        f"  {n} ranks, round {r + 1}: {name}: {wall:.1f} s wall, {cpu:.1f} s CPU, {rss / 2**20:.0f} MiB"
+                    )
+                    rows.append((n, name, wall, cpu, rss))
+            report_json = tmp / f"report{n}" / "report.json"
+            if report_json.is_file():
+                doc = json.loads(report_json.read_text())
+                ranks_seen = len(doc["speed"]["train"]["per_rank"])
+                print(f"  report.json: {ranks_seen} ranks, {report_json.stat().st_size / 1e6:.1f} MB")
+    print("\nmedian over rounds (each case in a fresh process):")
+    print("| ranks | merge (wall / CPU / peak RSS) | `report -q` (wall / CPU / peak RSS) | report CPU / merge CPU |")
+    print("|---|---|---|---|")
+    for n in sizes:
+        med = {}
+        for name in ("merge", "report -q"):
+            sel = [r for r in rows if r[0] == n and r[1] == name]
+            med[name] = (
+                statistics.median(r[2] for r in sel),
+                statistics.median(r[3] for r in sel),
+                max(r[4] for r in sel),
+            )
+        (mw, mc, mm), (rw, rc, rm) = med["merge"], med["report -q"]
+        print(
+            f"| {n:,} | {mw:.1f} s / {mc:.1f} s / {mm / 2**20:.0f} MiB "
+            f"| {rw:.1f} s / {rc:.1f} s / {rm / 2**20:.0f} MiB | {rc / mc:.1f}x |"
+        )
+
+
 FULL = "fastprof report json+csv+html"
 JSON = "fastprof report json"
 ANALYZE_STEPS = "fastprof analyze_steps"
@@ -220,7 +412,14 @@ def main() -> None:
     hta_opt.add_argument("--hta", action="store_true", help="run HTA whatever the size (minutes, GBs)")
     ap.add_argument("--hta-max-mb", type=float, default=400.0, help="skip HTA above this size (default 400)")
     ap.add_argument("--steps", help="comma list of step counts: lean traces of that many steps (item 11)")
+    ap.add_argument("--ranks", help="comma list of rank counts: runs of N ranks built from a real rank")
+    ap.add_argument("--rank-steps", type=int, default=2000, help="steps of the recorded rank (--ranks)")
+    ap.add_argument("--python", help="a folder put first on the cases' PYTHONPATH (an older fastprof, --ranks)")
+    ap.add_argument("--keep", help="build the runs in this folder and keep them (--ranks)")
     args = ap.parse_args()
+    if args.ranks:
+        main_ranks([int(x) for x in args.ranks.split(",")], args.rounds, args.rank_steps, args.python, args.keep)
+        return
     if args.steps:
         main_steps([int(float(x)) for x in args.steps.split(",")], args.rounds)
         return

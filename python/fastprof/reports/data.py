@@ -127,6 +127,10 @@ class RunData:
     _ranks: list[int] | None = None
     _walls: dict[int | None, tuple[int, int]] = field(default_factory=dict)
     _steps: dict[int, tuple[Spans, str]] = field(default_factory=dict)
+    _span_index: _Groups | None = None
+    _counter_index: _Groups | None = None
+    _span_names: list[str] | None = None
+    _name_ids: dict[str, int] | None = None
 
     @property
     def inputs(self) -> list[str]:
@@ -137,7 +141,7 @@ class RunData:
     def ranks(self) -> list[int]:
         if self._ranks is None:
             cols = (self.cols.spans["rank"], self.cols.counters["rank"], self.cols.folded.get("rank", np.zeros(0)))
-            found = {int(x) for col in cols for x in np.unique(col)}
+            found = {x for col in cols for x in _distinct(col)}
             self._ranks = sorted(found) or [0]
         return list(self._ranks)
 
@@ -155,27 +159,44 @@ class RunData:
         return lut
 
     def name_id(self, name: str) -> int | None:
-        try:
-            return self.cols.names.index(name)
-        except ValueError:
-            return None
+        if self._name_ids is None:
+            self._name_ids = {}
+            for i, n in enumerate(self.cols.names):
+                self._name_ids.setdefault(n, i)
+        return self._name_ids.get(name)
 
     def span_names(self) -> list[str]:
-        ids = np.unique(self.cols.spans["name"])
-        return [self.cols.names[int(i)] for i in ids]
+        if self._span_names is None:
+            self._span_names = [self.cols.names[i] for i in self._span_groups().name_ids()]
+        return list(self._span_names)
+
+    def _span_groups(self) -> _Groups:
+        if self._span_index is None:
+            s = self.cols.spans
+            self._span_index = _Groups.build(s["name"], s["rank"], s["ts"])
+        return self._span_index
+
+    def _counter_groups(self) -> _Groups:
+        if self._counter_index is None:
+            c = self.cols.counters
+            self._counter_index = _Groups.build(c["name"], c["rank"], c["ts"])
+        return self._counter_index
 
     def spans(self, name: str, rank: int | None = None) -> Spans:
-        """Rows of one span name (all ranks when ``rank`` is None), by start."""
-        s = self.cols.spans
+        """Rows of one span name (all ranks when ``rank`` is None), by start
+        (rows of one start in the order read). One rank's rows are a slice
+        of the rank index (:class:`_Groups`), never a scan of the column."""
         nid = self.name_id(name)
         if nid is None:
             return Spans(np.zeros(0, np.int64), np.zeros(0, np.int64))
-        m = s["name"] == nid
-        if rank is not None:
-            m &= s["rank"] == rank
-        ts, dur = s["ts"][m], s["dur"][m]
-        order = np.argsort(ts, kind="stable")
-        return Spans(ts[order].astype(np.int64), dur[order].astype(np.int64))
+        return self.spans_of_ids([nid], rank)
+
+    def spans_of_ids(self, ids: list[int], rank: int | None = None) -> Spans:
+        """Rows of several span names (ids) as one list, by start."""
+        s = self.cols.spans
+        groups = self._span_groups()
+        rows = groups.rows_by_start(ids, rank, s["ts"])
+        return Spans(s["ts"][rows].astype(np.int64), s["dur"][rows].astype(np.int64))
 
     def counter(self, name: str, rank: int) -> tuple[I64, F64]:
         """(ts ns, value) of one counter track on one rank, by time."""
@@ -183,40 +204,161 @@ class RunData:
         nid = self.name_id(name)
         if nid is None:
             return np.zeros(0, np.int64), np.zeros(0, np.float64)
-        m = (c["name"] == nid) & (c["rank"] == rank)
-        ts, v = c["ts"][m], c["value"][m]
-        order = np.argsort(ts, kind="stable")
-        return ts[order].astype(np.int64), v[order].astype(np.float64)
+        rows = self._counter_groups().rows_by_start([nid], rank, c["ts"])
+        return c["ts"][rows].astype(np.int64), c["value"][rows].astype(np.float64)
 
     def counter_names(self) -> list[str]:
-        return [self.cols.names[int(i)] for i in np.unique(self.cols.counters["name"])]
+        return [self.cols.names[i] for i in self._counter_groups().name_ids()]
 
     def wall(self, rank: int | None = None) -> tuple[int, int]:
-        """First and last instant (epoch ns) of the rank's spans and counters."""
+        """First and last instant (epoch ns) of the rank's spans and counters
+        (every rank's, computed together in one pass, when one is asked)."""
         if rank not in self._walls:
-            s, c = self.cols.spans, self.cols.counters
-            lo: list[int] = []
-            hi: list[int] = []
-            for a in range(0, len(s["ts"]), _CHUNK):
-                ts, dur = s["ts"][a : a + _CHUNK], s["dur"][a : a + _CHUNK]
-                if rank is not None:
-                    m = s["rank"][a : a + _CHUNK] == rank
-                    ts, dur = ts[m], dur[m]
-                if len(ts):
-                    lo.append(int(ts.min()))
-                    hi.append(int((ts + dur).max()))
-            cts = c["ts"] if rank is None else c["ts"][c["rank"] == rank]
-            if len(cts):
-                lo.append(int(cts.min()))
-                hi.append(int(cts.max()))
-            f = self.cols.folded
-            if f and len(f["rank"]):
-                m = np.ones(len(f["rank"]), bool) if rank is None else f["rank"] == rank
-                if m.any():
-                    lo.append(int(f["first_ns"][m].min()))
-                    hi.append(int(f["last_ns"][m].max()))
-            self._walls[rank] = (min(lo), max(hi)) if lo else (0, 0)
+            if rank is None:
+                self._walls[None] = self._wall_of_all()
+            else:
+                self._walls.update(self._walls_by_rank())
+                self._walls.setdefault(rank, (0, 0))
         return self._walls[rank]
+
+    def _wall_of_all(self) -> tuple[int, int]:
+        s, c, f = self.cols.spans, self.cols.counters, self.cols.folded
+        lo: list[int] = []
+        hi: list[int] = []
+        for a in range(0, len(s["ts"]), _CHUNK):
+            ts, dur = s["ts"][a : a + _CHUNK], s["dur"][a : a + _CHUNK]
+            lo.append(int(ts.min()))
+            hi.append(int((ts + dur).max()))
+        if len(c["ts"]):
+            lo.append(int(c["ts"].min()))
+            hi.append(int(c["ts"].max()))
+        if f and len(f["rank"]):
+            lo.append(int(f["first_ns"].min()))
+            hi.append(int(f["last_ns"].max()))
+        return (min(lo), max(hi)) if lo else (0, 0)
+
+    def _walls_by_rank(self) -> dict[int | None, tuple[int, int]]:
+        """Every rank's (first, last) instant, by one chunked pass per table."""
+        s, c, f = self.cols.spans, self.cols.counters, self.cols.folded
+        ranks = [r for r in self.ranks]
+        rlo = min(ranks)
+        width = max(ranks) - rlo + 1
+        big = np.iinfo(np.int64).max
+        lo = np.full(width, big, np.int64)
+        hi = np.full(width, -big, np.int64)
+        tables = [(s["rank"], s["ts"], s["dur"]), (c["rank"], c["ts"], None)]
+        if f and len(f["rank"]):
+            tables.append((f["rank"], f["first_ns"], None))
+            tables.append((f["rank"], f["last_ns"], None))
+        for rank_col, ts_col, dur_col in tables:
+            for a in range(0, len(ts_col), _CHUNK):
+                idx = rank_col[a : a + _CHUNK].astype(np.intp) - rlo
+                ts = ts_col[a : a + _CHUNK]
+                np.minimum.at(lo, idx, ts)
+                np.maximum.at(hi, idx, ts if dur_col is None else ts + dur_col[a : a + _CHUNK])
+        return {rlo + i: (int(lo[i]), int(hi[i])) for i in range(width) if lo[i] != big}
+
+
+def _distinct(col: npt.NDArray[Any]) -> list[int]:
+    """The distinct values of an integer column (ranks), by counting: one
+    pass, no sort of the column."""
+    if not len(col):
+        return []
+    lo, hi = int(col.min()), int(col.max())
+    counts = np.bincount((col.astype(np.int64) - lo), minlength=hi - lo + 1)
+    return [int(x) for x in np.flatnonzero(counts) + lo]
+
+
+@dataclass
+class _Groups:
+    """A table's rows grouped by (name id, rank), each group by start: the
+    rank index of :class:`RunData`. Built once per table (a stable sort by
+    the group key; rows of one name on one rank are read in start order,
+    so the start order within groups is only checked, and the few groups
+    out of order sorted alone), it makes one rank's rows of a name a slice:
+    the reports' per-rank loops touch only that rank's rows.
+
+    ``order``: row numbers, group after group (int32 where the table has
+    under 2^31 rows: 4 bytes per row); ``keys``: each group's key,
+    ``name * stride + rank - rank_lo``, ascending; ``bounds``: where each
+    group starts in ``order``, and its end."""
+
+    order: npt.NDArray[np.integer[Any]]
+    keys: I64
+    bounds: I64
+    stride: int
+    rank_lo: int
+    #: Rows handed out by lookups (the rank index's cost, read by tests).
+    rows_touched: int = 0
+
+    @classmethod
+    def build(cls, name: npt.NDArray[Any], rank: npt.NDArray[Any], ts: npt.NDArray[Any]) -> _Groups:
+        n = len(name)
+        if not n:
+            return cls(np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(1, np.int64), 1, 0)
+        rank_lo = int(rank.min())
+        stride = int(rank.max()) - rank_lo + 1
+        key_type = np.int32 if (int(name.max()) + 1) * stride < 2**31 else np.int64
+        key = name.astype(key_type) * key_type(stride) + (rank.astype(key_type) - key_type(rank_lo))
+        order = np.argsort(key, kind="stable")
+        if n < 2**31:
+            order = order.astype(np.int32)
+        sorted_key = key[order]
+        del key
+        cut = np.flatnonzero(sorted_key[1:] != sorted_key[:-1]) + 1
+        bounds = np.concatenate([[0], cut, [n]]).astype(np.int64)
+        keys = sorted_key[bounds[:-1]].astype(np.int64)
+        del sorted_key
+        # Start order within each group: a group out of order is sorted alone.
+        unsorted: list[int] = []
+        for a in range(0, n - 1, _CHUNK):
+            b = min(a + _CHUNK + 1, n)
+            t = ts[order[a:b]]
+            down = np.flatnonzero(t[1:] < t[:-1]) + a + 1
+            if len(down):
+                groups = np.searchsorted(bounds, down, side="right") - 1
+                unsorted.extend(int(g) for g in np.unique(groups[bounds[groups] != down]))
+        for g in sorted(set(unsorted)):
+            a, b = int(bounds[g]), int(bounds[g + 1])
+            rows = order[a:b]
+            order[a:b] = rows[np.argsort(ts[rows], kind="stable")]
+        return cls(order, keys, bounds, stride, rank_lo)
+
+    def name_ids(self) -> list[int]:
+        """The name ids present, ascending."""
+        return [int(x) for x in np.unique(self.keys // self.stride)]
+
+    def _group(self, nid: int, rank: int) -> tuple[int, int]:
+        r = rank - self.rank_lo
+        if not 0 <= r < self.stride:
+            return 0, 0
+        k = nid * self.stride + r
+        i = int(np.searchsorted(self.keys, k))
+        if i == len(self.keys) or int(self.keys[i]) != k:
+            return 0, 0
+        return int(self.bounds[i]), int(self.bounds[i + 1])
+
+    def rows_by_start(self, ids: list[int], rank: int | None, ts: npt.NDArray[Any]) -> npt.NDArray[np.intp]:
+        """Row numbers of names ``ids`` on ``rank`` (every rank: None) by
+        start, rows of one start in table order (as a stable sort of the
+        matching rows by start would give them)."""
+        parts: list[npt.NDArray[Any]] = []
+        for nid in ids:
+            if rank is not None:
+                a, b = self._group(int(nid), rank)
+            else:
+                a_key, b_key = int(nid) * self.stride, (int(nid) + 1) * self.stride
+                a = int(self.bounds[np.searchsorted(self.keys, a_key)])
+                b = int(self.bounds[np.searchsorted(self.keys, b_key)])
+            if b > a:
+                parts.append(self.order[a:b])
+        if not parts:
+            return np.zeros(0, np.intp)
+        self.rows_touched += sum(len(p) for p in parts)
+        if len(parts) == 1 and rank is not None:
+            return parts[0].astype(np.intp)
+        rows = np.sort(np.concatenate(parts)).astype(np.intp)
+        return rows[np.argsort(ts[rows], kind="stable")]
 
 
 def load(path: str | os.PathLike[str], fold: bool = True, run: RunView | None = None) -> RunData:
@@ -414,11 +556,7 @@ def _step_spans(data: RunData, rank: int) -> tuple[Spans, str]:
     ids = [i for i, n in enumerate(names) if n.startswith("ProfilerStep#")]
     if not ids:
         return s, "none"
-    sp = data.cols.spans
-    m = data.name_mask(ids)[sp["name"]] & (sp["rank"] == rank)
-    ts, dur = sp["ts"][m], sp["dur"][m]
-    order = np.argsort(ts, kind="stable")
-    return Spans(ts[order].astype(np.int64), dur[order].astype(np.int64)), "ProfilerStep#N"
+    return data.spans_of_ids(ids, rank), "ProfilerStep#N"
 
 
 def loader_names(data: RunData) -> list[str]:
