@@ -207,6 +207,14 @@ class RunData:
         rows = self._counter_groups().rows_by_start([nid], rank, c["ts"])
         return c["ts"][rows].astype(np.int64), c["value"][rows].astype(np.float64)
 
+    def counter_rows(self, name: str, rank: int) -> npt.NDArray[np.intp]:
+        """Row numbers of one counter track on one rank, in the order read
+        (index the counter columns with them: series, value, ts)."""
+        nid = self.name_id(name)
+        if nid is None:
+            return np.zeros(0, np.intp)
+        return np.sort(self._counter_groups().rows_by_start([nid], rank, self.cols.counters["ts"]))
+
     def counter_names(self) -> list[str]:
         return [self.cols.names[i] for i in self._counter_groups().name_ids()]
 
