@@ -388,11 +388,8 @@ def gpu_steps(data: RunData, rank: int) -> tuple[Any, dict[str, Any]] | None:
     recorded just before it (a trace from before that counter has the step
     as a series ``step`` of the ms counter)."""
     c = data.cols.counters
-    nid = data.name_id(GPU_PHASE_COUNTER)
-    if nid is None:
-        return None
-    m = (c["name"] == nid) & (c["rank"] == rank)
-    if not m.any():
+    m = data.counter_rows(GPU_PHASE_COUNTER, rank)  # the rank's rows, not a scan of the column
+    if not len(m):
         return None
     by: dict[str, dict[int, float]] = {}
     for t, sid, v in zip(c["ts"][m].tolist(), c["series"][m].tolist(), c["value"][m].tolist(), strict=True):
