@@ -1,8 +1,9 @@
 """The job's traceback is its own (issue #36, item 5): an exception in
-forward, in backward or in the optimizer's step or ``zero_grad`` shows the
-same frames with the anatomy on as without fastprof, since the core's
-wrappers and hooks are C calls. Real torch on CPU, the real Profiler, a real subprocess
-per run; the frames are compared by file and function."""
+forward, in backward or in the optimizer's step or ``zero_grad``, and a
+Ctrl-C (a real SIGINT) in forward, backward or the step, shows the same
+frames with the anatomy on as without fastprof, since the core's wrappers
+and hooks are C calls. Real torch on CPU, the real Profiler, a real
+subprocess per run; the frames are compared by file and function."""
 
 from __future__ import annotations
 
@@ -17,10 +18,19 @@ import pytest
 pytest.importorskip("torch")
 
 JOB = r"""
-import json, sys, traceback
+import json, os, signal, sys, time, traceback
 import torch
 
 where, profiled, out = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+ctrl_c = where.endswith("-sigint")
+where = where.removesuffix("-sigint")
+
+
+def fail(what):
+    if ctrl_c:  # a real Ctrl-C: SIGINT, raised as KeyboardInterrupt where Python next runs
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    raise ValueError(what)
 
 
 class Boom(torch.autograd.Function):
@@ -30,18 +40,18 @@ class Boom(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        raise ValueError("in backward")
+        fail("in backward")
 
 
 class Opt(torch.optim.SGD):
     def step(self, closure=None):
         if where == "step":
-            raise ValueError("in step")
+            fail("in step")
         return super().step(closure)
 
     def zero_grad(self, set_to_none=True):
         if where == "zero_grad":
-            raise ValueError("in zero_grad")
+            fail("in zero_grad")
         return super().zero_grad(set_to_none)
 
 
@@ -53,7 +63,7 @@ class Model(torch.nn.Module):
     def forward(self, x):
         y = self.l(x)
         if where == "forward" and self.raise_now:
-            raise ValueError("in forward")
+            fail("in forward")
         return Boom.apply(y) if where == "backward" and self.raise_now else y
 
 
@@ -83,7 +93,7 @@ try:
     else:
         for _ in train(range(6)):
             pass
-except ValueError as e:
+except (ValueError, KeyboardInterrupt) as e:
     frames = [(f.filename.split("site-packages/")[-1], f.name) for f in traceback.extract_tb(e.__traceback__)]
 json.dump(frames, open(out + "/frames.json", "w"))
 """
@@ -106,7 +116,9 @@ def _frames(tmp: Path, where: str, profiled: bool) -> list[list[str]]:
     return frames
 
 
-@pytest.mark.parametrize("where", ["forward", "backward", "step", "zero_grad"])
+@pytest.mark.parametrize(
+    "where", ["forward", "backward", "step", "zero_grad", "forward-sigint", "backward-sigint", "step-sigint"]
+)
 def test_an_exception_in_a_phase_shows_the_same_frames_as_without_fastprof(tmp_path: Path, where: str) -> None:
     without = _frames(tmp_path, where, profiled=False)
     with_anatomy = _frames(tmp_path, where, profiled=True)
