@@ -74,3 +74,17 @@ def test_the_text() -> None:
     )
     # Under 10 ms the wait keeps a decimal (never "7.8 ms, of which 8 ms").
     assert contention.text(10, 7.842, 7.842) == "step 10: 7.8 ms, of which 7.8 ms waiting for a CPU: host contention"
+
+
+def test_a_step_whose_own_time_alone_is_slow_is_the_jobs() -> None:
+    # benches/bench_verdicts.py's slow_work (30x a step's work in forward)
+    # beside a CPU hog on a loaded 2-vCPU VM: 24.7 ms, of which 17.7 ms
+    # waiting for a CPU at a usual share of 40%. Its own time, 7.0 ms, is 12x
+    # the median 0.565 ms: a slow step by the slow-step rule without any wait.
+    c = _judge(24.712, 0.565, 17.693, rate=0.396)
+    assert c.waited_ns - c.usual_ns >= contention.SHARE * c.excess_ns  # (b) alone says the host
+    assert not c.contention
+    # Own time just under the slow-step rule's factor, or less than its 1 ms
+    # over the median: (b) still decides.
+    assert _judge(10.0, 1.0, 7.1, rate=0.0).contention  # own 2.9x the median
+    assert _judge(4.0, 0.2, 3.2, rate=0.0).contention  # own 4x, 0.6 ms over

@@ -9,8 +9,9 @@ contention** when the job did nothing slow in it and the host did::
 
     own     = duration - waited                 (running, sleeping, blocked)
     usual   = own x rate / (1 - rate)           (the wait the usual rate gives it)
-    host contention  <=>  own <= (1 + SHARE) x median                      (a)
-                      or  waited - usual >= SHARE x (duration - median)    (b)
+    host contention  <=>  not slow(own)                                    (c)
+                      and ( own <= (1 + SHARE) x median                    (a)
+                            or  waited - usual >= SHARE x (duration - median) )  (b)
 
 (a) its own time is within 1.5x of the median step (which holds the usual
 wait too): whatever made it slow was waiting for a CPU; a preemption is
@@ -20,7 +21,14 @@ than that in proportion. (b) its wait for a CPU beyond the usual explains
 at least :data:`SHARE` (half) of its excess over the median: a step of 30x
 the work under a steady 60% share also waits 30x as long, and that
 proportional wait is not what made it slow (its own time alone is 25x the
-median), so (b) takes it off.
+median), so (b) takes it off. (c) a step whose own time alone is a slow
+step by the slow-step rule's factor and floor (more than
+:data:`~fastprof.profiler.slow_step.FACTOR` x the median and at least
+:data:`~fastprof.profiler.slow_step.MIN_EXCESS_NS` more) is the job's,
+however long it also waited: a preemption does not triple a step's own time,
+while a short-lived usual rate can leave (b) to the wait alone (30x a step's
+work beside a CPU hog, benches/bench_verdicts.py: 24.7 ms, 17.7 ms of it
+waiting at a usual share of 40%, its own time 12x the median).
 
 ``rate`` is the share of wall time the thread usually spent waiting for a
 CPU before the step: the median over the watcher's 20 ms intervals of the
@@ -47,6 +55,8 @@ they count as contention, as the kernel cannot tell them apart.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from fastprof.profiler.slow_step import FACTOR, MIN_EXCESS_NS
 
 __all__ = ["BASELINE_S", "MAX_RATE", "SHARE", "Contention", "judge", "rule", "text"]
 
@@ -86,7 +96,8 @@ def judge(dur_ns: int, median_ns: int, run_delay_ns: int, usual_rate: float = 0.
     usual = round(own * rate / (1.0 - rate))
     median = int(median_ns)
     excess = max(dur - median, 0)
-    host = excess > 0 and (own <= (1.0 + SHARE) * median or waited - usual >= SHARE * excess)
+    own_slow = own > FACTOR * median and own - median >= MIN_EXCESS_NS  # (c): the job's work alone is slow
+    host = excess > 0 and not own_slow and (own <= (1.0 + SHARE) * median or waited - usual >= SHARE * excess)
     return Contention(dur, median, waited, usual, host)
 
 
@@ -95,7 +106,8 @@ def rule() -> str:
     return (
         f"a slow step is host contention when its own time (less its wait for a CPU) is within {1 + SHARE:g}x the "
         f"median, or its wait beyond the usual (its own time at the median wait share of the {BASELINE_S:g} s "
-        f"before it) is at least {SHARE:g} x its excess over the median"
+        f"before it) is at least {SHARE:g} x its excess over the median; never when its own time alone is over "
+        f"{FACTOR:g}x the median and {MIN_EXCESS_NS / 1e6:g} ms more"
     )
 
 
