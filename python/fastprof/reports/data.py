@@ -55,6 +55,9 @@ _TAIL_BYTES = 1 << 20
 _CHUNK = 1 << 20
 #: Columns no report reads, dropped once read (4 bytes per row).
 _UNUSED = ("file",)
+#: ... and of the counters (20 bytes per row: a counter is told by its
+#: name and rank; its checks, :func:`counter_warnings`, read them first).
+_UNUSED_COUNTERS = ("file", "pid", "tid", "cat")
 #: Kineto's categories (record_function annotations included): events of
 #: torch windows, folded into totals unless the report is verbose.
 KINETO_CATEGORIES = frozenset(
@@ -397,8 +400,8 @@ def _load(p: Path, fold: bool, run: RunView) -> RunData:
         collapse_numbered="ProfilerStep#",
     )
     cols.warnings.extend(counter_warnings(cols))
-    for table in (cols.spans, cols.counters):
-        for key in _UNUSED:
+    for table, unused in ((cols.spans, _UNUSED), (cols.counters, _UNUSED_COUNTERS)):
+        for key in unused:
             table.pop(key, None)
     if not cols.files or (
         not len(cols.spans["ts"]) and not len(cols.counters["ts"]) and not len(cols.folded.get("rank", ()))
