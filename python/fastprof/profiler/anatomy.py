@@ -54,6 +54,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastprof import _core
+from fastprof.profiler import collectives
 from fastprof.profiler.slow_phase import slow_phase
 from fastprof.recording.budget import moving_cost
 from fastprof.recording.names import GPU_PHASE_COUNTER, GPU_PHASE_STEP_COUNTER, PHASE_SPANS, PHASES
@@ -92,6 +93,24 @@ COLLECTIVES = (
 )
 
 
+#: Each process group's collective wavefront is recorded for the hang
+#: diagnosis (:mod:`fastprof.profiler.collectives`); False: not recorded
+#: (``benches/bench_collectives.py`` measures the record's cost so).
+WAVEFRONT = True
+
+
+def _group_key(dist: Any, group: Any) -> tuple[str, int]:
+    """A process group's key, the same on every rank ("default", or its
+    global ranks), and its size."""
+    if not dist.is_initialized():
+        return "default", 1
+    size = int(dist.get_world_size(group))
+    if group is None or group is getattr(dist.GroupMember, "WORLD", None):
+        return "default", size
+    ranks = dist.get_process_group_ranks(group)
+    return "ranks " + ",".join(str(r) for r in ranks), size
+
+
 def _nbytes(x: Any) -> int:
     """Bytes of a tensor, or of a list of tensors; 0 for anything else."""
     try:
@@ -116,7 +135,11 @@ class Anatomy:
         self._why_not = "off"
         self._forward: _Forward | None = None
         self._undo: list[Callable[[], None]] = []
-        self._seq: dict[Any, int] = {}
+        #: Collectives per process group (by its key) and the groups seen (id ->
+        #: (group, key, size)).
+        self._seq: dict[str, int] = {}
+        self._groups: dict[int, tuple[Any, str, int]] = {}
+
         #: A timed collective is running (a collective or wait inside it is its own).
         self._in_collective = False
         #: Phases a failure on the host left out (their span, or their time in
@@ -316,24 +339,49 @@ class Anatomy:
                 return fn(*args, **kwargs)
             t0 = self._clock.begin(COMMUNICATION)
             self._in_collective = True
+            at = self._comm_begin(op, dist, args, kwargs, group_at)
             try:
                 return fn(*args, **kwargs)
             finally:
                 self._in_collective = False
-                self._comm_done(op, dist, t0, args, kwargs, group_at)
+                self._comm_done(op, t0, args, at)
 
         return collective
 
-    def _comm_done(self, op: str, dist: Any, t0: int, args: Any, kwargs: Any, group_at: int | None) -> None:
+    def _comm_begin(
+        self, op: str, dist: Any, args: Any, kwargs: Any, group_at: int | None
+    ) -> tuple[str, int, int] | None:
+        """A collective begins: its group's key and size and its sequence
+        number there, and its entry in the group's wavefront (for the hang
+        diagnosis) with the job's call site. None where they cannot be read."""
         try:
             if "group" in kwargs:
                 group = kwargs["group"]
             else:  # given by position (all_reduce(t, op, group)), or the default group
                 group = args[group_at] if group_at is not None and len(args) > group_at else None
-            size = dist.get_world_size(group) if dist.is_initialized() else 1
-            key = id(group) if group is not None else None
+            known = self._groups.get(id(group))
+            if known is None or known[0] is not group:
+                known = self._groups[id(group)] = (group, *_group_key(dist, group))
+            _, key, size = known
             seq = self._seq.get(key, 0) + 1
             self._seq[key] = seq
+            if WAVEFRONT:
+                # The call site is not looked up per call (reading the caller's
+                # frame costs ~0.2 µs here): a rank stuck in a collective shows
+                # its line in the stack its hang evidence holds.
+                collectives.ENTERED[key] = (op, seq, None)
+        except Exception as e:  # noqa: BLE001 - a collective is never failed by its timing
+            self._left_out(e)
+            return None
+        return key, size, seq
+
+    def _comm_done(self, op: str, t0: int, args: Any, at: tuple[str, int, int] | None) -> None:
+        if at is None:
+            return
+        key, size, seq = at
+        try:
+            if WAVEFRONT:
+                collectives.COMPLETED[key] = (op, seq, None)
             nbytes = _nbytes(args[0]) if args else 0
         except Exception as e:  # noqa: BLE001 - a collective is never failed by its timing
             self._left_out(e)

@@ -184,6 +184,12 @@ def test_each_rank_writes_its_evidence_with_the_stuck_line(data_hang: dict[str, 
     # Rank 0 waits in all_reduce, called from the loop's line.
     assert r0["summary"]["collective"]["op"] == "all_reduce"
     assert r0["summary"]["collective"]["site"]["line"] == _line("WAIT-HERE")
+    # The anatomy's wavefront (issue #37, item 1): rank 0 entered its 7th
+    # all_reduce of the default group (one a step, steps 0-6) and completed
+    # the 6th; rank 1 completed all it entered (6). The line is the stack's.
+    wave0, wave1 = r0["collectives"]["default"], r1["collectives"]["default"]
+    assert wave0["entered"] == {"op": "all_reduce", "seq": 7, "site": None}
+    assert wave0["completed"]["seq"] == 6 and wave1["entered"]["seq"] == wave1["completed"]["seq"] == 6
     # Every thread has a stack; the training thread is marked.
     assert sum(t["training"] for t in r1["threads"]) == 1
     assert isinstance(r1["workers"], list)
@@ -193,15 +199,15 @@ def test_rank0_prints_one_verdict_naming_the_stuck_rank_while_hung(data_hang: di
     lines = [ln for ln in data_hang["stderr"].splitlines() if "fastprof: hang at step" in ln]
     assert len(lines) == 1, data_hang["stderr"]
     v = lines[0]
-    # The collective's number comes from torch's Flight Recorder (rank 0's
-    # entry not yet retired); rank 1 completed the one before it.
+    # The collective's number is the default group's in the anatomy's
+    # wavefront (rank 0 entered it, not completed); rank 1 completed the one
+    # before it.
     m = re.search(r"rank 1 never entered all_reduce #(\d+); it is in the dataloader: ", v)
     assert m, v
     assert f"worker.py:{_line('STUCK-DATA')} in __getitem__" in v
     assert f"Rank 0 waits in all_reduce #{m.group(1)} (worker.py:{_line('WAIT-HERE')} in <module>)." in v
     r1 = _hangs(data_hang["run"], 1)[0]
-    done = [e["collective_seq_id"] for e in r1["flight_recorder"]["entries"] if e["retired"]]
-    assert max(done) == int(m.group(1)) - 1
+    assert r1["collectives"]["default"]["completed"]["seq"] == int(m.group(1)) - 1
     # Within the timeout and the join's bounded wait of the stall (startup included).
     assert data_hang["took"] < 150
 

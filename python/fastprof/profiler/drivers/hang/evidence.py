@@ -19,7 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from fastprof.profiler.drivers.hang import collectives
+from fastprof.profiler import collectives
 from fastprof.profiler.drivers.hang.verdict import summarize
 
 __all__ = ["gather", "write"]

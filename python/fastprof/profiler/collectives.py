@@ -1,8 +1,10 @@
 """Each process group's collective wavefront (issue #37, item 1): the last
 collective a rank entered and the last it completed, with op, sequence
 number and the user's call site. The anatomy's collective wrappers
-(:mod:`fastprof.profiler.anatomy`) call :func:`entered` before a collective
-and :func:`completed` after it; the hang evidence reads :func:`snapshot`.
+(:mod:`fastprof.profiler.anatomy`) store into :data:`ENTERED` before a
+collective and :data:`COMPLETED` after it (what :func:`entered` and
+:func:`completed` do, without their calls: the record costs one dictionary
+store each way); the hang evidence reads :func:`snapshot`.
 
 Two dictionary stores a collective: no allocation beyond the tuple, no
 clock, no lock (one writer, the training thread; the evidence reads a copy,
@@ -13,11 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["completed", "entered", "reset", "snapshot"]
+__all__ = ["COMPLETED", "ENTERED", "completed", "entered", "reset", "snapshot"]
 
-# group key -> (op, seq, site): the last entered / completed collective.
-_entered: dict[Any, tuple[str, int, Any]] = {}
-_completed: dict[Any, tuple[str, int, Any]] = {}
+#: group key -> (op, seq, site): the last entered / completed collective.
+ENTERED: dict[Any, tuple[str, int, Any]] = {}
+COMPLETED: dict[Any, tuple[str, int, Any]] = {}
+_entered, _completed = ENTERED, COMPLETED
 
 
 def entered(op: str, group: Any, seq: int, site: Any = None) -> None:
