@@ -403,6 +403,7 @@ def _load(p: Path, fold: bool, run: RunView) -> RunData:
     for table, unused in ((cols.spans, _UNUSED), (cols.counters, _UNUSED_COUNTERS)):
         for key in unused:
             table.pop(key, None)
+    _narrow(cols.spans, ("pid", "tid"))
     if not cols.files or (
         not len(cols.spans["ts"]) and not len(cols.counters["ts"]) and not len(cols.folded.get("rank", ()))
     ):
@@ -418,6 +419,16 @@ def _load(p: Path, fold: bool, run: RunView) -> RunData:
             data.other[int(other.get("rank", 0) or 0)] = other
         _read_own_profiler(data, alone, other)
     return data
+
+
+def _narrow(table: dict[str, npt.NDArray[Any]], keys: tuple[str, ...]) -> None:
+    """int64 id columns whose values all fit in int32 become int32 (4
+    bytes a row each; the reports only compare them)."""
+    for key in keys:
+        col = table.get(key)
+        if col is not None and len(col) and col.dtype == np.int64:
+            if int(col.min()) >= -(2**31) and int(col.max()) < 2**31:
+                table[key] = col.astype(np.int32)
 
 
 def _read_own_profiler(data: RunData, segment: Path, other: dict[str, Any] | None) -> None:
