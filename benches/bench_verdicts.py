@@ -61,6 +61,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import fastprof
 from _util import machine
 
 WORKER = textwrap.dedent(
@@ -273,8 +274,6 @@ class Verdict:
 def read_verdict(case: Case, run: Path, rep: Path, steps: int) -> Verdict:
     """Read the run's triggers.json files and its report.json (made here with
     ``fastprof.report``) with Python's json, and score them."""
-    import fastprof
-
     v = Verdict()
     mid = steps // 2
     slowed = _slowed_steps(case, steps)
