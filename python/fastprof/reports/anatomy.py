@@ -40,6 +40,7 @@ from fastprof.recording.names import (
     TRAIN_NEXT,
 )
 from fastprof.reports.data import RunData, step_spans
+from fastprof.reports.stragglers import straggler_section
 from fastprof.reports.triggers import triggers_report
 
 #: Span names per phase: fastprof's own first, then the user's (used only
@@ -502,140 +503,6 @@ def slow_steps(
     return out
 
 
-#: Phases that hold a rank's waiting for the others (never what made a rank late).
-WAITING_PHASES = ("backward", "communication")
-#: A rank is a straggler when the others' waiting for it is at least this
-#: share of their step time (less is the jitter of ranks in step: 4% in a
-#: 2-rank gloo job with no slow rank, 82% with a slow dataset on one) and at
-#: least half of all waiting.
-MIN_WAIT_SHARE = 0.05
-#: Under DDP the ranks leave backward together: backward's end spread across
-#: ranks at most this share of its begin spread.
-SYNCED_SPREAD = 0.5
-
-
-def _arrivals(data: RunData, ranks: list[int], warmup: int) -> list[tuple[str, Any]]:
-    """Sync points as (kind, arrival ns per rank: an array ranks x points), on
-    the clock-aligned timeline.
-
-    * ``collective``: the k-th ``phase.communication`` span of each rank
-      (ranks call the same collectives in the same order: the report's
-      columns carry no args, so the per-group sequence is the order);
-    * ``backward``: each step's first ``phase.backward`` begin, used only
-      where the ranks leave backward together (DDP's gradient all-reduce
-      runs inside backward, so a rank late into backward holds the others
-      there), checked from the spread of backward's end across ranks."""
-    out: list[tuple[str, Any]] = []
-    comm = [data.spans(PHASE_SPANS["communication"], r).ts for r in ranks]
-    n = min(len(c) for c in comm)
-    if n:
-        out.append(("collective", np.stack([c[:n] for c in comm])))
-    begins, ends = [], []
-    for r in ranks:
-        steps, _ = step_spans(data, r)
-        bw = data.spans(PHASE_SPANS["backward"], r)
-        if not len(steps.ts) or not len(bw.ts):
-            return out
-        # The first backward span starting inside each step (-1 where none).
-        i = np.searchsorted(bw.ts, steps.ts)
-        ok = i < len(bw.ts)
-        ok[ok] &= bw.ts[i[ok]] < steps.end[ok]
-        b = np.where(ok, bw.ts[np.minimum(i, len(bw.ts) - 1)], -1)
-        e = np.where(ok, bw.end[np.minimum(i, len(bw.ts) - 1)], -1)
-        begins.append(b[warmup:])
-        ends.append(e[warmup:])
-    n = min(len(b) for b in begins)
-    if n < 3:
-        return out
-    b, e = np.stack([x[:n] for x in begins]), np.stack([x[:n] for x in ends])
-    keep = (b >= 0).all(axis=0)
-    b, e = b[:, keep], e[:, keep]
-    if b.shape[1] >= 3:
-        begin_spread = float(np.median(b.max(axis=0) - b.min(axis=0)))
-        end_spread = float(np.median(e.max(axis=0) - e.min(axis=0)))
-        if begin_spread > 0 and end_spread <= SYNCED_SPREAD * begin_spread:
-            out.append(("backward", b))
-    return out
-
-
-def stragglers(data: RunData, per_rank: list[dict[str, Any]], warmup: int) -> tuple[list[dict[str, Any]], str | None]:
-    """Which ranks the others waited for (see :data:`MIN_WAIT_SHARE`), and
-    the phase that made each late (the issue's ``anatomy.stragglers[]``),
-    ordered by the waiting caused;
-    and how the sync points were found (None with fewer than 2 ranks or
-    none found)."""
-    ranks = [int(a["rank"]) for a in per_rank]
-    if len(ranks) < 2:
-        return [], None
-    points = _arrivals(data, ranks, warmup)
-    if not points:
-        return [], None
-    last = np.zeros(len(ranks), np.int64)
-    caused = np.zeros(len(ranks), np.float64)
-    total = 0
-    for _, arr in points:
-        latest = arr.argmax(axis=0)
-        wait = arr.max(axis=0)[None, :] - arr
-        total += arr.shape[1]
-        for i in range(len(ranks)):
-            mine = latest == i
-            last[i] += int(mine.sum())
-            caused[i] += float(wait[:, mine].sum())
-    by_rank = {int(a["rank"]): a["phases"] for a in per_rank}
-    step_ns = {int(a["rank"]): float(a["step_total_ns"]) for a in per_rank}
-    all_waiting = float(caused.sum())
-    out: list[dict[str, Any]] = []
-    for i, r in enumerate(ranks):
-        others_ns = sum(step_ns[o] for o in ranks if o != r) or 1.0
-        share = float(caused[i]) / others_ns
-        if not last[i] or share < MIN_WAIT_SHARE or caused[i] < 0.5 * all_waiting:
-            continue
-        best, factor, excess = None, None, 0.0
-        for p in PHASES:
-            if p in WAITING_PHASES:
-                continue
-            mine = float(by_rank[r][p]["p50_ns"])
-            others = float(np.median([by_rank[o][p]["p50_ns"] for o in ranks if o != r]))
-            if mine - others > excess:
-                best, excess = p, mine - others
-                factor = mine / others if others > 0 else None
-        out.append(
-            {
-                "rank": r,
-                "phase": best,
-                "phase_factor": factor,
-                "last_arrival_share": float(last[i]) / total,
-                "wait_caused_ns": int(caused[i]),
-                "wait_caused_share": share,
-                "sync_points": total,
-            }
-        )
-    out.sort(key=lambda x: (-x["wait_caused_ns"], x["rank"]))
-    kinds = " and ".join(SYNC_KINDS[k] for k, _ in points)
-    return out, f"last arrival at {total} sync points on the clock-aligned timeline: {kinds}"
-
-
-SYNC_KINDS = {
-    "collective": "collectives (the k-th of each rank)",
-    "backward": "backward entries (the ranks leave backward together)",
-}
-
-
-def straggler_line(s: dict[str, Any]) -> str:
-    """One sentence for the terminal and the page."""
-    phase = (
-        "no phase of its own stands out"
-        if s["phase"] is None
-        else f"its {s['phase']} phase is "
-        + (f"{s['phase_factor']:.1f}x the others'" if s["phase_factor"] else "absent on the others")
-    )
-    return (
-        f"rank {s['rank']} arrives last at {100 * s['last_arrival_share']:.0f}% of {s['sync_points']} sync points, "
-        f"the others waiting {s['wait_caused_ns'] / 1e6:.1f} ms for it "
-        f"({100 * s['wait_caused_share']:.0f}% of their step time); {phase}"
-    )
-
-
 def anatomy_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | None, str | None]:
     """The report's ``anatomy`` section, or None and the reason."""
     triggers = {int(t["rank"]): t for t in (triggers_report(data) or {}).get("per_rank") or []}
@@ -657,7 +524,6 @@ def anatomy_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | N
     if not per_rank:
         return None, NO_ANATOMY
     warm = min(int(a["warmup_steps_excluded"]) for a in per_rank)
-    strag, method = stragglers(data, per_rank, warm)
     return {
         "method": (
             "each step's time covered by its phase spans (phase.*, else the user's forward/backward/optimizer "
@@ -667,6 +533,6 @@ def anatomy_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | N
         "slow_step_rule": slow_step_rule(data, per_rank[0]["rank"]).to_dict(),
         "phases": list(PHASES),
         "per_rank": per_rank,
-        "stragglers": strag,
-        "straggler_method": method,
+        # Stragglers beyond the run's own noise (reports/stragglers.py).
+        **straggler_section(data, per_rank, warm),
     }, None

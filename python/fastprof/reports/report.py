@@ -32,7 +32,6 @@ from fastprof.reports.recommendations import recommend
 from fastprof.reports.resumed import resumed_report
 from fastprof.reports.rotation import rotation_report
 from fastprof.reports.speed import speed_report
-from fastprof.reports.stragglers import straggler_section
 from fastprof.reports.system import system_report
 from fastprof.reports.time import time_report
 from fastprof.reports.triggers import triggers_report
@@ -150,10 +149,6 @@ def _build_from(
     tick("breakdown")
     memory, memory_reason = memory_report(data, int(speed["warmup"]["steps_excluded"]))
     anatomy, anatomy_reason = anatomy_report(data, int(speed["warmup"]["steps_excluded"]))
-    if anatomy is not None:
-        # Stragglers beyond the run's own noise (reports/stragglers.py).
-        warm = min(int(a["warmup_steps_excluded"]) for a in anatomy["per_rank"])
-        anatomy.update(straggler_section(data, anatomy["per_rank"], warm))
     triggers = triggers_report(data)
     if breakdown is not None:
         # Its figures are quoted as what they are: which steps it covers (#36, item 3).
