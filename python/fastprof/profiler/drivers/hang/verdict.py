@@ -38,6 +38,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from fastprof.profiler.anatomy import COLLECTIVES
+
 __all__ = [
     "HANG_FILE",
     "HANG_REQUEST_FILE",
@@ -58,26 +60,13 @@ HANG_REQUEST_FILE = "STACKS"
 #: ``rank{R}/.hang-watch.json``: the rank's process (pid, host) and training thread.
 WATCH_FILE = ".hang-watch.json"
 
-#: torch.distributed's collectives and point-to-point calls, as their functions are named.
-COLLECTIVE_OPS = frozenset(
+#: torch.distributed's collectives (those the anatomy times) and the point-to-point
+#: and object calls a rank can wait in, as their functions are named.
+COLLECTIVE_OPS = frozenset(COLLECTIVES) | frozenset(
     {
-        "all_reduce",
-        "all_gather",
-        "all_gather_into_tensor",
-        "all_gather_object",
-        "all_to_all",
-        "all_to_all_single",
-        "barrier",
-        "broadcast",
-        "broadcast_object_list",
-        "gather",
         "gather_object",
         "monitored_barrier",
         "recv",
-        "reduce",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-        "scatter",
         "scatter_object_list",
         "send",
         "wait",
