@@ -28,6 +28,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -147,9 +148,17 @@ def _s3_env() -> dict[str, str]:
     return _S3.env()
 
 
+#: The blocks' spool for store runs: their own, so that a run another test
+#: or an earlier session left unsent in the machine's default spool (which
+#: keeps the run's name, rightly) cannot rename the blocks' runs.
+_SPOOL = tempfile.mkdtemp(prefix="readme-spool-")
+atexit.register(shutil.rmtree, _SPOOL, True)
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(_s3_env())
+    env["FASTPROF_SPOOL_DIR"] = _SPOOL
     # `fastprof`, `torchrun`: the console scripts beside this interpreter.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     # torchrun's rendezvous on a port no other test is using (its --master-port).
