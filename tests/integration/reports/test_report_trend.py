@@ -106,7 +106,10 @@ def by_hand(run: Path, warmup: int) -> float:
 @pytest.mark.parametrize(
     ("name", "low", "high", "measured", "k"),
     [
-        ("grow", 25.0, 110.0, 99, 10),  # 10 ms growing evenly to 20 ms (the fitted slope read ~+50%)
+        # 10 ms growing evenly to 20 ms (~+86%; the fitted slope read ~+50%). It grows: beside a
+        # CPU hog, sleeps overshoot more as the steps lengthen (+156% seen), so no upper bound
+        # short of that; the value itself is checked against the definition by hand.
+        ("grow", 25.0, 400.0, 99, 10),
         ("spike", -50.0, 50.0, 99, 10),  # 10 ms flat, one 0.5 s step among the last tenth (it read ~+170%)
         ("drop", -100.0, -75.0, 29, 3),  # 100 ms for the first 10 steps, then 10 ms (it read ~-315%)
     ],
