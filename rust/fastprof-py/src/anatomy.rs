@@ -72,10 +72,7 @@ impl State {
     }
 
     fn add(&mut self, step: u64, phase: usize, ticks: u64) {
-        if let Some(row) = self.rows.back_mut().filter(|r| r.0 == step) {
-            row.1[phase] += ticks;
-            return;
-        }
+        // The current step is the last row: the search ends at once.
         if let Some(row) = self.rows.iter_mut().rev().find(|r| r.0 == step) {
             row.1[phase] += ticks;
             return;
@@ -138,9 +135,10 @@ impl _PhaseClock {
         st.add(step, phase, now.saturating_sub(t0));
     }
 
-    fn mark(&self, py: Python<'_>, marks: &[Mark]) {
+    /// Make `marks` on the GPU timing, where there is one (false: none).
+    fn mark(&self, py: Python<'_>, marks: &[Mark]) -> bool {
         if marks.iter().all(Option::is_none) {
-            return;
+            return false;
         }
         let gpu = self
             .gpu
@@ -148,16 +146,14 @@ impl _PhaseClock {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .map(|g| g.clone_ref(py));
-        if let Some(gpu) = gpu {
-            for &(phase, end) in marks.iter().flatten() {
-                // The GPU timing catches its own failures; a raise here is dropped.
-                let _ = gpu.call1(py, (self.names[phase].clone_ref(py), end));
-            }
+        let Some(gpu) = gpu else {
+            return false;
+        };
+        for &(phase, end) in marks.iter().flatten() {
+            // The GPU timing catches its own failures; a raise here is dropped.
+            let _ = gpu.call1(py, (self.names[phase].clone_ref(py), end));
         }
-    }
-
-    fn gpu_on(&self) -> bool {
-        self.gpu.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+        true
     }
 
     /// An optimizer step's span so far is recorded before a forward or
@@ -235,8 +231,7 @@ impl _PhaseClock {
             }
         };
         drop(st);
-        if self.gpu_on() {
-            self.mark(py, &marks);
+        if self.mark(py, &marks) {
             // A GPU event costs ~10 µs of host time: the phase begins after it.
             let mut st = self.lock();
             let now = clock::ticks();
@@ -266,9 +261,30 @@ impl _PhaseClock {
             _ => self.forward_end(py, &mut st),
         };
         drop(st);
-        if self.gpu_on() {
-            self.mark(py, &marks);
+        self.mark(py, &marks);
+    }
+
+    /// `inner(*args, **kwargs)`, timed as `kind` where this call is timed
+    /// (for a forward, `args[0]` is the module): what every timed call runs.
+    fn call(
+        &self,
+        py: Python<'_>,
+        kind: u8,
+        inner: &Py<PyAny>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Py<PyAny>> {
+        let module = if kind == KIND_FORWARD {
+            args.get_borrowed_item(0).ok()
+        } else {
+            None
+        };
+        if !self.enter(py, kind, module.as_deref()) {
+            return Ok(inner.bind(py).call(args, kwargs)?.unbind());
         }
+        let r = inner.bind(py).call(args, kwargs);
+        self.leave(py, kind);
+        Ok(r?.unbind())
     }
 }
 
@@ -497,15 +513,9 @@ impl _PhaseClock {
             move |args: &Bound<'_, PyTuple>,
                   kwargs: Option<&Bound<'_, PyDict>>|
                   -> PyResult<Py<PyAny>> {
-                let py = args.py();
-                let c = clock.get();
-                let target = args.get_borrowed_item(0).ok().map(|t| t.to_owned());
-                if !c.enter(py, KIND_FORWARD, target.as_ref()) {
-                    return Ok(inner.bind(py).call(args, kwargs)?.unbind());
-                }
-                let r = inner.bind(py).call(args, kwargs);
-                c.leave(py, KIND_FORWARD);
-                Ok(r?.unbind())
+                clock
+                    .get()
+                    .call(args.py(), KIND_FORWARD, &inner, args, kwargs)
             },
         )?;
         let m = unsafe { PyInstanceMethod_New(f.as_ptr()) };
@@ -513,14 +523,13 @@ impl _PhaseClock {
         Ok((m, f.into_any()))
     }
 
-    /// A wrapper of `inner` that times backward (`"backward"`), an
-    /// optimizer's `zero_grad` (`"zero_grad"`) or an outermost module's
-    /// call (`"forward"`, the class's `__call__`).
+    /// A wrapper of `inner` that times backward (`"backward"`) or an
+    /// optimizer's `zero_grad` (`"zero_grad"`); an outermost module's call
+    /// is `forward_call`'s.
     fn wrap(slf: &Bound<'_, Self>, kind: &str, inner: Py<PyAny>) -> PyResult<_Timed> {
         let kind = match kind {
             "backward" => KIND_BACKWARD,
             "zero_grad" => KIND_ZERO_GRAD,
-            "forward" => KIND_FORWARD,
             _ => {
                 return Err(pyo3::exceptions::PyValueError::new_err(format!(
                     "no such timed call: {kind:?}"
@@ -564,18 +573,9 @@ impl _Timed {
         args: &Bound<'_, PyTuple>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<PyAny>> {
-        let clock = self.clock.get();
-        let target = if self.kind == KIND_FORWARD {
-            args.get_borrowed_item(0).ok().map(|t| t.to_owned())
-        } else {
-            None
-        };
-        if !clock.enter(py, self.kind, target.as_ref()) {
-            return Ok(self.inner.bind(py).call(args, kwargs)?.unbind());
-        }
-        let r = self.inner.bind(py).call(args, kwargs);
-        clock.leave(py, self.kind);
-        Ok(r?.unbind())
+        self.clock
+            .get()
+            .call(py, self.kind, &self.inner, args, kwargs)
     }
 
     /// Bound to an instance like a function (`optimizer.zero_grad()`).
