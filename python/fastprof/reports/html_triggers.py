@@ -157,7 +157,7 @@ def section(doc: dict[str, Any], run_dir: Path | None, link_from: Path | None) -
         ),
         ("Flight dumps", ["rank", "reason", "step", "file"], dumps, "flight-dumps", "No flight dump."),
         (
-            "Slow steps (the anomaly trigger)",
+            "Slow steps (one rule: over anomaly_factor, 3 by default, times the recent steps' median)",
             ["rank", "step", "took ms", "median ms", "factor", "cause (wait for a CPU)", "what was done"],
             slow,
             "slow-steps",
