@@ -15,6 +15,7 @@ from fastprof._core import ConfigError
 from fastprof._process import PROCESS
 from fastprof.memory.history import MemoryHistory
 from fastprof.profiler import schedule as _schedule
+from fastprof.profiler.drivers.hang.config import TIMEOUT_EXPECT, parse_action, parse_timeout
 from fastprof.profiler.drivers.triggers import DEFAULT_FLIGHT_SECONDS, Triggers
 from fastprof.profiler.schedule import Schedule
 from fastprof.profiler.torch_windows import TorchWindows
@@ -145,6 +146,29 @@ OPTIONS: tuple[Option, ...] = (
         _bool,
     ),
     Option(
+        "hang_timeout",
+        "float",
+        None,
+        ("FASTPROF_HANG_TIMEOUT",),
+        TIMEOUT_EXPECT,
+        "Seconds without a step ending before every rank writes its hang evidence (rank{R}/hang-<n>.json) "
+        "and one rank prints the verdict across ranks on stderr (docs/hangs.md). auto: 300 s before two steps "
+        "ended, then the larger of 60 s and 20 times the median recent step; off: no watchdog.",
+        "`auto`",
+        parse_timeout,
+    ),
+    Option(
+        "hang_action",
+        "choice",
+        "report",
+        ("FASTPROF_HANG_ACTION",),
+        "report or abort",
+        "What a hang does once its evidence is written: report (the job waits on), or abort (each hung rank "
+        "ends with exit status 124, so that the scheduler restarts the job).",
+        "`report`",
+        parse_action,
+    ),
+    Option(
         "torch",
         "bool",
         True,
@@ -196,6 +220,9 @@ class Resolved:
     merge: bool
     merge_timeout: float
     sync_clocks: bool
+    #: None: auto; 0: off.
+    hang_timeout: float | None = None
+    hang_action: str = "report"
 
     def metadata(self, dist: Any) -> dict[str, Any]:
         """The trace's ``profiler`` metadata."""
@@ -227,6 +254,8 @@ def resolve(given: dict[str, Any], env: Mapping[str, str] = os.environ) -> Resol
         merge=value("merge"),
         merge_timeout=value("merge_timeout"),
         sync_clocks=value("sync_clocks"),
+        hang_timeout=value("hang_timeout"),
+        hang_action=value("hang_action"),
     )
 
 

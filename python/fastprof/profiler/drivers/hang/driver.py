@@ -10,7 +10,7 @@ grace (a thread holds the GIL), the watchdog writes the evidence itself from
 its dump. For a stall, rank 0 (or, when it cannot, the first rank that can)
 then joins the ranks' evidence through the run directory, never through a
 collective, and prints one verdict on stderr while the job is still hung
-(:func:`.verdict.verdict`). With ``FASTPROF_HANG_ACTION=abort``
+(:func:`.verdict.verdict`). With ``hang_action="abort"``
 each hung rank then ends with :data:`.config.HANG_EXIT_STATUS`.
 
 A SIGTERM that lands while the rank has made no progress for a while (ten
@@ -48,16 +48,17 @@ VERDICT_LOCK = ".hang-verdict"
 class HangDriver(Driver):
     key = "hang"
 
-    def __init__(self, prof: LoopHost, config: HangConfig | None = None) -> None:
+    def __init__(self, prof: LoopHost, timeout: float | None = None, action: str = "report") -> None:
+        """``timeout`` and ``action``: the Profiler's ``hang_timeout`` (None:
+        auto, 0: off) and ``hang_action``, resolved by its options."""
         self.prof = prof
         self.error: str | None = None
-        if config is None:
-            try:
-                config = HangConfig.from_env()
-            except ValueError as e:
-                self.error = str(e)
-                warnings.warn(f"fastprof: {e}; the hang watchdog uses its defaults", FastprofWarning, stacklevel=2)
-                config = HangConfig()
+        try:
+            config = HangConfig.with_grace(timeout, action)
+        except ValueError as e:
+            self.error = str(e)
+            warnings.warn(f"fastprof: {e}; the hang watchdog uses its default grace", FastprofWarning, stacklevel=2)
+            config = HangConfig(timeout=timeout, action=action)
         self.config = config
         self.watch: Any = None
         self.thread: threading.Thread | None = None
