@@ -78,7 +78,9 @@ class Profiler(LoopFront):
     it starts; when a recorder is already running, it is used (and left
     running) instead. Options not given come from ``FASTPROF_*`` variables,
     then defaults; a bad value raises :class:`fastprof.ConfigError` here,
-    before training.
+    before training. ``hang_timeout`` (seconds, ``"auto"``, ``"off"``) and
+    ``hang_action`` (``"report"``, ``"abort"``): the hang watchdog
+    (docs/hangs.md).
     """
 
     #: The recorder it records into (its own, or one already running).
@@ -102,6 +104,8 @@ class Profiler(LoopFront):
         merge: bool | None = None,
         merge_timeout: float | None = None,
         sync_clocks: bool | None = None,
+        hang_timeout: float | str | None = None,
+        hang_action: str | None = None,
         recorder: Recorder | None = None,
         **recorder_options: Any,
     ) -> None:

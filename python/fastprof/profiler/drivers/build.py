@@ -48,6 +48,6 @@ def build(prof: Any, f: Resolved) -> list[Driver]:
     out.append(WorkersDriver(prof))
     triggers = f.triggers
     out.append(TriggerDriver(triggers, prof, windows, anatomy) if triggers is not None else Absent("triggers", None))
-    out.append(HangDriver(prof))
+    out.append(HangDriver(prof, f.hang_timeout, f.hang_action))
     out.append(OutputsDriver(prof))
     return out
