@@ -1,0 +1,46 @@
+"""``Profiler(hang_timeout=...)`` reaches the watchdog (issue #37, item 1):
+in one process, a loop that stops for longer than the argument's timeout
+(the variable says 600 s) gets its evidence and verdict; the argument
+``"off"`` wins over a variable's short timeout: nothing is reported."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+import fastprof
+
+pytestmark = pytest.mark.slow
+
+
+def _loop(prof: fastprof.Profiler, pause: float) -> None:
+    with prof:
+        for i in range(4):
+            if i == 3:
+                time.sleep(pause)  # PAUSE
+            prof.step()
+
+
+def test_the_argument_timeout_wins_over_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FASTPROF_HANG_TIMEOUT", "600")
+    monkeypatch.setenv("FASTPROF_HANG_GRACE", "1")
+    prof = fastprof.Profiler(tmp_path, "r", torch=False, sample_hz=0, merge=False, hang_timeout=1.0)
+    _loop(prof, 3.5)
+    (doc,) = [json.loads(p.read_text()) for p in sorted(prof.rank_dir.glob("hang-*.json"))]
+    assert doc["reason"] == "stalled" and doc["timeout_s"] == 1.0 and doc["stalled_s"] >= 1.0
+    assert doc["summary"]["where"]["function"] == "_loop"
+    acct = json.loads((prof.rank_dir / "profiler.json").read_text())["hang"]
+    assert acct["timeout"] == 1.0 and len(acct["verdicts"]) == 1
+
+
+def test_the_argument_off_wins_over_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FASTPROF_HANG_TIMEOUT", "1")
+    monkeypatch.setenv("FASTPROF_HANG_GRACE", "1")
+    prof = fastprof.Profiler(tmp_path, "r", torch=False, sample_hz=0, merge=False, hang_timeout="off")
+    _loop(prof, 3.5)
+    assert list(prof.rank_dir.glob("hang-*.json")) == []
+    acct = json.loads((prof.rank_dir / "profiler.json").read_text())["hang"]
+    assert acct["enabled"] is False
