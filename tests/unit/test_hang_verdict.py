@@ -132,3 +132,43 @@ def test_a_rank_with_no_record_here_is_not_called_stuck() -> None:
     a rank that cannot answer."""
     v = verdict({0: rank_state(_in("all_reduce"), None), 1: rank_state(None, None)})
     assert "rank 1: no evidence of it in this run directory (another node's?)" in v["text"]
+
+
+def _wave(ev: dict[str, Any], entered: int, completed: int, op: str = "all_reduce") -> dict[str, Any]:
+    ev["collectives"] = {
+        "default": {
+            "entered": {"op": op, "seq": entered, "site": None},
+            "completed": {"op": op, "seq": completed, "site": None},
+        }
+    }
+    return ev
+
+
+def test_a_rank_past_the_step_with_fewer_collectives_skipped_one() -> None:
+    """Rank 1 left out one all_reduce: gloo pairs the ranks' collectives by
+    number, so the job runs on until rank 1 ends the step rank 0 waits in
+    (all_reduce #40 of step 39) having entered only 39: a skipped collective,
+    named with the rank, its last number and the one the others wait in."""
+    after = [(TRAIN, 29, "<module>")]
+    e0 = _wave(_in("all_reduce", 51), 40, 39)
+    e0["step"] = 38
+    e1 = _wave(_ev(after, step=39), 39, 39)
+    v = verdict({0: rank_state(e0, None), 1: rank_state(e1, None)})
+    assert (v["kind"], v["suspect_ranks"], v["waiting_ranks"]) == ("mismatch", [1], [0])
+    assert v["collective"] == {"op": "all_reduce", "seq": 40}
+    assert (
+        "rank 1 skipped a collective: it ended step 39 after 39 collectives of the default group (the last "
+        "all_reduce #39) where rank 0 entered all_reduce #40 in that step: the ranks took different code paths"
+    ) in v["text"], v["text"]
+    assert "rank 1 is now in other: train.py:29 in <module>" in v["text"]
+
+
+def test_a_rank_late_in_the_same_step_did_not_skip() -> None:
+    """Rank 1 stuck in its data in the step rank 0 waits in (both ended step
+    5; rank 1 entered 6, rank 0 #7): late, not off the path."""
+    e0 = _wave(_in("all_reduce"), 7, 6)
+    e0["step"] = 5
+    e1 = _wave(_ev(IN_DATA, step=5), 6, 6)
+    v = verdict({0: rank_state(e0, None), 1: rank_state(e1, None)})
+    assert (v["kind"], v["suspect_ranks"]) == ("elsewhere", [1])
+    assert "rank 1 never entered all_reduce #7; it is in the dataloader" in v["text"]

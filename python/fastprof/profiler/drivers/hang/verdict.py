@@ -206,7 +206,42 @@ def rank_state(evidence: dict[str, Any] | None, watch: dict[str, Any] | None, li
         "step": evidence.get("step"),
         "stalled_s": evidence.get("stalled_s"),
         "last_completed": last_completed(evidence),
+        "entered": _entered(evidence),
     }
+
+
+def _entered(evidence: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each process group's last entered collective (``op``, ``seq``) in the
+    rank's wavefront."""
+    out: dict[str, dict[str, Any]] = {}
+    wave = evidence.get("collectives")
+    for g, w in wave.items() if isinstance(wave, dict) else ():
+        e = w.get("entered") if isinstance(w, dict) else None
+        if isinstance(e, dict) and isinstance(e.get("seq"), int):
+            out[str(g)] = {"op": e.get("op"), "seq": int(e["seq"])}
+    return out
+
+
+def _skipped(s: dict[str, Any], op: str, seq: Any, waiting: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A rank outside the collective the others wait in that has already
+    ended the step they wait in, having entered fewer collectives of that
+    group than they did: it skipped one (or more): the ranks' code paths
+    diverged. ``{"group", "seq", "op", "step"}``: its last entered, or None.
+
+    The waiting ranks' group is the one whose last entered collective is
+    ``op`` #``seq``; their step is the one after the last they ended."""
+    steps = [w.get("step") for w in waiting]
+    if not isinstance(seq, int) or s.get("step") is None or not steps or any(x is None for x in steps):
+        return None
+    if int(s["step"]) < max(int(x) for x in steps) + 1:
+        return None  # it has not ended that step: it is late, not off the path
+    group = next(
+        (g for g, e in (waiting[0].get("entered") or {}).items() if e.get("op") == op and e.get("seq") == seq), None
+    )
+    mine = (s.get("entered") or {}).get(group) if group is not None else None
+    if mine is None or mine["seq"] >= seq:
+        return None
+    return {"group": group, "seq": mine["seq"], "op": mine["op"], "step": int(s["step"])}
 
 
 def _alive(watch: dict[str, Any] | None) -> bool | None:
@@ -246,6 +281,7 @@ def _at(f: dict[str, Any] | None) -> str:
 def verdict(states: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """One verdict across ranks (``states``: :func:`rank_state` by rank):
     the entry of report.json's ``hangs[]``, with ``kind`` and ``text``."""
+    states = {r: dict(s) for r, s in states.items()}  # a rank found to skip a collective is marked
     waiting = {r: s for r, s in states.items() if s["state"] == "collective"}
     others = {r: s for r, s in states.items() if s["state"] != "collective"}
     answered = [s for s in states.values() if s.get("step") is not None]
@@ -266,6 +302,11 @@ def verdict(states: dict[int, dict[str, Any]]) -> dict[str, Any]:
             suspects = sorted(r for r, _ in waiting.items() if r not in main)
         else:
             kind, suspects = _kind_of(others), sorted(others)
+            for r in suspects:
+                skip = _skipped(others[r], op, seq, [waiting[w] for w in main])
+                if skip is not None:
+                    others[r]["skipped"] = skip
+                    kind = "mismatch"
         waiting_ranks = sorted(main)
     else:
         kind, suspects, waiting_ranks = _kind_of(others), sorted(others), []
@@ -320,7 +361,18 @@ def describe(v: dict[str, Any], states: dict[int, dict[str, Any]]) -> str:
         s = states[r]
         st = s["state"]
         never = f"never entered {cname}; " if cname is not None and st != "collective" else ""
-        if st == "collective":
+        skip = s.get("skipped")
+        if skip is not None and v["waiting_ranks"]:
+            w = v["waiting_ranks"]
+            group = "the default group" if skip["group"] == "default" else f"group {skip['group']}"
+            parts.append(
+                f"rank {r} skipped a collective: it ended step {skip['step']} after {skip['seq']} collectives of "
+                f"{group} (the last {skip['op']} #{skip['seq']}) where rank{'s' if len(w) > 1 else ''} "
+                f"{_ranks(w)} entered {cname} in that step: the ranks took different code paths (a collective "
+                f"called on some ranks only); rank {r} is now in "
+                f"{'the dataloader' if s['phase'] == 'dataloader' else s['phase']}: {_at(s['where'])}"
+            )
+        elif st == "collective":
             sc = s["collective"]
             parts.append(
                 f"rank {r} is in {sc['op']} ({_at(sc['site'])}, {s['phase']}) where the others are in "
