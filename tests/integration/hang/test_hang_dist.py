@@ -50,6 +50,14 @@ WORKER = textwrap.dedent(
                 time.sleep(3600)  # STUCK-DATA
             return torch.ones(4)
 
+    def reload_state():
+        open(os.path.join(sys.argv[1], "stuck"), "w").close()
+        while True:
+            time.sleep(0.05)  # STUCK-OWN
+
+    def save_checkpoint(seconds):
+        time.sleep(seconds)  # SAVE
+
     prof = fastprof.Profiler(out_dir=sys.argv[1], run_name="job", schedule="never", merge_timeout=30)
     with prof:
         loader = DataLoader(Data(), batch_size=1, num_workers=1 if mode == "worker" else 0)
@@ -58,9 +66,20 @@ WORKER = textwrap.dedent(
                 re.match(r"(a+)+$", "a" * 40 + "b")  # STUCK-GIL
             if mode == "slow" and i >= 8:
                 time.sleep(2.0)  # slower than usual, under the timeout
+            if mode == "own" and rank == 1 and i == 6:
+                reload_state()
+            if mode == "kill" and rank == 1 and i == 6:
+                open(os.path.join(sys.argv[1], "stuck"), "w").close()
+                time.sleep(3600)  # the test SIGKILLs this rank here
+            if mode == "ckpt" and i == 6:
+                if rank == 0:
+                    save_checkpoint(float(sys.argv[3]))
+                dist.barrier()  # BARRIER
             t = x.sum()
             if mode == "mismatch" and rank == 1 and i == 6:
                 dist.broadcast(t, src=0)  # MISMATCH
+            elif mode == "skip" and rank == 1 and i == 6:
+                pass  # SKIP: rank 1 leaves out this step's all_reduce
             else:
                 dist.all_reduce(t)  # WAIT-HERE
             prof.step()
@@ -73,12 +92,14 @@ def _line(marker: str) -> int:
     return next(i for i, text in enumerate(WORKER.splitlines(), 1) if marker in text)
 
 
-def _start(root: Path, mode: str, env: dict[str, str]) -> subprocess.Popen[str]:
+def _start(
+    root: Path, mode: str, env: dict[str, str], nproc: int = 2, args: tuple[str, ...] = ()
+) -> subprocess.Popen[str]:
     (root / "worker.py").write_text(WORKER)
     base = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_") and k not in TORCHRUN_VARS}
     base.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-    cmd += ["--master-port", str(free_port()), str(root / "worker.py"), str(root / "out"), mode]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1"]
+    cmd += ["--master-port", str(free_port()), str(root / "worker.py"), str(root / "out"), mode, *args]
     return subprocess.Popen(
         cmd,
         cwd=root,
@@ -334,3 +355,95 @@ def test_a_hung_dataloader_worker_is_named_alive_with_its_rank_in_the_dataloader
     assert len(lines) == 1, err
     loop = _line("LOOP")
     assert re.search(rf"rank 1 never entered all_reduce #\d+; it is in the dataloader: worker.py:{loop} ", lines[0])
+
+
+def _verdict_of(root: Path, mode: str, env: dict[str, str], nproc: int = 2) -> tuple[list[str], Path, float]:
+    """Start the job, wait for the verdict, kill it: the verdict lines on
+    stderr, the run directory and the seconds from start to verdict."""
+    p = _start(root, mode, env, nproc)
+    run = root / "out" / "job"
+    t0 = time.monotonic()
+    try:
+        seen = _wait_for(lambda: (run / ".hang-verdict").exists(), 150, p)
+        took = time.monotonic() - t0
+        time.sleep(1.0)  # the verdict's line reaches stderr
+    finally:
+        out, err = _kill(p, run)
+    assert seen, f"no verdict within 150 s\nstdout:\n{out}\nstderr:\n{err}"
+    lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
+    assert len(lines) == 1, err
+    return lines, run, took
+
+
+def test_a_skipped_all_reduce_is_named_as_a_skipped_collective(tmp_path: Path) -> None:
+    """Rank 1 leaves out step 6's all_reduce. gloo pairs the ranks'
+    collectives by number, so the job runs on, one collective apart, until
+    rank 1 has ended every step and rank 0 waits in its last all_reduce: the
+    verdict names rank 1 as having skipped one, with both numbers."""
+    (v,), run, _ = _verdict_of(tmp_path, "skip", {"FASTPROF_HANG_TIMEOUT": "3", "FASTPROF_HANG_GRACE": "2"})
+    m = re.search(
+        r"rank 1 skipped a collective: it ended step 39 after (\d+) collectives of the default group \(the last "
+        r"all_reduce #(\d+)\) where rank 0 entered all_reduce #(\d+) in that step: the ranks took different code "
+        r"paths",
+        v,
+    )
+    assert m, v
+    assert int(m.group(1)) == int(m.group(2)) == 39 and int(m.group(3)) == 40, v
+    assert f"Rank 0 waits in all_reduce #40 (worker.py:{_line('WAIT-HERE')} in <module>)." in v
+    (r0,) = _hangs(run, 0)
+    assert r0["step"] == 38  # rank 0 ended steps 0-38 and waits in step 39's all_reduce
+
+
+def test_a_rank_stuck_in_its_own_function_is_named_with_its_line(tmp_path: Path) -> None:
+    (v,), run, _ = _verdict_of(tmp_path, "own", {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"})
+    assert f"rank 1 never entered all_reduce #7; it is in other: worker.py:{_line('STUCK-OWN')} in reload_state" in v
+    assert f"Rank 0 waits in all_reduce #7 (worker.py:{_line('WAIT-HERE')} in <module>)." in v
+    (r1,) = _hangs(run, 1)
+    assert r1["summary"]["where"]["function"] == "reload_state" and r1["summary"]["collective"] is None
+
+
+def test_one_stuck_rank_among_four_is_named_and_the_three_others_wait(tmp_path: Path) -> None:
+    env = {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"}
+    (v,), run, _ = _verdict_of(tmp_path, "data", env, nproc=4)
+    assert f"rank 1 never entered all_reduce #7; it is in the dataloader: worker.py:{_line('STUCK-DATA')} in " in v
+    assert f"Ranks 0, 2-3 wait in all_reduce #7 (worker.py:{_line('WAIT-HERE')} in <module>)." in v
+    for rank in range(4):
+        (doc,) = _hangs(run, rank)
+        assert doc["rank"] == rank and doc["step"] == 5
+
+
+def _finish(root: Path, mode: str, env: dict[str, str], args: tuple[str, ...]) -> tuple[str, float]:
+    """Run the job to its end: its stderr and wall seconds."""
+    p = _start(root, mode, env, args=args)
+    t0 = time.monotonic()
+    try:
+        _out, err = p.communicate(timeout=200)
+    except subprocess.TimeoutExpired:
+        out, err = _kill(p, root / "out" / "job")
+        pytest.fail(f"the job did not end\nstdout:\n{out}\nstderr:\n{err}")
+    assert p.returncode == 0, err
+    return err, time.monotonic() - t0
+
+
+def test_a_checkpoint_shorter_than_the_timeout_is_no_hang(tmp_path: Path) -> None:
+    """Rank 0 saves a checkpoint for 3 s (thousands of steps' time) while
+    rank 1 waits at a barrier; the timeout is 6 s: nothing is reported."""
+    env = {"FASTPROF_HANG_TIMEOUT": "6", "FASTPROF_HANG_GRACE": "2"}
+    err, _ = _finish(tmp_path, "ckpt", env, ("3",))
+    run = tmp_path / "out" / "job"
+    assert _hangs(run, 0) == [] and _hangs(run, 1) == []
+    assert "fastprof: hang" not in err
+
+
+def test_a_checkpoint_past_the_timeout_is_reported_as_waiting_for_rank0_in_save(tmp_path: Path) -> None:
+    """The same save for 8 s against a 4 s timeout: reported once, while it
+    lasts, as rank 1 waiting in the barrier for rank 0 in save_checkpoint;
+    the job then goes on and ends well (hang_action report)."""
+    env = {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"}
+    err, _ = _finish(tmp_path, "ckpt", env, ("8",))
+    lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
+    assert len(lines) == 1, err
+    assert f"rank 0 never entered barrier #7; it is in other: worker.py:{_line('SAVE')} in save_checkpoint" in lines[0]
+    assert f"Rank 1 waits in barrier #7 (worker.py:{_line('BARRIER')} in <module>)." in lines[0]
+    run = tmp_path / "out" / "job"
+    assert [d["reason"] for d in _hangs(run, 0)] == ["stalled"]
