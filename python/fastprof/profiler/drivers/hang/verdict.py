@@ -230,10 +230,10 @@ def _skipped(s: dict[str, Any], op: str, seq: Any, waiting: list[dict[str, Any]]
 
     The waiting ranks' group is the one whose last entered collective is
     ``op`` #``seq``; their step is the one after the last they ended."""
-    steps = [w.get("step") for w in waiting]
-    if not isinstance(seq, int) or s.get("step") is None or not steps or any(x is None for x in steps):
+    steps = [int(w["step"]) for w in waiting if w.get("step") is not None]
+    if not isinstance(seq, int) or s.get("step") is None or not steps or len(steps) < len(waiting):
         return None
-    if int(s["step"]) < max(int(x) for x in steps) + 1:
+    if int(s["step"]) < max(steps) + 1:
         return None  # it has not ended that step: it is late, not off the path
     group = next(
         (g for g, e in (waiting[0].get("entered") or {}).items() if e.get("op") == op and e.get("seq") == seq), None
