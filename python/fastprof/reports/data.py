@@ -388,7 +388,20 @@ def load(path: str | os.PathLike[str], fold: bool = True, run: RunView | None = 
     return _load(Path(path), fold, run if run is not None else open_run(path).read())
 
 
-def _load(p: Path, fold: bool, run: RunView) -> RunData:
+def load_rank(run_dir: Path, rank: int) -> RunData:
+    """One rank of a local run directory as its own report reads it: the
+    segments and torch windows of ``rank{R}/`` only, and that rank's side
+    documents (what the rank summarises of itself at its end, see
+    :mod:`fastprof.reports.summaries`; the run's unified trace is not read)."""
+    rank_dir = run_dir / f"rank{rank}"
+    run = open_run(rank_dir).read()
+    data = _load(rank_dir, True, run, side=False)
+    data.run_dir = run_dir
+    _read_side_documents(data, run_dir, only=rank)
+    return data
+
+
+def _load(p: Path, fold: bool, run: RunView, side: bool = True) -> RunData:
     target, run_dir = run.target, run.folder
     # Instants are in no report; each unused column is dropped as soon as read.
     cols = read_columns(
@@ -410,6 +423,8 @@ def _load(p: Path, fold: bool, run: RunView) -> RunData:
         raise ReportInputError(f"{run.name}: no trace events found (expected a fastprof run directory or a trace file)")
     data = RunData(path=p, run_dir=run_dir, cols=cols, run=run)
     alone = run.local_file
+    if not side:
+        return data
     if run_dir is not None:
         _read_side_documents(data, run_dir)
     elif alone is not None and alone.name.startswith(SEGMENT_PREFIX) and alone.name.endswith(SEGMENT_SUFFIX):
@@ -456,12 +471,13 @@ def _read_own_profiler(data: RunData, segment: Path, other: dict[str, Any] | Non
         data.profiler[int(doc.get("rank") or 0)] = doc
 
 
-def _read_side_documents(data: RunData, run_dir: Path) -> None:
+def _read_side_documents(data: RunData, run_dir: Path, only: int | None = None) -> None:
     """The side documents of a run directory (``run_dir``, laid out as one:
-    a store run's local copy), its segments' ``otherData`` read where they are."""
+    a store run's local copy), its segments' ``otherData`` read where they
+    are; ``only``: of that rank alone."""
     for rank_dir in sorted(run_dir.glob("rank*")):
         m = RANK_DIR.match(rank_dir.name)
-        if not m or not rank_dir.is_dir():
+        if not m or not rank_dir.is_dir() or (only is not None and int(m.group(1)) != only):
             continue
         rank = int(m.group(1))
         summary_json = rank_dir / "memory" / MODEL_SUMMARY_JSON

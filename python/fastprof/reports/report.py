@@ -20,6 +20,7 @@ import numpy as np
 from fastprof._core import ConfigError, __version__
 from fastprof.recording.names import OPERATORS_JSON, REPORT_JSON
 from fastprof.reports import data as _data
+from fastprof.reports import summaries as _summaries
 from fastprof.reports.anatomy import anatomy_report
 from fastprof.reports.breakdown import step_breakdown, steps_from
 from fastprof.reports.csvout import TABLES, write_csv
@@ -35,7 +36,7 @@ from fastprof.reports.speed import speed_report
 from fastprof.reports.system import system_report
 from fastprof.reports.time import time_report
 from fastprof.reports.triggers import triggers_report
-from fastprof.storage.run_view import RunView, open_run
+from fastprof.storage.run_view import LocalRun, RunView, open_run
 from fastprof.storage.urls import check_location
 
 SCHEMA_ID = "fastprof.report"
@@ -201,6 +202,7 @@ def report(
     *,
     warmup_steps: int | None = None,
     batch_size: int | None = None,
+    from_segments: bool = False,
 ) -> Report:
     """Build the reports of a run directory or a single trace and write them.
 
@@ -215,6 +217,13 @@ def report(
     ``progress``: print each stage's time on stderr. Logging to MLflow is
     the caller's (:func:`fastprof.report` does it); reports never import an
     integration.
+
+    A local run directory whose every rank wrote its summary at its end
+    (``rank{R}/summary.json``, see :mod:`fastprof.reports.summaries`) is
+    reported from those summaries, without reading its traces, when the
+    options are the defaults (not ``verbose``, no ``warmup_steps`` or
+    ``batch_size``); ``from_segments=True`` reads the traces whatever
+    there is (and writes breakdown.csv, which summaries do not give).
 
     Raises :class:`fastprof.FastprofFileNotFoundError` for a missing path,
     :class:`fastprof.TraceError` for a file that is not a trace, and
@@ -239,7 +248,13 @@ def report(
     # files written in a local folder, then put where they go when that is
     # in a store (<url>/reports/, or the output URL given).
     with open_run(path) as run, run.output(out_dir) as out:
-        rep = _report(run, out.folder, fmts, verbose, tick, warmup_steps, batch_size)
+        sums = None
+        if not (from_segments or verbose or warmup_steps is not None or batch_size is not None):
+            sums = _rank_summaries(run, tick)
+        if sums is not None:
+            rep = _report_from_summaries(run, sums, out.folder, fmts, tick)
+        else:
+            rep = _report(run, out.folder, fmts, verbose, tick, warmup_steps, batch_size)
         urls = out.deliver(rep.files, tick)
         if urls:
             rep.urls, rep.files = urls, []
@@ -269,6 +284,40 @@ def _report(
         data.breakdown = breakdown
         tick(f"read {len(data.cols.spans['ts'])} spans, {len(data.cols.counters['ts'])} counter samples")
         doc = build_from(data, verbose, warmup_steps, batch_size, tick)
+        rep = Report(doc)
+        if staging is not None:
+            rep.files = _write(doc, data, staging, out, fmts, tick)
+        return rep
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _rank_summaries(run: RunView, tick: _Progress) -> list[dict[str, Any]] | None:
+    """The ranks' summaries of a local run directory, when every rank has
+    one of its segments as they are now (else None: read the segments)."""
+    folder = run.folder
+    if not isinstance(run, LocalRun) or folder is None or not run.names_folder():
+        return None  # a store run, a trace read alone, the unified trace named itself
+    sums, why = _summaries.read_all(folder)
+    tick(f"rank summaries: {len(sums)} read" if sums is not None else f"rank summaries not used: {why}")
+    return sums
+
+
+def _report_from_summaries(
+    run: RunView, sums: list[dict[str, Any]], out: Path, fmts: list[str], tick: _Progress
+) -> Report:
+    """The report of a run from its ranks' summaries (no trace read)."""
+    staging: Path | None = None
+    try:
+        if fmts:
+            staging = _staging(out)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            doc, data = _summaries.combine(run, sums)
+        said = report_warning(doc)
+        if said is not None:
+            doc["source"]["warnings"].append(said)
+        tick("combined the rank summaries")
         rep = Report(doc)
         if staging is not None:
             rep.files = _write(doc, data, staging, out, fmts, tick)

@@ -1,0 +1,343 @@
+"""Each rank summarises itself (issue #38, item 2).
+
+At the end of a run every rank writes ``rank{R}/summary.json``
+(:data:`fastprof.recording.names.RANK_SUMMARY_JSON`): the report of that
+rank alone, made by the report's own code from the rank's own segments
+(:mod:`fastprof.reports.rank_summary`, run by the rank's driver in a
+process of its own at the end of the run), and the few columns the sections that compare ranks
+read (each step's start and duration, the train loader's waits, the
+backward and communication phases, the batch-size and loader counters),
+packed as zlib-compressed numpy arrays. The job's ranks are the distributed
+engine: a report of N ranks combines N summaries (:func:`combine`) and
+reads no trace.
+
+A run's summaries are used only when every rank folder has one and each is
+this run's: its format and fastprof version are this reader's, its rank is
+its folder's, and the segments it was made from are the rank's segments now
+(the same names and sizes: a run resumed or appended to since, or a rank
+cut short before it wrote one, is read from its segments as before).
+
+What a report from summaries gives differently (docs/reports.md):
+
+- ``source.inputs`` lists the summaries (kind ``"summary"``), not the traces;
+- the per-rank sections are each rank's own clock's, not the merge's
+  clock-aligned timeline (durations are the same; a rank's times relative to
+  the run's start, e.g. rotated segments' ``*_s``, may differ by the
+  ranks' clock offsets, which the merge aligns and each rank alone does not);
+- no ``breakdown.csv`` (one row per step and rank: read the segments,
+  ``fastprof report --from-segments``, or ``fastprof export``) and no
+  operator tables beside report.json.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from fastprof._core import __version__
+from fastprof.readers.columns import Columns
+from fastprof.recording.names import (
+    PHASE_SPANS,
+    PROFILER_JSON,
+    RANK_DIR,
+    RANK_SUMMARY_JSON,
+    SEGMENT_PREFIX,
+    SEGMENT_SUFFIX,
+    STEP_SPAN,
+    TRAIN_NEXT,
+    loader_batch_size,
+    loader_iter,
+    loader_next,
+    loader_of_next,
+    loader_wait,
+)
+from fastprof.reports import data as _data
+from fastprof.reports.breakdown import steps_from
+from fastprof.reports.hangs import hangs_report
+from fastprof.reports.ranks import ranks_report
+from fastprof.reports.recommendations import recommend
+from fastprof.reports.speed import speed_report
+from fastprof.reports.stragglers import straggler_section
+
+__all__ = ["FORMAT", "VERSION", "columns_kept", "combine", "names_of", "pack", "read_all", "segments_of", "write"]
+
+FORMAT = "fastprof.rank_summary"
+VERSION = 1
+#: The step spans torch writes, read under one name (``data.load``).
+_TORCH_STEPS = "ProfilerStep#*"
+#: The counters the cross-rank sections read, besides the loaders' own.
+_COUNTERS = ("batch_size",)
+#: The phases the straggler verdict compares ranks at.
+_PHASES = ("backward", "communication")
+
+
+def columns_kept(names: list[str]) -> tuple[set[str], set[str]]:
+    """The span and counter names a summary keeps rows of (what
+    :func:`combine`'s cross-rank sections read), among ``names``."""
+    loaders = sorted(loader for n in names if (loader := loader_of_next(n)) is not None)
+    spans = {STEP_SPAN, _TORCH_STEPS, TRAIN_NEXT, *(PHASE_SPANS[p] for p in _PHASES)}
+    spans.update(f(x) for x in loaders for f in (loader_next, loader_iter))
+    counters = {*_COUNTERS, *(f(x) for x in loaders for f in (loader_wait, loader_batch_size))}
+    return spans, counters
+
+
+def pack(a: npt.NDArray[Any]) -> dict[str, Any]:
+    """An array as ``{"dtype", "n", "z"}``: int64 columns by their step-over-
+    step differences (a start column is nearly regular), zlib, base64."""
+    if a.dtype.kind in "iu":
+        v = np.diff(a.astype("<i8"), prepend=np.int64(0))
+        kind = "i8d"
+    else:
+        v = a.astype("<f8")
+        kind = "f8"
+    return {"dtype": kind, "n": len(a), "z": base64.b64encode(zlib.compress(v.tobytes(), 6)).decode("ascii")}
+
+
+def _unpack(p: dict[str, Any]) -> npt.NDArray[Any]:
+    raw = zlib.decompress(base64.b64decode(p["z"]))
+    if p["dtype"] == "i8d":
+        return np.cumsum(np.frombuffer(raw, "<i8")).astype(np.int64)
+    return np.frombuffer(raw, "<f8").astype(np.float64)
+
+
+def segments_of(rank_dir: Path) -> dict[str, int]:
+    """The rank's segment files and their sizes: what a summary was made from."""
+    out = {}
+    for p in sorted(rank_dir.iterdir()):
+        if p.name.startswith(SEGMENT_PREFIX) and p.name.endswith(SEGMENT_SUFFIX) and p.is_file():
+            out[p.name] = p.stat().st_size
+    return out
+
+
+def names_of(c: Columns, ids: npt.NDArray[Any]) -> list[list[Any]]:
+    """Run-length names of rows sorted by name: ``[[name, count], ...]``."""
+    if not len(ids):
+        return []
+    cut = np.flatnonzero(np.diff(ids)) + 1
+    starts = np.concatenate(([0], cut))
+    counts = np.diff(np.concatenate((starts, [len(ids)])))
+    return [[c.names[int(ids[s])], int(k)] for s, k in zip(starts, counts, strict=True)]
+
+
+def write(rank_dir: Path, doc: dict[str, Any]) -> Path:
+    """Write ``doc`` as ``rank_dir/summary.json`` (under a temporary name,
+    then renamed: a reader never sees half of one)."""
+    out = rank_dir / RANK_SUMMARY_JSON
+    tmp = rank_dir / f".{RANK_SUMMARY_JSON}.tmp-{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps(doc, separators=(",", ":"), allow_nan=True, default=str))
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def read_all(run_dir: Path) -> tuple[list[dict[str, Any]] | None, str]:
+    """Every rank's summary of the local run ``run_dir``, by rank, or None
+    and why they cannot stand for its segments."""
+    ranks = sorted(
+        (int(m.group(1)), p) for p in run_dir.iterdir() if (m := RANK_DIR.match(p.name)) is not None and p.is_dir()
+    )
+    if not ranks:
+        return None, "no rank folders"
+    out = []
+    for rank, rank_dir in ranks:
+        path = rank_dir / RANK_SUMMARY_JSON
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None, f"rank {rank} wrote no {RANK_SUMMARY_JSON}"
+        except (OSError, ValueError) as e:
+            return None, f"{path}: unreadable ({e})"
+        why = _stale(doc, rank, rank_dir)
+        if why is not None:
+            return None, f"{path}: {why}"
+        out.append(doc)
+    return out, ""
+
+
+def _stale(doc: Any, rank: int, rank_dir: Path) -> str | None:
+    """Why ``doc`` is not this rank's summary of its segments now (None: it is)."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
+        return "not a rank summary of this format"
+    if doc.get("fastprof_version") != __version__:
+        return f"written by fastprof {doc.get('fastprof_version')}, not {__version__}"
+    if doc.get("rank") != rank:
+        return f"of rank {doc.get('rank')}, in rank{rank}/"
+    if doc.get("segments") != segments_of(rank_dir):
+        return "its rank's segments changed since it was written"
+    try:
+        account = json.loads((rank_dir / PROFILER_JSON).read_text())
+    except (OSError, ValueError):
+        account = None
+    if isinstance(account, dict) and account.get("run_name") != doc.get("run_name"):
+        return f"of run {doc.get('run_name')!r}, not {account.get('run_name')!r}"
+    return None
+
+
+def _light_data(run: Any, sums: list[dict[str, Any]]) -> _data.RunData:
+    """A :class:`~fastprof.reports.data.RunData` holding the summaries' kept
+    columns: what the cross-rank sections read, as if from the traces."""
+    names: list[str] = []
+    ids: dict[str, int] = {}
+
+    def table(part: str, cols: tuple[str, str]) -> dict[str, npt.NDArray[Any]]:
+        name_col, rank_col, a_col, b_col = [], [], [], []
+        for s in sums:
+            t = s[part]
+            run_names = [n for n, _ in t["names"]]
+            counts = np.asarray([k for _, k in t["names"]], dtype=np.int64)
+            for n in run_names:
+                ids.setdefault(n, len(ids))
+                if ids[n] == len(names):
+                    names.append(n)
+            name_col.append(np.repeat(np.asarray([ids[n] for n in run_names], np.uint32), counts))
+            a, b = _unpack(t[cols[0]]), _unpack(t[cols[1]])
+            rank_col.append(np.full(len(a), int(s["rank"]), np.int32))
+            a_col.append(a)
+            b_col.append(b)
+
+        def cat(parts: list[npt.NDArray[Any]], dtype: Any) -> npt.NDArray[Any]:
+            return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
+        return {
+            "name": cat(name_col, np.uint32),
+            "rank": cat(rank_col, np.int32),
+            cols[0]: cat(a_col, np.int64),
+            cols[1]: cat(b_col, np.int64 if cols[1] == "dur" else np.float64),
+        }
+
+    spans = table("spans", ("ts", "dur"))
+    n = len(spans["ts"])
+    spans.update(cat=np.zeros(n, np.uint32), pid=np.zeros(n, np.int32), tid=np.zeros(n, np.int32))
+    counters = table("counters", ("ts", "value"))
+    counters["series"] = counters["name"].copy()
+    cols = Columns(
+        spans=spans,
+        instants={},
+        counters=counters,
+        names=names,
+        categories=[""],
+        files=[],
+        warnings=[],
+    )
+    data = _data.RunData(path=Path(run.name), run_dir=run.folder, cols=cols, run=run)
+    for s in sums:  # each rank's account, as the report of its segments reads it
+        account = s.get("profiler")
+        if isinstance(account, dict):
+            data.profiler[int(s["rank"])] = account
+    data._ranks = [int(s["rank"]) for s in sums]
+    w = [s["wall"] for s in sums]
+    data._walls[None] = (min(int(a) for a, _ in w), max(int(b) for _, b in w))
+    for s, (a, b) in zip(sums, w, strict=True):
+        data._walls[int(s["rank"])] = (int(a), int(b))
+    return data
+
+
+def _concat(docs: Iterable[dict[str, Any] | None], key: str, ranks: list[int] | None = None) -> list[Any]:
+    """The ``key`` lists of ``docs``, one after the other; with ``ranks``
+    (one per doc), of each doc only its rank's entries (a rank's own report
+    reads some run-wide side documents, every rank's ``triggers.json``)."""
+    if ranks is None:
+        return [x for d in docs if d for x in d.get(key) or []]
+    return [x for d, r in zip(docs, ranks, strict=True) if d for x in d.get(key) or [] if x.get("rank") == r]
+
+
+def combine(run: Any, sums: list[dict[str, Any]]) -> tuple[dict[str, Any], _data.RunData]:
+    """The report document of the run from its ranks' summaries, and the
+    light data it was made from (for the page)."""
+    docs = [s["report"] for s in sums]
+    data = _light_data(run, sums)
+    for d in docs:
+        data.cols.warnings.extend(d["source"]["warnings"])
+    first = docs[0]
+    speed = speed_report(data, None, None)
+    warm = int(speed["warmup"]["steps_excluded"])
+    w0, w1 = data.wall()
+    system = dict(first["system"])
+    system["duration_s"] = (w1 - w0) / 1e9
+    for key in ("host", "overhead"):
+        system[key] = _concat((d["system"] for d in docs), key)
+    gpus = [d["system"]["gpu"] for d in docs]
+    system["gpu"] = next((g for g in gpus if g.get("available")), gpus[0]) | {"devices": _concat(gpus, "devices")}
+    ranks = ranks_report(data, warm)
+    breakdown = _breakdown(docs)
+    memory = _first_with(docs, "memory")
+    if memory is not None:
+        memory = dict(memory)
+        memory["per_rank"] = _concat((d["memory"] for d in docs), "per_rank")
+        memory["oom"] = _concat((d["memory"] for d in docs), "oom")
+        memory["model"] = next((d["memory"]["model"] for d in docs if d["memory"] and d["memory"]["model"]), None)
+        memory["operators"] = next(
+            (d["memory"]["operators"] for d in docs if d["memory"] and d["memory"]["operators"]), None
+        )
+    anatomy = _first_with(docs, "anatomy")
+    if anatomy is not None:
+        per_rank = _concat((d["anatomy"] for d in docs), "per_rank")
+        warm_a = min(int(a["warmup_steps_excluded"]) for a in per_rank)
+        anatomy = {**anatomy, "per_rank": per_rank, **straggler_section(data, per_rank, warm_a)}
+    triggers = _first_with(docs, "triggers")
+    if triggers is not None:
+        own = [int(s["rank"]) for s in sums]
+        triggers = {**triggers, "per_rank": _concat((d["triggers"] for d in docs), "per_rank", own)}
+    if breakdown is not None:
+        breakdown["steps_from"] = steps_from(breakdown, triggers)
+    time = dict(first["time"])
+    time["rows"] = _concat((d["time"] for d in docs), "rows")
+    recs = recommend(speed, system, breakdown, memory, anatomy)
+    run_dir = Path(run.folder)
+    doc = {
+        "schema": first["schema"],
+        "schema_version": first["schema_version"],
+        "fastprof_version": __version__,
+        "source": {
+            "path": run.name,
+            "run_dir": run.run_dir_name,
+            "inputs": [
+                {"path": str(run_dir / f"rank{s['rank']}" / RANK_SUMMARY_JSON), "kind": "summary", "rank": s["rank"]}
+                for s in sums
+            ],
+            "ranks": data.ranks,
+            "warnings": list(data.cols.warnings),
+            "rotated": _concat((d["source"] for d in docs), "rotated"),
+            "resumed": _concat((d["source"] for d in docs), "resumed"),
+        },
+        "wall": {"start_ns": w0, "end_ns": w1, "duration_s": (w1 - w0) / 1e9},
+        "time": time,
+        "speed": speed,
+        "system": system,
+        "ranks": ranks,
+        "breakdown": breakdown,
+        "breakdown_reason": None if breakdown is not None else first["breakdown_reason"],
+        "memory": memory,
+        "memory_reason": None if memory is not None else first["memory_reason"],
+        "anatomy": anatomy,
+        "anatomy_reason": None if anatomy is not None else first["anatomy_reason"],
+        "triggers": triggers,
+        "hangs": hangs_report(data),
+        "recommendations": recs,
+    }
+    return doc, data
+
+
+def _first_with(docs: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
+    return next((d[key] for d in docs if d.get(key) is not None), None)
+
+
+def _breakdown(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    parts = [d["breakdown"] for d in docs if d.get("breakdown") is not None]
+    if not parts:
+        return None
+    out = dict(parts[0])
+    out["per_rank"] = _concat(parts, "per_rank")
+    out["step_count"] = sum(int(p["step_count"]) for p in parts)
+    out["gpu_activity"] = any(bool(p["gpu_activity"]) for p in parts)
+    return out
