@@ -14,6 +14,7 @@ from fastprof.profiler.drivers.hang import HangDriver
 from fastprof.profiler.drivers.memory import MemoryDriver
 from fastprof.profiler.drivers.optimizer import OptimizerStepsDriver
 from fastprof.profiler.drivers.outputs import OutputsDriver
+from fastprof.profiler.drivers.summary import SummaryDriver
 from fastprof.profiler.drivers.triggers.driver import TriggerDriver
 from fastprof.profiler.drivers.windows import WindowsDriver
 from fastprof.profiler.drivers.workers import WorkersDriver
@@ -50,4 +51,5 @@ def build(prof: Any, f: Resolved) -> list[Driver]:
     out.append(TriggerDriver(triggers, prof, windows, anatomy) if triggers is not None else Absent("triggers", None))
     out.append(HangDriver(prof, f.hang_timeout, f.hang_action))
     out.append(OutputsDriver(prof))
+    out.append(SummaryDriver(prof))  # after the merge: the rank's summary (#38, item 2)
     return out
