@@ -36,7 +36,7 @@ from fastprof._loop_api import LoopHost
 from fastprof.profiler.driver import Closing, Driver
 from fastprof.profiler.drivers.hang import evidence
 from fastprof.profiler.drivers.hang.config import HANG_EXIT_STATUS, HangConfig
-from fastprof.profiler.drivers.hang.verdict import WATCH_FILE, evidence_files, join, verdict
+from fastprof.profiler.drivers.hang.verdict import WATCH_FILE, evidence_files, gone_ranks, join, verdict
 
 __all__ = ["HangDriver"]
 
@@ -67,6 +67,8 @@ class HangDriver(Driver):
         self.training: int | None = None
         self.reports: list[dict[str, Any]] = []
         self.said: list[str] = []
+        #: Ranks whose process was gone when an exception left this rank's loop.
+        self.peers_gone: list[dict[str, Any]] = []
 
     def start(self, steps: Any) -> None:
         if not self.config.enabled:
@@ -181,6 +183,34 @@ class HangDriver(Driver):
             json.dump({"time": t, "rank": self.rank}, f)
         return True
 
+    # A peer's process gone, SIGTERM and the close.
+
+    def on_exception(self, exc: BaseException) -> None:
+        """A rank whose process ends outside its launcher (SIGKILL, the OOM
+        killer) is no hang with gloo: its sockets close and the others'
+        collective raises ("Connection closed by peer"). When an exception
+        leaves this rank's loop, the ranks of the run whose process (on this
+        host) is gone are named on stderr and in ``profiler.json``."""
+        if self.watch is None or self.world_size < 2:
+            return
+        try:
+            gone = gone_ranks(self.prof.run_dir, exclude=self.rank)
+        except Exception:  # noqa: BLE001 - profiling never takes the job down
+            return
+        if not gone:
+            return
+        self.peers_gone = [{"rank": r, "pid": pid} for r, pid in gone]
+        names = ", ".join(f"rank {r} (pid {pid})" for r, pid in gone)
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        print(
+            f"fastprof: rank {self.rank} stops on {type(exc).__name__}"
+            + (f" ({first})" if first else "")
+            + f": the process of {names} is gone, ended outside the launcher (killed, the OOM killer); "
+            "see the node's kernel log (dmesg) for that pid",
+            file=sys.stderr,
+            flush=True,
+        )
+
     # SIGTERM and the close.
 
     def on_exit_event(self, reason: str) -> None:
@@ -230,5 +260,6 @@ class HangDriver(Driver):
             "action": c.action,
             "reports": self.reports,
             "verdicts": self.said,
+            "peers_gone": self.peers_gone,
             "error": self.error,
         }

@@ -47,6 +47,7 @@ __all__ = [
     "collect",
     "describe",
     "evidence_files",
+    "gone_ranks",
     "join",
     "rank_state",
     "summarize",
@@ -249,12 +250,30 @@ def _alive(watch: dict[str, Any] | None) -> bool | None:
     if not watch or watch.get("host") != socket.gethostname():
         return None
     try:
-        os.kill(int(watch["pid"]), 0)
+        pid = int(watch["pid"])
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except (PermissionError, OSError, ValueError, KeyError, TypeError):
         return True
+    # A process killed outside its launcher stays a zombie until the launcher
+    # reaps it: it is gone all the same (Linux's /proc; elsewhere: alive).
+    with contextlib.suppress(OSError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat[stat.rindex(")") + 2 :].split()[0] in ("Z", "X"):
+            return False
     return True
+
+
+def gone_ranks(run_dir: Path, exclude: int | None = None) -> list[tuple[int, int]]:
+    """``(rank, pid)`` of each rank of the run whose process, on this host,
+    is gone (its watch file names it), ``exclude`` aside."""
+    out = []
+    for r, d in sorted(_rank_dirs(run_dir).items()):
+        watch = _read(d / WATCH_FILE) if r != exclude else None
+        if watch is not None and _alive(watch) is False:
+            out.append((r, int(watch["pid"])))
+    return out
 
 
 def _ranks(states: Iterable[int]) -> str:
