@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import time
+from pathlib import Path
 from typing import Any
 
 from fastprof.profiler.drivers.hang.verdict import rank_state, summarize, verdict
@@ -172,3 +174,21 @@ def test_a_rank_late_in_the_same_step_did_not_skip() -> None:
     v = verdict({0: rank_state(e0, None), 1: rank_state(e1, None)})
     assert (v["kind"], v["suspect_ranks"]) == ("elsewhere", [1])
     assert "rank 1 never entered all_reduce #7; it is in the dataloader" in v["text"]
+
+
+def test_a_killed_process_not_yet_reaped_is_gone() -> None:
+    """A rank SIGKILLed outside its launcher is a zombie until the launcher
+    reaps it: still a pid, but gone."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        stat = Path(f"/proc/{child.pid}/stat")
+        for _ in range(200):
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the child never ended")
+        watch = {"host": socket.gethostname(), "pid": child.pid}
+        assert rank_state(None, watch)["state"] == "gone"
+    finally:
+        child.wait()

@@ -447,3 +447,34 @@ def test_a_checkpoint_past_the_timeout_is_reported_as_waiting_for_rank0_in_save(
     assert f"Rank 1 waits in barrier #7 (worker.py:{_line('BARRIER')} in <module>)." in lines[0]
     run = tmp_path / "out" / "job"
     assert [d["reason"] for d in _hangs(run, 0)] == ["stalled"]
+
+
+def test_a_sigkilled_rank_makes_the_others_fail_not_hang_and_is_named_gone(tmp_path: Path) -> None:
+    """Rank 1 is SIGKILLed by hand (outside torchrun) while rank 0 waits in
+    all_reduce: with gloo, the kernel closes the dead rank's sockets and rank
+    0's collective raises at once ("Connection closed by peer"): no hang, so
+    no hang evidence; the job ends failed. Rank 0 names rank 1's process as
+    gone, on stderr and in profiler.json."""
+    p = _start(tmp_path, "kill", {"FASTPROF_HANG_TIMEOUT": "60", "FASTPROF_HANG_GRACE": "2"})
+    run = tmp_path / "out" / "job"
+    try:
+        stuck = _wait_for(lambda: (tmp_path / "out" / "stuck").exists(), 150, p)
+        assert stuck, "rank 1 never reached its stop"
+        time.sleep(1.0)  # rank 0 is in its all_reduce
+        pid = int(json.loads((run / "rank1" / ".hang-watch.json").read_text())["pid"])
+        os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        _out, err = p.communicate(timeout=60)
+        ended = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            _kill(p, run)
+    assert p.returncode != 0
+    assert "Connection closed by peer" in err, err[-3000:]
+    assert ended < 60  # the job ended on its own, well before the 60 s hang timeout
+    assert _hangs(run, 0) == [] and _hangs(run, 1) == []
+    line = next((ln for ln in err.splitlines() if "fastprof: rank 0 stops on RuntimeError" in ln), None)
+    assert line is not None, err[-3000:]
+    assert f"the process of rank 1 (pid {pid}) is gone, ended outside the launcher" in line
+    acct = json.loads((run / "rank0" / "profiler.json").read_text())["hang"]
+    assert acct["peers_gone"] == [{"rank": 1, "pid": pid}]
