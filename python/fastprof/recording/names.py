@@ -230,9 +230,10 @@ RUN_CLAIM = ".fastprof-run"
 #: A rank's "I am done" marker: a file in its folder (local runs), the same
 #: name as an object in the store (runs on object storage).
 DONE_MARKER = ".fastprof-done"
-#: A rank's own summary of its run, written at its end before the done marker
-#: (what a report of many ranks combines without reading their traces, #38).
-RANK_SUMMARY_JSON = "summary.json"
+#: A rank's own summary of its run (JSON), written at its end (what a report
+#: of many ranks combines without reading their traces, #38). Not ``.json``:
+#: no reader of a rank folder (the merge's walker, HTA) takes it for a trace.
+RANK_SUMMARY_JSON = "summary.fastprof"
 #: In a spool's rank folder (hidden: never uploaded by name): which claim of
 #: the store this rank's files belong to, ``{"key": ..., "job": ...}``, so
 #: that ``fastprof upload`` sends them only where that job's claim stands.
