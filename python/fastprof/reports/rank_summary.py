@@ -1,6 +1,6 @@
 """A rank's own summary of its run (issue #38, item 2): ``python -m
 fastprof.reports.rank_summary RUN_DIR RANK [RUN_NAME]`` writes
-``RUN_DIR/rank{RANK}/summary.json`` from that rank's segments, made by the
+``RUN_DIR/rank{RANK}/summary.fastprof`` from that rank's segments, made by the
 report's own code (:func:`fastprof.reports.report.build_from` on the rank
 alone) with the columns the cross-rank sections read
 (:mod:`fastprof.reports.summaries`).

@@ -219,7 +219,7 @@ def report(
     integration.
 
     A local run directory whose every rank wrote its summary at its end
-    (``rank{R}/summary.json``, see :mod:`fastprof.reports.summaries`) is
+    (``rank{R}/summary.fastprof``, see :mod:`fastprof.reports.summaries`) is
     reported from those summaries, without reading its traces, when the
     options are the defaults (not ``verbose``, no ``warmup_steps`` or
     ``batch_size``); ``from_segments=True`` reads the traces whatever

@@ -1,6 +1,6 @@
 """Each rank summarises itself (issue #38, item 2).
 
-At the end of a run every rank writes ``rank{R}/summary.json``
+At the end of a run every rank writes ``rank{R}/summary.fastprof``
 (:data:`fastprof.recording.names.RANK_SUMMARY_JSON`): the report of that
 rank alone, made by the report's own code from the rank's own segments
 (:mod:`fastprof.reports.rank_summary`, run by the rank's driver in a
@@ -128,7 +128,7 @@ def names_of(c: Columns, ids: npt.NDArray[Any]) -> list[list[Any]]:
 
 
 def write(rank_dir: Path, doc: dict[str, Any]) -> Path:
-    """Write ``doc`` as ``rank_dir/summary.json`` (under a temporary name,
+    """Write ``doc`` as ``rank_dir/summary.fastprof`` (under a temporary name,
     then renamed: a reader never sees half of one)."""
     out = rank_dir / RANK_SUMMARY_JSON
     tmp = rank_dir / f".{RANK_SUMMARY_JSON}.tmp-{os.getpid()}"

@@ -1,6 +1,6 @@
 """Each rank summarises itself (issue #38, item 2): at the run's end, after
 ``outputs`` (``profiler.json``, the done marker, rank 0's merge), the rank
-writes ``rank{R}/summary.json`` from its own segments, in a process of its
+writes ``rank{R}/summary.fastprof`` from its own segments, in a process of its
 own (``python -m fastprof.reports.rank_summary``): the report's code runs
 outside the job's memory, and the profiler never imports the reports.
 
