@@ -9,12 +9,21 @@
 //! The watcher reads it every `period` (10 ms by default: one 1.3 µs pread
 //! of a kept-open file; `status`, ~9 µs, every [`STATUS_EVERY`]th reading)
 //! into a ring, and the training thread reads the counter itself only when a
-//! step is already suspect ([`RunWait::waited`]): the wait over the step is
-//! the counter now less the last reading at or before the step's begin.
-//! That reading is at most one period older than the begin, so the wait
-//! may include up to one period before the step; [`Waited::from_ns`] says
-//! where it was counted from. Why not the sampler's tick: at its 10 Hz
-//! default the bracket would be 100 ms, the size of what it must resolve.
+//! step is already suspect ([`RunWait::waited`]).
+//!
+//! The wait is the step's own: of the reading interval that straddles the
+//! step's begin, no more than the part after the begin counts (the counter
+//! only says how much that interval waited, not when), and every interval
+//! after it counts whole. A step shorter than one period, inside one
+//! interval, is thus credited with all that interval's wait up to its own
+//! duration: the most it can have waited (a preemption is lumpy).
+//! [`Waited::from_ns`] says where the interval began. Why not the sampler's
+//! tick: at its 10 Hz default the bracket would be 100 ms, the size of what
+//! it must resolve.
+//!
+//! The thread's time on a CPU (`schedstat`'s first field) is counted over
+//! the step the same way: a step's time neither on a CPU nor waiting for
+//! one is time it slept or was blocked (a collective, I/O).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,18 +38,25 @@ use crate::runtime::clock;
 pub const STATUS_EVERY: u64 = 5;
 
 /// One reading: CLOCK_MONOTONIC ns, cumulative run delay ns, cumulative
-/// involuntary switches (None when `status` was not read this time).
+/// time on a CPU ns, cumulative involuntary switches (None when `status` was
+/// not read this time).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reading {
     pub t_ns: u64,
     pub run_delay_ns: u64,
+    pub on_cpu_ns: u64,
     pub involuntary: Option<u64>,
 }
 
-/// The thread's wait for a CPU from `from_ns` to `to_ns` (now).
+/// The thread's wait for a CPU over the step that began at `begin_ns` and
+/// ended by `to_ns` (now), from the readings since `from_ns` (the last one
+/// at or before the begin).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Waited {
     pub run_delay_ns: u64,
+    /// The step's time on a CPU, counted as the wait is.
+    pub on_cpu_ns: u64,
+    pub begin_ns: u64,
     pub from_ns: u64,
     pub to_ns: u64,
     /// Involuntary switches from `involuntary_from_ns` to `to_ns`.
@@ -55,12 +71,12 @@ pub struct Waited {
     pub usual_span_ns: u64,
 }
 
-/// (run_delay ns, timeslices) from a `schedstat` file's text
+/// (on-CPU ns, run_delay ns) from a `schedstat` file's text
 /// ("<on-cpu ns> <run_delay ns> <timeslices>").
-pub fn parse_schedstat(text: &[u8]) -> Option<u64> {
+pub fn parse_schedstat(text: &[u8]) -> Option<(u64, u64)> {
     let mut it = nums(text);
-    it.next()?;
-    it.next()
+    let on_cpu = it.next()?;
+    Some((on_cpu, it.next()?))
 }
 
 /// `nonvoluntary_ctxt_switches` from a `status` file's text.
@@ -132,11 +148,29 @@ fn before(ring: &Ring, t: u64) -> (Option<Reading>, Option<Reading>) {
     (delay, switches)
 }
 
-/// The wait from the readings before `begin_ns` to `now`, and the usual
-/// wait over the `baseline_ns` before that.
+/// The first reading after `t` (else `now`).
+fn after(ring: &Ring, t: u64, now: Reading) -> Reading {
+    ring.iter()
+        .find(|r| r.t_ns > t && r.t_ns <= now.t_ns)
+        .copied()
+        .unwrap_or(now)
+}
+
+/// A cumulative counter's growth over `[begin, now]`: whole from the first
+/// reading after `begin`, and of the interval `[d, a]` that straddles the
+/// begin at most the part after it.
+fn within(d: &Reading, a: &Reading, now: &Reading, begin: u64, get: fn(&Reading) -> u64) -> u64 {
+    let straddle = get(a).saturating_sub(get(d));
+    let inside = a.t_ns.saturating_sub(begin.max(d.t_ns));
+    get(now).saturating_sub(get(a)) + straddle.min(inside)
+}
+
+/// The wait over the step from `begin_ns` to `now` (see the module's
+/// header), and the usual wait over the `baseline_ns` before the step.
 fn combine(ring: &Ring, begin_ns: u64, baseline_ns: u64, now: Reading) -> Option<Waited> {
     let (d, s) = before(ring, begin_ns);
     let d = d?;
+    let a = after(ring, begin_ns.max(d.t_ns), now);
     let since = d.t_ns.saturating_sub(baseline_ns);
     let mut rates: Vec<f64> = Vec::new();
     let mut prev: Option<Reading> = None;
@@ -167,7 +201,9 @@ fn combine(ring: &Ring, begin_ns: u64, baseline_ns: u64, now: Reading) -> Option
         _ => (None, 0),
     };
     Some(Waited {
-        run_delay_ns: now.run_delay_ns.saturating_sub(d.run_delay_ns),
+        run_delay_ns: within(&d, &a, &now, begin_ns, |r| r.run_delay_ns),
+        on_cpu_ns: within(&d, &a, &now, begin_ns, |r| r.on_cpu_ns),
+        begin_ns,
         from_ns: d.t_ns,
         to_ns: now.t_ns,
         involuntary,
@@ -202,12 +238,13 @@ fn task_path(tid: i32, file: &str) -> String {
 
 /// A reading of thread `tid` now (None: the thread or the file is gone).
 fn read_now(sched: &mut ProcFile, status: Option<&mut ProcFile>) -> Option<Reading> {
-    let run_delay_ns = sched.read().and_then(parse_schedstat)?;
+    let (on_cpu_ns, run_delay_ns) = sched.read().and_then(parse_schedstat)?;
     let t_ns = clock::monotonic_ns();
     let involuntary = status.and_then(|f| f.read().and_then(parse_involuntary));
     Some(Reading {
         t_ns,
         run_delay_ns,
+        on_cpu_ns,
         involuntary,
     })
 }
@@ -328,13 +365,17 @@ mod tests {
         Reading {
             t_ns: t,
             run_delay_ns: d,
+            on_cpu_ns: 0,
             involuntary: s,
         }
     }
 
     #[test]
     fn parses_the_kernels_files() {
-        assert_eq!(parse_schedstat(b"937929 250000000 12\n"), Some(250_000_000));
+        assert_eq!(
+            parse_schedstat(b"937929 250000000 12\n"),
+            Some((937_929, 250_000_000))
+        );
         assert_eq!(parse_schedstat(b"937929\n"), None);
         let status =
             b"Name:\tpython\nvoluntary_ctxt_switches:\t7\nnonvoluntary_ctxt_switches:\t42\n";
@@ -359,6 +400,17 @@ mod tests {
         assert_eq!((w.usual_rate, w.usual_span_ns), (0.5, 10));
         // Switches from the last reading before the begin that has them.
         assert_eq!((w.involuntary, w.involuntary_from_ns), (Some(11), 10));
+        // A step that began at 35: of the interval 30..40, which waited 93,
+        // only the 5 after the begin can be the step's (issue #36: a burst
+        // before the step was counted as the step's own wait).
+        let w = combine(&ring, 35, 10, r(50, 107, None)).unwrap();
+        assert_eq!((w.run_delay_ns, w.from_ns, w.begin_ns), (5 + 7, 30, 35));
+        // A step inside one interval (no reading since its begin): at most
+        // its own duration of that interval's wait.
+        let w = combine(&ring, 45, 10, r(50, 107, None)).unwrap();
+        assert_eq!((w.run_delay_ns, w.from_ns), (5, 40));
+        let w = combine(&ring, 45, 10, r(50, 101, None)).unwrap();
+        assert_eq!(w.run_delay_ns, 1);
         // The ring wrapped: (10, ..) is gone, the oldest is (20, ..).
         ring.push(r(45, 101, None));
         let w = combine(&ring, 5, 100, r(50, 107, None)).unwrap();
@@ -381,6 +433,22 @@ mod tests {
         assert_eq!(w.from_ns, 100);
         assert!((w.usual_rate - 0.2).abs() < 1e-9, "{w:?}");
         assert_eq!(w.usual_span_ns, 100);
+    }
+
+    #[test]
+    fn a_thread_that_sleeps_is_neither_on_a_cpu_nor_waiting() {
+        let tid = unsafe { libc::gettid() };
+        let Ok(w) = RunWait::start(tid, Duration::from_millis(2), Duration::from_secs(5)) else {
+            return; // no schedstat on this kernel
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        let t0 = clock::monotonic_ns();
+        std::thread::sleep(Duration::from_millis(200));
+        let waited = w.waited(clock::monotonic_ns() - t0, 1_000_000_000).unwrap();
+        let step = waited.to_ns - waited.begin_ns;
+        // Asleep: most of the step is neither (a loaded host may make the
+        // waking thread wait for a CPU, which counts as waiting).
+        assert!(waited.on_cpu_ns * 4 < step, "{waited:?}");
     }
 
     #[test]
@@ -419,6 +487,12 @@ mod tests {
         let span = waited.to_ns - waited.from_ns;
         assert!(waited.run_delay_ns * 5 > span, "{waited:?}");
         assert!(waited.involuntary.unwrap_or(1) > 0);
+        // Spinning, it was on a CPU whenever it was not waiting for one: no
+        // time slept or blocked beyond the readings' grain.
+        let step = waited.to_ns - waited.begin_ns;
+        let blocked = step.saturating_sub(waited.run_delay_ns + waited.on_cpu_ns);
+        assert!(blocked * 10 < step, "{waited:?}");
+        let _ = span;
         let (readings, _) = w.cost();
         assert!(readings > 1);
     }
