@@ -523,8 +523,10 @@ impl _RunWait {
     }
 
     /// The thread's wait for a CPU over the last `step_ns` up to now:
-    /// `run_delay_ns`, `from_ns`, `to_ns` (CLOCK_MONOTONIC: the wait counts
-    /// from the last reading at or before the step's begin), and
+    /// `run_delay_ns` and `on_cpu_ns` over the step from `begin_ns` (now less
+    /// `step_ns`) to `to_ns` (CLOCK_MONOTONIC; `from_ns`: the last reading at
+    /// or before the begin, of whose interval only the part after the begin
+    /// counts), and
     /// `involuntary` switches from `involuntary_from_ns` (None when not
     /// read), and the usual wait before it: `usual_rate`, the median share
     /// of the intervals between readings over the `usual_span_ns` (up to
@@ -545,6 +547,8 @@ impl _RunWait {
         };
         let d = PyDict::new(py);
         d.set_item("run_delay_ns", w.run_delay_ns)?;
+        d.set_item("on_cpu_ns", w.on_cpu_ns)?;
+        d.set_item("begin_ns", w.begin_ns)?;
         d.set_item("from_ns", w.from_ns)?;
         d.set_item("to_ns", w.to_ns)?;
         d.set_item("involuntary", w.involuntary)?;
