@@ -98,6 +98,11 @@ fn held() -> bool {
 /// absolute deviation recomputed every [`StepTimes::EVERY`] steps
 /// (O(window) each time, select-nth on a copy). A step beyond both
 /// `factor` x median and median + `z` x 1.4826 x MAD is an anomaly.
+///
+/// Every slow step is published, a burst's too: the Profiler, which knows
+/// each slow step's cause, counts a burst once, at its first step that the
+/// host did not slow (issue #36: a slow step right after a host contention
+/// step was taken as that burst's and never judged).
 pub struct StepTimes {
     ring: Vec<u64>,
     next: usize,
@@ -108,9 +113,6 @@ pub struct StepTimes {
     factor: f64,
     z: f64,
     scratch: Vec<u64>,
-    /// The last judged step was slow: a burst of slow steps is one anomaly
-    /// (its first step), not one per step.
-    in_burst: bool,
     /// A slow step must also be this much (ns) slower than the median: a
     /// loop of microsecond steps is noise at 3x, not an anomaly.
     pub(crate) min_excess_ns: u64,
@@ -131,7 +133,6 @@ impl StepTimes {
             factor,
             z,
             scratch: Vec::with_capacity(window.max(8)),
-            in_burst: false,
             min_excess_ns,
         }
     }
@@ -168,13 +169,11 @@ impl StepTimes {
         self.filled = (self.filled + 1).min(cap);
         self.since += 1;
         let (median, mad) = (self.median, self.mad);
-        let first = slow && !self.in_burst;
-        self.in_burst = slow;
         if self.filled < cap || self.since >= Self::EVERY {
             self.since = 0;
             self.recompute();
             recomputed(self.median);
         }
-        first.then_some((median, mad))
+        slow.then_some((median, mad))
     }
 }
