@@ -3,53 +3,47 @@ one rule, here, for the live anomaly trigger (:mod:`fastprof.profiler.drivers.tr
 and the reports that print its verdicts.
 
 The kernel counts, per thread, the time it waited for a CPU while it was
-runnable (``run_delay`` in ``/proc/self/task/<tid>/schedstat``). A slow step
-(:mod:`fastprof.profiler.slow_step`) of the training thread is **host
-contention** when the job did nothing slow in it and the host did::
+runnable (``run_delay`` in ``/proc/self/task/<tid>/schedstat``) and its time
+on a CPU. Two rules, one sentence each:
 
-    own     = duration - waited                 (running, sleeping, blocked)
-    usual   = own x rate / (1 - rate)           (the wait the usual rate gives it)
-    host contention  <=>  not slow(own)                                    (c)
-                      and ( own <= (1 + SHARE) x median                    (a)
-                            or  waited - usual >= SHARE x (duration - median) )  (b)
-
-(a) its own time is within 1.5x of the median step (which holds the usual
-wait too): whatever made it slow was waiting for a CPU; a preemption is
-lumpy, so a 1.8 ms step that waited 4 ms of its 5.8 on a host busy all
-along is the host's, though such a host "usually" makes a step wait more
-than that in proportion. (b) its wait for a CPU beyond the usual explains
-at least :data:`SHARE` (half) of its excess over the median: a step of 30x
-the work under a steady 60% share also waits 30x as long, and that
-proportional wait is not what made it slow (its own time alone is 25x the
-median), so (b) takes it off. (c) a step whose own time alone is a slow
-step by the slow-step rule's factor and floor (more than
+**Host contention.** A slow step (:mod:`fastprof.profiler.slow_step`) of the
+training thread is the host's when it would not have been slow without its
+wait for a CPU: its own time (its duration less that wait) is not a slow step
+by the slow-step rule's factor and floor (more than
 :data:`~fastprof.profiler.slow_step.FACTOR` x the median and at least
-:data:`~fastprof.profiler.slow_step.MIN_EXCESS_NS` more) is the job's,
-however long it also waited: a preemption does not triple a step's own time,
-while a short-lived usual rate can leave (b) to the wait alone (30x a step's
-work beside a CPU hog, benches/bench_verdicts.py: 24.7 ms, 17.7 ms of it
-waiting at a usual share of 40%, its own time 12x the median).
+:data:`~fastprof.profiler.slow_step.MIN_EXCESS_NS` more)::
 
-``rate`` is the share of wall time the thread usually spent waiting for a
-CPU before the step: the median over the watcher's 20 ms intervals of the
-:data:`BASELINE_S` seconds before it (0 on a quiet host; at most
-:data:`MAX_RATE`; a burst that fills less than half of those seconds does
-not move it). The usual wait is taken off because a host that has been
-busy all along slows every step in proportion: a step of 30x the work under
-a steady 50% share also waits 30x as long, and that is not what made this
-one step slow. It is counted from the step's own time, not its duration,
-because a preemption is lumpy: a sub-millisecond step that waited 4 ms of
-its 4.4 ms did nothing slow itself, however busy the host was before. A
-step that slept, waited for data, a collective or the GPU, or computed
-more does not wait for a CPU beyond the usual (sleeping and blocking are
-not runnable), so it stays an anomaly of the job.
+    own = duration - waited
+    host contention  <=>  duration > median  and  not (own > FACTOR x median and own - median >= MIN_EXCESS)
 
-The wait is read by a watcher thread (never on the step path): it counts
-from the watcher's last reading at or before the step's begin, so it may
-include up to one watch period before the step; it is capped at the step's
-duration. The job's own threads and processes pinned to the same CPUs (a
-DataLoader worker, intra-op threads) make the training thread wait too:
-they count as contention, as the kernel cannot tell them apart.
+A step of 30x the work beside a CPU hog waits in proportion too, but its own
+time alone is 12x the median: the job's. A sub-millisecond step preempted
+for 4 ms did 1.4 ms of its own at most, 2.4x a 0.58 ms median: the host's
+(the wait of a preempted step also slows what follows it: caches, the
+other hyperthread). The usual share of wall time the thread waited before
+the step (the median over the watcher's 20 ms intervals of the
+:data:`BASELINE_S` seconds before it) is recorded beside the verdict, and is
+not part of it: a 2.4x own time under a 75% usual share is what the host
+makes of a sub-millisecond step, not what the job did. What the rule gives
+up: a step of 3 to 3/(1-share) times the work under a steady share of
+waiting (3-6x at 50%) is called the host's.
+
+**Waited for another rank.** On a run of more than one rank, a slow step the
+host did not slow, whose slowest phase is one where the ranks wait for each
+other (``communication``; ``backward``, where DDP all-reduces the gradients)
+and which spent at least :data:`SHARE` of its excess neither on a CPU nor
+waiting for one (blocked), waited for another rank: recorded, not captured
+(:func:`waited_for_rank`). The rank that was late judges its own step: its
+own slow work, batch or sleep is the job's there, and its wait for a CPU the
+host's. One rank's host contention otherwise became the other's anomaly.
+
+The wait and the time on a CPU are the step's own: a watcher thread (never
+on the step path) reads them every 20 ms, and of the reading interval that
+straddles the step's begin only the part after the begin may count (the
+most the step can have waited in it), the intervals after it whole
+(``runwait.rs``). The job's own threads and processes pinned to the same
+CPUs (a DataLoader worker, intra-op threads) make the training thread wait
+too: they count as contention, as the kernel cannot tell them apart.
 """
 
 from __future__ import annotations
@@ -58,16 +52,19 @@ from dataclasses import dataclass
 
 from fastprof.profiler.slow_step import FACTOR, MIN_EXCESS_NS
 
-__all__ = ["BASELINE_S", "MAX_RATE", "SHARE", "Contention", "judge", "rule", "text"]
+__all__ = ["BASELINE_S", "MAX_RATE", "RANK_PHASES", "SHARE", "Contention", "judge", "rule", "text", "waited_for_rank"]
 
-#: A slow step is host contention when its wait for a CPU beyond the usual
-#: is at least this share of its excess over the median.
+#: A slow step waited for another rank when at least this share of its
+#: excess over the median was spent blocked in a phase the ranks wait in.
 SHARE = 0.5
-#: Seconds before a slow step its thread's usual wait rate is taken over.
+#: Seconds before a slow step its thread's usual wait rate is taken over
+#: (recorded beside the verdict).
 BASELINE_S = 2.0
-#: The usual wait rate is taken as at most this (a thread that waited 95%
-#: of the time would make any step's wait "usual").
+#: The usual wait rate is taken as at most this.
 MAX_RATE = 0.9
+#: The phases in which a rank waits for the others: its collectives, and
+#: backward, where DDP's reducer all-reduces the gradients and waits.
+RANK_PHASES = ("communication", "backward")
 
 
 @dataclass(frozen=True)
@@ -77,37 +74,50 @@ class Contention:
     dur_ns: int
     median_ns: int
     waited_ns: int
-    usual_ns: int  # the wait the usual rate gives the step's own time
+    usual_ns: int  # the wait the usual rate gives the step's own time (recorded, not judged)
     contention: bool
 
     @property
     def excess_ns(self) -> int:
         return max(self.dur_ns - self.median_ns, 0)
 
+    @property
+    def own_ns(self) -> int:
+        return self.dur_ns - self.waited_ns
+
 
 def judge(dur_ns: int, median_ns: int, run_delay_ns: int, usual_rate: float = 0.0) -> Contention:
     """The verdict on a slow step of ``dur_ns`` against ``median_ns``
-    whose thread waited ``run_delay_ns`` for a CPU over it, and usually
-    waits ``usual_rate`` of the wall time."""
+    whose thread waited ``run_delay_ns`` for a CPU over it (and usually
+    waits ``usual_rate`` of the wall time: recorded only)."""
     dur = int(dur_ns)
     waited = max(min(int(run_delay_ns), dur), 0)
     rate = min(max(float(usual_rate), 0.0), MAX_RATE)
     own = dur - waited
     usual = round(own * rate / (1.0 - rate))
     median = int(median_ns)
-    excess = max(dur - median, 0)
-    own_slow = own > FACTOR * median and own - median >= MIN_EXCESS_NS  # (c): the job's work alone is slow
-    host = excess > 0 and not own_slow and (own <= (1.0 + SHARE) * median or waited - usual >= SHARE * excess)
-    return Contention(dur, median, waited, usual, host)
+    own_slow = own > FACTOR * median and own - median >= MIN_EXCESS_NS
+    return Contention(dur, median, waited, usual, dur > median and not own_slow)
+
+
+def waited_for_rank(c: Contention, on_cpu_ns: int, phase: str | None, world: int) -> bool:
+    """Whether a slow step the host did not slow waited for another rank
+    (the module's second rule): ``on_cpu_ns`` its time on a CPU, ``phase``
+    its slowest phase (None: unknown), ``world`` the run's ranks."""
+    if world < 2 or c.contention or phase not in RANK_PHASES:
+        return False
+    blocked = c.dur_ns - c.waited_ns - max(int(on_cpu_ns), 0)
+    return c.excess_ns > 0 and blocked >= SHARE * c.excess_ns
 
 
 def rule() -> str:
-    """The rule, as the records and the report say it."""
+    """The rules, as the records and the report say them."""
     return (
-        f"a slow step is host contention when its own time (less its wait for a CPU) is within {1 + SHARE:g}x the "
-        f"median, or its wait beyond the usual (its own time at the median wait share of the {BASELINE_S:g} s "
-        f"before it) is at least {SHARE:g} x its excess over the median; never when its own time alone is over "
-        f"{FACTOR:g}x the median and {MIN_EXCESS_NS / 1e6:g} ms more"
+        "a slow step is host contention when it would not have been slow without its wait for a CPU: its own "
+        f"time (less that wait) is not over {FACTOR:g}x the median and {MIN_EXCESS_NS / 1e6:g} ms more; "
+        "on more than one rank, a slow step the host did not slow waited for another rank when its slowest phase "
+        f"is one the ranks wait in ({', '.join(RANK_PHASES)}) and at least {SHARE:g} of its excess was blocked "
+        "(neither on a CPU nor waiting for one)"
     )
 
 
