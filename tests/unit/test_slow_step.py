@@ -60,3 +60,25 @@ def test_steps_not_judged_are_left_out_of_verdicts_and_baseline() -> None:
     judged = np.ones(200, dtype=bool)
     judged[100] = False
     assert [s.index for s in SlowStepRule().find(d, judged)] == [150]
+
+
+def test_a_burst_begun_by_the_host_still_finds_the_jobs_step() -> None:
+    # benches/bench_verdicts.py's slow_batch, run 3 (issue #36): step 149 was
+    # preempted (7.8 ms, host contention), step 150 slept 0.2 s. Counted at
+    # its first step, the burst hid step 150 from the trigger and the report.
+    d = _steady(300, ms=1.7)
+    d[149] = 7_800_000
+    d[150] = 201_000_000
+    d[151] = 9_000_000  # the job's burst goes on: not another slow step
+    assert [s.index for s in SlowStepRule().find(d)] == [149]  # no verdicts: as before
+    assert [s.index for s in SlowStepRule().find(d, not_the_jobs=[149])] == [149, 150]
+    # Every step the host slowed, or that waited for another rank, is its own.
+    assert [s.index for s in SlowStepRule().find(d, not_the_jobs=[149, 150, 151])] == [149, 150, 151]
+
+
+def test_a_burst_is_of_consecutive_steps_only() -> None:
+    d = _steady(300, ms=1.7)
+    d[100] = d[102] = 20_000_000
+    judged = np.ones(300, dtype=bool)
+    judged[101] = False  # not judged: the steps around it are two bursts
+    assert [s.index for s in SlowStepRule().find(d, judged)] == [100, 102]

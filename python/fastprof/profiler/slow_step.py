@@ -9,8 +9,12 @@ recent steps (the last ``window`` judged steps, the baseline recomputed
 every :data:`EVERY` steps once the window is full), more than ``mads``
 scaled median absolute deviations above that median, and at least
 ``min_excess_ns`` more than it (microsecond steps are noise at 3x). A step
-is judged once half the window has been seen; a burst of slow steps is one
-slow step, its first. The steps the live detector does not judge (the first
+is judged once half the window has been seen; a burst of slow steps (each
+right after the last) is one slow step, its first that the job slowed: the
+steps before it that the host slowed, or that waited for another rank
+(:mod:`fastprof.profiler.contention`), are each their own, and do not hide
+it (the core publishes every slow step; the trigger keeps the burst,
+``drivers/triggers/captures.py``). The steps the live detector does not judge (the first
 step of an epoch, steps inside a torch.profiler window, the steps just after
 a triggered capture while its export competes for the CPU) are left out of
 both the baseline and the verdicts.
@@ -89,7 +93,8 @@ class SlowStepRule:
         return (
             f"a step is slow when it takes more than {self.factor:g}x the median of the {self.window} steps "
             f"before it, more than {self.mads:g} MADs above that median and at least "
-            f"{self.min_excess_ns / 1e6:g} ms more; a burst of slow steps counts once, at its first step "
+            f"{self.min_excess_ns / 1e6:g} ms more; a burst of slow steps counts once, at its first step the job "
+            "slowed (a step the host slowed, or that waited for another rank, is its own) "
             "(the live anomaly trigger's rule, replayed over every recorded step)"
         )
 
@@ -102,10 +107,13 @@ class SlowStepRule:
             "min_excess_ns": self.min_excess_ns,
         }
 
-    def find(self, dur_ns: Any, judged: Any = None) -> list[SlowStep]:
+    def find(self, dur_ns: Any, judged: Any = None, not_the_jobs: Any = ()) -> list[SlowStep]:
         """The slow steps of ``dur_ns`` (each step's duration, in order), as
         the live detector finds them: ``judged[i]`` False for a step it does
-        not judge (it is then neither a verdict nor in the baseline)."""
+        not judge (it is then neither a verdict nor in the baseline);
+        ``not_the_jobs``: the indices of the steps the trigger found the
+        host slowed or that waited for another rank (each is its own slow
+        step, and does not start a burst of the job's)."""
         dur = np.asarray(dur_ns, dtype=np.int64)
         idx = np.arange(len(dur)) if judged is None else np.flatnonzero(np.asarray(judged, dtype=bool))
         d = dur[idx]
@@ -140,11 +148,22 @@ class SlowStepRule:
             & (d > base_med + self.mads * MAD_SCALE * base_mad)
             & (d - base_med >= self.min_excess_ns)
         )
-        # A burst is one slow step, its first (the detector's burst ignores
-        # the excess floor: a step over factor and MADs but under it keeps the burst).
-        burst = (base_med > 0) & (d > self.factor * base_med) & (d > base_med + self.mads * MAD_SCALE * base_mad)
-        first = slow & ~np.concatenate([[False], burst[:-1]])
-        return [SlowStep(int(idx[i]), int(d[i]), int(base_med[i]), int(base_mad[i])) for i in np.flatnonzero(first)]
+        # A burst (slow steps each right after the last) is one slow step of
+        # the job, its first the job slowed; the steps before it are each
+        # their own.
+        others = {int(i) for i in not_the_jobs}
+        out: list[SlowStep] = []
+        prev, jobs = -2, False
+        for i in np.flatnonzero(slow).tolist():
+            step = int(idx[i])
+            if step != prev + 1:
+                jobs = False
+            prev = step
+            if jobs:
+                continue
+            out.append(SlowStep(step, int(d[i]), int(base_med[i]), int(base_mad[i])))
+            jobs = step not in others
+        return out
 
 
 #: Windows whose median is taken at once (memory: BLOCK x window x 8 bytes).
