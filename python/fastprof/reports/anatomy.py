@@ -314,6 +314,8 @@ def rank_anatomy(
         starts = starts() if rule.find(every.dur, judged_steps(data, rank, len(every.dur), captures)) else None
     judged = judged_steps(data, rank, len(every.dur), captures, starts)
     live = {int(x["step"]): str(x["action"]) for x in t.get("anomalies") or []}
+    # The trigger's slow steps that were not the job's: each is its own, not the start of the job's burst.
+    not_jobs = [int(x["step"]) for x in t.get("anomalies") or [] if x.get("cause") not in (None, "the job")]
     out = {
         "rank": rank,
         "steps": len(dur),
@@ -321,8 +323,8 @@ def rank_anatomy(
         "step_total_ns": step_total,
         "phases": phases,
         "overlap": overlap,
-        "slow_steps": slow_steps(every.dur, every.per_step, 0, rule, judged, live),
-        "slow_step_count": len(rule.find(every.dur, judged)),
+        "slow_steps": slow_steps(every.dur, every.per_step, 0, rule, judged, live, not_jobs),
+        "slow_step_count": len(rule.find(every.dur, judged, not_jobs)),
     }
     gpu = gpu_phases(data, rank, phases, float(np.percentile(dur, 50)))
     if gpu is not None:
@@ -470,6 +472,7 @@ def slow_steps(
     rule: SlowStepRule | None = None,
     judged: Any = None,
     live: dict[int, str] | None = None,
+    not_the_jobs: Any = (),
 ) -> list[dict[str, Any]]:
     """The slow steps by the one rule (:class:`fastprof.profiler.slow_step.SlowStepRule`,
     the live anomaly trigger's; ``judged``: the steps it judges), at most
@@ -477,8 +480,10 @@ def slow_steps(
     (:func:`fastprof.profiler.slow_phase.slow_phase`, the trigger's answer
     too: the one furthest above its own median over the other steps,
     "backward 3.1x its median") and what the trigger did with it (``live``:
-    step -> action). ``first``: the number of the first step given."""
-    found = (rule or SlowStepRule()).find(dur, judged)
+    step -> action; ``not_the_jobs``: the indices of its slow steps that the
+    host slowed or that waited for another rank). ``first``: the number of
+    the first step given."""
+    found = (rule or SlowStepRule()).find(dur, judged, not_the_jobs)
     found.sort(key=lambda x: -x.dur_ns)
     out = []
     for f in found[:MAX_SLOW]:
