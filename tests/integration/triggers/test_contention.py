@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 
+from conftest import torchrun
 from fastprof.cli.main import main
 from fastprof.profiler import contention
+from fastprof.profiler.slow_step import FACTOR, MIN_EXCESS_NS
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -74,21 +76,31 @@ JOB = textwrap.dedent(
         anomaly_window=16, anomaly_max=1000, min_interval_s=0, steps=2, poll_s=0.2, signal="off", file=False
     )
     prof = fastprof.Profiler(out, "run", schedule="never", sync_clocks=False, triggers=trig)
+    durs = []  # host+sleep: each step's wall time by the job's own clock
     try:
         with prof:
             for i in range(n):
+                t0 = time.perf_counter()
+                if mode == "host+sleep" and i > burst_at and not slow and len(durs) > burst_at:
+                    # The step right after the burst's first step that took 5x the
+                    # steps before the burst sleeps (the job's own slow step).
+                    if durs[-1] > 5 * sorted(durs[:burst_at])[burst_at // 2]:
+                        slow.add(i)
+                        with open(os.path.join(out, "sleep_at"), "w") as f:
+                            f.write(str(i))
                 reps = work * (30 if mode == "compute" and i in slow else 1)
                 for _ in range(reps):
                     loss = m(x).pow(2).mean()
                     loss.backward()
-                if mode == "sleep" and i in slow:
+                if mode in ("sleep", "host+sleep") and i in slow:
                     time.sleep(0.05)
-                if mode == "host" and i == burst_at:
+                if mode.startswith("host") and i == burst_at:
                     hogs_go()
-                if mode == "host" and i == burst_at + burst:
+                if mode.startswith("host") and i == burst_at + burst:
                     hogs_stop()
                 opt.step()  # ends step i
                 opt.zero_grad()
+                durs.append(time.perf_counter() - t0)
     finally:
         hogs_stop()
         for h in hogs:
@@ -138,6 +150,13 @@ def _dumps(t: dict[str, Any]) -> list[dict[str, Any]]:
     return [d for d in t["flight_dumps"] if d.get("reason") == "anomaly"]
 
 
+def _own_slow(a: dict[str, Any]) -> bool:
+    """The rule on a record's own numbers: its own time (less its wait for
+    a CPU) is a slow step by the slow-step rule's factor and floor."""
+    own = a["duration_ms"] - a["waited_ms"]
+    return own > FACTOR * a["median_ms"] and own - a["median_ms"] >= MIN_EXCESS_NS / 1e6
+
+
 @pytest.mark.parametrize(
     ("work", "n", "burst_at", "steps"), [(8, 90, BURST_AT, BURST), (1, 900, 400, 60)], ids=["ms-steps", "sub-ms-steps"]
 )
@@ -149,15 +168,17 @@ def test_the_host_taking_the_cpu_is_counted_not_captured(
     # From the step the hogs were woken at to as many steps after they were told to stop.
     burst = [a for a in anomalies if burst_at < a["step"] <= burst_at + 2 * steps]
     # The hogs made at least one step of the burst slow, and every such step
-    # is the host's: its wait for a CPU explains at least half its excess.
+    # is the host's: it would not have been slow without its wait for a CPU.
+    # (Each verdict is checked against its own record: on a host loaded
+    # beside the test, a step may also do slow work of its own there; it is
+    # then the job's by the same rule.)
     assert burst, anomalies
+    assert any(a["cause"] == "host contention" for a in burst), burst
     for a in burst:
-        assert a["cause"] == "host contention", a
-        own = a["duration_ms"] - a["waited_ms"]
-        assert own <= (1 + contention.SHARE) * a["median_ms"] or a["waited_ms"] - a["usual_wait_ms"] >= (
-            contention.SHARE * (a["duration_ms"] - a["median_ms"])
-        ), a
+        assert a["cause"] == ("the job" if _own_slow(a) else "host contention"), a
         assert a["waited_ms"] <= a["duration_ms"], a
+        if a["cause"] == "the job":
+            continue
         assert a["action"] == "recorded only (host contention)", a
         assert a["phase"] is None, a  # no phase named for a preemption
     host = [a for a in anomalies if a.get("cause") == "host contention"]
@@ -168,7 +189,8 @@ def test_the_host_taking_the_cpu_is_counted_not_captured(
     assert not [d for d in _dumps(t) if d["step"] - 1 in {a["step"] for a in host}]
     c = t["contention"]
     assert c["steps"] == len(host)
-    assert c["waited_ms"] == pytest.approx(sum(a["waited_ms"] for a in host), abs=0.01)
+    # Each record's wait is rounded to the microsecond, the sum once.
+    assert c["waited_ms"] == pytest.approx(sum(a["waited_ms"] for a in host), abs=0.0005 * (len(host) + 1))
     assert c["watch_readings"] > 0
 
     # The report counts them and says each one.
@@ -210,8 +232,7 @@ def test_a_step_the_job_slows_still_captures(tmp_path: Path, mode: str) -> None:
     for a in found:
         # Its own compute, or its sleep, is not a wait for a CPU.
         assert a["cause"] == "the job", a
-        assert a["duration_ms"] - a["waited_ms"] > (1 + contention.SHARE) * a["median_ms"], a
-        assert a["waited_ms"] - a["usual_wait_ms"] < contention.SHARE * (a["duration_ms"] - a["median_ms"]), a
+        assert _own_slow(a), a
         assert a["action"] in ("captured", "recorded only (coalesced with another capture)"), a
     assert any(a["action"] == "captured" for a in found), found
     assert _captured(t), t["captures"]
@@ -230,3 +251,84 @@ def test_contention_can_capture_when_asked(tmp_path: Path) -> None:
     assert host
     assert host[0]["action"] == "captured", host[0]
     assert _captured(t)
+
+
+def test_the_jobs_slow_step_inside_a_host_burst_is_found(tmp_path: Path) -> None:
+    """A burst of slow steps is one anomaly of the job at its first step the
+    job slowed: the host's steps before it do not hide it (issue #36:
+    benches/bench_verdicts.py's slow_batch lost its 0.2 s step, right after a
+    preempted one, in 2 runs of 3). The hogs take the job's CPU from step 40
+    for 30 steps; the step right after the first of them that took 5x the
+    steps before, by the job's own clock, sleeps 50 ms."""
+    t, _ = _job(tmp_path, "host+sleep", 8, n=100, burst=30)
+    sleep_at = int((tmp_path / "out" / "sleep_at").read_text())
+    by_step = {a["step"]: a for a in t["anomalies"]}
+    # The premise: the step before it was slow, and the host's.
+    before = by_step.get(sleep_at - 1)
+    assert before is not None and before["cause"] == "host contention", t["anomalies"]
+    a = by_step.get(sleep_at)
+    assert a is not None, t["anomalies"]
+    assert a["cause"] == "the job" and _own_slow(a), a
+    assert a["action"] == "captured", a
+    assert [c for c in _captured(t)], t["captures"]
+    assert any(d["step"] - 1 == sleep_at or d["step"] == sleep_at + 1 for d in _dumps(t)), t["flight_dumps"]
+
+
+COLLECTIVE = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch, torch.distributed as dist
+    import fastprof
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    m = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    x = torch.randn(32, 64)
+    slow_at = int(sys.argv[2])
+    trig = fastprof.Triggers(anomaly_window=16, min_interval_s=0, steps=2, poll_s=0.2, signal="off", file=False)
+    prof = fastprof.Profiler(sys.argv[1], "run", schedule="never", sync_clocks=False, triggers=trig)
+    with prof:
+        for i in range(slow_at + 30):
+            for _ in range(4):
+                loss = m(x).pow(2).mean()
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if rank == 1 and i == slow_at:
+                time.sleep(0.3)  # rank 1's own slow step: rank 0 waits for it in the all-reduce
+            dist.all_reduce(loss.detach())
+            prof.step()
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_a_rank_that_waited_for_another_in_a_collective_does_not_capture(tmp_path: Path) -> None:
+    """Rank 1 sleeps 0.3 s before the loss's all-reduce at step 50; rank 0
+    waits for it in the collective. Rank 1's step is the job's, captured;
+    rank 0's waited for another rank: recorded, not captured (issue #36: one
+    rank's host contention, waited for in a collective, was the other rank's
+    "anomaly of the job" in benches/bench_verdicts.py's no_slow class)."""
+    (tmp_path / "worker.py").write_text(COLLECTIVE)
+    slow_at = 50
+    torchrun(tmp_path / "worker.py", str(tmp_path / "out"), str(slow_at), cwd=tmp_path, timeout=240)
+    run = tmp_path / "out" / "run"
+    r0, r1 = (json.loads((run / f"rank{r}" / "triggers.json").read_text()) for r in (0, 1))
+    late = next((a for a in r1["anomalies"] if a["step"] == slow_at), None)
+    assert late is not None, r1["anomalies"]
+    assert late["cause"] == "the job" and late["action"] == "captured", late
+    waited = next((a for a in r0["anomalies"] if a["step"] == slow_at), None)
+    assert waited is not None, r0["anomalies"]
+    assert waited["cause"] == "another rank", waited
+    assert waited["action"] == "recorded only (waited for another rank)", waited
+    assert waited["phase"].startswith("communication"), waited
+    assert (
+        waited["said"].startswith(f"step {slow_at}: ") and "waiting for another rank in communication" in waited["said"]
+    )
+    # By its own numbers: at least half its excess blocked, neither on a CPU nor waiting for one.
+    excess = waited["duration_ms"] - waited["median_ms"]
+    assert waited["blocked_ms"] >= contention.SHARE * excess, waited
+    # Rank 0 captured nothing of its own for it (rank 1's capture reaches it through the store).
+    assert not [c for c in r0["captures"] if c["source"] == "anomaly"], r0["captures"]

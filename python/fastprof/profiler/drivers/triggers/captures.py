@@ -63,7 +63,8 @@ class Capture:
 class Captures:
     """``has_windows()``: the Profiler drives torch.profiler windows (else a
     capture has nothing to record with); ``last_window()``: the latest one
-    begun; ``explain(step)``: which phase made a step slow (the anatomy)."""
+    begun; ``explain(step)``: which phase made a step slow (the anatomy's
+    line, and the phase's name where one stood out)."""
 
     def __init__(
         self,
@@ -72,7 +73,7 @@ class Captures:
         store: RankStore,
         has_windows: Callable[[], bool],
         last_window: Callable[[], Window | None],
-        explain: Callable[[int], str | None],
+        explain: Callable[[int], tuple[str | None, str | None]],
         judge: Callable[[int, int], Judged] | None = None,
     ) -> None:
         self.board = board
@@ -88,11 +89,33 @@ class Captures:
         self._seq = 0
         self._last_capture_t = -math.inf
         self._anomaly_captures = 0
+        # The burst of slow steps going on: its last step, and whether one of
+        # its steps was the job's (the burst's one anomaly).
+        self._burst_last = -2
+        self._burst_jobs = False
+        self.burst_steps = 0  # slow steps left out as a burst of the job's
         self._t_start = time.monotonic()
 
     def on_anomaly(self, batch_seen: int, batch: int, dur_ns: int, median_ns: int, mad_ns: int) -> None:
+        """A slow step (the core publishes every one). A burst of slow steps
+        (each right after the last) is one anomaly of the job, at its first
+        step the job slowed: the steps before it are judged (host contention,
+        a wait for another rank), the steps after it are not."""
+        burst = batch == self._burst_last + 1
+        self._burst_last = batch
+        if burst and self._burst_jobs:
+            self.burst_steps += 1
+            return
+        if not burst:
+            self._burst_jobs = False
         judged = None if self.judge is None else self.judge(dur_ns, median_ns)
         host = judged is not None and bool(judged.contention)
+        text, phase = self.explain(batch)
+        other_rank = (
+            judged is not None
+            and judged.verdict is not None
+            and contention.waited_for_rank(judged.verdict, judged.on_cpu_ns, phase, self.board.world)
+        )
         rec: dict[str, Any] = {
             "step": batch,
             "duration_ms": round(dur_ns / 1e6, 3),
@@ -100,10 +123,13 @@ class Captures:
             "mad_ms": round(mad_ns / 1e6, 3),
             "factor": round(dur_ns / median_ns, 2) if median_ns else None,
             # The phase a preemption landed in made nothing slow: not named.
-            "phase": None if host else self.explain(batch),
+            "phase": None if host else text,
         }
         if judged is not None:
             rec.update(judged.record)
+        if other_rank:
+            rec["cause"] = "another rank"
+            rec["said"] = f"step {batch}: {dur_ns / 1e6:.1f} ms, waiting for another rank in {phase}"
         if host:
             rec["said"] = contention.text(batch, dur_ns / 1e6, float(rec.get("waited_ms") or 0.0))
         rec["time"] = time.time()
@@ -114,6 +140,14 @@ class Captures:
             if len(self.anomalies) < MAX_RECORDS:
                 self.anomalies.append(rec)
             return
+        if other_rank:
+            # The rank that was late judges its own step (it captures it if
+            # the job slowed it there).
+            rec["action"] = "recorded only (waited for another rank)"
+            if len(self.anomalies) < MAX_RECORDS:
+                self.anomalies.append(rec)
+            return
+        self._burst_jobs = True
         act = self._anomaly_captures < int(cfg.anomaly_max)
         rec["action"] = "captured" if act else f"recorded only (anomaly_max={cfg.anomaly_max} reached)"
         if len(self.anomalies) < MAX_RECORDS:

@@ -25,11 +25,19 @@ WATCH_MS = 20.0
 class Judged:
     """A slow step's wait for a CPU and the verdict, as recorded."""
 
-    __slots__ = ("contention", "record")
+    __slots__ = ("contention", "on_cpu_ns", "record", "verdict")
 
-    def __init__(self, contention: bool | None, record: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        contention: bool | None,
+        record: dict[str, Any],
+        verdict: contention.Contention | None = None,
+        on_cpu_ns: int = 0,
+    ) -> None:
         self.contention = contention  # None: the wait could not be read
         self.record = record
+        self.verdict = verdict
+        self.on_cpu_ns = on_cpu_ns  # the step's time on a CPU
 
 
 class ContentionWatch:
@@ -70,13 +78,18 @@ class ContentionWatch:
             return Judged(None, {"cause": None})
         rate = float(w["usual_rate"])
         c = contention.judge(dur_ns, median_ns, int(w["run_delay_ns"]), rate)
+        on_cpu = min(int(w.get("on_cpu_ns", 0)), c.dur_ns)
         rec: dict[str, Any] = {
             "cause": "host contention" if c.contention else "the job",
             "waited_ms": round(c.waited_ns / 1e6, 3),
             # The wait the usual rate before the step gives the step's own time.
             "usual_wait_ms": round(c.usual_ns / 1e6, 3),
             "usual_wait_share": round(rate, 3),
-            # The wait counts from this long before the step's end (>= the step).
+            # The step's time on a CPU, and neither on one nor waiting (blocked).
+            "on_cpu_ms": round(on_cpu / 1e6, 3),
+            "blocked_ms": round(max(c.dur_ns - c.waited_ns - on_cpu, 0) / 1e6, 3),
+            # The readings' interval that straddles the step's begin began this
+            # long before the step's end (of it only the part in the step counts).
             "wait_span_ms": round((int(w["to_ns"]) - int(w["from_ns"])) / 1e6, 3),
         }
         if w.get("involuntary") is not None:
@@ -84,7 +97,7 @@ class ContentionWatch:
         if c.contention:
             self.steps += 1
             self.waited_ns += c.waited_ns
-        return Judged(c.contention, rec)
+        return Judged(c.contention, rec, c, on_cpu)
 
     def stop(self) -> None:
         w, self._watch = self._watch, None

@@ -19,6 +19,7 @@ from fastprof import _core
 from fastprof._loop_api import TriggerHost, Window
 from fastprof.memory._files import write_atomic
 from fastprof.memory.oom import add_oom_listener, is_oom, remove_oom_listener
+from fastprof.profiler.anatomy import TIMED
 from fastprof.profiler.driver import Closing, Driver
 from fastprof.profiler.drivers.anatomy import AnatomyDriver
 from fastprof.profiler.drivers.triggers.captures import Captures
@@ -38,6 +39,7 @@ from fastprof.profiler.drivers.triggers.state import Board
 from fastprof.profiler.drivers.triggers.store import RankStore
 from fastprof.profiler.drivers.windows import WindowsDriver
 from fastprof.profiler.schedule import Action
+from fastprof.profiler.slow_phase import slow_phase
 from fastprof.profiler.slow_step import SlowStepRule
 
 __all__ = ["TriggerDriver"]
@@ -106,8 +108,21 @@ class TriggerDriver(Driver):
         records = [] if self.windows is None else self.windows.records()
         return records[-1] if records else None
 
-    def _explain(self, step: int) -> str | None:
-        return None if self.anatomy is None else self.anatomy.explain(step)
+    def _explain(self, step: int) -> tuple[str | None, str | None]:
+        """Which phase made step ``step`` slow: the anatomy's line, and the
+        phase's name where one stood out (the same rule, on the same rows)."""
+        if self.anatomy is None:
+            return None, None
+        recent = self.anatomy.anatomy.recent()
+        row = recent.get(step)
+        phase = None
+        if row is not None:
+            others = [r for s, r in recent.items() if s != step]
+            got = slow_phase(
+                dict(zip(TIMED, row, strict=True)), {p: [r[i] for r in others] for i, p in enumerate(TIMED)}
+            )
+            phase = got.phase if got is not None and got.stands_out else None
+        return self.anatomy.explain(step), phase
 
     def _reads_run_file(self) -> bool:
         # The run's own file is read by one rank: rank 0 when the ranks can
