@@ -18,11 +18,13 @@ gloo, DDP and one ``all_reduce`` of the loss a step, Profiler defaults):
   Found: a slow step in the burst called host contention.
 - ``slow_work`` / ``slow_batch``: the job's own slow step at the middle step
   (30x a step's work in forward; the batch's collate sleeps 0.2 s).
-  Found: an anomaly at that step, the job's, captured.
+  Found: an anomaly at that step, the job's, captured (on the slow rank,
+  rank 0 in one process).
 - ``slow_collective`` (2 ranks): rank 1 sleeps 0.2 s before the loss's
   all-reduce at the middle step, so rank 0 waits in the collective. Found:
-  rank 0's anomaly at that step, the job's, captured. One slow step is not a
-  straggler: a rank named is a false straggler.
+  rank 1's anomaly at that step, the job's, captured (rank 0's is a wait for
+  another rank: recorded, not captured). One slow step is not a straggler: a
+  rank named is a false straggler.
 - ``no_slow`` (2 ranks): nothing to find.
 - ``slow_dataloader`` / ``slow_forward`` / ``slow_backward`` /
   ``slow_optimizer`` (2 ranks): rank 1 sleeps ``--delay`` a step in that
@@ -261,6 +263,7 @@ class Verdict:
     anomaly_captures: list[tuple[int, int]] = field(default_factory=list)  # (rank, anomaly step)
     flight_dumps: list[tuple[int, int]] = field(default_factory=list)  # (rank, anomaly step)
     contention_steps: int = 0
+    other_rank_steps: int = 0  # slow steps that waited for another rank
     job_anomalies: list[tuple[int, int, str]] = field(default_factory=list)  # (rank, step, action)
     stragglers: list[dict[str, Any]] = field(default_factory=list)
     ranks_in_pace: dict[str, Any] | None = None
@@ -291,9 +294,12 @@ def read_verdict(case: Case, run: Path, rep: Path, steps: int) -> Verdict:
             if a.get("cause") == "host contention":
                 v.contention_steps += 1
                 found_contention |= rank == 0 and mid <= a["step"] <= mid + 60
+            elif a.get("cause") == "another rank":
+                v.other_rank_steps += 1
             else:
                 v.job_anomalies.append((rank, a["step"], a["action"]))
-                found_anomaly |= rank == 0 and abs(a["step"] - mid) <= 1 and a["action"] == "captured"
+                late = rank in (case.slow or (0,))  # the rank that slowed the step
+                found_anomaly |= late and abs(a["step"] - mid) <= 1 and a["action"] == "captured"
     v.false_captures = sum(not _near(s, slowed) for _, s in v.anomaly_captures)
     v.false_dumps = sum(not _near(s, slowed) for _, s in v.flight_dumps)
     if case.nproc > 1:
@@ -353,7 +359,8 @@ def main() -> None:
                 results[case.name].append(v)
                 print(
                     f"  run {r + 1} {case.name:<16} captures {v.anomaly_captures} dumps {v.flight_dumps} "
-                    f"contention {v.contention_steps} job anomalies {v.job_anomalies[:4]} "
+                    f"contention {v.contention_steps} another rank {v.other_rank_steps} "
+                    f"job anomalies {v.job_anomalies[:4]} "
                     f"found {v.found} {v.said}",
                     flush=True,
                 )
@@ -394,6 +401,7 @@ def main() -> None:
                         "anomaly_captures": v.anomaly_captures,
                         "flight_dumps": v.flight_dumps,
                         "contention_steps": v.contention_steps,
+                        "other_rank_steps": v.other_rank_steps,
                         "job_anomalies": v.job_anomalies,
                         "stragglers": [s["rank"] for s in v.stragglers],
                         "ranks_in_pace": v.ranks_in_pace,
