@@ -33,10 +33,18 @@ from typing import Any
 from fastprof import _core
 from fastprof._core import FastprofWarning
 from fastprof._loop_api import LoopHost
+from fastprof.profiler import collectives
 from fastprof.profiler.driver import Closing, Driver
 from fastprof.profiler.drivers.hang import evidence
 from fastprof.profiler.drivers.hang.config import HANG_EXIT_STATUS, HangConfig
-from fastprof.profiler.drivers.hang.verdict import WATCH_FILE, evidence_files, gone_ranks, join, verdict
+from fastprof.profiler.drivers.hang.verdict import (
+    CLOSED_FILE,
+    WATCH_FILE,
+    evidence_files,
+    gone_ranks,
+    join,
+    verdict,
+)
 
 __all__ = ["HangDriver"]
 
@@ -87,6 +95,8 @@ class HangDriver(Driver):
                 "started": time.time(),
             }
             evidence.write(p.rank_dir / WATCH_FILE, watch)
+            with contextlib.suppress(OSError):
+                (p.rank_dir / CLOSED_FILE).unlink()  # an earlier Profiler's, in the same folder
             c = self.config
             self.watch = _core._HangWatch(
                 str(p.rank_dir),
@@ -183,7 +193,27 @@ class HangDriver(Driver):
             json.dump({"time": t, "rank": self.rank}, f)
         return True
 
-    # A peer's process gone, SIGTERM and the close.
+    # The loop's end, a peer's process gone, SIGTERM and the close.
+
+    def unhook(self) -> None:
+        """The loop ends (the close's first phase). In a job of several ranks,
+        the rank's last step and collective wavefront go to
+        ``rank{R}/.hang-closed.json``: the watchdog stops with the Profiler, and
+        a rank that left its loop while the others wait (it skipped one of
+        their collectives, or had fewer batches) is still named by the verdict."""
+        if self.watch is None or self.world_size < 2:
+            return
+        doc = {
+            "rank": self.rank,
+            "pid": self.pid,
+            "time": time.time(),
+            "step": _core._hang_last_step(),
+            "collectives": collectives.snapshot(),
+        }
+        try:
+            evidence.write(self.prof.rank_dir / CLOSED_FILE, doc)
+        except Exception as e:  # noqa: BLE001 - profiling never takes the job down
+            self.error = f"{type(e).__name__}: {e}"
 
     def on_exception(self, exc: BaseException) -> None:
         """A rank whose process ends outside its launcher (SIGKILL, the OOM

@@ -22,6 +22,8 @@ A rank's state, from its training thread's stack:
 - ``gil``: its evidence came from the watchdog alone: a thread held the GIL
   for the whole grace (spinning in a C call);
 - ``elsewhere``: in its own code, the data loader, compute (``phase``);
+- ``closed``: no evidence, but it left its training loop before the stall
+  (``rank{R}/.hang-closed.json``: its last step and wavefront);
 - ``gone``: no evidence and its process is not there;
 - ``silent``: no evidence and its process is there (or on another host).
 """
@@ -41,6 +43,7 @@ from typing import Any
 from fastprof.profiler.anatomy import COLLECTIVES
 
 __all__ = [
+    "CLOSED_FILE",
     "HANG_FILE",
     "HANG_REQUEST_FILE",
     "WATCH_FILE",
@@ -60,6 +63,9 @@ HANG_FILE = re.compile(r"^hang-(\d+)\.json$")
 HANG_REQUEST_FILE = "STACKS"
 #: ``rank{R}/.hang-watch.json``: the rank's process (pid, host) and training thread.
 WATCH_FILE = ".hang-watch.json"
+#: ``rank{R}/.hang-closed.json``: written when the rank's loop ends (its Profiler
+#: closes): its last step and collective wavefront, for the ranks still waiting.
+CLOSED_FILE = ".hang-closed.json"
 
 #: torch.distributed's collectives (those the anatomy times) and the point-to-point
 #: and object calls a rank can wait in, as their functions are named.
@@ -211,6 +217,22 @@ def rank_state(evidence: dict[str, Any] | None, watch: dict[str, Any] | None, li
     }
 
 
+def closed_state(closed: dict[str, Any]) -> dict[str, Any]:
+    """The state of a rank that left its training loop (its Profiler closed)
+    and wrote no evidence: its last step and wavefront, from ``closed``."""
+    return {
+        "state": "closed",
+        "where": None,
+        "top": None,
+        "phase": None,
+        "collective": None,
+        "step": closed.get("step"),
+        "stalled_s": None,
+        "last_completed": None,
+        "entered": _entered(closed),
+    }
+
+
 def _entered(evidence: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each process group's last entered collective (``op``, ``seq``) in the
     rank's wavefront."""
@@ -355,10 +377,10 @@ def verdict(states: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 def _kind_of(others: dict[int, dict[str, Any]]) -> str:
     kinds = {s["state"] for s in others.values()}
-    for k in ("gil", "gone", "silent", "elsewhere"):
+    for k in ("gil", "gone", "silent"):
         if k in kinds:
-            return {"gil": "gil", "gone": "gone", "silent": "silent", "elsewhere": "elsewhere"}[k]
-    return "elsewhere"
+            return k
+    return "elsewhere"  # in its own code, the data, compute, or out of its loop (closed)
 
 
 def describe(v: dict[str, Any], states: dict[int, dict[str, Any]]) -> str:
@@ -381,6 +403,11 @@ def describe(v: dict[str, Any], states: dict[int, dict[str, Any]]) -> str:
         st = s["state"]
         never = f"never entered {cname}; " if cname is not None and st != "collective" else ""
         skip = s.get("skipped")
+        if st == "closed":
+            now = f"has left its training loop (its Profiler closed after step {s['step']})"
+        else:
+            phase = s.get("phase")
+            now = f"is in {'the dataloader' if phase == 'dataloader' else phase}: {_at(s.get('where'))}"
         if skip is not None and v["waiting_ranks"]:
             w = v["waiting_ranks"]
             group = "the default group" if skip["group"] == "default" else f"group {skip['group']}"
@@ -388,9 +415,10 @@ def describe(v: dict[str, Any], states: dict[int, dict[str, Any]]) -> str:
                 f"rank {r} skipped a collective: it ended step {skip['step']} after {skip['seq']} collectives of "
                 f"{group} (the last {skip['op']} #{skip['seq']}) where rank{'s' if len(w) > 1 else ''} "
                 f"{_ranks(w)} entered {cname} in that step: the ranks took different code paths (a collective "
-                f"called on some ranks only); rank {r} is now in "
-                f"{'the dataloader' if s['phase'] == 'dataloader' else s['phase']}: {_at(s['where'])}"
+                f"called on some ranks only); rank {r} {now.replace('is in', 'is now in', 1)}"
             )
+        elif st == "closed":
+            parts.append(f"rank {r} {never}it {now}")
         elif st == "collective":
             sc = s["collective"]
             parts.append(
@@ -411,8 +439,7 @@ def describe(v: dict[str, Any], states: dict[int, dict[str, Any]]) -> str:
         elif st == "silent":
             parts.append(f"rank {r} {never}it cannot answer (no evidence from it)")
         else:
-            phase = "the dataloader" if s["phase"] == "dataloader" else s["phase"]
-            parts.append(f"rank {r} {never}it is in {phase}: {_at(s['where'])}")
+            parts.append(f"rank {r} {never}it {now}")
     text = f"{head}: " + "; ".join(parts) + "."
     if v["waiting_ranks"] and cname is not None:
         w = v["waiting_ranks"]
@@ -479,7 +506,11 @@ def join(
             elif doc.get("reason") == "stalled" and abs(float(doc.get("time", 0.0)) - near) <= window:
                 found = doc
                 break
-        states[r] = rank_state(found, watch, live)
+        closed = _read(d / CLOSED_FILE) if d is not None and found is None else None
+        if closed is not None and float(closed.get("time", near + 1.0)) <= near:
+            states[r] = closed_state(closed)  # it left its loop before the stall was seen
+        else:
+            states[r] = rank_state(found, watch, live)
     return states
 
 
