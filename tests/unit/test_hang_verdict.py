@@ -4,6 +4,7 @@ names the suspect rank, its line and the collective the others wait in."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastprof.profiler.drivers.hang.verdict import rank_state, summarize, verdict
+from fastprof.profiler.drivers.hang.verdict import CLOSED_FILE, join, rank_state, summarize, verdict
 
 TORCH = os.path.join(os.sep, "venv", "site-packages", "torch")
 C10D = os.path.join(TORCH, "distributed", "distributed_c10d.py")
@@ -192,3 +193,31 @@ def test_a_killed_process_not_yet_reaped_is_gone() -> None:
         assert rank_state(None, watch)["state"] == "gone"
     finally:
         child.wait()
+
+
+def test_a_rank_that_left_its_loop_is_named_from_its_closed_file(tmp_path: Path) -> None:
+    """Rank 1 skipped a collective and left its loop; its watchdog stopped
+    with its Profiler, so it wrote no evidence, only ``.hang-closed.json``
+    (its last step and wavefront) before the stall: the verdict still names
+    the skip. Written after the stall, the file is not taken (silent)."""
+    for r in (0, 1):
+        (tmp_path / f"rank{r}").mkdir()
+    e0 = _wave(_in("all_reduce", 51), 40, 39)
+    e0.update(step=38, reason="stalled", time=1000.0)
+    (tmp_path / "rank0" / "hang-1.json").write_text(json.dumps(e0))
+    closed = {"rank": 1, "time": 990.0, "step": 39, "collectives": _wave({}, 39, 39)["collectives"]}
+    (tmp_path / "rank1" / CLOSED_FILE).write_text(json.dumps(closed))
+    v = verdict(join(tmp_path, 1000.0, 30.0, live=False))
+    assert (v["kind"], v["suspect_ranks"], v["waiting_ranks"]) == ("mismatch", [1], [0])
+    assert "rank 1 skipped a collective: it ended step 39 after 39 collectives of the default group" in v["text"]
+    assert "rank 1 has left its training loop (its Profiler closed after step 39)" in v["text"]
+    # A rank that left its loop as planned, with as many collectives: out of its loop, named so.
+    closed["collectives"] = _wave({}, 40, 40)["collectives"]
+    closed["step"] = 38
+    (tmp_path / "rank1" / CLOSED_FILE).write_text(json.dumps(closed))
+    v = verdict(join(tmp_path, 1000.0, 30.0, live=False))
+    assert v["kind"] == "elsewhere"
+    assert "rank 1 never entered all_reduce #40; it has left its training loop" in v["text"]
+    closed["time"] = 1001.0  # closed after the stall was seen: not this stall's
+    (tmp_path / "rank1" / CLOSED_FILE).write_text(json.dumps(closed))
+    assert verdict(join(tmp_path, 1000.0, 30.0, live=False))["kind"] == "silent"

@@ -379,8 +379,10 @@ def test_a_skipped_all_reduce_is_named_as_a_skipped_collective(tmp_path: Path) -
     """Rank 1 leaves out step 6's all_reduce. gloo pairs the ranks'
     collectives by number, so the job runs on, one collective apart, until
     rank 1 has ended every step and rank 0 waits in its last all_reduce: the
-    verdict names rank 1 as having skipped one, with both numbers."""
-    (v,), run, _ = _verdict_of(tmp_path, "skip", {"FASTPROF_HANG_TIMEOUT": "3", "FASTPROF_HANG_GRACE": "2"})
+    verdict names rank 1 as having skipped one, with both numbers. Rank 1's
+    watchdog stopped with its Profiler (8 s is longer than the closing clock
+    sync's 5 s): its last step and wavefront come from ``.hang-closed.json``."""
+    (v,), run, _ = _verdict_of(tmp_path, "skip", {"FASTPROF_HANG_TIMEOUT": "8", "FASTPROF_HANG_GRACE": "2"})
     m = re.search(
         r"rank 1 skipped a collective: it ended step 39 after (\d+) collectives of the default group \(the last "
         r"all_reduce #(\d+)\) where rank 0 entered all_reduce #(\d+) in that step: the ranks took different code "
@@ -389,7 +391,9 @@ def test_a_skipped_all_reduce_is_named_as_a_skipped_collective(tmp_path: Path) -
     )
     assert m, v
     assert int(m.group(1)) == int(m.group(2)) == 39 and int(m.group(3)) == 40, v
+    assert "rank 1 has left its training loop (its Profiler closed after step 39)" in v
     assert f"Rank 0 waits in all_reduce #40 (worker.py:{_line('WAIT-HERE')} in <module>)." in v
+    assert _hangs(run, 1) == []
     (r0,) = _hangs(run, 0)
     assert r0["step"] == 38  # rank 0 ended steps 0-38 and waits in step 39's all_reduce
 
