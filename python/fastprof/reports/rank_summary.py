@@ -33,6 +33,9 @@ def summarize(run_dir: Path, rank: int, run_name: str | None) -> dict[str, Any]:
     segments = segments_of(run_dir / f"rank{rank}")
     data = _data.load_rank(run_dir, rank)
     doc = build_from(data)
+    triggers = doc.get("triggers")
+    if triggers:  # its own (the report of one rank reads every rank's triggers.json)
+        triggers["per_rank"] = [t for t in triggers.get("per_rank") or [] if t.get("rank") == rank]
     c = data.cols
     span_names, counter_names = columns_kept(c.names)
     ids = [i for i, n in enumerate(c.names) if n in span_names]
