@@ -393,16 +393,25 @@ def load_rank(run_dir: Path, rank: int) -> RunData:
     segments and torch windows of ``rank{R}/`` only, and that rank's side
     documents (what the rank summarises of itself at its end, see
     :mod:`fastprof.reports.summaries`; the run's unified trace is not read)."""
-    rank_dir = run_dir / f"rank{rank}"
-    run = open_run(rank_dir).read()
-    data = _load(rank_dir, True, run, side=False)
+    return load_ranks(run_dir, [rank])
+
+
+def load_ranks(run_dir: Path, ranks: list[int]) -> RunData:
+    """:func:`load_rank` of several ranks at once (their folders read together)."""
+    folders = [run_dir / f"rank{r}" for r in ranks]
+    run = open_run(folders[0]).read()
+    target: Any = folders[0] if len(folders) == 1 else [str(f) for f in folders]
+    data = _load(folders[0], True, run, side=False, target=target)
     data.run_dir = run_dir
-    _read_side_documents(data, run_dir, only=rank)
+    for r in ranks:
+        _read_side_documents(data, run_dir, only=r)
     return data
 
 
-def _load(p: Path, fold: bool, run: RunView, side: bool = True) -> RunData:
-    target, run_dir = run.target, run.folder
+def _load(p: Path, fold: bool, run: RunView, side: bool = True, target: Any = None) -> RunData:
+    run_dir = run.folder
+    if target is None:
+        target = run.target
     # Instants are in no report; each unused column is dropped as soon as read.
     cols = read_columns(
         target,

@@ -318,6 +318,11 @@ def _report_from_summaries(
         if said is not None:
             doc["source"]["warnings"].append(said)
         tick("combined the rank summaries")
+        if "html" in fmts and run.folder is not None:
+            # The page's detail: the first ranks' segments (summaries.DETAIL_RANKS).
+            shown = data.ranks[: _summaries.DETAIL_RANKS]
+            data = _summaries.with_detail(data, _data.load_ranks(run.folder, shown))
+            tick(f"read the segments of rank(s) {shown[0]}-{shown[-1]} for the page's detail")
         rep = Report(doc)
         if staging is not None:
             rep.files = _write(doc, data, staging, out, fmts, tick)

@@ -25,8 +25,12 @@ What a report from summaries gives differently (docs/reports.md):
   the run's start, e.g. rotated segments' ``*_s``, may differ by the
   ranks' clock offsets, which the merge aligns and each rank alone does not);
 - no ``breakdown.csv`` (one row per step and rank: read the segments,
-  ``fastprof report --from-segments``, or ``fastprof export``) and no
-  operator tables beside report.json.
+  ``report(..., from_segments=True)``, or ``fastprof export``) and no
+  operator tables beside report.json;
+- the page (report.html) reads the segments of the first
+  :data:`DETAIL_RANKS` ranks for its detail (spans within steps, counters,
+  operators); its per-step figures of every rank come from the summaries,
+  its counter plots are of those ranks, and it has no breakdown bars.
 """
 
 from __future__ import annotations
@@ -67,7 +71,19 @@ from fastprof.reports.recommendations import recommend
 from fastprof.reports.speed import speed_report
 from fastprof.reports.stragglers import straggler_section
 
-__all__ = ["FORMAT", "VERSION", "columns_kept", "combine", "names_of", "pack", "read_all", "segments_of", "write"]
+__all__ = [
+    "DETAIL_RANKS",
+    "FORMAT",
+    "VERSION",
+    "columns_kept",
+    "combine",
+    "names_of",
+    "pack",
+    "read_all",
+    "segments_of",
+    "with_detail",
+    "write",
+]
 
 FORMAT = "fastprof.rank_summary"
 VERSION = 1
@@ -239,6 +255,64 @@ def _light_data(run: Any, sums: list[dict[str, Any]]) -> _data.RunData:
     data._walls[None] = (min(int(a) for a, _ in w), max(int(b) for _, b in w))
     for s, (a, b) in zip(sums, w, strict=True):
         data._walls[int(s["rank"])] = (int(a), int(b))
+    return data
+
+
+#: Ranks whose segments a report from summaries reads for its page's
+#: detail (the first ones: each rank's spans over its steps, its counters,
+#: its torch windows' operators); the page's per-step figures of every rank
+#: come from the summaries' columns.
+DETAIL_RANKS = 8
+
+
+def with_detail(light: _data.RunData, detail: _data.RunData) -> _data.RunData:
+    """``light`` (:func:`combine`'s data) with every column of the ranks
+    ``detail`` read from their segments in place of their kept rows."""
+    names = list(light.cols.names)
+    ids = {n: i for i, n in enumerate(names)}
+    for n in detail.cols.names:
+        if n not in ids:
+            ids[n] = len(names)
+            names.append(n)
+    name_map = np.asarray([ids[n] for n in detail.cols.names], dtype=np.uint32)
+    cats = list(detail.cols.categories)
+    if "" not in cats:
+        cats.append("")
+    light_cat = cats.index("")
+    mine = np.asarray(detail.ranks, dtype=np.int64)
+
+    def joined(a: dict[str, npt.NDArray[Any]], b: dict[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
+        keep = ~np.isin(a["rank"], mine)
+        out = {}
+        for key in a.keys() & b.keys():
+            x, y = a[key][keep], b[key]
+            if key in ("name", "series"):
+                y = name_map[y]
+            elif key == "cat":
+                x = np.full(len(x), light_cat, np.uint32)
+            dtype = np.result_type(x.dtype, y.dtype)
+            out[key] = np.concatenate((x.astype(dtype), y.astype(dtype)))
+        return out
+
+    folded = dict(detail.cols.folded)
+    if len(folded.get("name", ())):
+        folded["name"] = name_map[folded["name"]]
+    cols = Columns(
+        spans=joined(light.cols.spans, detail.cols.spans),
+        instants={},
+        counters=joined(light.cols.counters, detail.cols.counters),
+        names=names,
+        categories=cats,
+        files=list(detail.cols.files),
+        warnings=light.cols.warnings,
+        folded=folded,
+    )
+    data = _data.RunData(path=light.path, run_dir=light.run_dir, cols=cols, run=light.run)
+    data.profiler = {**light.profiler, **detail.profiler}
+    data.other, data.worker_other = detail.other, detail.worker_other
+    data.oom, data.model_summary = detail.oom, detail.model_summary
+    data._ranks = light.ranks
+    data._walls = dict(light._walls)
     return data
 
 

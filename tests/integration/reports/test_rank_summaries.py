@@ -28,6 +28,7 @@ import pytest
 from conftest import torchrun
 from fastprof.recording.names import RANK_SUMMARY_JSON
 from fastprof.reports import data as report_data
+from fastprof.reports import summaries as summaries_module
 from fastprof.reports.report import report
 
 pytestmark = pytest.mark.slow
@@ -133,17 +134,30 @@ def test_each_rank_of_a_job_writes_its_summary_and_the_report_from_them_gives_th
     assert summaries["ranks"]["slowest"] and summaries["speed"]["step_time"]["count"] == 2 * 39
     summaries["source"]["inputs"] = segments["source"]["inputs"]
     assert _diff(summaries, segments) == []
-    # No trace is read: the report stands without the columns reader.
+    # No trace is read for report.json and the CSVs: the report stands
+    # without the columns reader; the page reads the segments of the ranks
+    # it shows in detail, and only those.
+    real = report_data.read_columns
+    read: list[Any] = []
 
     def no_trace(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a trace was read")
 
+    def recorded(target: Any, **kwargs: Any) -> Any:
+        read.append(target)
+        return real(target, **kwargs)
+
     monkeypatch.setattr(report_data, "read_columns", no_trace)
-    again = report(job, tmp_path / "again", formats=("json", "csv", "html"))
+    again = report(job, tmp_path / "again", formats=("json", "csv"))
     assert _kinds(again.data) == {"summary"}
-    assert {p.name for p in again.files} >= {"report.json", "report.html"}
+    assert {p.name for p in again.files} >= {"report.json", "train_ranks.csv"}
     with pytest.raises(AssertionError, match="a trace was read"):
         report(job, tmp_path / "segments2", formats=("json",), from_segments=True)
+    monkeypatch.setattr(report_data, "read_columns", recorded)
+    monkeypatch.setattr(summaries_module, "DETAIL_RANKS", 1)
+    page = report(job, tmp_path / "page", formats=("html",))
+    assert [p.name for p in page.files] == ["report.html"]
+    assert read == [job / "rank0"], read
 
 
 def test_a_summary_of_other_segments_or_a_missing_one_sends_the_report_to_the_segments(
