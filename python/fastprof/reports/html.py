@@ -10,6 +10,10 @@ Series come from the report's :class:`~fastprof.reports.data.RunData`
 (numpy over the core's columns, never a per-event Python loop) and are
 downsampled (min and max per bucket, so peaks survive) to at most
 :data:`MAX_POINTS` points each.
+
+Above :data:`~fastprof.reports.many.MANY_RANKS` ranks the page draws ranks
+as heat maps and percentile bands and lists them in one table with a filter
+(:mod:`fastprof.reports.html_ranks`), never one line per rank.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from plotly.offline import get_plotlyjs
 
 from fastprof.readers.merge import describe_rotated
 from fastprof.recording.names import STEP_SPAN
-from fastprof.reports import html_triggers
+from fastprof.reports import html_ranks, html_triggers
 from fastprof.reports.anatomy import per_step_phases, slow_and_overlap_note
 from fastprof.reports.data import (
     _CHUNK,
@@ -41,6 +45,7 @@ from fastprof.reports.data import (
     step_spans,
 )
 from fastprof.reports.finite import encode
+from fastprof.reports.many import MANY_RANKS, many, ranges, representatives
 from fastprof.reports.memory import reading_steps
 from fastprof.reports.resumed import describe as describe_resumed
 from fastprof.reports.speed import trend_note, trend_text
@@ -174,6 +179,9 @@ def _recommendations(page: _Page, doc: dict[str, Any]) -> None:
 
 def _step_times(page: _Page, doc: dict[str, Any], data: RunData) -> None:
     page.add('<section id="steps"><h2>Step time</h2>')
+    if many(len(data.ranks)):
+        _step_times_many(page, doc, data)
+        return
     fig = _figure("Step time per step", "ms")
     fig.update_xaxes(title_text="step (ordinal on the rank)")
     n_warm = int(doc["speed"]["warmup"]["steps_excluded"])
@@ -210,6 +218,34 @@ def _step_times(page: _Page, doc: dict[str, Any], data: RunData) -> None:
             f"More than {MAX_POINTS} steps: drawn as the shortest and longest step of each of "
             f"{MAX_POINTS // 2} equal runs of steps, so every slow step stays on the plot."
         )
+    _step_parts(page, doc, data)
+    page.add("</section>")
+
+
+def _step_times_many(page: _Page, doc: dict[str, Any], data: RunData) -> None:
+    """Step time of many ranks: a rank x step heat map and the bands across
+    the ranks, the triggers' marks on the bands."""
+    got = html_ranks.step_matrices(data)
+    if got is None:
+        page.note("No steps in this trace (no fastprof 'step' or torch 'ProfilerStep#N' spans).")
+        page.add("</section>")
+        return
+    ranks, heat, bands, heat_per, band_per = got
+    page.note(
+        f"{len(ranks):,} ranks (more than {MANY_RANKS}): each rank is a row of the heat map (each cell the longest "
+        f"step of its run of {heat_per} step(s)), and the bands give the spread across the ranks at each step "
+        f"(runs of {band_per} step(s) merged as their mean), with the {html_ranks.RANKS_OVER_BANDS} slowest ranks "
+        "dotted. Every rank's figures are in the Ranks table below."
+    )
+    page.plot(html_ranks.step_heatmap(ranks, heat, heat_per))
+    fig = html_ranks.step_bands(ranks, bands, band_per)
+    n_warm = int(doc["speed"]["warmup"]["steps_excluded"])
+    if n_warm:
+        fig.add_vrect(x0=-0.5, x1=n_warm - 0.5, fillcolor="gray", opacity=0.12, line_width=0)
+    marked = html_triggers.mark(fig, doc, data.ranks)
+    page.plot(fig)
+    if marked:
+        page.note(marked)
     _step_parts(page, doc, data)
     page.add("</section>")
 
@@ -266,7 +302,18 @@ def anatomy_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figure]
         return figs, ""
     colours = {"dataloader": "#e8a33d", "forward": "#4c78a8", "backward": "#72b7b2", "optimizer": "#54a24b",
                "communication": "#b279a2", "other": "#c8ccd0"}  # fmt: skip
-    for r in an["per_rank"][:MAX_RANK_PLOTS]:
+    wide = many(len(an["per_rank"]))
+    shown = an["per_rank"][:MAX_RANK_PLOTS]
+    if wide:
+        heat = html_ranks.phase_heatmap(an)
+        if heat is not None:
+            figs.append(heat)
+        by_rank = {int(r["rank"]): r for r in an["per_rank"]}
+        picks = representatives(
+            (int(r["rank"]), int(r["step_total_ns"]) / r["steps"] if r.get("steps") else None) for r in an["per_rank"]
+        )
+        shown = [by_rank[rank] for label, rank in picks if label in ("slowest 1", "slowest 2", "median")]
+    for r in shown:
         got = per_step_phases(data, int(r["rank"]))
         if got is None:
             continue
@@ -281,10 +328,23 @@ def anatomy_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figure]
         said += " Straggler: " + straggler_line(st, pace and pace["jitter_ns"]) + "."
     if pace and not an.get("stragglers"):
         said += " No straggler: " + pace_line(pace) + "."
-    for r in an["per_rank"]:
-        if r.get("gpu"):
-            said += f" On the GPU, rank {r['rank']}: {r['gpu']['verdict']}."
-    said += slow_and_overlap_note(an)
+    if wide:
+        verdicts: dict[str, list[int]] = {}
+        for r in an["per_rank"]:
+            if r.get("gpu"):
+                verdicts.setdefault(str(r["gpu"]["verdict"]), []).append(int(r["rank"]))
+        for verdict, ranks in sorted(verdicts.items(), key=lambda kv: -len(kv[1])):
+            said += f" On the GPU, {len(ranks):,} rank(s) ({ranges(ranks)}): {verdict}."
+        said += html_ranks.slow_steps_note(an, len(an["per_rank"]))
+        said += (
+            f" The heat map shows every rank's phases; the bars the two slowest ranks' steps and the median rank's"
+            f" ({', '.join(str(r['rank']) for r in shown)})."
+        )
+    else:
+        for r in an["per_rank"]:
+            if r.get("gpu"):
+                said += f" On the GPU, rank {r['rank']}: {r['gpu']['verdict']}."
+        said += slow_and_overlap_note(an)
     return figs, (
         "Step anatomy: every step split into the train loader's wait, the outermost module call (forward), "
         "backward, the optimizer and collectives from Python, recorded at every step (no torch.profiler window); "
@@ -458,6 +518,12 @@ def _counters(page: _Page, doc: dict[str, Any], data: RunData) -> None:
         names = [n for n in names if n in present or (n == "proc.cpu [%]" and "proc.cpu_user [%]" in present)]
         if not names:
             continue
+        if many(len(data.ranks)):
+            bands = html_ranks.counter_bands(data, title, unit, names, t0, _series)
+            if bands is not None:
+                page.plot(bands)
+                drawn += 1
+            continue
         fig = _figure(title, unit)
         fig.update_xaxes(title_text="seconds since the start of the run")
         series: list[tuple[str, F64, F64]] = []
@@ -482,6 +548,11 @@ def _counters(page: _Page, doc: dict[str, Any], data: RunData) -> None:
             drawn += 1
     if not drawn:
         page.note("No sampler counters in this trace.")
+    elif many(len(data.ranks)):
+        page.note(
+            f"{len(data.ranks):,} ranks: each counter as the minimum, median, p95 and maximum across the ranks of "
+            f"their means in each of {html_ranks.BAND_POINTS} equal slices of the run; bytes in MiB."
+        )
     elif reduced:
         page.note(
             f"{reduced} series longer than {MAX_POINTS} points are drawn as the minimum and maximum of "
@@ -687,6 +758,9 @@ def _operators(page: _Page, data: RunData) -> None:
 
 
 def _tables(page: _Page, doc: dict[str, Any]) -> None:
+    if many(len(doc["source"]["ranks"])):
+        _tables_many(page, doc)
+        return
     sp, st = doc["speed"], doc["speed"]["step_time"]
     page.add('<section id="speed"><h2>Speed</h2>')
     rows: list[list[Any]] = [
@@ -744,6 +818,36 @@ def _tables(page: _Page, doc: dict[str, Any]) -> None:
     page.add("</section>")
 
 
+def _tables_many(page: _Page, doc: dict[str, Any]) -> None:
+    """The tables of many ranks: each per-rank figure as its distribution
+    across the ranks (every rank in the Ranks table, below)."""
+    sp, st = doc["speed"], doc["speed"]["step_time"]
+    page.add('<section id="speed"><h2>Speed</h2>')
+    rows: list[list[Any]] = [
+        ["train iterations/s", _num(sp["train"]["iterations_per_s"], "{:.3f}")],
+        ["train samples/s", _num(sp["train"]["samples_per_s"], "{:.2f}")],
+        ["step p50 / p95 / max (s)", f"{_num(st['p50_s'])} / {_num(st['p95_s'])} / {_num(st['max_s'])}"],
+        ["step time trend (last tenth vs first)", trend_text(sp)],
+    ]
+    page.table(["measure", "value"], rows, cls="kv")
+    page.table(html_ranks.SPREAD_HEADER, html_ranks.speed_spread(doc), cls="spread")
+    page.note(trend_note(sp))
+    page.add('</section><section id="system"><h2>System</h2>')
+    host = html_ranks.host_spread(doc)
+    if host:
+        page.table(html_ranks.SPREAD_HEADER, host, cls="spread")
+    else:
+        page.note(f"No host figures on any of the {len(doc['source']['ranks']):,} ranks (no sampler counters).")
+    gpus = html_ranks.gpu_spread(doc)
+    if gpus:
+        page.table(html_ranks.SPREAD_HEADER, gpus, cls="spread")
+    page.add('</section><section id="time"><h2>Time</h2>')
+    page.table(html_ranks.TIME_HEADER, html_ranks.time_by_name(doc))
+    page.note("One row per span name across the ranks; every rank's rows are in time.csv and report.json.")
+    page.add("</section>")
+    page.add(html_ranks.rank_table(doc))
+
+
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1300px;padding:16px 24px;
 color:#1f2328;background:#fff}
@@ -761,6 +865,8 @@ td:first-child,th:first-child{text-align:left}
 #recommendations td:last-child,#recommendations th:last-child,#time td:nth-child(2),#time th:nth-child(2)
 {text-align:left;max-width:640px}
 .plot{border:1px solid #eaeef2;border-radius:6px;margin:10px 0}
+.rank-scroll{max-height:640px;overflow:auto;border:1px solid #eaeef2;margin:6px 0}
+#rank-filter{font-size:14px;padding:4px 8px;margin:4px 0}
 """
 
 
@@ -777,7 +883,9 @@ def _render(doc: dict[str, Any], data: RunData, link_from: Path | None) -> list[
     two bytes a character in a str that holds a "·")."""
     page = _Page()
     src = doc["source"]
-    page.add(f"<h1>fastprof report</h1><div class='src'>{_esc(src['path'])} · ranks {_esc(src['ranks'])} · ")
+    n_ranks = len(src["ranks"])
+    said = f"{n_ranks:,} ({ranges(src['ranks'])})" if many(n_ranks) else src["ranks"]
+    page.add(f"<h1>fastprof report</h1><div class='src'>{_esc(src['path'])} · ranks {_esc(said)} · ")
     page.add(f"fastprof {_esc(doc['fastprof_version'])} · schema v{_esc(doc['schema_version'])}</div>")
     for w in src["warnings"]:
         page.note("warning: " + w)
@@ -799,7 +907,10 @@ def _render(doc: dict[str, Any], data: RunData, link_from: Path | None) -> list[
     _tables(page, doc)
     # "<", ">" and "&" escaped as JSON \u escapes: the block cannot end early.
     embedded = (
-        json.dumps(encode(doc), allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+        json.dumps(encode(doc), allow_nan=False, separators=(",", ":"))
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
     )
     body = [part for i, p in enumerate(page.parts) for part in ((p,) if i == 0 else ("\n", p))]
     return [

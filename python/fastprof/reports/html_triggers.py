@@ -8,7 +8,11 @@ opens from a file, beside the run or copied with it), and only where the
 file is there: a file rotated away, or never written, is named, not linked.
 On the step-time plot a capture shades its steps, a slow step the anomaly
 detector flagged is a marker on its step (an open circle when the host
-caused it), a flight dump a dotted line."""
+caused it), a flight dump a dotted line.
+
+Above :data:`~fastprof.reports.many.MANY_RANKS` ranks the per-rank notes are
+counted (the first few named), the slow steps' table lists the worst first,
+and the plot marks at most :data:`MAX_MARKS` slow steps, the longest."""
 
 from __future__ import annotations
 
@@ -20,12 +24,15 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from fastprof.reports.many import TOP_K, many, named
 from fastprof.reports.triggers import CONTENTION
 
 #: At most this many rows per table (the job keeps at most 200 of each per rank).
 MAX_ROWS = 200
 #: Captures named in the step-time plot's note (the rest only shaded).
 MAX_LISTED = 20
+#: Slow-step markers on the step-time plot at most (the longest steps kept).
+MAX_MARKS = 500
 CAPTURE_COLOUR = "#d4a72c"
 SLOW_COLOUR = "#c0392b"
 DUMP_COLOUR = "#57606a"
@@ -103,6 +110,10 @@ def section(doc: dict[str, Any], run_dir: Path | None, link_from: Path | None) -
     captures: list[list[str]] = []
     dumps: list[list[str]] = []
     slow: list[list[str]] = []
+    wide = many(len(per_rank))
+    worst: list[tuple[float, int, int]] = []  # (-factor, rank, index in slow) to list the worst first
+    if wide:
+        out.extend(_notes_across(per_rank))
     for r in per_rank:
         rank = _esc(r["rank"])
         for c in r["captures"]:
@@ -122,6 +133,7 @@ def section(doc: dict[str, Any], run_dir: Path | None, link_from: Path | None) -
             file = _link(d["file"], run_dir, link_from) if d["file"] else _esc(d["error"] or "-")
             dumps.append([rank, _esc(d["reason"]), _esc(d["step"]), file])
         for a in r["anomalies"]:
+            worst.append((-float(a["factor"] or 0.0), int(r["rank"]), len(slow)))
             slow.append(
                 [
                     rank,
@@ -133,6 +145,8 @@ def section(doc: dict[str, Any], run_dir: Path | None, link_from: Path | None) -
                     _esc(a["action"]),
                 ]
             )
+        if wide:
+            continue
         said = [f"rank {r['rank']}: signal {r['signal'] or 'none'}", f"{r['requests']} request(s)"]
         con = r.get("contention")
         if con:
@@ -147,6 +161,8 @@ def section(doc: dict[str, Any], run_dir: Path | None, link_from: Path | None) -
         out.extend(_note(f"rank {r['rank']}, {a['said']}") for a in r["anomalies"][:MAX_ROWS] if a.get("said"))
         if con and con.get("error"):
             out.append(_note(f"rank {r['rank']}: {con['error']}"))
+    if wide:
+        slow = [slow[i] for _f, _r, i in sorted(worst)]
     for title, header, rows, cls, none in (
         (
             "Captures",
@@ -178,6 +194,39 @@ def section(doc: dict[str, Any], run_dir: Path | None, link_from: Path | None) -
         )
     )
     out.append("</section>")
+    return out
+
+
+def _notes_across(per_rank: list[dict[str, Any]]) -> list[str]:
+    """What the per-rank notes say, for many ranks: counted, a few named."""
+    out: list[str] = []
+    signals: dict[str, list[int]] = {}
+    for r in per_rank:
+        signals.setdefault(str(r["signal"] or "none"), []).append(int(r["rank"]))
+    out.append(
+        _note(
+            f"{len(per_rank):,} ranks; signal "
+            + "; ".join(f"{sig} on {len(rs):,}" for sig, rs in sorted(signals.items(), key=lambda kv: -len(kv[1])))
+            + f"; {sum(int(r['requests']) for r in per_rank):,} request(s)"
+            + f"; {sum(int(r['coalesced']) for r in per_rank):,} coalesced into another capture."
+        )
+    )
+    host = [r for r in per_rank if r.get("contention") and r["contention"]["steps"]]
+    if host:
+        steps = sum(int(r["contention"]["steps"]) for r in host)
+        waited = sum(float(r["contention"]["waited_ms"]) for r in host)
+        out.append(
+            _note(
+                f"{steps:,} slow step(s) on {len(host):,} rank(s) the host caused ({waited:,.0f} ms waiting for a "
+                f"CPU), not captured; ranks {named([int(r['rank']) for r in host])}."
+            )
+        )
+    notes = [(int(r["rank"]), str(n)) for r in per_rank for n in r["notes"]]
+    errors = [(int(r["rank"]), str(r["contention"]["error"])) for r in host if r["contention"].get("error")]
+    for rank, n in (notes + errors)[:TOP_K]:
+        out.append(_note(f"rank {rank}: {n}"))
+    if len(notes) + len(errors) > TOP_K:
+        out.append(_note(f"{len(notes) + len(errors) - TOP_K:,} more note(s) in report.json."))
     return out
 
 
@@ -219,6 +268,10 @@ def mark(fig: go.Figure, doc: dict[str, Any], ranks: list[int]) -> str | None:
             (hx if host else xs).append(int(a["step"]))
             (hy if host else ys).append(float(a["duration_ms"]))
             (htext if host else text).append(f"rank {r['rank']}: {a.get('said') or a['action']}")
+    n_slow, n_host = len(xs), len(hx)
+    if many(len(ranks)):
+        hx, hy, htext = _longest(hx, hy, htext, MAX_MARKS)
+        xs, ys, text = _longest(xs, ys, text, MAX_MARKS - len(hx))
     if hx:
         fig.add_trace(
             go.Scatter(
@@ -247,12 +300,24 @@ def mark(fig: go.Figure, doc: dict[str, Any], ranks: list[int]) -> str | None:
         listed = ", ".join(spans[:MAX_LISTED]) + (", ..." if len(spans) > MAX_LISTED else "")
         said.append(f"shaded: {len(shaded)} capture(s) (steps {listed})")
     if xs:
-        said.append(f"x: {len(xs)} slow step(s) the anomaly trigger flagged")
+        said.append(f"x: {len(xs)} slow step(s) the anomaly trigger flagged" + _of(n_slow, len(xs)))
     if hx:
-        said.append(f"o: {len(hx)} slow step(s) the host caused (waiting for a CPU)")
+        said.append(f"o: {len(hx)} slow step(s) the host caused (waiting for a CPU)" + _of(n_host, len(hx)))
     if lines:
         said.append(f"dotted: {len(lines)} flight dump(s)")
     return ("Triggers on this plot: " + "; ".join(said) + " (see Triggers below).") if said else None
+
+
+def _of(n: int, drawn: int) -> str:
+    return f" (the {drawn:,} longest of {n:,})" if n > drawn else ""
+
+
+def _longest(x: list[int], y: list[float], text: list[str], k: int) -> tuple[list[int], list[float], list[str]]:
+    """The ``k`` longest slow steps of the plot's marks (all when they fit), in their order."""
+    if len(x) <= k:
+        return x, y, text
+    keep = sorted(sorted(range(len(y)), key=lambda i: -y[i])[: max(k, 0)])
+    return [x[i] for i in keep], [y[i] for i in keep], [text[i] for i in keep]
 
 
 def _span(first: int, n: int) -> str:
