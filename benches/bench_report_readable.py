@@ -1,0 +1,81 @@
+"""Readable at any number of ranks (issue #38, item 3), at 1,024 ranks: the
+terminal report's lines, report.html's size, and the page opened in headless
+Chromium with the checks of
+``tests/integration/reports/test_many_ranks_readable.py`` (no error, every
+plot drawn, a rank x step heat map of every rank whose slowest rows are the
+slow ranks', no trace per rank, the rank table's filter).
+
+The run is built as ``bench_report.py --ranks`` builds it (two real ranks
+recorded with the Profiler on CPU, the second's backward 3x as long; N ranks
+from them, ~1% slow). Building 1,024 ranks and reporting them takes minutes
+on a small machine, so this is a bench, not a test (the test does 64 ranks).
+
+    python benches/bench_report_readable.py [--ranks 1024] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration" / "reports"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from test_many_ranks_readable import MAX_LINES, check_page
+
+import fastprof
+from _util import machine
+from bench_report import build_ranks, record_rank
+from fastprof.reports.terminal import render
+
+MAX_HTML_BYTES = 15_000_000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=1024)
+    ap.add_argument("--rank-steps", type=int, default=2000, help="steps of the recorded ranks")
+    ap.add_argument("--keep", help="build the run in this folder and keep it (reused when there)")
+    args = ap.parse_args()
+    print(f"machine: {machine()}")
+    with tempfile.TemporaryDirectory(prefix="bench_readable_") as tmp_s:
+        tmp = Path(args.keep) if args.keep else Path(tmp_s)
+        tmp.mkdir(parents=True, exist_ok=True)
+        normal = record_rank(tmp, "template_normal", args.rank_steps, 1.0)
+        slow_t = record_rank(tmp, "template_slow", args.rank_steps, 3.0)
+        run = tmp / f"ranks{args.ranks}"
+        slow_file = tmp / f"ranks{args.ranks}.slow.json"
+        if not run.exists():
+            t0 = time.perf_counter()
+            slow_file.write_text(json.dumps(build_ranks(run, args.ranks, normal, slow_t)))
+            print(f"{args.ranks} ranks built in {time.perf_counter() - t0:.0f} s")
+        slow = set(json.loads(slow_file.read_text()))
+        out = tmp / f"readable{args.ranks}"
+        t0 = time.perf_counter()
+        rep = fastprof.report(run, out_dir=out, formats=("json", "html"))
+        print(f"report (json + html): {time.perf_counter() - t0:.1f} s")
+        buf = io.StringIO()
+        render(rep.data, file=buf)
+        lines = buf.getvalue().splitlines()
+        page = out / "report.html"
+        size = page.stat().st_size
+        print(f"terminal report: {len(lines)} lines (at most {MAX_LINES})")
+        print(f"report.html: {size / 1e6:.2f} MB (at most {MAX_HTML_BYTES / 1e6:.0f} MB)")
+        print(f"slow ranks planted: {sorted(slow)}")
+        t0 = time.perf_counter()
+        got = check_page(page, tmp, args.ranks, slow, timeout=300)
+        print(
+            f"Chromium: loaded and drawn in {got['load_s']:.1f} s, {got['plots']} plots, {got['rows']} rank rows, "
+            f"checks passed in {time.perf_counter() - t0:.1f} s"
+        )
+        assert len(lines) <= MAX_LINES and size <= MAX_HTML_BYTES
+
+
+if __name__ == "__main__":
+    main()
