@@ -24,13 +24,13 @@ What a report from summaries gives differently (docs/reports.md):
   clock-aligned timeline (durations are the same; a rank's times relative to
   the run's start, e.g. rotated segments' ``*_s``, may differ by the
   ranks' clock offsets, which the merge aligns and each rank alone does not);
-- no ``breakdown.csv`` (one row per step and rank: read the segments,
-  ``report(..., from_segments=True)``, or ``fastprof export``) and no
-  operator tables beside report.json;
+- ``breakdown.csv`` (one row per step and rank) is still written from the
+  traces, by the core's streaming pass, when CSV is asked for; no operator
+  tables are written beside report.json;
 - the page (report.html) reads the segments of the first
   :data:`DETAIL_RANKS` ranks for its detail (spans within steps, counters,
   operators); its per-step figures of every rank come from the summaries,
-  its counter plots are of those ranks, and it has no breakdown bars.
+  and its counter plots are of those ranks.
 """
 
 from __future__ import annotations
