@@ -28,14 +28,20 @@ makes of a sub-millisecond step, not what the job did. What the rule gives
 up: a step of 3 to 3/(1-share) times the work under a steady share of
 waiting (3-6x at 50%) is called the host's.
 
-**Waited for another rank.** On a run of more than one rank, a slow step the
-host did not slow, whose slowest phase is one where the ranks wait for each
-other (``communication``; ``backward``, where DDP all-reduces the gradients)
-and which spent at least :data:`SHARE` of its excess neither on a CPU nor
-waiting for one (blocked), waited for another rank: recorded, not captured
-(:func:`waited_for_rank`). The rank that was late judges its own step: its
-own slow work, batch or sleep is the job's there, and its wait for a CPU the
-host's. One rank's host contention otherwise became the other's anomaly.
+**Waited for another rank.** On a run of more than one rank, the step's
+wait for the others is its time blocked (neither on a CPU nor waiting for
+one) in the phase that made it slow, when that phase is one where the ranks
+wait for each other (``communication``; ``backward``, where DDP all-reduces
+the gradients), up to that phase's excess over its median. The two rules
+are one: a slow step is the job's only when what is left of it, less its
+wait for a CPU and its wait for the other ranks, is still a slow step;
+otherwise the larger of the two waits is its cause, and it is recorded, not
+captured. The rank that was late judges its own step: its own slow work,
+batch or sleep is the job's there (a sleep before a collective is not time
+in a phase the ranks wait in), and its wait for a CPU the host's. One
+rank's host contention otherwise became the other's anomaly; and a step
+that waited 9 ms for a CPU and 6 ms for the other rank, 2 ms on a CPU of a
+2.5 ms median, was neither rule's alone.
 
 The wait and the time on a CPU are the step's own: a watcher thread (never
 on the step path) reads them every 20 ms, and of the reading interval that
@@ -52,11 +58,8 @@ from dataclasses import dataclass
 
 from fastprof.profiler.slow_step import FACTOR, MIN_EXCESS_NS
 
-__all__ = ["BASELINE_S", "MAX_RATE", "RANK_PHASES", "SHARE", "Contention", "judge", "rule", "text", "waited_for_rank"]
+__all__ = ["BASELINE_S", "MAX_RATE", "RANK_PHASES", "Contention", "judge", "rank_wait_ns", "rule", "text"]
 
-#: A slow step waited for another rank when at least this share of its
-#: excess over the median was spent blocked in a phase the ranks wait in.
-SHARE = 0.5
 #: Seconds before a slow step its thread's usual wait rate is taken over
 #: (recorded beside the verdict).
 BASELINE_S = 2.0
@@ -66,16 +69,25 @@ MAX_RATE = 0.9
 #: backward, where DDP's reducer all-reduces the gradients and waits.
 RANK_PHASES = ("communication", "backward")
 
+HOST = "host contention"
+RANK = "another rank"
+JOB = "the job"
+
 
 @dataclass(frozen=True)
 class Contention:
-    """A slow step's wait for a CPU and the verdict (ns)."""
+    """A slow step's waits and the verdict (ns)."""
 
     dur_ns: int
     median_ns: int
-    waited_ns: int
+    waited_ns: int  # for a CPU
     usual_ns: int  # the wait the usual rate gives the step's own time (recorded, not judged)
-    contention: bool
+    cause: str  # HOST, RANK or JOB
+    rank_wait_ns: int = 0  # for the other ranks
+
+    @property
+    def contention(self) -> bool:
+        return self.cause == HOST
 
     @property
     def excess_ns(self) -> int:
@@ -83,41 +95,50 @@ class Contention:
 
     @property
     def own_ns(self) -> int:
-        return self.dur_ns - self.waited_ns
+        """What is left of the step less its waits."""
+        return self.dur_ns - self.waited_ns - self.rank_wait_ns
 
 
-def judge(dur_ns: int, median_ns: int, run_delay_ns: int, usual_rate: float = 0.0) -> Contention:
+def judge(dur_ns: int, median_ns: int, run_delay_ns: int, usual_rate: float = 0.0, rank_wait: int = 0) -> Contention:
     """The verdict on a slow step of ``dur_ns`` against ``median_ns``
-    whose thread waited ``run_delay_ns`` for a CPU over it (and usually
-    waits ``usual_rate`` of the wall time: recorded only)."""
+    whose thread waited ``run_delay_ns`` for a CPU over it and
+    ``rank_wait`` for the other ranks (:func:`rank_wait_ns`); it usually
+    waits ``usual_rate`` of the wall time (recorded only)."""
     dur = int(dur_ns)
     waited = max(min(int(run_delay_ns), dur), 0)
+    ranks = max(min(int(rank_wait), dur - waited), 0)
     rate = min(max(float(usual_rate), 0.0), MAX_RATE)
-    own = dur - waited
-    usual = round(own * rate / (1.0 - rate))
+    usual = round((dur - waited) * rate / (1.0 - rate))
     median = int(median_ns)
+    own = dur - waited - ranks
     own_slow = own > FACTOR * median and own - median >= MIN_EXCESS_NS
-    return Contention(dur, median, waited, usual, dur > median and not own_slow)
+    if dur <= median or own_slow:
+        cause = JOB
+    else:
+        cause = HOST if waited >= ranks else RANK
+    return Contention(dur, median, waited, usual, cause, ranks)
 
 
-def waited_for_rank(c: Contention, on_cpu_ns: int, phase: str | None, world: int) -> bool:
-    """Whether a slow step the host did not slow waited for another rank
-    (the module's second rule): ``on_cpu_ns`` its time on a CPU, ``phase``
-    its slowest phase (None: unknown), ``world`` the run's ranks."""
-    if world < 2 or c.contention or phase not in RANK_PHASES:
-        return False
-    blocked = c.dur_ns - c.waited_ns - max(int(on_cpu_ns), 0)
-    return c.excess_ns > 0 and blocked >= SHARE * c.excess_ns
+def rank_wait_ns(
+    dur_ns: int, waited_ns: int, on_cpu_ns: int, phase: str | None, phase_excess_ns: int, world: int
+) -> int:
+    """A slow step's wait for the other ranks: its time blocked (``dur_ns``
+    less its wait for a CPU and its time on one), up to the excess over its
+    median of its slowest ``phase`` where that is one the ranks wait in; 0
+    on one rank."""
+    if world < 2 or phase not in RANK_PHASES:
+        return 0
+    blocked = int(dur_ns) - int(waited_ns) - max(int(on_cpu_ns), 0)
+    return max(min(blocked, int(phase_excess_ns)), 0)
 
 
 def rule() -> str:
-    """The rules, as the records and the report say them."""
+    """The rule, as the records and the report say it."""
     return (
-        "a slow step is host contention when it would not have been slow without its wait for a CPU: its own "
-        f"time (less that wait) is not over {FACTOR:g}x the median and {MIN_EXCESS_NS / 1e6:g} ms more; "
-        "on more than one rank, a slow step the host did not slow waited for another rank when its slowest phase "
-        f"is one the ranks wait in ({', '.join(RANK_PHASES)}) and at least {SHARE:g} of its excess was blocked "
-        "(neither on a CPU nor waiting for one)"
+        "a slow step is the job's only when what is left of it, less its wait for a CPU and (on more than one "
+        "rank) its time blocked in the phase that made it slow where that is one the ranks wait in "
+        f"({', '.join(RANK_PHASES)}), is still a slow step (over {FACTOR:g}x the median and "
+        f"{MIN_EXCESS_NS / 1e6:g} ms more); otherwise the larger wait is its cause: host contention or another rank"
     )
 
 

@@ -64,7 +64,8 @@ class Captures:
     """``has_windows()``: the Profiler drives torch.profiler windows (else a
     capture has nothing to record with); ``last_window()``: the latest one
     begun; ``explain(step)``: which phase made a step slow (the anatomy's
-    line, and the phase's name where one stood out)."""
+    line, and the phase's name where one stood out, with its excess over its
+    median in ns)."""
 
     def __init__(
         self,
@@ -73,8 +74,8 @@ class Captures:
         store: RankStore,
         has_windows: Callable[[], bool],
         last_window: Callable[[], Window | None],
-        explain: Callable[[int], tuple[str | None, str | None]],
-        judge: Callable[[int, int], Judged] | None = None,
+        explain: Callable[[int], tuple[str | None, str | None, int]],
+        judge: Callable[[int, int, str | None, int, int], Judged] | None = None,
     ) -> None:
         self.board = board
         self.flight = flight
@@ -108,14 +109,10 @@ class Captures:
             return
         if not burst:
             self._burst_jobs = False
-        judged = None if self.judge is None else self.judge(dur_ns, median_ns)
-        host = judged is not None and bool(judged.contention)
-        text, phase = self.explain(batch)
-        other_rank = (
-            judged is not None
-            and judged.verdict is not None
-            and contention.waited_for_rank(judged.verdict, judged.on_cpu_ns, phase, self.board.world)
-        )
+        text, phase, phase_excess = self.explain(batch)
+        judged = None if self.judge is None else self.judge(dur_ns, median_ns, phase, phase_excess, self.board.world)
+        host = judged is not None and judged.cause == contention.HOST
+        other_rank = judged is not None and judged.cause == contention.RANK
         rec: dict[str, Any] = {
             "step": batch,
             "duration_ms": round(dur_ns / 1e6, 3),
@@ -128,7 +125,6 @@ class Captures:
         if judged is not None:
             rec.update(judged.record)
         if other_rank:
-            rec["cause"] = "another rank"
             rec["said"] = f"step {batch}: {dur_ns / 1e6:.1f} ms, waiting for another rank in {phase}"
         if host:
             rec["said"] = contention.text(batch, dur_ns / 1e6, float(rec.get("waited_ms") or 0.0))

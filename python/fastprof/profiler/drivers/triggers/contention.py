@@ -23,21 +23,17 @@ WATCH_MS = 20.0
 
 
 class Judged:
-    """A slow step's wait for a CPU and the verdict, as recorded."""
+    """A slow step's waits and the verdict, as recorded."""
 
-    __slots__ = ("contention", "on_cpu_ns", "record", "verdict")
+    __slots__ = ("cause", "record")
 
-    def __init__(
-        self,
-        contention: bool | None,
-        record: dict[str, Any],
-        verdict: contention.Contention | None = None,
-        on_cpu_ns: int = 0,
-    ) -> None:
-        self.contention = contention  # None: the wait could not be read
+    def __init__(self, cause: str | None, record: dict[str, Any]) -> None:
+        self.cause = cause  # None: the wait could not be read
         self.record = record
-        self.verdict = verdict
-        self.on_cpu_ns = on_cpu_ns  # the step's time on a CPU
+
+    @property
+    def contention(self) -> bool:
+        return self.cause == contention.HOST
 
 
 class ContentionWatch:
@@ -60,8 +56,12 @@ class ContentionWatch:
             self._watch = None
             self.error = f"the kernel's run delay is not readable ({e}): slow steps are not told apart from contention"
 
-    def judge(self, dur_ns: int, median_ns: int) -> Judged:
-        """Called on the training thread at the boundary after a slow step."""
+    def judge(
+        self, dur_ns: int, median_ns: int, phase: str | None = None, phase_excess_ns: int = 0, world: int = 1
+    ) -> Judged:
+        """Called on the training thread at the boundary after a slow step;
+        ``phase``: the phase that made it slow and its excess over its median
+        (ns), ``world``: the run's ranks."""
         tid = threading.get_native_id()
         if self._watch is not None and tid != self._tid:
             # Steps run on another thread than the one watched: watch it
@@ -77,10 +77,12 @@ class ContentionWatch:
         if w is None:
             return Judged(None, {"cause": None})
         rate = float(w["usual_rate"])
-        c = contention.judge(dur_ns, median_ns, int(w["run_delay_ns"]), rate)
-        on_cpu = min(int(w.get("on_cpu_ns", 0)), c.dur_ns)
+        dur, waited = int(dur_ns), min(int(w["run_delay_ns"]), int(dur_ns))
+        on_cpu = min(int(w.get("on_cpu_ns", 0)), dur)
+        ranks = contention.rank_wait_ns(dur, waited, on_cpu, phase, phase_excess_ns, world)
+        c = contention.judge(dur, median_ns, waited, rate, ranks)
         rec: dict[str, Any] = {
-            "cause": "host contention" if c.contention else "the job",
+            "cause": c.cause,
             "waited_ms": round(c.waited_ns / 1e6, 3),
             # The wait the usual rate before the step gives the step's own time.
             "usual_wait_ms": round(c.usual_ns / 1e6, 3),
@@ -88,6 +90,8 @@ class ContentionWatch:
             # The step's time on a CPU, and neither on one nor waiting (blocked).
             "on_cpu_ms": round(on_cpu / 1e6, 3),
             "blocked_ms": round(max(c.dur_ns - c.waited_ns - on_cpu, 0) / 1e6, 3),
+            # Of it, in the phase the ranks wait in that made it slow (0 on one rank).
+            "rank_wait_ms": round(c.rank_wait_ns / 1e6, 3),
             # The readings' interval that straddles the step's begin began this
             # long before the step's end (of it only the part in the step counts).
             "wait_span_ms": round((int(w["to_ns"]) - int(w["from_ns"])) / 1e6, 3),
@@ -97,7 +101,7 @@ class ContentionWatch:
         if c.contention:
             self.steps += 1
             self.waited_ns += c.waited_ns
-        return Judged(c.contention, rec, c, on_cpu)
+        return Judged(c.cause, rec)
 
     def stop(self) -> None:
         w, self._watch = self._watch, None

@@ -64,12 +64,15 @@ class TriggerDriver(Driver):
         self._stop = threading.Event()
         self._exported: set[int] = set()  # captures whose window's file is in triggers.json
         self.contention = ContentionWatch()
+        self._tick0 = (0, 0)
 
     # ------------------------------------------------------------ lifecycle
 
     def start(self, steps: Any) -> None:
         prof, cfg = self.prof, self.cfg
         rec = prof.recorder
+        # The core's clock runs by now (ticks: TSC or ns): its rate is measured from here.
+        self._tick0 = (_core._ticks(), time.monotonic_ns())
         b = self.board = Board(cfg, prof.rank, int(rec.options.world_size), prof.rank_dir, prof.run_dir)
         b.summary = self.summary
         self.flight = FlightDumps(b, prof.run_dir / str(cfg.folder).format(**prof.format_variables()), rec)
@@ -108,21 +111,29 @@ class TriggerDriver(Driver):
         records = [] if self.windows is None else self.windows.records()
         return records[-1] if records else None
 
-    def _explain(self, step: int) -> tuple[str | None, str | None]:
+    def _explain(self, step: int) -> tuple[str | None, str | None, int]:
         """Which phase made step ``step`` slow: the anatomy's line, and the
-        phase's name where one stood out (the same rule, on the same rows)."""
+        phase's name where one stood out (the same rule, on the same rows)
+        with its excess over its median (ns)."""
         if self.anatomy is None:
-            return None, None
+            return None, None, 0
         recent = self.anatomy.anatomy.recent()
         row = recent.get(step)
-        phase = None
+        phase, excess = None, 0
         if row is not None:
             others = [r for s, r in recent.items() if s != step]
             got = slow_phase(
                 dict(zip(TIMED, row, strict=True)), {p: [r[i] for r in others] for i, p in enumerate(TIMED)}
             )
-            phase = got.phase if got is not None and got.stands_out else None
-        return self.anatomy.explain(step), phase
+            if got is not None and got.stands_out:
+                phase, excess = got.phase, round((got.took - got.median) * self._ns_per_tick())
+        return self.anatomy.explain(step), phase, excess
+
+    def _ns_per_tick(self) -> float:
+        """The core's ticks in ns, measured from the start (the anatomy's rows are in ticks)."""
+        t0, n0 = self._tick0
+        dt = _core._ticks() - t0
+        return (time.monotonic_ns() - n0) / dt if dt > 0 else 1.0
 
     def _reads_run_file(self) -> bool:
         # The run's own file is read by one rank: rank 0 when the ranks can
