@@ -233,7 +233,9 @@ def _step_times_many(page: _Page, doc: dict[str, Any], data: RunData) -> None:
     ranks, heat, bands, heat_per, band_per = got
     page.note(
         f"{len(ranks):,} ranks (more than {MANY_RANKS}): each rank is a row of the heat map (each cell the longest "
-        f"step of its run of {heat_per} step(s)), and the bands give the spread across the ranks at each step "
+        f"step of its run of {heat_per} step(s); its colours end at the {html_ranks.HEAT_TOP_PCT:g}th percentile "
+        "of the cells, so a rank slow at every step stands out and longer steps take the top colour), and the "
+        "bands give the spread across the ranks at each step "
         f"(runs of {band_per} step(s) merged as their mean), with the {html_ranks.RANKS_OVER_BANDS} slowest ranks "
         "dotted. Every rank's figures are in the Ranks table below."
     )
@@ -364,7 +366,7 @@ def step_part_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figur
     b = data.breakdown
     if bd and b is not None and len(b):
         counts = {int(s["rank"]): int(s["steps"]) for s in b.summaries}
-        for bars in b.bars[:MAX_RANK_PLOTS]:
+        for bars in _shown(b.bars, doc, data, lambda x: int(x["rank"])):
             r, per = int(bars["rank"]), int(bars["per"])
             fig = _figure(f"Where the step went, rank {r} (step-time breakdown)", "ms", barmode="stack")
             fig.update_xaxes(title_text="step" + (f", first of each {per}" if per > 1 else ""))
@@ -382,7 +384,7 @@ def step_part_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figur
         steps = bd.get("steps_from") or bd.get("source") or "torch windows"
         note = f"Step-time breakdown (in {steps}): {bd.get('note') or ''}"
         return figs, note.rstrip(": ") + ("." if merged and not note.endswith(".") else "") + merged
-    for r in data.ranks[:MAX_RANK_PLOTS]:
+    for r in _shown(list(data.ranks), doc, data, int):
         parts = span_parts(data, r)
         if parts is None:
             continue
@@ -396,6 +398,24 @@ def step_part_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figur
         + ". The bars show where each step went by fastprof spans: the spans at the top of the step "
         "(the DataLoader's next() among them) and the rest of the step." + merged
     )
+
+
+#: Per-rank plots of a part of the page above MANY_RANKS ranks: the two
+#: slowest ranks by mean step and the median one.
+RANK_PLOTS_MANY = ("slowest 1", "slowest 2", "median")
+
+
+def _shown(items: list[Any], doc: dict[str, Any], data: RunData, rank_of: Any) -> list[Any]:
+    """The items (one per rank) to plot: the first :data:`MAX_RANK_PLOTS`;
+    above MANY_RANKS ranks those of the two slowest ranks and the median one
+    by mean step (the first three when those are not among them)."""
+    if not many(len(data.ranks)):
+        return items[:MAX_RANK_PLOTS]
+    picks = representatives((int(r["rank"]), r["mean_s"]) for r in doc["ranks"]["per_rank"])
+    wanted = [rank for label, rank in picks if label in RANK_PLOTS_MANY]
+    by_rank = {rank_of(x): x for x in items}
+    got = [by_rank[r] for r in wanted if r in by_rank]
+    return got or items[: len(RANK_PLOTS_MANY)]
 
 
 def _step_parts(page: _Page, doc: dict[str, Any], data: RunData) -> None:

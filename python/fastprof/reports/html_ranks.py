@@ -29,6 +29,8 @@ from fastprof.reports.many import TOP_K, spread, top
 #: step of its run of steps.
 HEAT_CELLS = 150_000
 HEAT_COLUMNS = (20, 500)
+#: The heat map's colours end at this percentile of its cells (longer: the top colour).
+HEAT_TOP_PCT = 99.0
 #: Points of a percentile band at most (consecutive steps, or instants, merged).
 BAND_POINTS = 1000
 #: The slowest ranks drawn as lines of their own over the bands.
@@ -96,11 +98,18 @@ def step_heatmap(ranks: list[int], heat: F64, per: int) -> go.Figure:
         height=max(320, min(900, 120 + 2 * len(ranks))),
     )
     x = np.arange(heat.shape[1], dtype=np.int64) * per
+    # Colours up to the 99th percentile of the cells: a few long steps would
+    # otherwise take the whole scale and a rank slow at every step fade into the rest.
+    finite = heat[np.isfinite(heat)]
+    zmin = float(finite.min()) if len(finite) else 0.0
+    zmax = float(np.percentile(finite, HEAT_TOP_PCT)) if len(finite) else 1.0
     fig.add_trace(
         go.Heatmap(
             z=heat.astype(np.float32),
             x=x,
             y=np.asarray(ranks, dtype=np.int32),
+            zmin=zmin,
+            zmax=max(zmax, zmin + 1e-9),
             colorscale="Viridis",
             colorbar={"title": {"text": "ms"}},
             hovertemplate="rank %{y}, step %{x}: %{z:.3f} ms<extra></extra>",

@@ -31,6 +31,8 @@ from fastprof.reports.triggers import CONTENTION
 MAX_ROWS = 200
 #: Captures named in the step-time plot's note (the rest only shaded).
 MAX_LISTED = 20
+#: Rows per table at most above MANY_RANKS ranks.
+MAX_ROWS_MANY = 50
 #: Slow-step markers on the step-time plot at most (the longest steps kept).
 MAX_MARKS = 500
 CAPTURE_COLOUR = "#d4a72c"
@@ -184,9 +186,11 @@ def section(doc: dict[str, Any], run_dir: Path | None, link_from: Path | None) -
         if not rows:
             out.append(_note(none))
             continue
-        out.append(_table(header, rows[:MAX_ROWS], cls))
-        if len(rows) > MAX_ROWS:
-            out.append(_note(f"{len(rows) - MAX_ROWS} more in report.json."))
+        limit = MAX_ROWS_MANY if wide else MAX_ROWS
+        out.append(_table(header, rows[:limit], cls))
+        if len(rows) > limit:
+            order = "; the table lists the worst first" if wide and cls == "slow-steps" else ""
+            out.append(_note(f"{len(rows) - limit:,} more in report.json{order}."))
     out.append(
         _note(
             "Each capture is on the step-time plot (shaded), each slow step a marker on it, each flight dump a "
