@@ -221,3 +221,14 @@ def test_a_rank_that_left_its_loop_is_named_from_its_closed_file(tmp_path: Path)
     closed["time"] = 1001.0  # closed after the stall was seen: not this stall's
     (tmp_path / "rank1" / CLOSED_FILE).write_text(json.dumps(closed))
     assert verdict(join(tmp_path, 1000.0, 30.0, live=False))["kind"] == "silent"
+
+
+def test_with_no_collective_the_sentence_names_each_rank_plainly() -> None:
+    """No rank in a collective (a stall before any, e.g. in start-up): each
+    rank is said as "rank R is in ...", not "rank R it is in ..."."""
+    v = verdict({0: rank_state(_ev([(TRAIN, 3, "<module>")]), None), 1: rank_state(_ev(IN_DATA), None)})
+    assert v["collective"] is None
+    assert v["text"] == (
+        "hang at step 42 (47 s): rank 0 is in other: train.py:3 in <module>; "
+        "rank 1 is in the dataloader: dataset.py:22 in __getitem__."
+    )

@@ -401,7 +401,9 @@ def describe(v: dict[str, Any], states: dict[int, dict[str, Any]]) -> str:
     for r in v["suspect_ranks"]:
         s = states[r]
         st = s["state"]
+        # "rank R never entered op #N; it is in ..." or, with no collective, "rank R is in ...".
         never = f"never entered {cname}; " if cname is not None and st != "collective" else ""
+        it = f"rank {r} {never}it" if never else f"rank {r}"
         skip = s.get("skipped")
         if st == "closed":
             now = f"has left its training loop (its Profiler closed after step {s['step']})"
@@ -418,7 +420,7 @@ def describe(v: dict[str, Any], states: dict[int, dict[str, Any]]) -> str:
                 f"called on some ranks only); rank {r} {now.replace('is in', 'is now in', 1)}"
             )
         elif st == "closed":
-            parts.append(f"rank {r} {never}it {now}")
+            parts.append(f"{it} {now}")
         elif st == "collective":
             sc = s["collective"]
             parts.append(
@@ -427,19 +429,18 @@ def describe(v: dict[str, Any], states: dict[int, dict[str, Any]]) -> str:
             )
         elif st == "gil":
             parts.append(
-                f"rank {r} {never}it spins with the GIL held at {_at(s['where'])} ({s['phase']}); "
-                f"innermost: {_at(s['top'])}"
+                f"{it} spins with the GIL held at {_at(s['where'])} ({s['phase']}); innermost: {_at(s['top'])}"
             )
         elif st == "gone":
-            parts.append(f"rank {r} {never}its process is gone")
+            parts.append(f"rank {r} {never}its process is gone" if never else f"rank {r}'s process is gone")
         elif st == "silent" and s.get("known") is False:
             # No record of the rank here: its node writes another run directory (no shared
             # filesystem) or it never started its Profiler.
             parts.append(f"rank {r}: no evidence of it in this run directory (another node's?)")
         elif st == "silent":
-            parts.append(f"rank {r} {never}it cannot answer (no evidence from it)")
+            parts.append(f"{it} cannot answer (no evidence from it)")
         else:
-            parts.append(f"rank {r} {never}it {now}")
+            parts.append(f"{it} {now}")
     text = f"{head}: " + "; ".join(parts) + "."
     if v["waiting_ranks"] and cname is not None:
         w = v["waiting_ranks"]
