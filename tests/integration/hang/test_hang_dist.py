@@ -482,3 +482,69 @@ def test_a_sigkilled_rank_makes_the_others_fail_not_hang_and_is_named_gone(tmp_p
     assert f"the process of rank 1 (pid {pid}) is gone, ended outside the launcher" in line
     acct = json.loads((run / "rank0" / "profiler.json").read_text())["hang"]
     assert acct["peers_gone"] == [{"rank": 1, "pid": pid}]
+
+
+PLAIN = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch, torch.distributed as dist
+    from torch.utils.data import DataLoader, Dataset
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+
+    class Data(Dataset):
+        def __len__(self):
+            return 40
+        def __getitem__(self, i):
+            if rank == 1 and i == 6:
+                time.sleep(3600)  # STUCK-PLAIN
+            return torch.ones(4)
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x in DataLoader(Data(), batch_size=1):
+        loss = model(x).sum()
+        loss.backward()
+        dist.all_reduce(loss.detach())  # PLAIN-WAIT
+        opt.step()
+        opt.zero_grad()
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_fastprof_run_takes_the_timeout_from_its_variable_and_names_the_stuck_rank(tmp_path: Path) -> None:
+    """The same data hang in a script with no Profiler, under ``torchrun -m
+    fastprof run`` (steps from ``optimizer.step()``): FASTPROF_HANG_TIMEOUT
+    reaches its Profiler through ProfilerArgs, and rank 0 says the verdict.
+    The timeout is 20 s, not 4: under fastprof run the Profiler starts before
+    the script imports torch, and a fixed timeout counts from there (4 s was
+    shorter than the start-up beside other work: a hang was said in it)."""
+    (tmp_path / "train.py").write_text(PLAIN)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_") and k not in TORCHRUN_VARS}
+    base.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
+    base.update(FASTPROF_HANG_TIMEOUT="20", FASTPROF_HANG_GRACE="2")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+    cmd += ["--master-port", str(free_port()), "-m", "fastprof", "run", "-o", str(tmp_path / "out")]
+    cmd += ["--run-name", "job", "train.py"]
+    p = subprocess.Popen(
+        cmd, cwd=tmp_path, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    run = tmp_path / "out" / "job"
+    try:
+        seen = _wait_for(lambda: (run / ".hang-verdict").exists(), 150, p)
+        time.sleep(1.0)
+    finally:
+        out, err = _kill(p, run)
+    assert seen, f"no verdict within 150 s\nstdout:\n{out}\nstderr:\n{err}"
+    lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
+    assert len(lines) == 1, err
+    stuck = next(i for i, t in enumerate(PLAIN.splitlines(), 1) if "STUCK-PLAIN" in t)
+    wait = next(i for i, t in enumerate(PLAIN.splitlines(), 1) if "PLAIN-WAIT" in t)
+    assert re.search(
+        rf"rank 1 never entered all_reduce #\d+; it is in the dataloader: train.py:{stuck} in __getitem__", lines[0]
+    )
+    assert re.search(rf"Rank 0 waits in all_reduce #\d+ \(train.py:{wait} in <module>\)", lines[0]), lines[0]
+    acct = [json.loads(d.read_text())["timeout_s"] for d in (run / "rank0").glob("hang-*.json")]
+    assert acct == [20.0]
