@@ -64,3 +64,11 @@ def test_lightning_takes_them_and_checks_them_before_training(tmp_path: Path) ->
         lightning.FastprofProfiler(tmp_path, "r", hang_action="kill")
     p = lightning.FastprofProfiler(tmp_path, "r", hang_timeout=30, sample_hz=0)
     assert p._args.options["hang_timeout"] == 30
+
+
+def test_transformers_takes_them_and_checks_them_before_training(tmp_path: Path) -> None:
+    hf = pytest.importorskip("fastprof.integrations.transformers")
+    with pytest.raises(ConfigError, match="hang_timeout"):
+        hf.FastprofCallback(tmp_path, "r", hang_timeout="soon")
+    cb = hf.FastprofCallback(tmp_path, "r", hang_timeout="off", hang_action="abort", sample_hz=0)
+    assert cb._args.options["hang_timeout"] == "off" and cb._args.options["hang_action"] == "abort"
