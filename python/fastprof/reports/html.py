@@ -886,6 +886,7 @@ td:first-child,th:first-child{text-align:left}
 {text-align:left;max-width:640px}
 .plot{border:1px solid #eaeef2;border-radius:6px;margin:10px 0}
 .rank-scroll{max-height:640px;overflow:auto;border:1px solid #eaeef2;margin:6px 0}
+#rank-table td{white-space:nowrap}#rank-table th{position:sticky;top:0}
 #rank-filter{font-size:14px;padding:4px 8px;margin:4px 0}
 """
 

@@ -367,7 +367,8 @@ def rank_table(doc: dict[str, Any]) -> str:
     trig = {int(r["rank"]): r for r in (doc.get("triggers") or {}).get("per_rank") or []}
     ranks = sorted({int(r) for r in doc["source"]["ranks"]} | set(speed) | set(steps))
     header = ["rank", "steps", "mean step ms", "p50 ms", "p95 ms", "max ms", "DataLoader %"]
-    header += [f"{p} p50 ms" for p in phases] + ["slow steps", "peak RSS", "GPU util %", "memory", "captures"]
+    header += [f"{p} p50 ms" for p in phases]
+    header += ["slow steps", "peak RSS", "GPU util %", "memory peak", "memory leak", "captures"]
     body: list[str] = []
     for r in ranks:
         s, sp, a, m, t = steps.get(r, {}), speed.get(r, {}), anatomy.get(r), mem.get(r), trig.get(r)
@@ -384,7 +385,8 @@ def rank_table(doc: dict[str, Any]) -> str:
             _n(a and a.get("slow_step_count", len(a["slow_steps"])), "{}"),
             human_bytes(host.get(r, {}).get("rss_peak_b")),
             "/".join(f"{u:.0f}" for u in util) or "-",
-            "-" if m is None else str(m["verdict"]),
+            "-" if m is None else human_bytes(m.get("peak_b")),
+            "-" if m is None else ("yes" if m.get("leak") else "no"),
             "-" if t is None else str(len(t["captures"])),
         ]
         body.append(f'<tr data-rank="{r}">' + "".join(f"<td>{_esc(c)}</td>" for c in cells) + "</tr>")
