@@ -25,8 +25,8 @@ What a report from summaries gives differently (docs/reports.md):
   the run's start, e.g. rotated segments' ``*_s``, may differ by the
   ranks' clock offsets, which the merge aligns and each rank alone does not);
 - ``breakdown.csv`` (one row per step and rank) is still written from the
-  traces, by the core's streaming pass, when CSV is asked for; no operator
-  tables are written beside report.json;
+  traces, by the core's streaming pass, when CSV is asked for, and the torch
+  windows' operator tables from their traces;
 - the page (report.html) reads the segments of the first
   :data:`DETAIL_RANKS` ranks for its detail (spans within steps, counters,
   operators); its per-step figures of every rank come from the summaries,
@@ -66,6 +66,7 @@ from fastprof.recording.names import (
 from fastprof.reports import data as _data
 from fastprof.reports.breakdown import steps_from
 from fastprof.reports.hangs import hangs_report
+from fastprof.reports.memory import _operators as memory_operators
 from fastprof.reports.ranks import ranks_report
 from fastprof.reports.recommendations import recommend
 from fastprof.reports.speed import speed_report
@@ -311,6 +312,7 @@ def with_detail(light: _data.RunData, detail: _data.RunData) -> _data.RunData:
     data.profiler = {**light.profiler, **detail.profiler}
     data.other, data.worker_other = detail.other, detail.worker_other
     data.oom, data.model_summary = detail.oom, detail.model_summary
+    data.operator_table, data.operator_tables = light.operator_table, light.operator_tables
     data._ranks = light.ranks
     data._walls = dict(light._walls)
     return data
@@ -350,9 +352,9 @@ def combine(run: Any, sums: list[dict[str, Any]]) -> tuple[dict[str, Any], _data
         memory["per_rank"] = _concat((d["memory"] for d in docs), "per_rank")
         memory["oom"] = _concat((d["memory"] for d in docs), "oom")
         memory["model"] = next((d["memory"]["model"] for d in docs if d["memory"] and d["memory"]["model"]), None)
-        memory["operators"] = next(
-            (d["memory"]["operators"] for d in docs if d["memory"] and d["memory"]["operators"]), None
-        )
+        # The torch windows' operator tables are shared out across the ranks'
+        # windows (MAX_OPERATOR_WINDOWS): read here, from every rank's account.
+        memory["operators"] = memory_operators(data)
     anatomy = _first_with(docs, "anatomy")
     if anatomy is not None:
         per_rank = _concat((d["anatomy"] for d in docs), "per_rank")
