@@ -340,8 +340,15 @@ def main() -> None:
     ap.add_argument("--steps-scale", type=float, default=1.0, help="scale every class's steps (a quick run: 0.5)")
     ap.add_argument("--out", type=Path, help="write the matrix as JSON here")
     ap.add_argument("--keep", type=Path, help="keep the run directories here")
+    ap.add_argument(
+        "--rescore",
+        action="store_true",
+        help="run nothing: score the runs kept in --keep again with this checkout's report (a changed rule)",
+    )
     a = ap.parse_args()
     cases = [CASES[c] for c in a.classes.split(",")]
+    if a.rescore and not a.keep:
+        ap.error("--rescore reads the runs kept in --keep")
     print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f}")
     results: dict[str, list[Verdict]] = {c.name: [] for c in cases}
     t0 = time.monotonic()
@@ -354,7 +361,10 @@ def main() -> None:
             for case in cases:
                 steps = max(40, int(case.steps * a.steps_scale))
                 out = root / f"{case.name}-{r}"
-                launch(worker, case, out, a.delay, steps)
+                if a.rescore:
+                    shutil.rmtree(out / "report", ignore_errors=True)
+                else:
+                    launch(worker, case, out, a.delay, steps)
                 v = read_verdict(case, out / "job", out / "report", steps)
                 results[case.name].append(v)
                 print(
