@@ -69,7 +69,7 @@ def main() -> None:
         print(f"report.html: {size / 1e6:.2f} MB (at most {MAX_HTML_BYTES / 1e6:.0f} MB)")
         print(f"slow ranks planted: {sorted(slow)}")
         t0 = time.perf_counter()
-        got = check_page(page, tmp, args.ranks, slow, timeout=300)
+        got = check_page(page, Path(tempfile.mkdtemp(dir=tmp)), args.ranks, slow, timeout=300)
         print(
             f"Chromium: loaded and drawn in {got['load_s']:.1f} s, {got['plots']} plots, {got['rows']} rank rows, "
             f"checks passed in {time.perf_counter() - t0:.1f} s"
