@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastprof.profiler.drivers.hang.verdict import CLOSED_FILE, join, rank_state, summarize, verdict
+from fastprof.profiler.drivers.hang.verdict import CLOSED_FILE, WATCH_FILE, join, rank_state, summarize, verdict
 
 TORCH = os.path.join(os.sep, "venv", "site-packages", "torch")
 C10D = os.path.join(TORCH, "distributed", "distributed_c10d.py")
@@ -221,6 +221,14 @@ def test_a_rank_that_left_its_loop_is_named_from_its_closed_file(tmp_path: Path)
     closed["time"] = 1001.0  # closed after the stall was seen: not this stall's
     (tmp_path / "rank1" / CLOSED_FILE).write_text(json.dumps(closed))
     assert verdict(join(tmp_path, 1000.0, 30.0, live=False))["kind"] == "silent"
+    # Another Profiler's closed file (the watch file names a newer one): not taken.
+    closed.update(time=990.0, token="1-1")
+    (tmp_path / "rank1" / CLOSED_FILE).write_text(json.dumps(closed))
+    (tmp_path / "rank1" / WATCH_FILE).write_text(json.dumps({"pid": 1, "host": "elsewhere", "token": "1-2"}))
+    assert verdict(join(tmp_path, 1000.0, 30.0, live=False))["kind"] == "silent"
+    closed["token"] = "1-2"
+    (tmp_path / "rank1" / CLOSED_FILE).write_text(json.dumps(closed))
+    assert verdict(join(tmp_path, 1000.0, 30.0, live=False))["kind"] == "elsewhere"
 
 
 def test_with_no_collective_the_sentence_names_each_rank_plainly() -> None:

@@ -86,7 +86,11 @@ class HangDriver(Driver):
             self.rank = p.rank
             self.world_size = int(getattr(p.recorder.options, "world_size", 1) or 1)
             self.training = threading.get_ident()
+            #: This Profiler's, in its watch file and closed file (another Profiler
+            #: of the process, in the same folder, writes its own).
+            self.token = f"{self.pid}-{time.monotonic_ns()}"
             watch = {
+                "token": self.token,
                 "rank": self.rank,
                 "pid": self.pid,
                 "host": socket.gethostname(),
@@ -206,6 +210,7 @@ class HangDriver(Driver):
         doc = {
             "rank": self.rank,
             "pid": self.pid,
+            "token": self.token,
             "time": time.time(),
             "step": _core._hang_last_step(),
             "collectives": collectives.snapshot(),

@@ -508,6 +508,8 @@ def join(
                 found = doc
                 break
         closed = _read(d / CLOSED_FILE) if d is not None and found is None else None
+        if closed is not None and watch is not None and closed.get("token") != watch.get("token"):
+            closed = None  # another Profiler's: the one watching now started after it closed
         if closed is not None and float(closed.get("time", near + 1.0)) <= near:
             states[r] = closed_state(closed)  # it left its loop before the stall was seen
         else:
