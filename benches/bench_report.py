@@ -47,6 +47,14 @@ merge`` of the run, then ``fastprof report -q`` of it (wall, CPU, peak RSS
 from ``wait4``). ``--python DIR`` puts DIR first on the path of the cases
 (a copy of an older ``fastprof`` package: before/after on the same runs).
 
+Rank summaries (issue #38, item 2): once built, each rank's
+``summary.fastprof`` is written as that rank's Profiler writes it at its end
+(``fastprof.reports.rank_summary``, two ranks at a time here; on a cluster
+each rank does its own), and the per-rank time is printed. The report is
+then timed twice: ``report -q`` (from the summaries) and ``report
+from_segments`` (``fastprof.reports.report.report(..., from_segments=True)``,
+the traces read as before). ``--no-summaries`` leaves them out.
+
     python benches/bench_report.py --ranks 64,256,1024 --rounds 1
 """
 
@@ -72,6 +80,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _util import machine, verdict
 from bench_merge import BASE_NS, CPU_PID, DEVICE_PROPERTIES, generate, run_measured
+from fastprof.recording.names import RANK_SUMMARY_JSON
 
 REPORT = """
 import sys, time, warnings
@@ -92,6 +101,26 @@ with tempfile.TemporaryDirectory() as tmp:
     # As a report runs it: rows straight to breakdown.csv, summaries kept.
     a = _core.analyze_steps([sys.argv[1]], csv=os.path.join(tmp, "breakdown.csv"), keep_rows=False)
 print(f"analyze_steps: {a['step_count']} steps in {time.perf_counter() - t0:.2f} s")
+"""
+
+#: The report of a run read from its traces, whatever summaries it has.
+FROM_SEGMENTS = """
+import sys, warnings
+warnings.simplefilter("ignore")
+from fastprof.reports.report import report
+report(sys.argv[1], sys.argv[2], from_segments=True)
+"""
+
+#: Each rank's summary, as its Profiler writes it at the end (argv: run, ranks...).
+SUMMARIZE = """
+import sys, time
+from pathlib import Path
+from fastprof.reports import rank_summary
+run = Path(sys.argv[1])
+t0 = time.perf_counter()
+for r in sys.argv[2:]:
+    rank_summary.main([str(run), r, "run"])
+print(f"{(time.perf_counter() - t0) / max(1, len(sys.argv) - 2):.3f}")
 """
 
 MERGE = """
@@ -339,7 +368,24 @@ def measured_cpu(cmd: list[str], log: Path, env: dict[str, str]) -> tuple[float,
     return float(wall), float(cpu), int(rss)
 
 
-def main_ranks(sizes: list[int], rounds: int, steps: int, python: str | None, keep: str | None) -> None:
+def write_summaries(run: Path, n: int, env: dict[str, str], jobs: int = 2) -> float:
+    """Every rank's summary.fastprof (``jobs`` processes, each a share of the
+    ranks); the mean seconds per rank."""
+    shares = [[str(r) for r in range(j, n, jobs)] for j in range(jobs)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", SUMMARIZE, str(run), *share], stdout=subprocess.PIPE, env=env)
+        for share in shares
+        if share
+    ]
+    per_rank = [float(p.communicate()[0].decode().strip().splitlines()[-1]) for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit("writing the rank summaries failed")
+    return statistics.mean(per_rank)
+
+
+def main_ranks(
+    sizes: list[int], rounds: int, steps: int, python: str | None, keep: str | None, summaries: bool = True
+) -> None:
     """merge and report -q of N-rank runs built from a real rank."""
     print(f"machine: {machine()}")
     env = dict(os.environ)
@@ -361,10 +407,20 @@ def main_ranks(sizes: list[int], rounds: int, steps: int, python: str | None, ke
                 t0 = time.perf_counter()
                 slow_ranks = build_ranks(run, n, normal, slow)
                 print(f"{n} ranks built in {time.perf_counter() - t0:.0f} s (slow: {slow_ranks})")
+            if summaries and not all((run / f"rank{r}" / RANK_SUMMARY_JSON).is_file() for r in range(n)):
+                t0 = time.perf_counter()
+                each = write_summaries(run, n, env)
+                print(
+                    f"  {n} rank summaries written in {time.perf_counter() - t0:.0f} s "
+                    f"({each:.2f} s per rank, each rank's own work at its end)"
+                )
             cases = {
                 "merge": [*cli, "merge", str(run), "-f", "-q"],
                 "report -q": [*cli, "report", str(run), "-q", "-o", str(tmp / f"report{n}")],
             }
+            if summaries:
+                seg_out = str(tmp / f"report{n}_segments")
+                cases["report from_segments"] = [sys.executable, "-c", FROM_SEGMENTS, str(run), seg_out]
             for r in range(rounds):
                 for name, cmd in cases.items():  # the report reads the merge's trace.json.gz
                     wall, cpu, rss = measured_cpu(cmd, tmp / f"{n}_{r}_{name.split()[0]}.log", env)
@@ -378,11 +434,17 @@ def main_ranks(sizes: list[int], rounds: int, steps: int, python: str | None, ke
                 ranks_seen = len(doc["speed"]["train"]["per_rank"])
                 print(f"  report.json: {ranks_seen} ranks, {report_json.stat().st_size / 1e6:.1f} MB")
     print("\nmedian over rounds (each case in a fresh process):")
-    print("| ranks | merge (wall / CPU / peak RSS) | `report -q` (wall / CPU / peak RSS) | report CPU / merge CPU |")
-    print("|---|---|---|---|")
+    names = ("merge", "report -q", "report from_segments") if summaries else ("merge", "report -q")
+    head = " (from summaries)" if summaries else ""
+    print(
+        f"| ranks | merge (wall / CPU / peak RSS) | `report -q`{head} (wall / CPU / peak RSS) "
+        "| report CPU / merge CPU |"
+        + (" report from segments (wall / CPU / peak RSS) | its CPU / merge CPU |" if summaries else "")
+    )
+    print("|---|---|---|---|" + ("---|---|" if summaries else ""))
     for n in sizes:
         med = {}
-        for name in ("merge", "report -q"):
+        for name in names:
             sel = [r for r in rows if r[0] == n and r[1] == name]
             med[name] = (
                 statistics.median(r[2] for r in sel),
@@ -390,10 +452,14 @@ def main_ranks(sizes: list[int], rounds: int, steps: int, python: str | None, ke
                 max(r[4] for r in sel),
             )
         (mw, mc, mm), (rw, rc, rm) = med["merge"], med["report -q"]
-        print(
+        line = (
             f"| {n:,} | {mw:.1f} s / {mc:.1f} s / {mm / 2**20:.0f} MiB "
             f"| {rw:.1f} s / {rc:.1f} s / {rm / 2**20:.0f} MiB | {rc / mc:.1f}x |"
         )
+        if summaries:
+            sw, sc, sm = med["report from_segments"]
+            line += f" {sw:.1f} s / {sc:.1f} s / {sm / 2**20:.0f} MiB | {sc / mc:.1f}x |"
+        print(line)
 
 
 FULL = "fastprof report json+csv+html"
@@ -416,9 +482,11 @@ def main() -> None:
     ap.add_argument("--rank-steps", type=int, default=2000, help="steps of the recorded rank (--ranks)")
     ap.add_argument("--python", help="a folder put first on the cases' PYTHONPATH (an older fastprof, --ranks)")
     ap.add_argument("--keep", help="build the runs in this folder and keep them (--ranks)")
+    ap.add_argument("--no-summaries", action="store_true", help="no rank summaries, one report case (--ranks)")
     args = ap.parse_args()
     if args.ranks:
-        main_ranks([int(x) for x in args.ranks.split(",")], args.rounds, args.rank_steps, args.python, args.keep)
+        sizes = [int(x) for x in args.ranks.split(",")]
+        main_ranks(sizes, args.rounds, args.rank_steps, args.python, args.keep, not args.no_summaries)
         return
     if args.steps:
         main_steps([int(float(x)) for x in args.steps.split(",")], args.rounds)
