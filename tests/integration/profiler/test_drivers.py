@@ -73,8 +73,9 @@ class Journal(Driver):
 
 def _profiler(tmp_path: Path, driver: Driver, schedule: Any = None) -> fastprof.Profiler:
     prof = fastprof.Profiler(tmp_path, "r", torch=None, sample_hz=0, triggers=False, schedule=schedule)
-    outputs = prof._drivers[-1]  # the run's end stays last: profiler.json is written there
-    prof._use([*prof._drivers[:-1], driver, outputs])
+    # The run's end stays last: profiler.json is written there, then the rank's summary.
+    end = prof._drivers[-2:]
+    prof._use([*prof._drivers[:-2], driver, *end])
     return prof
 
 
