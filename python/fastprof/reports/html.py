@@ -232,12 +232,13 @@ def _step_times_many(page: _Page, doc: dict[str, Any], data: RunData) -> None:
         return
     ranks, heat, bands, heat_per, band_per = got
     page.note(
-        f"{len(ranks):,} ranks (more than {MANY_RANKS}): each rank is a row of the heat map (each cell the longest "
-        f"step of its run of {heat_per} step(s); its colours end at the {html_ranks.HEAT_TOP_PCT:g}th percentile "
-        "of the cells, so a rank slow at every step stands out and longer steps take the top colour), and the "
-        "bands give the spread across the ranks at each step "
-        f"(runs of {band_per} step(s) merged as their mean), with the {html_ranks.RANKS_OVER_BANDS} slowest ranks "
-        "dotted. Every rank's figures are in the Ranks table below."
+        f"{len(ranks):,} ranks (more than {MANY_RANKS}): each rank is a row of the heat map (each cell the median "
+        f"step of its run of {heat_per} step(s): a rank slow at every step stands out, one long step does not; "
+        f"its colours end at the {html_ranks.HEAT_TOP_PCT:g}th percentile of the cells), and the bands give the "
+        f"spread across the ranks at each step (runs of {band_per} step(s) merged as their mean; the max line and "
+        f"the slow-step marks show the long steps), with the {html_ranks.RANKS_OVER_BANDS} ranks slowest at their "
+        "median step dotted. "
+        "Every rank's figures are in the Ranks table below."
     )
     page.plot(html_ranks.step_heatmap(ranks, heat, heat_per))
     fig = html_ranks.step_bands(ranks, bands, band_per)

@@ -25,7 +25,7 @@ from fastprof.reports.data import F64, RunData, human_bytes, step_spans
 from fastprof.reports.many import TOP_K, spread, top
 
 #: Cells of a rank x step heat map at most: its step columns are
-#: ``HEAT_CELLS // ranks`` (within :data:`HEAT_COLUMNS`), each the longest
+#: ``HEAT_CELLS // ranks`` (within :data:`HEAT_COLUMNS`), each the median
 #: step of its run of steps.
 HEAT_CELLS = 150_000
 HEAT_COLUMNS = (20, 500)
@@ -65,7 +65,7 @@ def _buckets(n: int, b: int) -> tuple[np.ndarray[Any, np.dtype[np.int64]], int]:
 
 def step_matrices(data: RunData) -> tuple[list[int], F64, F64, int, int] | None:
     """Each rank's step times (ms), merged into runs of consecutive steps:
-    (ranks, heat: ranks x heat columns of each run's longest step, bands:
+    (ranks, heat: ranks x heat columns of each run's median step, bands:
     ranks x band columns of each run's mean step, steps per heat column,
     steps per band column). NaN where a rank has no such step. None
     without steps."""
@@ -78,20 +78,25 @@ def step_matrices(data: RunData) -> tuple[list[int], F64, F64, int, int] | None:
         return None
     n = max(len(d) for _, d in per_rank)
     cols = int(np.clip(HEAT_CELLS // len(per_rank), *HEAT_COLUMNS))
-    hb, hn = _buckets(n, cols)
+    _hb, hn = _buckets(n, cols)
+    per = max(1, -(-n // cols))
     bb, bn = _buckets(n, BAND_POINTS)
     heat = np.full((len(per_rank), hn), np.nan)
     bands = np.full((len(per_rank), bn), np.nan)
     for i, (_r, d) in enumerate(per_rank):
-        h = hb[: len(d)]
-        np.fmax.at(heat[i], h, d)
+        # The median of each run: the rank's typical step there (its long
+        # steps are the bands' max and the slow-step marks); no run all NaN.
+        m = -(-len(d) // per)
+        runs = np.full(m * per, np.nan)
+        runs[: len(d)] = d
+        heat[i, :m] = np.nanmedian(runs.reshape(m, per), axis=1)
         b = bb[: len(d)]
         bands[i, : int(b[-1]) + 1] = np.bincount(b, weights=d) / np.bincount(b)
-    return [r for r, _ in per_rank], heat, bands, max(1, -(-n // cols)), max(1, -(-n // BAND_POINTS))
+    return [r for r, _ in per_rank], heat, bands, per, max(1, -(-n // BAND_POINTS))
 
 
 def step_heatmap(ranks: list[int], heat: F64, per: int) -> go.Figure:
-    """Rank x step: each cell the longest step of its run of ``per`` steps."""
+    """Rank x step: each cell the median step of its run of ``per`` steps."""
     fig = figure(
         f"Step time, rank x step ({len(ranks):,} ranks)",
         "rank",
@@ -150,13 +155,14 @@ def _band_lines(fig: go.Figure, x: Any, m: F64, axis: int = 0) -> None:
 
 def step_bands(ranks: list[int], bands: F64, per: int) -> go.Figure:
     """Step time across the ranks: min / median / p95 / max per step (runs
-    of ``per`` steps merged as their mean), and the slowest ranks' own lines."""
+    of ``per`` steps merged as their mean), and the own lines of the ranks
+    slowest at their median step."""
     fig = figure("Step time across ranks (min, median, p95, max)", "ms")
     x = np.arange(bands.shape[1], dtype=np.int64) * per
     _band_lines(fig, x, bands)
-    with np.errstate(all="ignore"):
-        mean = np.nanmean(bands, axis=1)
-    for r, _v in top(zip(ranks, mean.tolist(), strict=True), RANKS_OVER_BANDS):
+    # The slowest by their typical step (each row's median), not by a few long ones.
+    typical = np.nanmedian(bands, axis=1)
+    for r, _v in top(zip(ranks, typical.tolist(), strict=True), RANKS_OVER_BANDS):
         fig.add_trace(go.Scatter(x=x, y=bands[ranks.index(r)], mode="lines", name=f"rank {r}", line={"dash": "dot"}))
     fig.update_xaxes(title_text="step (ordinal on the rank)" + (f", mean of each {per}" if per > 1 else ""))
     return fig
