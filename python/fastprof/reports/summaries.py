@@ -121,7 +121,7 @@ def pack(a: npt.NDArray[Any]) -> dict[str, Any]:
 def _unpack(p: dict[str, Any]) -> npt.NDArray[Any]:
     raw = zlib.decompress(base64.b64decode(p["z"]))
     if p["dtype"] == "i8d":
-        return np.cumsum(np.frombuffer(raw, "<i8")).astype(np.int64)
+        return np.cumsum(np.frombuffer(raw, "<i8"), dtype=np.int64)
     return np.frombuffer(raw, "<f8").astype(np.float64)
 
 
@@ -207,7 +207,16 @@ def _light_data(run: Any, sums: list[dict[str, Any]]) -> _data.RunData:
     ids: dict[str, int] = {}
 
     def table(part: str, cols: tuple[str, str]) -> dict[str, npt.NDArray[Any]]:
-        name_col, rank_col, a_col, b_col = [], [], [], []
+        # Each column allocated once at its final length and filled rank by
+        # rank (a concatenation held every part and the whole at once).
+        total = sum(int(s[part][cols[0]]["n"]) for s in sums)
+        out: dict[str, npt.NDArray[Any]] = {
+            "name": np.empty(total, np.uint32),
+            "rank": np.empty(total, np.int32),
+            cols[0]: np.empty(total, np.int64),
+            cols[1]: np.empty(total, np.int64 if cols[1] == "dur" else np.float64),
+        }
+        at = 0
         for s in sums:
             t = s[part]
             run_names = [n for n, _ in t["names"]]
@@ -216,21 +225,13 @@ def _light_data(run: Any, sums: list[dict[str, Any]]) -> _data.RunData:
                 ids.setdefault(n, len(ids))
                 if ids[n] == len(names):
                     names.append(n)
-            name_col.append(np.repeat(np.asarray([ids[n] for n in run_names], np.uint32), counts))
-            a, b = _unpack(t[cols[0]]), _unpack(t[cols[1]])
-            rank_col.append(np.full(len(a), int(s["rank"]), np.int32))
-            a_col.append(a)
-            b_col.append(b)
-
-        def cat(parts: list[npt.NDArray[Any]], dtype: Any) -> npt.NDArray[Any]:
-            return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
-
-        return {
-            "name": cat(name_col, np.uint32),
-            "rank": cat(rank_col, np.int32),
-            cols[0]: cat(a_col, np.int64),
-            cols[1]: cat(b_col, np.int64 if cols[1] == "dur" else np.float64),
-        }
+            end = at + int(t[cols[0]]["n"])
+            out["name"][at:end] = np.repeat(np.asarray([ids[n] for n in run_names], np.uint32), counts)
+            out["rank"][at:end] = int(s["rank"])
+            out[cols[0]][at:end] = _unpack(t[cols[0]])
+            out[cols[1]][at:end] = _unpack(t[cols[1]])
+            at = end
+        return out
 
     spans = table("spans", ("ts", "dur"))
     n = len(spans["ts"])
