@@ -312,9 +312,8 @@ def anatomy_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figure]
         if heat is not None:
             figs.append(heat)
         by_rank = {int(r["rank"]): r for r in an["per_rank"]}
-        picks = representatives(
-            (int(r["rank"]), int(r["step_total_ns"]) / r["steps"] if r.get("steps") else None) for r in an["per_rank"]
-        )
+        typical = {int(r["rank"]): r["p50_s"] for r in doc["ranks"]["per_rank"]}
+        picks = representatives((int(r["rank"]), typical.get(int(r["rank"]))) for r in an["per_rank"])
         shown = [by_rank[rank] for label, rank in picks if label in ("slowest 1", "slowest 2", "median")]
     for r in shown:
         got = per_step_phases(data, int(r["rank"]))
@@ -402,17 +401,17 @@ def step_part_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figur
 
 
 #: Per-rank plots of a part of the page above MANY_RANKS ranks: the two
-#: slowest ranks by mean step and the median one.
+#: slowest ranks by median step and the median one.
 RANK_PLOTS_MANY = ("slowest 1", "slowest 2", "median")
 
 
 def _shown(items: list[Any], doc: dict[str, Any], data: RunData, rank_of: Any) -> list[Any]:
     """The items (one per rank) to plot: the first :data:`MAX_RANK_PLOTS`;
     above MANY_RANKS ranks those of the two slowest ranks and the median one
-    by mean step (the first three when those are not among them)."""
+    by median step (the first three when those are not among them)."""
     if not many(len(data.ranks)):
         return items[:MAX_RANK_PLOTS]
-    picks = representatives((int(r["rank"]), r["mean_s"]) for r in doc["ranks"]["per_rank"])
+    picks = representatives((int(r["rank"]), r["p50_s"]) for r in doc["ranks"]["per_rank"])
     wanted = [rank for label, rank in picks if label in RANK_PLOTS_MANY]
     by_rank = {rank_of(x): x for x in items}
     got = [by_rank[r] for r in wanted if r in by_rank]

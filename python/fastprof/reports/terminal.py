@@ -80,7 +80,7 @@ def render(doc: dict[str, Any], verbose: bool = False, file: Any = None, title: 
     if wide and len(hangs) > TOP_K:
         con.print(f"  ... {len(hangs) - TOP_K} more hang(s) in report.json")
     if wide:
-        _anatomy_across(con, doc.get("anatomy"), n_ranks)
+        _anatomy_across(con, doc.get("anatomy"), n_ranks, _typical(doc))
         _memory_across(con, doc.get("memory"), n_ranks)
         _triggers_across(con, doc, n_ranks)
     else:
@@ -299,26 +299,30 @@ def _system_across(con: Any, sysr: dict[str, Any], n_ranks: int) -> None:
 
 
 def _ranks_across(con: Any, doc: dict[str, Any], n_ranks: int) -> None:
-    """Each rank's mean step: its distribution and the slowest ranks."""
+    """Each rank's median and mean step: their distributions, and the ranks
+    whose median step stands out (a rank slow at every step, not one whose
+    few long steps raise its mean: those are the slow steps, below)."""
     per = doc["ranks"]["per_rank"]
-    s = spread((r["rank"], r["mean_s"]) for r in per)
-    if s is None:
+    typical = spread((r["rank"], r["p50_s"]) for r in per)
+    mean = spread((r["rank"], r["mean_s"]) for r in per)
+    if typical is None or mean is None:
         return
     ms = "{:.2f} ms".format
-    con.print(f"Mean step of each rank ({n_ranks:,} ranks): {spread_text(s, lambda v: ms(v * 1e3))}")
-    out = outliers((r["rank"], r["mean_s"]) for r in per)
+    con.print(f"Median step of each rank ({n_ranks:,} ranks): {spread_text(typical, lambda v: ms(v * 1e3))}")
+    con.print(f"Mean step of each rank: {spread_text(mean, lambda v: ms(v * 1e3))}")
+    rule = f"median step more than {OUTLIER_MADS:g} MADs and {100 * OUTLIER_SHARE:g}% above the ranks' median"
+    out = outliers((r["rank"], r["p50_s"]) for r in per)
     if out:
         con.print(
-            f"  {len(out):,} rank(s) stand out (mean step more than {OUTLIER_MADS:g} MADs and "
-            f"{100 * OUTLIER_SHARE:g}% above the median): "
-            + ", ".join(f"rank {r} {v * 1e3:.2f} ms ({100 * (v / s.p50 - 1):+.0f}%)" for r, v in out[:20])
+            f"  {len(out):,} rank(s) stand out ({rule}): "
+            + ", ".join(f"rank {r} {v * 1e3:.2f} ms ({100 * (v / typical.p50 - 1):+.0f}%)" for r, v in out[:20])
             + (f" and {len(out) - 20:,} more" if len(out) > 20 else "")
         )
     else:
-        worst = top((r["rank"], r["mean_s"]) for r in per)
+        worst = top((r["rank"], r["p50_s"]) for r in per)
         con.print(
-            f"  none stands out (more than {OUTLIER_MADS:g} MADs and {100 * OUTLIER_SHARE:g}% above the median); "
-            f"the {len(worst)} slowest: " + ", ".join(f"rank {r} {v * 1e3:.2f} ms" for r, v in worst)
+            f"  none stands out ({rule}); the {len(worst)} slowest: "
+            + ", ".join(f"rank {r} {v * 1e3:.2f} ms" for r, v in worst)
         )
 
 
@@ -511,24 +515,30 @@ def _anatomy(con: Any, section: dict[str, Any] | None) -> None:
             con.print(slow_step_line(r["rank"], s), markup=False)
 
 
-def _anatomy_across(con: Any, section: dict[str, Any] | None, n_ranks: int) -> None:
+def _typical(doc: dict[str, Any]) -> dict[int, float]:
+    """Each rank's median step (s), the figure the tables of many ranks
+    pick their rows by: a rank slow at every step, not one with a few long
+    steps."""
+    return {int(r["rank"]): float(r["p50_s"]) for r in doc["ranks"]["per_rank"] if r.get("p50_s") is not None}
+
+
+def _anatomy_across(con: Any, section: dict[str, Any] | None, n_ranks: int, typical: dict[int, float]) -> None:
     """The anatomy of many ranks: the rows of the ranks that stand for the
-    rest (the slowest, the median, the fastest by mean step), the GPU
+    rest (the slowest, the median, the fastest by median step), the GPU
     verdicts counted, every straggler named, the slow steps counted with the
     worst few."""
     if not section:
         return
     per = section["per_rank"]
     by_rank = {int(r["rank"]): r for r in per}
-    picks = representatives(
-        (int(r["rank"]), int(r["step_total_ns"]) / r["steps"] if r.get("steps") else None) for r in per
-    )
+    picks = representatives((int(r["rank"]), typical.get(int(r["rank"]))) for r in per)
     t = Table(
         title=f"Step anatomy, every step (% of step time; p50 ms per step): {len(picks)} of {n_ranks:,} ranks "
-        "by mean step (every rank in report.json)"
+        "by median step (every rank in report.json)"
     )
     t.add_column("which")
     t.add_column("rank", justify="right")
+    t.add_column("median step", justify="right")
     t.add_column("mean step", justify="right")
     for p in section["phases"]:
         t.add_column(p, justify="right")
@@ -538,6 +548,7 @@ def _anatomy_across(con: Any, section: dict[str, Any] | None, n_ranks: int) -> N
         t.add_row(
             label,
             str(rank),
+            f"{typical[rank] * 1e3:.2f} ms",
             f"{int(r['step_total_ns']) / r['steps'] / 1e6:.2f} ms",
             *(f"{100 * ph[p]['share']:.1f}% ({ph[p]['p50_ns'] / 1e6:.2f})" for p in section["phases"]),
         )
@@ -587,16 +598,16 @@ def _breakdown_table(section: dict[str, Any], wide: bool = False) -> Table:
     """Per rank: the share of step time in each role (the TensorBoard
     plugin's priorities), summed over the steps the breakdown covers; with
     many ranks, the ranks that stand for the rest (slowest, median, fastest
-    by mean step)."""
+    by median step)."""
     title = f"Step-time breakdown (% of step time in {section.get('steps_from') or section['source']})"
     rows = section["per_rank"]
     labels: dict[int, str] = {}
     if wide:
-        picks = representatives((int(r["rank"]), float(r["step_mean_ns"])) for r in rows)
+        picks = representatives((int(r["rank"]), float(r.get("step_p50_ns") or r["step_mean_ns"])) for r in rows)
         by_rank = {int(r["rank"]): r for r in rows}
         labels = {rank: label for label, rank in picks}
         rows = [by_rank[rank] for _, rank in picks]
-        title += f": {len(rows)} of {len(section['per_rank']):,} ranks by mean step (every rank in report.json)"
+        title += f": {len(rows)} of {len(section['per_rank']):,} ranks by median step (every rank in report.json)"
     t = Table(title=title)
     for col in (*(("which",) if wide else ()), "rank", "steps", "mean step", *_ROLES, "GPU util"):
         t.add_column(col.replace("_", " "), justify="left" if col == "which" else "right")

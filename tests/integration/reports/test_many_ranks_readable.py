@@ -102,11 +102,14 @@ def _check_terminal(lines: list[str], doc: dict[str, Any], slow: set[int]) -> No
     assert m, flat[:3000]
     named = {int(r) for r in re.findall(r"rank (\d+) [\d.]+ ms", m.group(2))}
     assert int(m.group(1)) == len(slow) and named == slow, (m.group(0), slow)
-    # The distribution's ends are report.json's (read with json).
-    mean = {int(r["rank"]): float(r["mean_s"]) for r in doc["ranks"]["per_rank"]}
-    top_rank = min(mean, key=lambda r: (-mean[r], r))
-    assert f"max {mean[top_rank] * 1e3:.2f} ms (rank {top_rank})" in flat
-    assert top_rank in slow
+    # The distributions' ends are report.json's (read with json).
+    for key, what in (("p50_s", "Median step of each rank"), ("mean_s", "Mean step of each rank")):
+        v = {int(r["rank"]): float(r[key]) for r in doc["ranks"]["per_rank"]}
+        hi, lo = min(v, key=lambda r: (-v[r], r)), min(v, key=lambda r: (v[r], r))
+        said = flat[flat.index(what) :]
+        assert said.index(f"min {v[lo] * 1e3:.2f} ms (rank {lo})") < said.index(f"max {v[hi] * 1e3:.2f} ms (rank {hi})")
+        if key == "p50_s":
+            assert hi in slow
     # The anatomy's table: the slowest rows are the slow ranks.
     rows = dict(re.findall(r"│ (slowest \d|median|fastest)\s+│\s+(\d+) │", "\n".join(lines)))
     assert {int(rows[f"slowest {i + 1}"]) for i in range(len(slow))} == slow, rows
