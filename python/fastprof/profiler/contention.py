@@ -30,9 +30,9 @@ waiting (3-6x at 50%) is called the host's.
 
 **Waited for another rank.** On a run of more than one rank, the step's
 wait for the others is its time blocked (neither on a CPU nor waiting for
-one) in the phase that made it slow, when that phase is one where the ranks
-wait for each other (``communication``; ``backward``, where DDP all-reduces
-the gradients), up to that phase's excess over its median. The two rules
+one), up to what the phases where the ranks wait for each other
+(``communication``; ``backward``, where DDP all-reduces the gradients) took
+over their medians in it. The two rules
 are one: a slow step is the job's only when what is left of it, less its
 wait for a CPU and its wait for the other ranks, is still a slow step;
 otherwise the larger of the two waits is its cause, and it is recorded, not
@@ -119,25 +119,23 @@ def judge(dur_ns: int, median_ns: int, run_delay_ns: int, usual_rate: float = 0.
     return Contention(dur, median, waited, usual, cause, ranks)
 
 
-def rank_wait_ns(
-    dur_ns: int, waited_ns: int, on_cpu_ns: int, phase: str | None, phase_excess_ns: int, world: int
-) -> int:
+def rank_wait_ns(dur_ns: int, waited_ns: int, on_cpu_ns: int, rank_phases_excess_ns: int, world: int) -> int:
     """A slow step's wait for the other ranks: its time blocked (``dur_ns``
-    less its wait for a CPU and its time on one), up to the excess over its
-    median of its slowest ``phase`` where that is one the ranks wait in; 0
-    on one rank."""
-    if world < 2 or phase not in RANK_PHASES:
+    less its wait for a CPU and its time on one), up to
+    ``rank_phases_excess_ns``, what the phases the ranks wait in
+    (:data:`RANK_PHASES`) took in it over their medians; 0 on one rank."""
+    if world < 2:
         return 0
     blocked = int(dur_ns) - int(waited_ns) - max(int(on_cpu_ns), 0)
-    return max(min(blocked, int(phase_excess_ns)), 0)
+    return max(min(blocked, int(rank_phases_excess_ns)), 0)
 
 
 def rule() -> str:
     """The rule, as the records and the report say it."""
     return (
         "a slow step is the job's only when what is left of it, less its wait for a CPU and (on more than one "
-        "rank) its time blocked in the phase that made it slow where that is one the ranks wait in "
-        f"({', '.join(RANK_PHASES)}), is still a slow step (over {FACTOR:g}x the median and "
+        "rank) its time blocked, up to what the phases the ranks wait in "
+        f"({', '.join(RANK_PHASES)}) took over their medians, is still a slow step (over {FACTOR:g}x the median and "
         f"{MIN_EXCESS_NS / 1e6:g} ms more); otherwise the larger wait is its cause: host contention or another rank"
     )
 

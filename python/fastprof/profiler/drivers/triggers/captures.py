@@ -64,8 +64,8 @@ class Captures:
     """``has_windows()``: the Profiler drives torch.profiler windows (else a
     capture has nothing to record with); ``last_window()``: the latest one
     begun; ``explain(step)``: which phase made a step slow (the anatomy's
-    line, and the phase's name where one stood out, with its excess over its
-    median in ns)."""
+    line, and what the phases the ranks wait in took in it over their
+    medians, ns)."""
 
     def __init__(
         self,
@@ -74,8 +74,8 @@ class Captures:
         store: RankStore,
         has_windows: Callable[[], bool],
         last_window: Callable[[], Window | None],
-        explain: Callable[[int], tuple[str | None, str | None, int]],
-        judge: Callable[[int, int, str | None, int, int], Judged] | None = None,
+        explain: Callable[[int], tuple[str | None, int]],
+        judge: Callable[[int, int, int, int], Judged] | None = None,
     ) -> None:
         self.board = board
         self.flight = flight
@@ -109,8 +109,8 @@ class Captures:
             return
         if not burst:
             self._burst_jobs = False
-        text, phase, phase_excess = self.explain(batch)
-        judged = None if self.judge is None else self.judge(dur_ns, median_ns, phase, phase_excess, self.board.world)
+        text, rank_phases = self.explain(batch)
+        judged = None if self.judge is None else self.judge(dur_ns, median_ns, rank_phases, self.board.world)
         host = judged is not None and judged.cause == contention.HOST
         other_rank = judged is not None and judged.cause == contention.RANK
         rec: dict[str, Any] = {
@@ -125,7 +125,8 @@ class Captures:
         if judged is not None:
             rec.update(judged.record)
         if other_rank:
-            rec["said"] = f"step {batch}: {dur_ns / 1e6:.1f} ms, waiting for another rank in {phase}"
+            w = float(rec.get("rank_wait_ms") or 0.0)
+            rec["said"] = f"step {batch}: {dur_ns / 1e6:.1f} ms, of which {w:.1f} ms waiting for another rank"
         if host:
             rec["said"] = contention.text(batch, dur_ns / 1e6, float(rec.get("waited_ms") or 0.0))
         rec["time"] = time.time()

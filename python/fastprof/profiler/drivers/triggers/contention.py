@@ -56,12 +56,10 @@ class ContentionWatch:
             self._watch = None
             self.error = f"the kernel's run delay is not readable ({e}): slow steps are not told apart from contention"
 
-    def judge(
-        self, dur_ns: int, median_ns: int, phase: str | None = None, phase_excess_ns: int = 0, world: int = 1
-    ) -> Judged:
+    def judge(self, dur_ns: int, median_ns: int, rank_phases_excess_ns: int = 0, world: int = 1) -> Judged:
         """Called on the training thread at the boundary after a slow step;
-        ``phase``: the phase that made it slow and its excess over its median
-        (ns), ``world``: the run's ranks."""
+        ``rank_phases_excess_ns``: what the phases the ranks wait in took in
+        it over their medians, ``world``: the run's ranks."""
         tid = threading.get_native_id()
         if self._watch is not None and tid != self._tid:
             # Steps run on another thread than the one watched: watch it
@@ -79,7 +77,7 @@ class ContentionWatch:
         rate = float(w["usual_rate"])
         dur, waited = int(dur_ns), min(int(w["run_delay_ns"]), int(dur_ns))
         on_cpu = min(int(w.get("on_cpu_ns", 0)), dur)
-        ranks = contention.rank_wait_ns(dur, waited, on_cpu, phase, phase_excess_ns, world)
+        ranks = contention.rank_wait_ns(dur, waited, on_cpu, rank_phases_excess_ns, world)
         c = contention.judge(dur, median_ns, waited, rate, ranks)
         rec: dict[str, Any] = {
             "cause": c.cause,
@@ -90,7 +88,7 @@ class ContentionWatch:
             # The step's time on a CPU, and neither on one nor waiting (blocked).
             "on_cpu_ms": round(on_cpu / 1e6, 3),
             "blocked_ms": round(max(c.dur_ns - c.waited_ns - on_cpu, 0) / 1e6, 3),
-            # Of it, in the phase the ranks wait in that made it slow (0 on one rank).
+            # Of it, the wait for the other ranks (0 on one rank).
             "rank_wait_ms": round(c.rank_wait_ns / 1e6, 3),
             # The readings' interval that straddles the step's begin began this
             # long before the step's end (of it only the part in the step counts).

@@ -15,10 +15,13 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+
 from fastprof import _core
 from fastprof._loop_api import TriggerHost, Window
 from fastprof.memory._files import write_atomic
 from fastprof.memory.oom import add_oom_listener, is_oom, remove_oom_listener
+from fastprof.profiler import contention
 from fastprof.profiler.anatomy import TIMED
 from fastprof.profiler.driver import Closing, Driver
 from fastprof.profiler.drivers.anatomy import AnatomyDriver
@@ -39,7 +42,6 @@ from fastprof.profiler.drivers.triggers.state import Board
 from fastprof.profiler.drivers.triggers.store import RankStore
 from fastprof.profiler.drivers.windows import WindowsDriver
 from fastprof.profiler.schedule import Action
-from fastprof.profiler.slow_phase import slow_phase
 from fastprof.profiler.slow_step import SlowStepRule
 
 __all__ = ["TriggerDriver"]
@@ -111,23 +113,21 @@ class TriggerDriver(Driver):
         records = [] if self.windows is None else self.windows.records()
         return records[-1] if records else None
 
-    def _explain(self, step: int) -> tuple[str | None, str | None, int]:
-        """Which phase made step ``step`` slow: the anatomy's line, and the
-        phase's name where one stood out (the same rule, on the same rows)
-        with its excess over its median (ns)."""
+    def _explain(self, step: int) -> tuple[str | None, int]:
+        """Which phase made step ``step`` slow (the anatomy's line), and what
+        the phases the ranks wait in took in it over their medians over the
+        recent steps (ns; :data:`fastprof.profiler.contention.RANK_PHASES`)."""
         if self.anatomy is None:
-            return None, None, 0
+            return None, 0
         recent = self.anatomy.anatomy.recent()
         row = recent.get(step)
-        phase, excess = None, 0
-        if row is not None:
-            others = [r for s, r in recent.items() if s != step]
-            got = slow_phase(
-                dict(zip(TIMED, row, strict=True)), {p: [r[i] for r in others] for i, p in enumerate(TIMED)}
-            )
-            if got is not None and got.stands_out:
-                phase, excess = got.phase, round((got.took - got.median) * self._ns_per_tick())
-        return self.anatomy.explain(step), phase, excess
+        others = [r for s, r in recent.items() if s != step]
+        rank_phases = 0.0
+        if row is not None and others:
+            for p in contention.RANK_PHASES:
+                i = TIMED.index(p)
+                rank_phases += max(row[i] - float(np.median([r[i] for r in others])), 0.0)
+        return self.anatomy.explain(step), round(rank_phases * self._ns_per_tick())
 
     def _ns_per_tick(self) -> float:
         """The core's ticks in ns, measured from the start (the anatomy's rows are in ticks)."""
