@@ -223,9 +223,10 @@ def report(
     reported from those summaries, without reading its traces, when the
     options are the defaults (not ``verbose``, no ``warmup_steps`` or
     ``batch_size``); ``from_segments=True`` reads the traces whatever
-    there is. From summaries, breakdown.csv (a row per step and rank) is
-    still the traces' (a streaming pass of the core), and the page reads
-    the segments of the ranks it shows in detail.
+    there is. From summaries, breakdown.csv (a row per step and rank) and
+    the page's breakdown bars are still the traces' (a streaming pass of
+    the core), and the page reads the segments of the ranks it shows in
+    detail.
 
     Raises :class:`fastprof.FastprofFileNotFoundError` for a missing path,
     :class:`fastprof.TraceError` for a file that is not a trace, and
@@ -325,12 +326,13 @@ def _report_from_summaries(
             shown = data.ranks[: _summaries.DETAIL_RANKS]
             data = _summaries.with_detail(data, _data.load_ranks(run.folder, shown))
             tick(f"read the segments of rank(s) {shown[0]}-{shown[-1]} for the page's detail")
-        if staging is not None and "csv" in fmts:
-            # breakdown.csv, one row per step and rank, is the traces' (the
-            # core's streaming pass, rows straight into the file); its
-            # section in report.json stays the summaries'.
-            data.breakdown = _breakdown(run.target, staging, out)
-            tick(f"breakdown.csv: {len(data.breakdown)} steps")
+        if staging is not None and ("csv" in fmts or "html" in fmts):
+            # breakdown.csv, one row per step and rank, and the page's
+            # breakdown bars are the traces' (the core's streaming pass, rows
+            # straight into the file); the section in report.json stays the
+            # summaries'.
+            data.breakdown = _breakdown(run.target, staging if "csv" in fmts else None, out)
+            tick(f"breakdown: {len(data.breakdown)} steps")
         rep = Report(doc)
         if staging is not None:
             rep.files = _write(doc, data, staging, out, fmts, tick)

@@ -24,9 +24,10 @@ What a report from summaries gives differently (docs/reports.md):
   clock-aligned timeline (durations are the same; a rank's times relative to
   the run's start, e.g. rotated segments' ``*_s``, may differ by the
   ranks' clock offsets, which the merge aligns and each rank alone does not);
-- ``breakdown.csv`` (one row per step and rank) is still written from the
-  traces, by the core's streaming pass, when CSV is asked for, and the torch
-  windows' operator tables from their traces;
+- ``breakdown.csv`` (one row per step and rank) and the page's breakdown
+  bars are still made from the traces, by the core's streaming pass, when
+  CSV or HTML is asked for, and the torch windows' operator tables from
+  their traces;
 - the page (report.html) reads the segments of the first
   :data:`DETAIL_RANKS` ranks for its detail (spans within steps, counters,
   operators); its per-step figures of every rank come from the summaries,
