@@ -20,9 +20,11 @@ use crate::recording::Name;
 use crate::session::PyHooks;
 use crate::steps::_StepLoop;
 use fastprof_core::runtime::{clock, registry};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// The phases, in the order of a step's row of times (communication, the
@@ -102,6 +104,8 @@ pub struct _PhaseClock {
     steps: Mutex<Option<Py<PyAny>>>,
     /// `mark(phase, end)` of the GPU timing, where CUDA is used.
     gpu: Mutex<Option<Py<PyAny>>>,
+    /// `gpu` is set: a phase boundary takes its lock only then.
+    has_gpu: AtomicBool,
     /// Called after an optimizer step while set (the anatomy's learning).
     on_optimizer_step: Mutex<Option<Py<PyAny>>>,
 }
@@ -137,7 +141,7 @@ impl _PhaseClock {
 
     /// Make `marks` on the GPU timing, where there is one (false: none).
     fn mark(&self, py: Python<'_>, marks: &[Mark]) -> bool {
-        if marks.iter().all(Option::is_none) {
+        if !self.has_gpu.load(Ordering::Relaxed) || marks.iter().all(Option::is_none) {
             return false;
         }
         let gpu = self
@@ -264,27 +268,42 @@ impl _PhaseClock {
         self.mark(py, &marks);
     }
 
-    /// `inner(*args, **kwargs)`, timed as `kind` where this call is timed
-    /// (for a forward, `args[0]` is the module): what every timed call runs.
-    fn call(
+    /// `inner(*args)` with `args` as a vectorcall passes them, timed as
+    /// `kind` where this call is timed (for a forward, `args[0]` is the
+    /// module): what every timed call runs. No tuple, no dict: the
+    /// arguments go through as they came.
+    ///
+    /// # Safety
+    /// The attached thread's `args`, `nargsf` and `kwnames` of one vectorcall.
+    unsafe fn vectorcall(
         &self,
         py: Python<'_>,
         kind: u8,
         inner: &Py<PyAny>,
-        args: &Bound<'_, PyTuple>,
-        kwargs: Option<&Bound<'_, PyDict>>,
-    ) -> PyResult<Py<PyAny>> {
-        let module = if kind == KIND_FORWARD {
-            args.get_borrowed_item(0).ok()
+        args: *const *mut ffi::PyObject,
+        nargsf: usize,
+        kwnames: *mut ffi::PyObject,
+    ) -> *mut ffi::PyObject {
+        let module = if kind == KIND_FORWARD && ffi::PyVectorcall_NARGS(nargsf) > 0 {
+            Some(Bound::from_borrowed_ptr(py, *args))
         } else {
             None
         };
-        if !self.enter(py, kind, module.as_deref()) {
-            return Ok(inner.bind(py).call(args, kwargs)?.unbind());
+        if !self.enter(py, kind, module.as_ref()) {
+            return ffi::PyObject_Vectorcall(inner.as_ptr(), args, nargsf, kwnames);
         }
-        let r = inner.bind(py).call(args, kwargs);
-        self.leave(py, kind);
-        Ok(r?.unbind())
+        let r = ffi::PyObject_Vectorcall(inner.as_ptr(), args, nargsf, kwnames);
+        if r.is_null() {
+            // The job's exception waits while the phase ends (a GPU mark is a call).
+            let e = PyErr::take(py);
+            self.leave(py, kind);
+            if let Some(e) = e {
+                e.restore(py);
+            }
+        } else {
+            self.leave(py, kind);
+        }
+        r
     }
 }
 
@@ -307,6 +326,7 @@ impl _PhaseClock {
             state: Mutex::new(State::default()),
             steps: Mutex::new(None),
             gpu: Mutex::new(None),
+            has_gpu: AtomicBool::new(false),
             on_optimizer_step: Mutex::new(None),
         })
     }
@@ -332,6 +352,7 @@ impl _PhaseClock {
         drop(st);
         *self.steps.lock().unwrap_or_else(|e| e.into_inner()) = None;
         *self.gpu.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.has_gpu.store(false, Ordering::Relaxed);
         *self
             .on_optimizer_step
             .lock()
@@ -341,7 +362,9 @@ impl _PhaseClock {
     /// The GPU timing's `mark(phase, end)`, or None.
     #[pyo3(signature = (mark=None))]
     fn set_gpu(&self, mark: Option<Py<PyAny>>) {
+        let on = mark.is_some();
         *self.gpu.lock().unwrap_or_else(|e| e.into_inner()) = mark;
+        self.has_gpu.store(on, Ordering::Relaxed);
     }
 
     /// `callback()` after each optimizer step recorded, or None.
@@ -394,9 +417,16 @@ impl _PhaseClock {
         self.lock().forward_depth
     }
 
-    /// torch's global optimizer step pre-hook (`(optimizer, args, kwargs)`).
-    #[pyo3(signature = (*_args))]
-    fn optimizer_pre(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) {
+    /// torch's global optimizer step pre-hook (`(optimizer, args, kwargs)`;
+    /// three positional arguments: no tuple is made for them).
+    #[pyo3(signature = (_optimizer, _args, _kwargs))]
+    fn optimizer_pre(
+        &self,
+        py: Python<'_>,
+        _optimizer: &Bound<'_, PyAny>,
+        _args: &Bound<'_, PyAny>,
+        _kwargs: &Bound<'_, PyAny>,
+    ) {
         let mut st = self.lock();
         if !st.mine() {
             return;
@@ -407,9 +437,15 @@ impl _PhaseClock {
         self.mark(py, &[Some((OPTIMIZER, false))]);
     }
 
-    /// torch's global optimizer step post-hook.
-    #[pyo3(signature = (*_args))]
-    fn optimizer_post(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<()> {
+    /// torch's global optimizer step post-hook (as the pre-hook).
+    #[pyo3(signature = (_optimizer, _args, _kwargs))]
+    fn optimizer_post(
+        &self,
+        py: Python<'_>,
+        _optimizer: &Bound<'_, PyAny>,
+        _args: &Bound<'_, PyAny>,
+        _kwargs: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         let mut st = self.lock();
         if st.optimizer_t0 == 0 || !st.mine() {
             return Ok(());
@@ -505,28 +541,29 @@ impl _PhaseClock {
         inner: Py<PyAny>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
         let py = slf.py();
-        let clock: Py<_PhaseClock> = slf.clone().unbind();
-        let f = pyo3::types::PyCFunction::new_closure(
-            py,
-            Some(c"__call__"),
-            Some(c"An outermost module's call, timed by fastprof's step anatomy."),
-            move |args: &Bound<'_, PyTuple>,
-                  kwargs: Option<&Bound<'_, PyDict>>|
-                  -> PyResult<Py<PyAny>> {
-                clock
-                    .get()
-                    .call(args.py(), KIND_FORWARD, &inner, args, kwargs)
-            },
-        )?;
+        let timed = _Timed::new(py, slf.clone().unbind(), KIND_FORWARD, inner)?;
+        let def: &'static ffi::PyMethodDef = &FORWARD_CALL.0;
+        // SAFETY: a static method table; the function holds `timed` as its self.
+        let f = unsafe {
+            Bound::from_owned_ptr_or_err(
+                py,
+                ffi::PyCMethod_New(
+                    def as *const ffi::PyMethodDef as *mut ffi::PyMethodDef,
+                    timed.as_ptr(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                ),
+            )?
+        };
         let m = unsafe { PyInstanceMethod_New(f.as_ptr()) };
         let m = unsafe { Bound::from_owned_ptr_or_err(py, m)? };
-        Ok((m, f.into_any()))
+        Ok((m, f))
     }
 
     /// A wrapper of `inner` that times backward (`"backward"`) or an
     /// optimizer's `zero_grad` (`"zero_grad"`); an outermost module's call
     /// is `forward_call`'s.
-    fn wrap(slf: &Bound<'_, Self>, kind: &str, inner: Py<PyAny>) -> PyResult<_Timed> {
+    fn wrap(slf: &Bound<'_, Self>, kind: &str, inner: Py<PyAny>) -> PyResult<Py<_Timed>> {
         let kind = match kind {
             "backward" => KIND_BACKWARD,
             "zero_grad" => KIND_ZERO_GRAD,
@@ -536,11 +573,7 @@ impl _PhaseClock {
                 )))
             }
         };
-        Ok(_Timed {
-            clock: slf.clone().unbind(),
-            kind,
-            inner,
-        })
+        Ok(_Timed::new(slf.py(), slf.clone().unbind(), kind, inner)?.unbind())
     }
 }
 
@@ -557,25 +590,117 @@ extern "C" {
 /// A timed call: `inner(*args, **kwargs)` inside its phase on the training
 /// thread, passed through elsewhere. A method when set on a class (it binds
 /// like a function). Adds no frame to a traceback.
+///
+/// Called by vectorcall (CPython's call without an argument tuple): pyo3
+/// gives a class's `__call__` only the tuple-and-dict protocol, which cost
+/// a tuple, a dict and their unpacking at every timed call; so the type's
+/// call slot is set here, once, to vectorcall through `vectorcall`, the
+/// instance's first field.
 #[pyclass(module = "fastprof._core", frozen)]
+#[repr(C)]
 pub struct _Timed {
+    vectorcall: ffi::vectorcallfunc,
     clock: Py<_PhaseClock>,
     kind: u8,
     inner: Py<PyAny>,
 }
 
+/// The forward's builtin `__call__` (its self is a `_Timed`).
+struct MethodDef(ffi::PyMethodDef);
+// SAFETY: read-only after construction; CPython only reads it.
+unsafe impl Sync for MethodDef {}
+
+static FORWARD_CALL: MethodDef = MethodDef(ffi::PyMethodDef {
+    ml_name: c"__call__".as_ptr(),
+    ml_meth: ffi::PyMethodDefPointer {
+        PyCFunctionFastWithKeywords: forward_fast,
+    },
+    ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
+    ml_doc: c"An outermost module's call, timed by fastprof's step anatomy.".as_ptr(),
+});
+
+unsafe extern "C" fn forward_fast(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    timed_call(slf, args, nargs as usize, kwnames)
+}
+
+/// `_Timed`'s vectorcall.
+unsafe extern "C" fn timed_call(
+    callable: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargsf: usize,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls a vectorcall attached, with a live `_Timed`.
+    let py = Python::assume_attached();
+    let timed = Bound::from_borrowed_ptr(py, callable);
+    let t = timed.cast_unchecked::<_Timed>().get();
+    t.clock
+        .get()
+        .vectorcall(py, t.kind, &t.inner, args, nargsf, kwnames)
+}
+
+impl _Timed {
+    fn new<'py>(
+        py: Python<'py>,
+        clock: Py<_PhaseClock>,
+        kind: u8,
+        inner: Py<PyAny>,
+    ) -> PyResult<Bound<'py, _Timed>> {
+        let t = Bound::new(
+            py,
+            _Timed {
+                vectorcall: timed_call,
+                clock,
+                kind,
+                inner,
+            },
+        )?;
+        let offset =
+            (&t.get().vectorcall as *const ffi::vectorcallfunc as isize) - (t.as_ptr() as isize);
+        let tp = t.get_type().as_type_ptr();
+        // SAFETY: the type is ours and the GIL is held; every instance has
+        // the same layout, so the offset found on the first holds for all.
+        unsafe {
+            if (*tp).tp_vectorcall_offset == 0 {
+                (*tp).tp_vectorcall_offset = offset as ffi::Py_ssize_t;
+                (*tp).tp_call = Some(ffi::PyVectorcall_Call);
+                (*tp).tp_flags |= ffi::Py_TPFLAGS_HAVE_VECTORCALL;
+                ffi::PyType_Modified(tp);
+            } else if (*tp).tp_vectorcall_offset != offset as ffi::Py_ssize_t {
+                return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                    "fastprof._core._Timed: instances differ in layout",
+                ));
+            }
+        }
+        Ok(t)
+    }
+}
+
 #[pymethods]
 impl _Timed {
+    /// `__call__` as a method (`timed.__call__(...)`): calls go by vectorcall;
+    /// this is the slot's named form, which the type's dict keeps.
     #[pyo3(signature = (*args, **kwargs))]
     fn __call__(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         args: &Bound<'_, PyTuple>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<PyAny>> {
-        self.clock
-            .get()
-            .call(py, self.kind, &self.inner, args, kwargs)
+        let py = slf.py();
+        let kw = kwargs.map_or(std::ptr::null_mut(), |k| k.as_ptr());
+        // SAFETY: an instance exists, so the type's vectorcall is set.
+        unsafe {
+            Bound::from_owned_ptr_or_err(
+                py,
+                ffi::PyVectorcall_Call(slf.as_ptr(), args.as_ptr(), kw),
+            )
+            .map(Bound::unbind)
+        }
     }
 
     /// Bound to an instance like a function (`optimizer.zero_grad()`).
