@@ -44,3 +44,18 @@ def test_the_argument_off_wins_over_the_variable(tmp_path: Path, monkeypatch: py
     assert list(prof.rank_dir.glob("hang-*.json")) == []
     acct = json.loads((prof.rank_dir / "profiler.json").read_text())["hang"]
     assert acct["enabled"] is False
+
+
+def test_a_short_timeout_does_not_report_the_start_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before the first step ends (imports, the process group, the first
+    step's compilation) a fixed timeout is at least the start-up's 300 s:
+    a 1 s timeout meant for the steps reports a stop after a step, not a
+    slow first step."""
+    monkeypatch.setenv("FASTPROF_HANG_GRACE", "1")
+    prof = fastprof.Profiler(tmp_path, "r", torch=False, sample_hz=0, merge=False, hang_timeout=1.0)
+    with prof:
+        time.sleep(3.0)  # the start-up, three times the timeout
+        for _ in range(3):
+            prof.step()
+    assert list(prof.rank_dir.glob("hang-*.json")) == []
+    assert json.loads((prof.rank_dir / "profiler.json").read_text())["hang"]["verdicts"] == []

@@ -219,6 +219,8 @@ fn claim_in(st: &mut State, n: u64) -> bool {
 /// The stall clock: progress seen through [`BEAT`], the recent steps' durations.
 struct Progress {
     beat: u64,
+    /// A step has ended since the watchdog started.
+    stepped: bool,
     since: Instant,
     recent: VecDeque<f64>,
     /// The beat a stall was reported at (one report per stall).
@@ -229,6 +231,7 @@ impl Progress {
     fn new(now: Instant) -> Self {
         Progress {
             beat: BEAT.load(Ordering::Relaxed),
+            stepped: false,
             since: now,
             recent: VecDeque::new(),
             reported: None,
@@ -247,6 +250,7 @@ impl Progress {
             }
         }
         self.beat = beat;
+        self.stepped = true;
         self.since = now;
         self.reported = None;
     }
@@ -261,10 +265,22 @@ impl Progress {
     }
 }
 
-/// The timeout in force: the fixed one, or the default rule.
-pub fn timeout_for(fixed: Option<Duration>, typical_step_s: Option<f64>) -> Duration {
+/// The timeout in force: the fixed one, or the default rule. Until a step
+/// has ended under this watchdog (`stepped`), a fixed timeout is at least
+/// [`FIRST_STEPS_TIMEOUT`]: the job's start-up (imports, the process group,
+/// the first step's compilation) is not a hang, however short the timeout
+/// set for its steps.
+pub fn timeout_for(
+    fixed: Option<Duration>,
+    typical_step_s: Option<f64>,
+    stepped: bool,
+) -> Duration {
     if let Some(t) = fixed {
-        return t;
+        return if stepped {
+            t
+        } else {
+            t.max(FIRST_STEPS_TIMEOUT)
+        };
     }
     match typical_step_s {
         None => FIRST_STEPS_TIMEOUT,
@@ -295,7 +311,7 @@ fn run(config: Config, dumper: Box<dyn StackDumper>, shared: Arc<Shared>) {
             st.since = Some(progress.since);
             st.typical = typical;
         }
-        let timeout = timeout_for(config.timeout, typical);
+        let timeout = timeout_for(config.timeout, typical, progress.stepped);
         let stalled = now.duration_since(progress.since);
         let request = take_request(&request_path);
         let stalled_now = stalled >= timeout && progress.reported != Some(progress.beat);
@@ -540,13 +556,32 @@ mod tests {
 
     #[test]
     fn default_rule() {
-        assert_eq!(timeout_for(None, None), FIRST_STEPS_TIMEOUT);
-        assert_eq!(timeout_for(None, Some(1.0)), FLOOR);
-        assert_eq!(timeout_for(None, Some(10.0)), Duration::from_secs(200));
+        assert_eq!(timeout_for(None, None, false), FIRST_STEPS_TIMEOUT);
+        assert_eq!(timeout_for(None, Some(1.0), true), FLOOR);
         assert_eq!(
-            timeout_for(Some(Duration::from_secs(5)), Some(10.0)),
+            timeout_for(None, Some(10.0), true),
+            Duration::from_secs(200)
+        );
+        assert_eq!(
+            timeout_for(Some(Duration::from_secs(5)), Some(10.0), true),
             Duration::from_secs(5)
         );
+    }
+
+    #[test]
+    fn a_fixed_timeout_waits_out_the_start_up() {
+        let five = Some(Duration::from_secs(5));
+        assert_eq!(timeout_for(five, None, false), FIRST_STEPS_TIMEOUT);
+        assert_eq!(timeout_for(five, None, true), Duration::from_secs(5));
+        let long = Some(Duration::from_secs(900));
+        assert_eq!(timeout_for(long, None, false), Duration::from_secs(900));
+        let t0 = Instant::now();
+        let mut p = Progress::new(t0);
+        assert!(!p.stepped);
+        p.observe(p.beat, t0 + Duration::from_secs(1));
+        assert!(!p.stepped);
+        p.observe(p.beat + 1, t0 + Duration::from_secs(2));
+        assert!(p.stepped);
     }
 
     #[test]
