@@ -49,6 +49,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
@@ -493,6 +494,15 @@ class _Forward:
         #: Watches for Dynamo's first import while a core ``__call__`` has no
         #: stand-in for Dynamo yet.
         self.watch: _DynamoWatch | None = None
+        #: torch warns at each call of a ``torch.compile(module)`` while any
+        #: global module hook exists; while only ours do (the learning), the
+        #: warning is about them, and their extra call at the compiled
+        #: wrapper is what the depth count is for: it is not shown then.
+        self.quiet: tuple[Any, ...] | None = None
+        has_global = getattr(m, "_has_any_global_hook", None)
+        if callable(has_global) and not has_global():
+            warnings.filterwarnings("ignore", message=_COMPILE_HOOKS_WARNING, category=UserWarning)
+            self.quiet = warnings.filters[0]
         self.handles = [
             m.register_module_forward_pre_hook(self._learn_pre),
             _forward_hook(m.register_module_forward_hook, self._learn_post),
@@ -543,6 +553,7 @@ class _Forward:
         for h in self.handles:
             h.remove()
         self.handles = []
+        self._unquiet()
         for module in self.roots.values():
             try:
                 self._time(module)
@@ -619,10 +630,23 @@ class _Forward:
                 pass
             self.watch = None
 
+    def _unquiet(self) -> None:
+        """The learning's global hooks are gone: torch's warning shows again."""
+        if self.quiet is not None:
+            try:
+                warnings.filters.remove(self.quiet)
+                # A change through the API, so that warnings re-reads its filters.
+                warnings.filterwarnings("default", message="", append=True)
+                warnings.filters.pop()
+            except ValueError:
+                pass
+            self.quiet = None
+
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles = []
+        self._unquiet()
         self._unwatch()
         # Every call passes through from now on (a wrapper put around ours keeps
         # it): the clock is stopped with the anatomy.
@@ -640,6 +664,11 @@ class _Forward:
 #: the process's life: Dynamo keys its stand-ins by ``id()``, which a freed
 #: function's successor could take.
 _STOOD_IN: list[Any] = []
+
+
+#: The start of torch's warning at a ``torch.compile(module)`` call while a
+#: global module hook exists (``torch/_dynamo/eval_frame.py``).
+_COMPILE_HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
 
 
 def _stand_in_for_dynamo(function: Any, call: Callable[..., Any]) -> None:

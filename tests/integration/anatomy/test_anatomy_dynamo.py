@@ -124,3 +124,31 @@ def test_a_model_compiled_before_the_learning_traces_no_learning_hook(tmp_path: 
     seen = json.loads((tmp_path / "seen.json").read_text())
     assert seen["breaks"] == {}, seen["breaks"]
     assert "1 outermost modules timed" in seen["status"], seen["status"]
+
+
+USER_HOOK = r"""
+import sys
+import torch
+if sys.argv[2] == "1":  # the job's own global hook: torch's warning is the job's to see
+    torch.nn.modules.module.register_module_forward_hook(lambda *a: None)
+"""
+
+
+@pytest.mark.parametrize("own_hook", [False, True], ids=["anatomy-only", "the-jobs-own-global-hook"])
+def test_torch_warns_of_global_hooks_only_for_the_jobs_own(tmp_path: Path, own_hook: bool) -> None:
+    """torch warns at each call of a ``torch.compile(module)`` while a global
+    module hook exists; the anatomy's learning hooks are not the job's: no
+    warning for them (issue #36, item 5). A global hook of the job's own
+    still gets torch's warning."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
+    job = USER_HOOK + COMPILED_FIRST
+    p = subprocess.run(
+        [sys.executable, "-W", "default", "-c", job, str(tmp_path), "1" if own_hook else "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert ("when there are global hooks" in p.stderr) is own_hook, p.stderr[-3000:]
+    assert "1 outermost modules timed" in json.loads((tmp_path / "seen.json").read_text())["status"]
