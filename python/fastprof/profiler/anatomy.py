@@ -634,10 +634,11 @@ class _Forward:
         """The learning's global hooks are gone: torch's warning shows again."""
         if self.quiet is not None:
             try:
-                warnings.filters.remove(self.quiet)
+                filters: list[Any] = warnings.filters  # type: ignore[assignment]  # a list at run time
+                filters.remove(self.quiet)
                 # A change through the API, so that warnings re-reads its filters.
                 warnings.filterwarnings("default", message="", append=True)
-                warnings.filters.pop()
+                filters.pop()
             except ValueError:
                 pass
             self.quiet = None
