@@ -88,18 +88,7 @@ def downsample(x: F64, y: F64, max_points: int = MAX_POINTS) -> tuple[F64, F64]:
     return x[keep], y[keep]
 
 
-def _figure(title: str, ytitle: str, height: int = 320, **layout: Any) -> go.Figure:
-    fig = go.Figure()
-    fig.update_layout(
-        title={"text": title, "x": 0.01, "font": {"size": 15}},
-        template="plotly_white",
-        height=height,
-        margin={"l": 60, "r": 20, "t": 45, "b": 45},
-        yaxis_title=ytitle,
-        legend={"orientation": "h", "y": -0.2},
-        **layout,
-    )
-    return fig
+_figure = html_ranks.figure
 
 
 class _Page:

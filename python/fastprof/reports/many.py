@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from fastprof.profiler.drivers.hang.verdict import rank_ranges
+
 #: Above this many ranks the terminal and the page show distributions and
 #: the top ranks, not one line (or one plot line) per rank.
 MANY_RANKS = 16
@@ -107,16 +109,7 @@ def outliers(pairs: Iterable[tuple[int, Any]]) -> list[tuple[int, float]]:
 
 def ranges(ranks: Sequence[int]) -> str:
     """Ranks as runs: "0-1023", "0-3, 8, 10-12"."""
-    rs = sorted({int(r) for r in ranks})
-    out: list[str] = []
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ", ".join(out)
+    return rank_ranges({int(r) for r in ranks})
 
 
 def named(ranks: Sequence[int], limit: int = 10) -> str:

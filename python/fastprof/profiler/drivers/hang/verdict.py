@@ -298,8 +298,8 @@ def gone_ranks(run_dir: Path, exclude: int | None = None) -> list[tuple[int, int
     return out
 
 
-def _ranks(states: Iterable[int]) -> str:
-    """``0-2, 4`` for [0, 1, 2, 4]."""
+def rank_ranges(states: Iterable[int]) -> str:
+    """Ranks as runs: ``0-2, 4`` for [0, 1, 2, 4] (the reports' too)."""
     rs = sorted(states)
     out: list[str] = []
     i = 0
@@ -416,7 +416,7 @@ def describe(v: dict[str, Any], states: dict[int, dict[str, Any]]) -> str:
             parts.append(
                 f"rank {r} skipped a collective: it ended step {skip['step']} after {skip['seq']} collectives of "
                 f"{group} (the last {skip['op']} #{skip['seq']}) where rank{'s' if len(w) > 1 else ''} "
-                f"{_ranks(w)} entered {cname} in that step: the ranks took different code paths (a collective "
+                f"{rank_ranges(w)} entered {cname} in that step: the ranks took different code paths (a collective "
                 f"called on some ranks only); rank {r} {now.replace('is in', 'is now in', 1)}"
             )
         elif st == "closed":
@@ -445,7 +445,8 @@ def describe(v: dict[str, Any], states: dict[int, dict[str, Any]]) -> str:
     if v["waiting_ranks"] and cname is not None:
         w = v["waiting_ranks"]
         site = _at(states[w[0]]["collective"]["site"])
-        text += f" Rank{'s' if len(w) > 1 else ''} {_ranks(w)} wait{'' if len(w) > 1 else 's'} in {cname} ({site})."
+        many = len(w) > 1
+        text += f" Rank{'s' if many else ''} {rank_ranges(w)} wait{'' if many else 's'} in {cname} ({site})."
     return text
 
 
