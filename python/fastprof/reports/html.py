@@ -766,18 +766,23 @@ def _operators(page: _Page, data: RunData) -> None:
     page.add("</section>")
 
 
+def _speed_rows(sp: dict[str, Any], st: dict[str, Any]) -> list[list[Any]]:
+    """The Speed table's rows for the whole run (speed, step_time of report.json)."""
+    return [
+        ["train iterations/s", _num(sp["train"]["iterations_per_s"], "{:.3f}")],
+        ["train samples/s", _num(sp["train"]["samples_per_s"], "{:.2f}")],
+        ["step p50 / p95 / max (s)", f"{_num(st['p50_s'])} / {_num(st['p95_s'])} / {_num(st['max_s'])}"],
+        ["step time trend (last tenth vs first)", trend_text(sp)],
+    ]
+
+
 def _tables(page: _Page, doc: dict[str, Any]) -> None:
     if many(len(doc["source"]["ranks"])):
         _tables_many(page, doc)
         return
     sp, st = doc["speed"], doc["speed"]["step_time"]
     page.add('<section id="speed"><h2>Speed</h2>')
-    rows: list[list[Any]] = [
-        ["train iterations/s", _num(sp["train"]["iterations_per_s"], "{:.3f}")],
-        ["train samples/s", _num(sp["train"]["samples_per_s"], "{:.2f}")],
-        ["step p50 / p95 / max (s)", f"{_num(st['p50_s'])} / {_num(st['p95_s'])} / {_num(st['max_s'])}"],
-        ["step time trend (last tenth vs first)", trend_text(sp)],
-    ]
+    rows = _speed_rows(sp, st)
     for r in sp["train"]["per_rank"]:
         rows.append([f"rank {r['rank']}: steps (measured)", f"{r['steps']} ({r['steps_measured']})"])
         rows.append([f"rank {r['rank']}: DataLoader share of step", _num(r["loader_share_pct"], "{:.1f}%")])
@@ -832,12 +837,7 @@ def _tables_many(page: _Page, doc: dict[str, Any]) -> None:
     across the ranks (every rank in the Ranks table, below)."""
     sp, st = doc["speed"], doc["speed"]["step_time"]
     page.add('<section id="speed"><h2>Speed</h2>')
-    rows: list[list[Any]] = [
-        ["train iterations/s", _num(sp["train"]["iterations_per_s"], "{:.3f}")],
-        ["train samples/s", _num(sp["train"]["samples_per_s"], "{:.2f}")],
-        ["step p50 / p95 / max (s)", f"{_num(st['p50_s'])} / {_num(st['p95_s'])} / {_num(st['max_s'])}"],
-        ["step time trend (last tenth vs first)", trend_text(sp)],
-    ]
+    rows = _speed_rows(sp, st)
     page.table(["measure", "value"], rows, cls="kv")
     page.table(html_ranks.SPREAD_HEADER, html_ranks.speed_spread(doc), cls="spread")
     page.note(trend_note(sp))
