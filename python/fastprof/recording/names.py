@@ -39,6 +39,7 @@ from fastprof._core import (
 
 __all__ = [
     "ACTION_COUNTER",
+    "BACKWARD_GRADS_SPAN",
     "CLOCK_SYNC",
     "CUDA_ALLOCATED",
     "CUDA_ALLOCATED_PEAK",
@@ -168,6 +169,10 @@ PHASES = ("dataloader", "forward", "backward", "optimizer", "communication", "ot
 PHASE_PREFIX = "phase."
 #: The phases fastprof records a span for, and the span's name.
 PHASE_SPANS: dict[str, str] = {p: PHASE_PREFIX + p for p in ("forward", "backward", "optimizer", "communication")}
+#: Each backward's begin to this rank's own gradients being ready (the
+#: parameter accumulated last), before DDP's all-reduce holds the ranks: the
+#: rank's arrival at backward's sync point (reports/stragglers.py).
+BACKWARD_GRADS_SPAN = "anatomy.backward.grads_ready"
 #: The counter each timed step's GPU phase times (CUDA events) are in, one
 #: series per phase and ``span``.
 GPU_PHASE_COUNTER = "phase.gpu [ms]"
