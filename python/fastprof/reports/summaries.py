@@ -50,6 +50,7 @@ import numpy.typing as npt
 from fastprof._core import __version__
 from fastprof.readers.columns import Columns
 from fastprof.recording.names import (
+    BACKWARD_GRADS_SPAN,
     PHASE_SPANS,
     PROFILER_JSON,
     RANK_DIR,
@@ -101,7 +102,7 @@ def columns_kept(names: list[str]) -> tuple[set[str], set[str]]:
     """The span and counter names a summary keeps rows of (what
     :func:`combine`'s cross-rank sections read), among ``names``."""
     loaders = sorted(loader for n in names if (loader := loader_of_next(n)) is not None)
-    spans = {STEP_SPAN, _TORCH_STEPS, TRAIN_NEXT, *(PHASE_SPANS[p] for p in _PHASES)}
+    spans = {STEP_SPAN, _TORCH_STEPS, TRAIN_NEXT, BACKWARD_GRADS_SPAN, *(PHASE_SPANS[p] for p in _PHASES)}
     spans.update(f(x) for x in loaders for f in (loader_next, loader_iter))
     counters = {*_COUNTERS, *(f(x) for x in loaders for f in (loader_wait, loader_batch_size))}
     return spans, counters
