@@ -29,7 +29,7 @@ gloo, DDP and one ``all_reduce`` of the loss a step, Profiler defaults):
 - ``slow_dataloader`` / ``slow_forward`` / ``slow_backward`` /
   ``slow_optimizer`` (2 ranks): rank 1 sleeps ``--delay`` a step in that
   phase (collate; a module's forward; an autograd function's backward; the
-  optimizer's step). Found: rank 1 named, and no other.
+  optimizer's step). Found: rank 1 named, with that phase, and no other.
 - ``one_in_four`` (4 ranks): rank 2 slow in forward. Found: rank 2 alone.
 - ``intermittent`` (2 ranks): rank 1 sleeps 4x ``--delay`` in forward every
   4th step. Found: rank 1 named. Its slow steps are the job's, so anomaly
@@ -195,6 +195,8 @@ class Case:
     find: str = ""
     #: Steps the job slowed (a capture there is not false): "mid", "every4", "".
     slowed: str = ""
+    #: The phase a straggler must be named with ("": any).
+    phase: str = ""
 
 
 CASES = {
@@ -206,13 +208,13 @@ CASES = {
         Case("slow_batch", find="anomaly", slowed="mid"),
         Case("slow_collective", nproc=2, slow=(1,), steps=120, find="anomaly", slowed="mid"),
         Case("no_slow", nproc=2, steps=120),
-        Case("slow_dataloader", nproc=2, slow=(1,), steps=120, find="straggler"),
-        Case("slow_forward", nproc=2, slow=(1,), steps=120, find="straggler"),
-        Case("slow_backward", nproc=2, slow=(1,), steps=120, find="straggler"),
-        Case("slow_optimizer", nproc=2, slow=(1,), steps=120, find="straggler"),
-        Case("one_in_four", nproc=4, slow=(2,), steps=80, find="straggler"),
+        Case("slow_dataloader", nproc=2, slow=(1,), steps=120, find="straggler", phase="dataloader"),
+        Case("slow_forward", nproc=2, slow=(1,), steps=120, find="straggler", phase="forward"),
+        Case("slow_backward", nproc=2, slow=(1,), steps=120, find="straggler", phase="backward"),
+        Case("slow_optimizer", nproc=2, slow=(1,), steps=120, find="straggler", phase="optimizer"),
+        Case("one_in_four", nproc=4, slow=(2,), steps=80, find="straggler", phase="forward"),
         Case("intermittent", nproc=2, slow=(1,), steps=120, find="straggler", slowed="every4"),
-        Case("two_slow", nproc=4, slow=(1, 2), steps=80, find="straggler"),
+        Case("two_slow", nproc=4, slow=(1, 2), steps=80, find="straggler", phase="forward"),
     )
 }
 
@@ -328,7 +330,9 @@ def read_verdict(case: Case, run: Path, rep: Path, steps: int) -> Verdict:
     elif case.find == "anomaly":
         v.found = found_anomaly
     elif case.find == "straggler":
-        v.found = sorted(s["rank"] for s in v.stragglers) == sorted(case.slow)
+        v.found = sorted(s["rank"] for s in v.stragglers) == sorted(case.slow) and all(
+            not case.phase or s["phase"] == case.phase for s in v.stragglers
+        )
     return v
 
 

@@ -58,7 +58,13 @@ from fastprof import _core
 from fastprof.profiler import collectives
 from fastprof.profiler.slow_phase import slow_phase
 from fastprof.recording.budget import moving_cost
-from fastprof.recording.names import GPU_PHASE_COUNTER, GPU_PHASE_STEP_COUNTER, PHASE_SPANS, PHASES
+from fastprof.recording.names import (
+    BACKWARD_GRADS_SPAN,
+    GPU_PHASE_COUNTER,
+    GPU_PHASE_STEP_COUNTER,
+    PHASE_SPANS,
+    PHASES,
+)
 
 __all__ = ["GPU_COUNTER", "GPU_STEP_COUNTER", "PHASES", "Anatomy"]
 
@@ -129,7 +135,9 @@ class Anatomy:
         self.thread_id = threading.get_ident()
         #: The phases' clock (the core): their begins and ends, spans and the
         #: recent steps' rows of times; the hooks below only install it.
-        self._clock = _core._PhaseClock([_core.name_id(PHASE_SPANS[p]) for p in TIMED], list(TIMED))
+        self._clock = _core._PhaseClock(
+            [_core.name_id(PHASE_SPANS[p]) for p in TIMED], list(TIMED), _core.name_id(BACKWARD_GRADS_SPAN)
+        )
         self._step_of: Callable[[], int] | None = None
         self.active = False
         #: Why there is no anatomy ("off" before start).
@@ -418,6 +426,18 @@ LEARN_STEPS = 3
 MAX_ROOTS = 16
 
 
+def _ranks() -> int:
+    """The default process group's ranks (1: none, or torch not imported)."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return 1
+        return int(dist.get_world_size())
+    except Exception:  # noqa: BLE001 - a group being torn down
+        return 1
+
+
 def _inert_hook(*_args: Any) -> None:
     """What a timing hook becomes in a copy or pickle of the module."""
 
@@ -559,7 +579,26 @@ class _Forward:
                 self._time(module)
             except Exception:  # noqa: BLE001 - a module that refuses a timer is not timed
                 self.refused += 1
+        if _ranks() > 1:
+            for module in self.roots.values():
+                self._hook_grads(module)
         self.roots = {}
+
+    def _hook_grads(self, module: Any) -> None:
+        """Under several ranks, this rank's own gradients ready in backward:
+        a post-accumulate-grad hook (the core's, no frame) on the module's
+        first parameter in registration order: in practice the first used
+        in forward, so accumulated last in backward, before DDP's all-reduce
+        holds the ranks together (a model that registers its first layer
+        later marks earlier, and a slow part of backward after the mark is
+        missed). The straggler analysis's arrival at backward
+        (reports/stragglers.py)."""
+        try:
+            first = next((p for p in module.parameters() if p.requires_grad), None)
+            if first is not None and hasattr(first, "register_post_accumulate_grad_hook"):
+                self.handles.append(first.register_post_accumulate_grad_hook(self.clock.grads_ready))
+        except Exception:  # noqa: BLE001 - no mark: backward's begin stands in (the analysis)
+            pass
 
     def _time(self, module: Any) -> None:
         cls = type(module)

@@ -6,7 +6,13 @@ The points where the ranks synchronise (the k-th collective from Python of
 every rank; each step's backward, where the ranks leave it together as DDP's
 gradient all-reduce holds them) are read from the clock-aligned timeline,
 warm-up steps left out, each with every rank's arrival (the span's begin) and
-release (its end). A rank's *own time* before a sync point is its arrival
+release (its end). At backward the arrival is the rank's own gradients ready
+where the anatomy marked it (``BACKWARD_GRADS_SPAN``'s end: a
+post-accumulate-grad hook on the parameter accumulated last, before the
+all-reduce holds the rank), else backward's begin: both ranks' backward
+spans are the same under DDP, so without the mark a rank slow inside
+backward is in no one's excess. The rank's own backward (begin to the mark)
+is then a phase of its own for naming what made it late. A rank's *own time* before a sync point is its arrival
 there less its release from the sync point before: the work it did between
 the two. Its *excess* there is its own time less the other ranks' median own
 time: how much longer the others waited for it than for a rank of their
@@ -41,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from fastprof.recording.names import PHASE_SPANS, PHASES
+from fastprof.recording.names import BACKWARD_GRADS_SPAN, PHASE_SPANS, PHASES
 from fastprof.reports.data import RunData, step_spans
 
 #: Sync points needed before any rank is judged.
@@ -54,7 +60,8 @@ MIN_JITTERS = 3.0
 #: The others' waiting for a straggler over the job's time: less is not
 #: worth acting on.
 MIN_COST_SHARE = 0.03
-#: Phases that hold a rank's waiting for the others (never what made it late).
+#: Phases that hold a rank's waiting for the others (never what made it late;
+#: backward's own part, up to the rank's gradients ready, is: :func:`own_backward`).
 WAITING_PHASES = ("backward", "communication")
 #: Under DDP the ranks leave backward together: backward's end spread across
 #: ranks at most this share of its begin spread, or at most the spread of
@@ -66,6 +73,9 @@ MAD_TO_SD = 1.4826
 SYNC_KINDS = {
     "collective": "collectives (the k-th of each rank)",
     "backward": "backward entries (the ranks leave backward together)",
+    "backward_grads": (
+        "backwards (arrival: the rank's own gradients ready, before DDP's all-reduce; the ranks leave together)"
+    ),
 }
 
 RULE = (
@@ -146,7 +156,8 @@ def sync_points(data: RunData, ranks: list[int], warmup: int) -> list[tuple[str,
                 c_end,
             )
         )
-    begins, ends = [], []
+    begins, arrivals, ends = [], [], []
+    marked = True
     for r in ranks:
         steps, _ = step_spans(data, r)
         bw = data.spans(PHASE_SPANS["backward"], r)
@@ -158,27 +169,71 @@ def sync_points(data: RunData, ranks: list[int], warmup: int) -> list[tuple[str,
         ok &= bw.ts[j] < steps.end
         begins.append(np.where(ok, bw.ts[j], -1)[warmup:])
         ends.append(np.where(ok, bw.end[j], -1)[warmup:])
+        ready = grads_ready(data, r, bw.ts[j])
+        marked &= bool((ready[ok] >= 0).any())
+        arrivals.append(np.where(ok, ready, -1)[warmup:])
     n = min(len(b) for b in begins)
     if n < 3:
         return out
     b, e = np.stack([x[:n] for x in begins]), np.stack([x[:n] for x in ends])
+    a = np.stack([x[:n] for x in arrivals])
     keep = (b >= 0).all(axis=0)
+    if marked:  # every rank's own gradients marked: the arrival is the mark
+        keep &= (a >= 0).all(axis=0)
+        b = a
     b, e = b[:, keep], e[:, keep]
     if b.shape[1] >= 3:
         begin_spread = float(np.median(b.max(axis=0) - b.min(axis=0)))
         end_spread = float(np.median(e.max(axis=0) - e.min(axis=0)))
         if backward_synced(begin_spread, end_spread, release_spread):
-            out.append(("backward", b, e))
+            out.append(("backward_grads" if marked else "backward", b, e))
     return out
 
 
-def _phase(by_rank: dict[int, dict[str, Any]], steps: dict[int, int], ranks: list[int]) -> dict[int, Any]:
+def grads_ready(data: RunData, rank: int, begins: Any) -> Any:
+    """For backwards beginning at ``begins`` (ns), when the rank's own
+    gradients were ready in each (the last grads-ready span begun with it,
+    its end; -1: none)."""
+    g = data.spans(BACKWARD_GRADS_SPAN, rank)
+    if not len(g.ts):
+        return np.full(len(begins), -1, np.int64)
+    k = np.searchsorted(g.ts, begins, side="right") - 1
+    kk = np.maximum(k, 0)
+    return np.where((k >= 0) & (g.ts[kk] == begins), g.end[kk], -1)
+
+
+def own_backward(data: RunData, ranks: list[int]) -> dict[int, float] | None:
+    """Each rank's own backward (its begin to its own gradients ready, not
+    the wait for the others in DDP's all-reduce), total ns; None where a
+    rank has no marks."""
+    out: dict[int, float] = {}
+    for r in ranks:
+        bw = data.spans(PHASE_SPANS["backward"], r)
+        ready = grads_ready(data, r, bw.ts)
+        ok = ready >= 0
+        if not ok.any():
+            return None
+        # Backwards without a mark (none under DDP) count whole.
+        out[r] = float(np.where(ok, ready - bw.ts, bw.end - bw.ts).mean())
+    return out
+
+
+def _phase(
+    by_rank: dict[int, dict[str, Any]],
+    steps: dict[int, int],
+    ranks: list[int],
+    backward: dict[int, float] | None = None,
+) -> dict[int, Any]:
     """Each rank's phase furthest above the others' (mean time a step, over
-    the other ranks' median), with its excess a step and the factor."""
+    the other ranks' median), with its excess a step and the factor;
+    ``backward``: each rank's own backward (:func:`own_backward`), where
+    known, a phase of its own too."""
     own = [p for p in PHASES if p not in WAITING_PHASES]
-    m = np.array(
-        [[float(by_rank[r][p]["total_ns"]) / max(steps[r], 1) for r in ranks] for p in own], dtype=np.float64
-    )  # phases x ranks
+    rows = [[float(by_rank[r][p]["total_ns"]) / max(steps[r], 1) for r in ranks] for p in own]
+    if backward is not None:
+        own.append("backward")
+        rows.append([backward[r] for r in ranks])
+    m = np.array(rows, dtype=np.float64)  # phases x ranks
     others = loo_median(m.T).T
     out: dict[int, Any] = {}
     for i, r in enumerate(ranks):
@@ -250,7 +305,7 @@ def straggler_section(data: RunData, per_rank: list[dict[str, Any]], warmup: int
     srt = np.sort(arr, axis=0)
     last = (arr == srt[-1]) & (srt[-1] > srt[-2])
     named = (k >= MIN_POINTS) & (z >= MIN_Z) & (mean >= MIN_JITTERS * jitter) & (mean > 0) & (share >= MIN_COST_SHARE)
-    phases = _phase({int(a["rank"]): a["phases"] for a in per_rank}, steps, ranks)
+    phases = _phase({int(a["rank"]): a["phases"] for a in per_rank}, steps, ranks, own_backward(data, ranks))
     out: list[dict[str, Any]] = []
     for i in np.flatnonzero(named):
         r = ranks[int(i)]

@@ -98,6 +98,9 @@ pub struct _PhaseClock {
     ids: [u32; PHASES],
     /// The phases' names, for the GPU marks (`mark(phase, end)`).
     names: [Py<PyString>; PHASES],
+    /// The span from backward's begin to this rank's own gradients being
+    /// ready (`grads_ready`); None: not recorded.
+    grads: Option<u32>,
     state: Mutex<State>,
     /// What numbers a phase's step: the step loop (its `batch`, read
     /// directly) or a callable returning the step.
@@ -311,8 +314,14 @@ impl _PhaseClock {
 impl _PhaseClock {
     /// `names`: the span (a `Name`) of forward, backward, optimizer and
     /// communication; `phases`: their phase names (for the GPU marks).
+    /// `grads`: the span `grads_ready` records (None: it records nothing).
     #[new]
-    fn new(names: Vec<Bound<'_, Name>>, phases: Vec<Bound<'_, PyString>>) -> PyResult<Self> {
+    #[pyo3(signature = (names, phases, grads=None))]
+    fn new(
+        names: Vec<Bound<'_, Name>>,
+        phases: Vec<Bound<'_, PyString>>,
+        grads: Option<Bound<'_, Name>>,
+    ) -> PyResult<Self> {
         if names.len() != PHASES || phases.len() != PHASES {
             return Err(pyo3::exceptions::PyValueError::new_err(
                 "_PhaseClock takes 4 names and 4 phases",
@@ -323,6 +332,7 @@ impl _PhaseClock {
         Ok(_PhaseClock {
             ids,
             names,
+            grads: grads.map(|g| g.get().id),
             state: Mutex::new(State::default()),
             steps: Mutex::new(None),
             gpu: Mutex::new(None),
@@ -404,6 +414,24 @@ impl _PhaseClock {
         let marks = self.forward_end(py, &mut st);
         drop(st);
         self.mark(py, &marks);
+    }
+
+    /// A parameter's gradient was accumulated (a post-accumulate-grad hook
+    /// on the parameter accumulated last in backward): inside a timed
+    /// backward, the span from its begin to now, this rank's own gradients
+    /// ready before DDP's all-reduce holds it. Any thread (the autograd
+    /// engine's on a GPU).
+    fn grads_ready(&self, py: Python<'_>, _param: &Bound<'_, PyAny>) {
+        let Some(id) = self.grads else {
+            return;
+        };
+        let st = self.lock();
+        if !st.backward || st.thread == 0 {
+            return;
+        }
+        let t0 = st.backward_t0;
+        drop(st);
+        registry::complete(id, t0, None, &mut PyHooks(py));
     }
 
     /// A timed outermost module's call begins (true), or passes through.

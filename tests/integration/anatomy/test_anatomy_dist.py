@@ -12,10 +12,13 @@ import json
 import textwrap
 from typing import Any
 
+import numpy as np
 import pytest
 
 import fastprof
 from conftest import torchrun
+from fastprof.recording.names import BACKWARD_GRADS_SPAN, PHASE_SPANS
+from fastprof.reports.data import load
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
@@ -67,7 +70,23 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     fastprof.report(out / "job", out_dir=root / "rep", formats=("json", "html"))
     doc: dict[str, Any] = json.loads((root / "rep" / "report.json").read_text())
     jsonschema.Draft202012Validator(json.loads(fastprof.reports.SCHEMA_PATH.read_text())).validate(doc)
-    return {"doc": doc, "html": (root / "rep" / "report.html").read_text()}
+    return {"doc": doc, "html": (root / "rep" / "report.html").read_text(), "job": out / "job"}
+
+
+def test_each_rank_marks_its_own_gradients_ready_inside_each_backward(report: dict[str, Any]) -> None:
+    """DDP: one mark a backward once the anatomy settled (the first step's
+    backward comes before), begun with backward and ended inside it, before
+    the all-reduce's wait; its end is the rank's arrival at backward."""
+    data = load(report["job"])
+    for r in (0, 1):
+        bw = data.spans(PHASE_SPANS["backward"], r)
+        g = data.spans(BACKWARD_GRADS_SPAN, r)
+        assert len(bw.ts) - 2 <= len(g.ts) <= len(bw.ts) - 1, (r, len(bw.ts), len(g.ts))
+        assert set(g.ts.tolist()) <= set(bw.ts.tolist()), r  # each begins with a backward
+        i = np.searchsorted(bw.ts, g.ts)
+        assert (g.end <= bw.end[i]).all() and (g.end > g.ts).all(), r
+    # Both stand in for the arrival at backward in the straggler analysis.
+    assert "own gradients ready" in report["doc"]["anatomy"]["straggler_method"]
 
 
 def test_the_rank_whose_dataloader_is_slow_is_named_with_its_phase(report: dict[str, Any]) -> None:
@@ -77,7 +96,7 @@ def test_the_rank_whose_dataloader_is_slow_is_named_with_its_phase(report: dict[
     # the step times alone do not say which rank is slow.
     totals = [r["step_total_ns"] for r in an["per_rank"]]
     assert max(totals) / min(totals) < 1.25, totals
-    assert "backward entries" in an["straggler_method"], an["straggler_method"]
+    assert "own gradients ready" in an["straggler_method"], an["straggler_method"]
     first = an["stragglers"][0]
     assert first["rank"] == 1 and first["phase"] == "dataloader", an["stragglers"]
     assert first["phase_factor"] is None or first["phase_factor"] > 3, first

@@ -40,6 +40,7 @@ WORKER = textwrap.dedent(
     rank = dist.get_rank()
     slow = {int(r) for r in sys.argv[2].split(",") if r}
     delay = float(sys.argv[3])
+    where = sys.argv[4] if len(sys.argv) > 4 else "forward"
 
     class Data(Dataset):
         def __len__(self):
@@ -49,14 +50,29 @@ WORKER = textwrap.dedent(
 
     class Slow(torch.nn.Module):
         def forward(self, x):
-            if rank in slow:
+            if rank in slow and where == "forward":
                 time.sleep(delay)  # this rank's forward is slow
             return x
+
+    class SlowGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+        @staticmethod
+        def backward(ctx, g):
+            if rank in slow and where == "backward":
+                time.sleep(delay)  # this rank's backward is slow, before DDP's all-reduce
+            return g
+
+    class SlowBackward(torch.nn.Module):
+        def forward(self, x):
+            return SlowGrad.apply(x)
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = torch.nn.parallel.DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), Slow(), torch.nn.Linear(64, 4)))
+        torch.nn.Sequential(
+            torch.nn.Linear(32, 64), SlowBackward(), torch.nn.ReLU(), Slow(), torch.nn.Linear(64, 4)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     prof = fastprof.Profiler(out_dir=sys.argv[1], run_name="job", schedule="never", merge_timeout=60)
     with prof:
@@ -82,9 +98,9 @@ def _report(run: Path, rep: Path) -> dict[str, Any]:
     return {"doc": doc, "text": " ".join(buf.getvalue().split()), "html": (rep / "report.html").read_text()}
 
 
-def _job(root: Path, slow: str, nproc: int = 2) -> Path:
+def _job(root: Path, slow: str, nproc: int = 2, where: str = "forward") -> Path:
     (root / "worker.py").write_text(WORKER)
-    torchrun(root / "worker.py", str(root / "out"), slow, str(DELAY_S), cwd=root, timeout=200, nproc=nproc)
+    torchrun(root / "worker.py", str(root / "out"), slow, str(DELAY_S), where, cwd=root, timeout=200, nproc=nproc)
     return root / "out" / "job"
 
 
@@ -97,6 +113,12 @@ def even(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def one_slow(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("one")
     return _report(_job(root, "1"), root / "rep")
+
+
+@pytest.fixture(scope="module")
+def slow_backward(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("backward")
+    return _report(_job(root, "1", where="backward"), root / "rep")
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +163,33 @@ def test_one_slow_rank_is_named_with_its_phase_its_cost_and_how_sure(one_slow: d
     assert want in one_slow["html"]
     # The step times (equal under DDP) blame no other rank.
     assert one_slow["doc"]["ranks"]["spread"]["most_often_slowest_rank"] in (None, 1), one_slow["doc"]["ranks"]
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_slow_in_backward_is_named_though_ddp_ends_every_backward_together(
+    slow_backward: dict[str, Any],
+) -> None:
+    """DDP's all-reduce holds both ranks to the end of backward: the spans
+    are the same, begin and end. The arrival is each rank's own gradients
+    ready (the anatomy's mark on the parameter accumulated last)."""
+    an = slow_backward["doc"]["anatomy"]
+    assert "own gradients ready" in an["straggler_method"], an["straggler_method"]
+    assert [s["rank"] for s in an["stragglers"]] == [1], (an["stragglers"], an["ranks_in_pace"])
+    s = an["stragglers"][0]
+    assert s["phase"] == "backward", s
+    # Its own backward's excess is about the sleep, and the others waited that long.
+    assert s["phase_excess_ns"] > 0.8 * DELAY_S * 1e9, s
+    assert 0.7 * s["phase_excess_ns"] < s["excess_per_step_ns"] < 1.5 * s["phase_excess_ns"], s
+    assert "Straggler: rank 1, backward" in slow_backward["text"], slow_backward["text"]
+
+
+@pytest.mark.timeout(300)
+def test_ranks_even_in_backward_are_measured_there_and_name_no_straggler(even: Path, tmp_path: Path) -> None:
+    """No slow rank: backward's sync point is read from the ranks' own
+    gradients ready, and no rank is named for it."""
+    an = _report(even, tmp_path / "rep")["doc"]["anatomy"]
+    assert "own gradients ready" in an["straggler_method"], an["straggler_method"]
+    assert an["stragglers"] == [], an["stragglers"]
 
 
 @pytest.mark.timeout(400)
