@@ -59,6 +59,11 @@ class Columns:
     #: ``count``, ``total_ns``, ``max_ns``, ``first_ns`` (earliest start),
     #: ``last_ns`` (latest end), all int64. Empty columns without folding.
     folded: dict[str, npt.NDArray[Any]] = field(default_factory=dict)
+    #: Per table ("spans", "instants", "counters"): whether every column's
+    #: memory is exactly its rows (the reader gives back a growing vector's
+    #: spare room before the arrays are made; the arrays are that memory,
+    #: not a copy of it).
+    exact: dict[str, bool] = field(default_factory=dict)
 
     def names_of(self, ids: npt.ArrayLike) -> npt.NDArray[np.object_]:
         """The strings of name ids (e.g. ``cols.names_of(cols.spans["name"])``)."""
@@ -90,6 +95,7 @@ def read_columns(
     fold_except: str | Iterable[str] | None = None,
     step_column: bool = True,
     collapse_numbered: str | Iterable[str] | None = None,
+    omit: str | Iterable[str] | None = None,
 ) -> Columns:
     """Read spans, instants and counters of traces into numpy columns.
 
@@ -117,6 +123,13 @@ def read_columns(
     every ``ProfilerStep#N`` as ``ProfilerStep#*``: one name, not one per
     step).
 
+    ``omit``: columns left out, as ``"<table>.<column>"`` (``cat``, ``pid``,
+    ``tid`` or ``file`` of ``spans``, ``instants`` or ``counters``): never
+    stored, so they take no memory even while reading (a report leaves out
+    ``spans.file`` and the counters' ``file``, ``pid``, ``tid``, ``cat``:
+    24 of a counter row's 52 bytes). A left-out ``pid`` still gives the
+    rank; it needs ``step_column=False``.
+
     Raises :class:`fastprof.TraceError` (a ``ValueError``) for a file named
     here that is not a trace, naming the file and byte offset, and
     :class:`fastprof.FastprofFileNotFoundError` for a missing path.
@@ -143,6 +156,7 @@ def read_columns(
         fold_except=_strings(fold_except, "fold_except") or [],
         step_column=bool(step_column),
         collapse_numbered=_strings(collapse_numbered, "collapse_numbered") or [],
+        omit=_strings(omit, "omit") or [],
     )
     return Columns(
         spans=raw["spans"],
@@ -153,4 +167,5 @@ def read_columns(
         files=raw["files"],
         warnings=raw["warnings"],
         folded=raw["folded"],
+        exact=raw["exact"],
     )

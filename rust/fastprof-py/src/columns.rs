@@ -3,7 +3,8 @@
 //! the files are read; each column's `Vec` becomes its array without a copy.
 
 use crate::errors::Error;
-use fastprof_core::offline::trace::columns::{self, ColumnsOptions, FileInfo, Fold, Table};
+use fastprof_core::error::CoreError;
+use fastprof_core::offline::trace::columns::{self, ColumnsOptions, FileInfo, Fold, Omit, Table};
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -12,12 +13,13 @@ use std::path::PathBuf;
 /// Read trace files, run directories or a merged trace into columns.
 /// Returns `{"spans"|"instants"|"counters": {column: ndarray}, "folded":
 /// {column: ndarray}, "names", "categories", "files", "warnings"}` (no
-/// `step` column with `step_column=False`).
+/// `step` column with `step_column=False`; none of those `omit` names, as
+/// `"counters.pid"`: `cat`, `pid`, `tid` or `file` of a table).
 #[pyfunction]
 #[pyo3(signature = (paths, *, names=None, name_prefixes=Vec::new(), categories=None,
                     start_ns=None, end_ns=None, spans=true, instants=true, counters=true,
                     fold_categories=Vec::new(), fold_except=Vec::new(), step_column=true,
-                    collapse_numbered=Vec::new()))]
+                    collapse_numbered=Vec::new(), omit=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 pub fn read_columns(
     py: Python<'_>,
@@ -34,7 +36,25 @@ pub fn read_columns(
     fold_except: Vec<String>,
     step_column: bool,
     collapse_numbered: Vec<String>,
+    omit: Vec<String>,
 ) -> PyResult<Bound<'_, PyDict>> {
+    let mut omitted = [Omit::default(); 3];
+    for o in &omit {
+        let ok = match o.split_once('.') {
+            Some((kind, col)) => ["spans", "instants", "counters"]
+                .iter()
+                .position(|k| *k == kind)
+                .is_some_and(|i| omitted[i].set(col)),
+            None => false,
+        };
+        if !ok {
+            return Err(Error(CoreError::Config {
+                option: "omit",
+                reason: format!("{o:?}: expected spans|instants|counters.cat|pid|tid|file"),
+            })
+            .into());
+        }
+    }
     let opts = ColumnsOptions {
         names,
         name_prefixes,
@@ -48,16 +68,35 @@ pub fn read_columns(
         fold_except,
         step_column,
         collapse_numbered,
+        omit: omitted,
     };
     let c = py
         .detach(|| columns::read_columns(&paths, &opts))
         .map_err(Error)?;
     let d = PyDict::new(py);
-    d.set_item("spans", table(py, c.spans, &["dur"], step_column)?)?;
-    d.set_item("instants", table(py, c.instants, &[], step_column)?)?;
+    // Whether every column's capacity is its length (no spare room held).
+    let exact = PyDict::new(py);
+    exact.set_item("spans", c.spans.is_exact())?;
+    exact.set_item("instants", c.instants.is_exact())?;
+    exact.set_item("counters", c.counters.is_exact())?;
+    d.set_item("exact", exact)?;
+    d.set_item(
+        "spans",
+        table(py, c.spans, &["dur"], step_column, &omitted[0])?,
+    )?;
+    d.set_item(
+        "instants",
+        table(py, c.instants, &[], step_column, &omitted[1])?,
+    )?;
     d.set_item(
         "counters",
-        table(py, c.counters, &["series", "value"], step_column)?,
+        table(
+            py,
+            c.counters,
+            &["series", "value"],
+            step_column,
+            &omitted[2],
+        )?,
     )?;
     let f = c.folded;
     let fd = PyDict::new(py);
@@ -109,27 +148,37 @@ pub(crate) fn file_dicts(py: Python<'_>, files: Vec<FileInfo>) -> PyResult<Vec<B
         .collect()
 }
 
-/// One table as `{column: ndarray}`; `extra` names the kind's own columns.
+/// One table as `{column: ndarray}` (each `Vec` the array's own memory, no
+/// copy); `extra` names the kind's own columns, `omit` those left out.
 fn table<'py>(
     py: Python<'py>,
     t: Table,
     extra: &[&str],
     step: bool,
+    omit: &Omit,
 ) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("name", PyArray1::from_vec(py, t.name))?;
-    d.set_item("cat", PyArray1::from_vec(py, t.cat))?;
+    if !omit.cat {
+        d.set_item("cat", PyArray1::from_vec(py, t.cat))?;
+    }
     d.set_item("ts", PyArray1::from_vec(py, t.ts))?;
     if extra.contains(&"dur") {
         d.set_item("dur", PyArray1::from_vec(py, t.dur))?;
     }
-    d.set_item("pid", PyArray1::from_vec(py, t.pid))?;
-    d.set_item("tid", PyArray1::from_vec(py, t.tid))?;
+    if !omit.pid {
+        d.set_item("pid", PyArray1::from_vec(py, t.pid))?;
+    }
+    if !omit.tid {
+        d.set_item("tid", PyArray1::from_vec(py, t.tid))?;
+    }
     d.set_item("rank", PyArray1::from_vec(py, t.rank))?;
     if step {
         d.set_item("step", PyArray1::from_vec(py, t.step))?;
     }
-    d.set_item("file", PyArray1::from_vec(py, t.file))?;
+    if !omit.file {
+        d.set_item("file", PyArray1::from_vec(py, t.file))?;
+    }
     if extra.contains(&"series") {
         d.set_item("series", PyArray1::from_vec(py, t.series))?;
         d.set_item("value", PyArray1::from_vec(py, t.value))?;

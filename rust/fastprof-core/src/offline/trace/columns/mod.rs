@@ -75,6 +75,37 @@ pub struct ColumnsOptions {
     /// `ProfilerStep#N`) are read as the prefix and `*` (`ProfilerStep#*`):
     /// a million-step run would otherwise intern a million names.
     pub collapse_numbered: Vec<String>,
+    /// Columns left out of each table (spans, instants, counters): never
+    /// pushed, so they take no memory while reading (a report drops
+    /// `file`, and the counters' `pid`, `tid`, `cat`). A left-out `pid` is
+    /// still read for the rank, into a per-file buffer dropped at the end of
+    /// its file; it needs `step_column` off (the step index reads it).
+    pub omit: [Omit; 3],
+}
+
+/// Which of a table's optional columns [`ColumnsOptions::omit`] leaves out
+/// (`name`, `ts`, `dur`, `rank`, `step`, `series`, `value` are always there).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Omit {
+    pub cat: bool,
+    pub pid: bool,
+    pub tid: bool,
+    pub file: bool,
+}
+
+impl Omit {
+    /// Set one column by name (`cat`, `pid`, `tid`, `file`); false for
+    /// another name.
+    pub fn set(&mut self, column: &str) -> bool {
+        match column {
+            "cat" => self.cat = true,
+            "pid" => self.pid = true,
+            "tid" => self.tid = true,
+            "file" => self.file = true,
+            _ => return false,
+        }
+        true
+    }
 }
 
 impl Default for ColumnsOptions {
@@ -92,6 +123,7 @@ impl Default for ColumnsOptions {
             fold_except: Vec::new(),
             step_column: true,
             collapse_numbered: Vec::new(),
+            omit: [Omit::default(); 3],
         }
     }
 }
@@ -182,11 +214,20 @@ impl Table {
             }
             if w != r {
                 self.name[w] = self.name[r];
-                self.cat[w] = self.cat[r];
                 self.ts[w] = self.ts[r];
-                self.pid[w] = self.pid[r];
-                self.tid[w] = self.tid[r];
-                self.file[w] = self.file[r];
+                // Left-out columns (ColumnsOptions::omit) are empty.
+                if !self.cat.is_empty() {
+                    self.cat[w] = self.cat[r];
+                }
+                if !self.pid.is_empty() {
+                    self.pid[w] = self.pid[r];
+                }
+                if !self.tid.is_empty() {
+                    self.tid[w] = self.tid[r];
+                }
+                if !self.file.is_empty() {
+                    self.file[w] = self.file[r];
+                }
                 if r < self.rank.len() {
                     self.rank[w] = self.rank[r];
                 }
@@ -214,6 +255,38 @@ impl Table {
         self.value.truncate(w.min(self.value.len()));
         self.rank.truncate(w.min(self.rank.len()));
     }
+
+    /// Every column's capacity down to its length: what `read_columns`
+    /// returns holds no spare room (a doubling `Vec` may have reserved up to
+    /// twice its rows).
+    fn shrink(&mut self) {
+        self.name.shrink_to_fit();
+        self.cat.shrink_to_fit();
+        self.ts.shrink_to_fit();
+        self.dur.shrink_to_fit();
+        self.pid.shrink_to_fit();
+        self.tid.shrink_to_fit();
+        self.rank.shrink_to_fit();
+        self.step.shrink_to_fit();
+        self.file.shrink_to_fit();
+        self.series.shrink_to_fit();
+        self.value.shrink_to_fit();
+    }
+
+    /// Whether every column's capacity is its length (see [`Table::shrink`]).
+    pub fn is_exact(&self) -> bool {
+        self.name.capacity() == self.name.len()
+            && self.cat.capacity() == self.cat.len()
+            && self.ts.capacity() == self.ts.len()
+            && self.dur.capacity() == self.dur.len()
+            && self.pid.capacity() == self.pid.len()
+            && self.tid.capacity() == self.tid.len()
+            && self.rank.capacity() == self.rank.len()
+            && self.step.capacity() == self.step.len()
+            && self.file.capacity() == self.file.len()
+            && self.series.capacity() == self.series.len()
+            && self.value.capacity() == self.value.len()
+    }
 }
 
 /// Everything read: three tables and the tables their ids index.
@@ -240,6 +313,12 @@ pub fn read_columns(inputs: &[PathBuf], opts: &ColumnsOptions) -> Result<Columns
         return Err(CoreError::config(
             "fold_categories",
             "cannot be combined with a time window (start_ns / end_ns)",
+        ));
+    }
+    if opts.step_column && opts.omit.iter().any(|o| o.pid) {
+        return Err(CoreError::config(
+            "omit",
+            "a table's pid cannot be left out with the step column (its step is found by pid)",
         ));
     }
     let mut input_warnings = Vec::new();
@@ -401,6 +480,9 @@ struct FileScan {
     unpaired: u64,
     /// Folded spans of this file, in its raw time, by (pid, name, cat).
     folded: HashMap<(i64, u32, u32), Fold>,
+    /// Per table whose `pid` is left out: the pid of each of this file's
+    /// rows (its rank is known only at the end of the file).
+    pids: [Vec<i64>; 3],
 }
 
 impl<'o> Reading<'o> {
@@ -486,7 +568,17 @@ impl<'o> Reading<'o> {
             return;
         }
         let t = &mut self.out.spans;
-        push_row(t, name, cat, ts, pid, tid, file);
+        push_row(
+            t,
+            &self.opts.omit[0],
+            &mut fs.pids[0],
+            name,
+            cat,
+            ts,
+            pid,
+            tid,
+            file,
+        );
         t.dur.push(dur);
     }
 
@@ -509,6 +601,7 @@ impl<'o> Reading<'o> {
             bad_ids: 0,
             unpaired: 0,
             folded: HashMap::new(),
+            pids: Default::default(),
         };
         let result = (|| -> Result<bool> {
             while let Some(item) = sc.next_item()? {
@@ -671,15 +764,26 @@ impl<'o> Reading<'o> {
         match kind {
             0 if f.dur_checked(raw).is_none() => *fs.bad_dur.entry(name_id).or_default() += 1,
             0 => self.span(fs, name_id, cat_id, ts, dur, pid, tid, file),
-            1 => push_row(&mut self.out.instants, name_id, cat_id, ts, pid, tid, file),
+            1 => push_row(
+                &mut self.out.instants,
+                &self.opts.omit[1],
+                &mut fs.pids[1],
+                name_id,
+                cat_id,
+                ts,
+                pid,
+                tid,
+                file,
+            ),
             _ => {
                 let Some(args) = get(&f.args) else {
                     return true;
                 };
                 let (t, names) = (&mut self.out.counters, &mut self.names);
+                let (omit, pids) = (&self.opts.omit[2], &mut fs.pids[2]);
                 scan::for_each_entry(args, |key, v| {
                     if let Some(value) = number(v) {
-                        push_row(t, name_id, cat_id, ts, pid, tid, file);
+                        push_row(t, omit, pids, name_id, cat_id, ts, pid, tid, file);
                         t.series.push(names.id(&text(key)));
                         t.value.push(value);
                     }
@@ -761,11 +865,18 @@ impl<'o> Reading<'o> {
             &mut self.out.instants,
             &mut self.out.counters,
         ];
-        for (t, &from) in tables.into_iter().zip(&fs.first) {
+        for ((t, &from), pids) in tables.into_iter().zip(&fs.first).zip(&mut fs.pids) {
             for r in from..t.len() {
                 t.ts[r] = t.ts[r].saturating_add(shift);
-                t.rank.push(rank_of(t.pid[r]));
+                let pid = if t.pid.is_empty() {
+                    pids[r - from]
+                } else {
+                    t.pid[r]
+                };
+                t.rank.push(rank_of(pid));
             }
+            // This file's buffer of left-out pids is done with.
+            *pids = Vec::new();
             if self.opts.start_ns.is_some() || self.opts.end_ns.is_some() {
                 t.retain_from(from, |t, r| {
                     let (ts, dur) = (t.ts[r], t.dur.get(r).copied().unwrap_or(0));
@@ -794,6 +905,9 @@ impl<'o> Reading<'o> {
 
     fn finish(mut self) -> Columns {
         let mut out = self.out;
+        for t in [&mut out.spans, &mut out.instants, &mut out.counters] {
+            t.shrink();
+        }
         if self.opts.step_column {
             let index = steps::Index::new(std::mem::take(&mut self.markers));
             for t in [&mut out.spans, &mut out.instants, &mut out.counters] {
@@ -827,6 +941,9 @@ impl<'o> Reading<'o> {
             t.series.iter_mut().for_each(&mut remap);
         }
         out.folded.name.iter_mut().for_each(&mut remap);
+        for t in [&mut out.spans, &mut out.instants, &mut out.counters] {
+            t.step.shrink_to_fit();
+        }
         out.names = names;
         let mut used = vec![u32::MAX; self.cats.strings.len()];
         let mut cats = Vec::new();
@@ -862,13 +979,36 @@ fn collapsed<'p>(collapse: &'p [String], kind: u8, name: &str) -> Option<&'p str
     })
 }
 
-fn push_row(t: &mut Table, name: u32, cat: u32, ts: i64, pid: i64, tid: i64, file: u32) {
+/// One row's common columns, those of `omit` left out (a left-out pid goes
+/// to the file's buffer `pids`, for its rank).
+#[allow(clippy::too_many_arguments)]
+fn push_row(
+    t: &mut Table,
+    omit: &Omit,
+    pids: &mut Vec<i64>,
+    name: u32,
+    cat: u32,
+    ts: i64,
+    pid: i64,
+    tid: i64,
+    file: u32,
+) {
     t.name.push(name);
-    t.cat.push(cat);
     t.ts.push(ts);
-    t.pid.push(pid);
-    t.tid.push(tid);
-    t.file.push(file);
+    if !omit.cat {
+        t.cat.push(cat);
+    }
+    if omit.pid {
+        pids.push(pid);
+    } else {
+        t.pid.push(pid);
+    }
+    if !omit.tid {
+        t.tid.push(tid);
+    }
+    if !omit.file {
+        t.file.push(file);
+    }
 }
 
 /// A counter value: a JSON number, or a string holding one (fastprof

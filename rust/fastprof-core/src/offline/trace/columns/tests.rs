@@ -577,3 +577,78 @@ fn folded_categories_are_totals_per_rank_name_and_category() {
     let e = read_columns(&[p0], &bad).unwrap_err().to_string();
     assert!(e.contains("fold_categories"), "{e}");
 }
+
+/// `omit` leaves columns out without changing any other: the same rows,
+/// ranks (a left-out pid still places its row) and values, with and
+/// without a time window; every column returned holds exactly its rows.
+#[test]
+fn omitted_columns_change_no_other_and_columns_are_exact() {
+    let d = dir("omit");
+    let a = write(
+        &d.join("rank2/fastprof.0.json.gz"),
+        &fastprof_segment(2, 1000),
+    );
+    let b = write(&d.join("rank3/fastprof.0.json"), &fastprof_segment(3, -500));
+    let be = write(
+        &d.join("rank3/pairs.json"),
+        r#"{"traceEvents":[
+{"ph":"B","cat":"user","name":"outer","pid":7,"tid":1,"ts":5},
+{"ph":"C","cat":"user","name":"mem","pid":7,"tid":1,"ts":6,"args":{"a":1,"b":2}},
+{"ph":"E","pid":7,"tid":1,"ts":9}]}"#,
+    );
+    let paths = [a, b, be];
+    let all = Omit {
+        cat: true,
+        pid: true,
+        tid: true,
+        file: true,
+    };
+    for (start_ns, end_ns) in [(None, None), (Some(BASE + 60_000), Some(BASE + 150_000))] {
+        let base = ColumnsOptions {
+            step_column: false,
+            start_ns,
+            end_ns,
+            ..Default::default()
+        };
+        let full = read(&paths, &base);
+        let lean = read(
+            &paths,
+            &ColumnsOptions {
+                omit: [all; 3],
+                ..base.clone()
+            },
+        );
+        assert_eq!(full.warnings, lean.warnings);
+        for (f, l) in [
+            (&full.spans, &lean.spans),
+            (&full.instants, &lean.instants),
+            (&full.counters, &lean.counters),
+        ] {
+            assert!(!f.is_empty());
+            assert!(f.is_exact() && l.is_exact());
+            assert_eq!(
+                (&f.name, &f.ts, &f.dur, &f.rank, &f.series, &f.value),
+                (&l.name, &l.ts, &l.dur, &l.rank, &l.series, &l.value)
+            );
+            assert!(l.cat.is_empty() && l.pid.is_empty() && l.tid.is_empty() && l.file.is_empty());
+            assert_eq!(f.pid.len(), f.len());
+        }
+        assert!(full.counters.rank.contains(&2) && full.counters.rank.contains(&3));
+        // Counters only: the spans keep every column.
+        let some = read(
+            &paths,
+            &ColumnsOptions {
+                omit: [Omit::default(), Omit::default(), all],
+                ..base.clone()
+            },
+        );
+        assert_eq!(some.spans, full.spans);
+        assert_eq!(some.counters.rank, full.counters.rank);
+    }
+    let stepped = ColumnsOptions {
+        omit: [all; 3],
+        ..Default::default()
+    };
+    let e = read_columns(&paths, &stepped).unwrap_err();
+    assert!(e.to_string().contains("invalid option omit"), "{e}");
+}
