@@ -420,6 +420,8 @@ def _load(p: Path, fold: bool, run: RunView, side: bool = True, target: Any = No
         fold_except="ProfilerStep#",
         step_column=False,
         collapse_numbered="ProfilerStep#",
+        # Never stored (the counters' file is read by counter_warnings first).
+        omit=[f"spans.{k}" for k in _UNUSED] + [f"counters.{k}" for k in _UNUSED_COUNTERS if k != "file"],
     )
     cols.warnings.extend(counter_warnings(cols))
     for table, unused in ((cols.spans, _UNUSED), (cols.counters, _UNUSED_COUNTERS)):
