@@ -158,6 +158,19 @@ class _Rank:
     gpu_late: int = 0
 
 
+#: The reader's columns the step table does not read (a span's pid is
+#: checked against its args, then dropped).
+_OMIT = (
+    "spans.tid",
+    "spans.cat",
+    "spans.file",
+    "counters.pid",
+    "counters.tid",
+    "counters.cat",
+    "counters.file",
+)
+
+
 def _cat(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return b if not len(a) else a if not len(b) else np.concatenate([a, b])
 
@@ -176,13 +189,17 @@ class _Reader:
 
     def read(self, path: str, last: bool) -> Iterator[Batch]:
         """The steps ``path`` closes (all of them when it is its ranks' ``last``)."""
-        cols = read_columns(path, names=_SPAN_NAMES + _COUNTER_NAMES, kinds=("spans", "counters"), step_column=False)
+        # Columns no step needs are never stored: 16 bytes a span row, 24 a counter row.
+        cols = read_columns(
+            path,
+            names=_SPAN_NAMES + _COUNTER_NAMES,
+            kinds=("spans", "counters"),
+            step_column=False,
+            omit=_OMIT,
+        )
         self.warnings.extend(cols.warnings)
         args = _core._read_step_args(path)
         sp, ct = cols.spans, cols.counters
-        for table in (sp, ct):
-            for unused in ("tid", "cat", "file"):
-                table.pop(unused, None)  # 16 bytes a row no step needs, gone before the rows are copied
         # Each row's name as a small code (an index into cols.names), not a str per row.
         code = sp["name"].astype(np.int32, copy=False)
         step_id = cols.names.index(STEP_SPAN) if STEP_SPAN in cols.names else -1
