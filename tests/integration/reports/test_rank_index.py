@@ -24,6 +24,7 @@ import pytest
 
 import fastprof
 from conftest import torchrun
+from fastprof.reports import time as time_report_module
 from fastprof.reports.data import RunData, load, step_spans
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benches"))
@@ -220,3 +221,25 @@ def test_two_ranks_of_a_torchrun_job_are_reported_as_their_traces_say(tmp_path: 
     doc = json.loads((out / "report.json").read_text())
     _check_report_against_traces(run, doc, [0, 1], ["step", "forward", "backward", "optimizer"])
     assert all(r["steps"] == 30 for r in doc["speed"]["train"]["per_rank"])
+
+
+def test_the_time_table_by_blocks_of_ranks_is_the_table_of_the_whole_run(
+    templates: tuple[RankTemplate, RankTemplate], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The time table sorts a block of whole ranks at a time (its memory is a
+    block's, not the run's): blocks of a few ranks give the same rows as one
+    block of every rank, in verbose and concise form."""
+    run = tmp_path / "run"
+    build_ranks(run, 16, *templates)
+    data = load(run)
+    for verbose in (False, True):
+        whole = time_report_module.time_report(data, verbose)
+        per_rank_rows = max(np.bincount(data.cols.spans["rank"].astype(np.int64)))
+        monkeypatch.setattr(time_report_module, "_BLOCK_ROWS", int(per_rank_rows) * 3)
+        assert (
+            len(time_report_module._rank_blocks(data.cols.spans["rank"], np.ones(len(data.cols.spans["rank"]), bool)))
+            >= 5
+        )
+        blocks = time_report_module.time_report(data, verbose)
+        monkeypatch.undo()
+        assert blocks == whole and len(whole["rows"]) >= 16 * 4
