@@ -139,7 +139,11 @@ def sync_points(data: RunData, ranks: list[int], warmup: int) -> list[tuple[str,
       (ranks call the same collectives in the same order; the columns carry
       no args, so the order stands in for the per-group sequence);
     * ``backward``: each step's first ``phase.backward`` begin, used only
-      where the ranks leave backward together (:func:`backward_synced`)."""
+      where the ranks leave backward together (:func:`backward_synced`);
+    * ``backward_grads``: the same backwards with the rank's own gradients
+      ready as the arrival, where every rank has the mark: always used
+      (backward's span past the mark is the wait for the others, or next to
+      nothing)."""
     out: list[tuple[str, Any, Any]] = []
     starts = _after_warmup(data, ranks, warmup)
     comm = [data.spans(PHASE_SPANS["communication"], r) for r in ranks]
@@ -185,7 +189,11 @@ def sync_points(data: RunData, ranks: list[int], warmup: int) -> list[tuple[str,
     if b.shape[1] >= 3:
         begin_spread = float(np.median(b.max(axis=0) - b.min(axis=0)))
         end_spread = float(np.median(e.max(axis=0) - e.min(axis=0)))
-        if backward_synced(begin_spread, end_spread, release_spread):
+        # With the mark, what backward's span holds past it is the wait for
+        # the others (DDP's all-reduce), or next to nothing: a sync point
+        # whether or not the ranks leave together (a spread test missed it in
+        # runs where the ranks arrive as together as they leave).
+        if marked or backward_synced(begin_spread, end_spread, release_spread):
             out.append(("backward_grads" if marked else "backward", b, e))
     return out
 
