@@ -13,6 +13,7 @@ import pytest
 from fastprof.reports.many import (
     MANY_RANKS,
     OUTLIER_SHARE,
+    by_span_name,
     many,
     named,
     outliers,
@@ -44,6 +45,28 @@ def test_spread_is_the_distribution_and_the_ranks_at_its_ends() -> None:
     assert spread([(0, None)]) is None
     text = spread_text(s, "{:.1f}".format, of=1001)
     assert text == "min 0.5 (rank 3) / median 1.5 / p95 " + f"{s.p95:.1f} / max 9.0 (rank 417) on 1,000 of 1,001 ranks"
+
+
+def test_by_span_name_groups_the_time_rows_largest_total_first() -> None:
+    rows = [
+        {"rank": 0, "name": "step", "count": 10, "total_s": 1.0, "p95_s": 0.2, "max_s": 0.3, "pct_wall": 90.0},
+        {"rank": 0, "name": "forward", "count": 10, "total_s": 0.4, "p95_s": 0.05, "max_s": 0.1, "pct_wall": 36.0},
+        {"rank": 1, "name": "step", "count": 11, "total_s": 3.0, "p95_s": 0.4, "max_s": 0.9, "pct_wall": 95.0},
+        {"rank": 2, "name": "step", "count": 9, "total_s": 2.0, "p95_s": None, "max_s": 0.5, "pct_wall": 93.0},
+        # A name no rank timed sorts after the timed ones, its spreads None.
+        {"rank": 1, "name": "idle", "count": 0, "total_s": None, "p95_s": None, "max_s": None, "pct_wall": None},
+        {"rank": 2, "name": "forward", "count": 9, "total_s": 0.8, "p95_s": 0.07, "max_s": 0.2, "pct_wall": 37.0},
+    ]
+    got = by_span_name(rows)
+    assert [(g.name, g.ranks, g.count) for g in got] == [("step", 3, 30), ("forward", 2, 19), ("idle", 1, 0)]
+    step = got[0]
+    assert step.total is not None and (step.total.p50, step.total.max, step.total.max_rank) == (2.0, 3.0, 1)
+    assert step.p95 is not None and step.p95.n == 2  # rank 2 has no p95
+    assert step.max is not None and (step.max.max, step.max.max_rank) == (0.9, 1)
+    assert step.pct_wall is not None and step.pct_wall.p50 == 93.0
+    idle = got[2]
+    assert (idle.total, idle.p95, idle.max, idle.pct_wall) == (None, None, None, None)
+    assert by_span_name([]) == []
 
 
 def test_outliers_are_the_ranks_well_above_the_others() -> None:

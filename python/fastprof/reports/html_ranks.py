@@ -22,7 +22,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from fastprof.reports.data import F64, RunData, human_bytes, step_spans
-from fastprof.reports.many import TOP_K, spread, top
+from fastprof.reports.many import TOP_K, by_span_name, spread, top
 
 #: Cells of a rank x step heat map at most: its step columns are
 #: ``HEAT_CELLS // ranks`` (within :data:`HEAT_COLUMNS`), each the median
@@ -318,27 +318,18 @@ def speed_spread(doc: dict[str, Any]) -> list[list[Any]]:
 
 def time_by_name(doc: dict[str, Any]) -> list[list[Any]]:
     """The time table by span name across the ranks (one row per name)."""
-    by: dict[str, list[dict[str, Any]]] = {}
-    for r in doc["time"]["rows"]:
-        by.setdefault(str(r["name"]), []).append(r)
-    out: list[list[Any]] = []
-    for name in sorted(by, key=lambda n: -sum(float(r["total_s"] or 0.0) for r in by[n])):
-        rows = by[name]
-        total = spread((r["rank"], r["total_s"]) for r in rows)
-        p95 = spread((r["rank"], r["p95_s"]) for r in rows)
-        mx = spread((r["rank"], r["max_s"]) for r in rows)
-        out.append(
-            [
-                name,
-                f"{len(rows):,}",
-                f"{sum(int(r['count']) for r in rows):,}",
-                "-" if total is None else f"{total.p50:.4f}",
-                "-" if total is None else f"{total.max:.4f} ({total.max_rank})",
-                "-" if p95 is None else f"{p95.p50:.5f}",
-                "-" if mx is None else f"{mx.max:.5f} ({mx.max_rank})",
-            ]
-        )
-    return out
+    return [
+        [
+            g.name,
+            f"{g.ranks:,}",
+            f"{g.count:,}",
+            "-" if g.total is None else f"{g.total.p50:.4f}",
+            "-" if g.total is None else f"{g.total.max:.4f} ({g.total.max_rank})",
+            "-" if g.p95 is None else f"{g.p95.p50:.5f}",
+            "-" if g.max is None else f"{g.max.max:.5f} ({g.max.max_rank})",
+        ]
+        for g in by_span_name(doc["time"]["rows"])
+    ]
 
 
 TIME_HEADER = [

@@ -78,6 +78,44 @@ def spread_text(s: Spread | None, fmt: Callable[[float], str], of: int | None = 
     return text
 
 
+@dataclass(frozen=True)
+class NameSpread:
+    """One span name of the time table across the ranks that have it."""
+
+    name: str
+    ranks: int  #: ranks with a row for the name
+    count: int  #: its spans, every rank's together
+    total: Spread | None  #: each rank's total seconds
+    p95: Spread | None  #: each rank's p95 seconds
+    max: Spread | None  #: each rank's longest span, seconds
+    pct_wall: Spread | None  #: each rank's share of its wall time, %
+
+
+def by_span_name(rows: Iterable[dict[str, Any]]) -> list[NameSpread]:
+    """The time table's rows (one per rank and span name) by span name, the
+    name with the largest total over its ranks first (ties in the order the
+    rows name them), each figure's spread across the ranks. The terminal and
+    report.html both show this table."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(str(r["name"]), []).append(r)
+    out: list[NameSpread] = []
+    for name in sorted(by, key=lambda n: -sum(float(r["total_s"] or 0.0) for r in by[n])):
+        rs = by[name]
+        out.append(
+            NameSpread(
+                name=name,
+                ranks=len(rs),
+                count=sum(int(r["count"]) for r in rs),
+                total=spread((r["rank"], r["total_s"]) for r in rs),
+                p95=spread((r["rank"], r["p95_s"]) for r in rs),
+                max=spread((r["rank"], r["max_s"]) for r in rs),
+                pct_wall=spread((r["rank"], r["pct_wall"]) for r in rs),
+            )
+        )
+    return out
+
+
 def top(pairs: Iterable[tuple[int, Any]], k: int = TOP_K, largest: bool = True) -> list[tuple[int, float]]:
     """The ``k`` ranks with the largest (or smallest) values, None left out;
     ties in rank order."""

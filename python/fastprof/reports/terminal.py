@@ -20,6 +20,7 @@ from fastprof.reports.many import (
     OUTLIER_MADS,
     OUTLIER_SHARE,
     TOP_K,
+    by_span_name,
     many,
     named,
     outliers,
@@ -122,10 +123,7 @@ NAMES_ACROSS = 15
 
 def _time_by_name(con: Any, doc: dict[str, Any], verbose: bool) -> None:
     """One row per span name, its figures across the ranks that have it."""
-    by: dict[str, list[dict[str, Any]]] = {}
-    for r in doc["time"]["rows"]:
-        by.setdefault(str(r["name"]), []).append(r)
-    names = sorted(by, key=lambda n: -sum(float(r["total_s"] or 0.0) for r in by[n]))
+    names = by_span_name(doc["time"]["rows"])
     t = Table(
         title="Time (seconds) across ranks"
         + (" - every span" if doc["time"]["verbose"] else " - training loop")
@@ -134,21 +132,16 @@ def _time_by_name(con: Any, doc: dict[str, Any], verbose: bool) -> None:
     for col in ("name", "ranks", "count", "total median", "total max (rank)", "p95 median", "max (rank)", "% wall p50"):
         t.add_column(col, justify="left" if col == "name" else "right")
     limit = None if verbose else NAMES_ACROSS
-    for name in names[:limit]:
-        rows = by[name]
-        total = spread((r["rank"], r["total_s"]) for r in rows)
-        p95 = spread((r["rank"], r["p95_s"]) for r in rows)
-        mx = spread((r["rank"], r["max_s"]) for r in rows)
-        wall = spread((r["rank"], r["pct_wall"]) for r in rows)
+    for g in names[:limit]:
         t.add_row(
-            name,
-            f"{len(rows):,}",
-            f"{sum(int(r['count']) for r in rows):,}",
-            _s(total and total.p50),
-            "-" if total is None else f"{total.max:.4f} ({total.max_rank})",
-            _s(p95 and p95.p50, "{:.5f}"),
-            "-" if mx is None else f"{mx.max:.5f} ({mx.max_rank})",
-            _s(wall and wall.p50, "{:.1f}"),
+            g.name,
+            f"{g.ranks:,}",
+            f"{g.count:,}",
+            _s(g.total and g.total.p50),
+            "-" if g.total is None else f"{g.total.max:.4f} ({g.total.max_rank})",
+            _s(g.p95 and g.p95.p50, "{:.5f}"),
+            "-" if g.max is None else f"{g.max.max:.5f} ({g.max.max_rank})",
+            _s(g.pct_wall and g.pct_wall.p50, "{:.1f}"),
         )
     con.print(t)
     if limit is not None and len(names) > limit:
