@@ -11,7 +11,9 @@ import secrets
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -255,38 +257,30 @@ def report(
         if not (from_segments or verbose or warmup_steps is not None or batch_size is not None):
             sums = _rank_summaries(run, tick)
         if sums is not None:
-            rep = _report_from_summaries(run, sums, out.folder, fmts, tick)
+            rep = _staged(out.folder, fmts, tick, partial(_from_summaries, run, sums))
         else:
-            rep = _report(run, out.folder, fmts, verbose, tick, warmup_steps, batch_size)
+            rep = _staged(out.folder, fmts, tick, partial(_from_segments, run, verbose, warmup_steps, batch_size))
         urls = out.deliver(rep.files, tick)
         if urls:
             rep.urls, rep.files = urls, []
         return rep
 
 
-def _report(
-    run: RunView,
-    out: Path,
-    fmts: list[str],
-    verbose: bool,
-    tick: _Progress,
-    warmup_steps: int | None,
-    batch_size: int | None,
-) -> Report:
+#: What makes a report's document: given the staging folder (None when no
+#: file is asked for), the output folder, the formats and the progress line,
+#: the document and the data its files are written from.
+_Build = Callable[[Path | None, Path, list[str], _Progress], tuple[dict[str, Any], _data.RunData]]
+
+
+def _staged(out: Path, fmts: list[str], tick: _Progress, build: _Build) -> Report:
+    """The report that ``build`` makes, its files written into a staging
+    folder and moved into ``out`` (:func:`_write`); the staging folder is
+    removed whatever happens."""
     staging: Path | None = None
     try:
         if fmts:
             staging = _staging(out)
-        # The breakdown first, its rows straight into breakdown.csv: its pass
-        # over the traces is the report's largest memory, so it runs before
-        # the columns are read, and keeps a few numbers per rank.
-        tick(f"step-time breakdown of {run.name}")
-        breakdown = _breakdown(run.target, staging if "csv" in fmts else None, out)
-        tick(f"breakdown: {len(breakdown)} steps")
-        data = _data.load(run.location, fold=not verbose, run=run)
-        data.breakdown = breakdown
-        tick(f"read {len(data.cols.spans['ts'])} spans, {len(data.cols.counters['ts'])} counter samples")
-        doc = build_from(data, verbose, warmup_steps, batch_size, tick)
+        doc, data = build(staging, out, fmts, tick)
         rep = Report(doc)
         if staging is not None:
             rep.files = _write(doc, data, staging, out, fmts, tick)
@@ -294,6 +288,29 @@ def _report(
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _from_segments(
+    run: RunView,
+    verbose: bool,
+    warmup_steps: int | None,
+    batch_size: int | None,
+    staging: Path | None,
+    out: Path,
+    fmts: list[str],
+    tick: _Progress,
+) -> tuple[dict[str, Any], _data.RunData]:
+    """The report of a run from its traces (a :data:`_Build`)."""
+    # The breakdown first, its rows straight into breakdown.csv: its pass
+    # over the traces is the report's largest memory, so it runs before
+    # the columns are read, and keeps a few numbers per rank.
+    tick(f"step-time breakdown of {run.name}")
+    breakdown = _breakdown(run.target, staging if "csv" in fmts else None, out)
+    tick(f"breakdown: {len(breakdown)} steps")
+    data = _data.load(run.location, fold=not verbose, run=run)
+    data.breakdown = breakdown
+    tick(f"read {len(data.cols.spans['ts'])} spans, {len(data.cols.counters['ts'])} counter samples")
+    return build_from(data, verbose, warmup_steps, batch_size, tick), data
 
 
 def _rank_summaries(run: RunView, tick: _Progress) -> list[dict[str, Any]] | None:
@@ -307,39 +324,30 @@ def _rank_summaries(run: RunView, tick: _Progress) -> list[dict[str, Any]] | Non
     return sums
 
 
-def _report_from_summaries(
-    run: RunView, sums: list[dict[str, Any]], out: Path, fmts: list[str], tick: _Progress
-) -> Report:
-    """The report of a run from its ranks' summaries (no trace read)."""
-    staging: Path | None = None
-    try:
-        if fmts:
-            staging = _staging(out)
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            doc, data = _summaries.combine(run, sums)
-        said = report_warning(doc)
-        if said is not None:
-            doc["source"]["warnings"].append(said)
-        tick("combined the rank summaries")
-        if "html" in fmts and run.folder is not None:
-            # The page's detail: the first ranks' segments (summaries.DETAIL_RANKS).
-            shown = data.ranks[: _summaries.DETAIL_RANKS]
-            data = _summaries.with_detail(data, _data.load_ranks(run.folder, shown))
-            tick(f"read the segments of rank(s) {shown[0]}-{shown[-1]} for the page's detail")
-        if staging is not None and ("csv" in fmts or "html" in fmts):
-            # breakdown.csv, one row per step and rank, and the page's
-            # breakdown bars are the traces' (the core's streaming pass, rows
-            # straight into the file); the section in report.json stays the
-            # summaries'.
-            data.breakdown = _breakdown(run.target, staging if "csv" in fmts else None, out)
-            tick(f"breakdown: {len(data.breakdown)} steps")
-        rep = Report(doc)
-        if staging is not None:
-            rep.files = _write(doc, data, staging, out, fmts, tick)
-        return rep
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
+def _from_summaries(
+    run: RunView, sums: list[dict[str, Any]], staging: Path | None, out: Path, fmts: list[str], tick: _Progress
+) -> tuple[dict[str, Any], _data.RunData]:
+    """The report of a run from its ranks' summaries, no trace read (a
+    :data:`_Build`)."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        doc, data = _summaries.combine(run, sums)
+    said = report_warning(doc)
+    if said is not None:
+        doc["source"]["warnings"].append(said)
+    tick("combined the rank summaries")
+    if "html" in fmts and run.folder is not None:
+        # The page's detail: the first ranks' segments (summaries.DETAIL_RANKS).
+        shown = data.ranks[: _summaries.DETAIL_RANKS]
+        data = _summaries.with_detail(data, _data.load_ranks(run.folder, shown))
+        tick(f"read the segments of rank(s) {shown[0]}-{shown[-1]} for the page's detail")
+    if staging is not None and ("csv" in fmts or "html" in fmts):
+        # breakdown.csv, one row per step and rank, and the page's
+        # breakdown bars are the traces' (the core's streaming pass, rows
+        # straight into the file); the section in report.json stays the
+        # summaries'.
+        data.breakdown = _breakdown(run.target, staging if "csv" in fmts else None, out)
+        tick(f"breakdown: {len(data.breakdown)} steps")
+    return doc, data
 
 
 def _breakdown(target: Path | str, staging: Path | None, out: Path) -> Any:
