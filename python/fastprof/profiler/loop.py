@@ -80,7 +80,8 @@ class Profiler(LoopFront):
     then defaults; a bad value raises :class:`fastprof.ConfigError` here,
     before training. ``hang_timeout`` (seconds, ``"auto"``, ``"off"``) and
     ``hang_action`` (``"report"``, ``"abort"``): the hang watchdog
-    (docs/hangs.md).
+    (docs/hangs.md). ``rank_summary`` (default True): each rank writes
+    ``rank{R}/summary.fastprof`` at the end (docs/reports.md).
     """
 
     #: The recorder it records into (its own, or one already running).
@@ -106,6 +107,7 @@ class Profiler(LoopFront):
         sync_clocks: bool | None = None,
         hang_timeout: float | str | None = None,
         hang_action: str | None = None,
+        rank_summary: bool | None = None,
         recorder: Recorder | None = None,
         **recorder_options: Any,
     ) -> None:

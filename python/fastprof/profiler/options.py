@@ -169,6 +169,18 @@ OPTIONS: tuple[Option, ...] = (
         parse_action,
     ),
     Option(
+        "rank_summary",
+        "bool",
+        True,
+        ("FASTPROF_RANK_SUMMARY",),
+        "a boolean",
+        "At the run's end each rank writes rank{R}/summary.fastprof from its own segments, in a process of its "
+        "own (up to 300 s at a normal end, 5 s at SIGTERM or exit), so that a report of many ranks reads no "
+        "trace. Off: the close does not wait for it, and a report reads the segments.",
+        "True",
+        _bool,
+    ),
+    Option(
         "torch",
         "bool",
         True,
@@ -223,6 +235,8 @@ class Resolved:
     #: None: auto; 0: off.
     hang_timeout: float | None = None
     hang_action: str = "report"
+    #: Each rank writes its summary.fastprof at the end.
+    rank_summary: bool = True
 
     def metadata(self, dist: Any) -> dict[str, Any]:
         """The trace's ``profiler`` metadata."""
@@ -256,6 +270,7 @@ def resolve(given: dict[str, Any], env: Mapping[str, str] = os.environ) -> Resol
         sync_clocks=value("sync_clocks"),
         hang_timeout=value("hang_timeout"),
         hang_action=value("hang_action"),
+        rank_summary=value("rank_summary"),
     )
 
 

@@ -51,5 +51,6 @@ def build(prof: Any, f: Resolved) -> list[Driver]:
     out.append(TriggerDriver(triggers, prof, windows, anatomy) if triggers is not None else Absent("triggers", None))
     out.append(HangDriver(prof, f.hang_timeout, f.hang_action))
     out.append(OutputsDriver(prof))
-    out.append(SummaryDriver(prof))  # after the merge: the rank's summary (#38, item 2)
+    if f.rank_summary:
+        out.append(SummaryDriver(prof))  # after the merge: the rank's summary (#38, item 2)
     return out

@@ -9,7 +9,11 @@ Off the step path: only at the close. A normal end gives it
 :data:`SUMMARY_SIGTERM_S`, within the seconds a launcher leaves between
 SIGTERM and SIGKILL (torchrun: 30 s), the process killed past it (then no
 summary, and a report reads the rank's segments, as for a rank cut short).
-A run on object storage (its rank folder sent and gone) writes none."""
+A run on object storage (its rank folder sent and gone) writes none, and
+neither does a Profiler whose ``rank_summary`` option is off
+(``rank_summary=False``, ``FASTPROF_RANK_SUMMARY=0``): ``drivers/build.py`` then
+makes no such driver, the close waits for nothing, and a report reads the
+segments."""
 
 from __future__ import annotations
 
