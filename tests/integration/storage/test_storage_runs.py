@@ -57,6 +57,8 @@ else:
         model(data[i % 8]).pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
+# JOB_STOP: a file whose existence ends the loop early (a test's cue).
+stop = os.environ.get("JOB_STOP")
 prof = fastprof.Profiler(out, name, **kw)
 with prof:
     for i in range(steps):
@@ -65,6 +67,8 @@ with prof:
         prof.step()
         if i == 0:
             print("STEPPING", flush=True)
+        if stop and os.path.exists(stop):
+            break
 print("TRACE_URL", prof.trace_url, flush=True)
 print("TRACE_PATH", prof.trace_path, flush=True)
 """
@@ -181,18 +185,21 @@ def test_a_store_outage_never_fails_the_job_and_fastprof_upload_sends_the_rest(t
         s3fs.S3FileSystem.clear_instance_cache()
         url = new_bucket()
         bucket = url.removeprefix("s3://").split("/")[0]
-        spool = tmp_path / "spool"
+        spool, stop = tmp_path / "spool", tmp_path / "stop"
+        # The job steps until told (at most 2,400 steps): the outage must
+        # begin while it runs, however slowly the store is polled.
         p = _job(
             tmp_path,
             server,
             url,
             "job",
-            "60",
+            "2400",
             "0.05",
             f"spool_dir={spool}",
             "segment_seconds=0.5",
             "upload_timeout=3.0",
             "torch=False",
+            env={"JOB_STOP": str(stop)},
         )
         # Segments close every 0.5 s and go up: then the store goes away mid-run.
         wait_until(
@@ -202,6 +209,8 @@ def test_a_store_outage_never_fails_the_job_and_fastprof_upload_sends_the_rest(t
             pause=0.2,
         )
         server.stop()
+        time.sleep(1.0)  # segments close while the store is gone
+        stop.touch()
         code, _out, err = _finish(p)
         # The job's own outcome, whatever the store did.
         assert code == 0, err
