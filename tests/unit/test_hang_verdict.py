@@ -14,7 +14,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastprof.profiler.drivers.hang.verdict import CLOSED_FILE, WATCH_FILE, join, rank_state, summarize, verdict
+from fastprof.profiler.drivers.hang.verdict import (
+    CLOSED_FILE,
+    WATCH_FILE,
+    closed_ranks,
+    gone_ranks,
+    join,
+    left_loop,
+    rank_state,
+    summarize,
+    verdict,
+)
 
 TORCH = os.path.join(os.sep, "venv", "site-packages", "torch")
 C10D = os.path.join(TORCH, "distributed", "distributed_c10d.py")
@@ -229,6 +239,47 @@ def test_a_rank_that_left_its_loop_is_named_from_its_closed_file(tmp_path: Path)
     closed["token"] = "1-2"
     (tmp_path / "rank1" / CLOSED_FILE).write_text(json.dumps(closed))
     assert verdict(join(tmp_path, 1000.0, 30.0, live=False))["kind"] == "elsewhere"
+
+
+def test_a_peer_that_left_its_loop_and_ended_is_a_skip_not_a_killed_process(tmp_path: Path) -> None:
+    """Rank 0's collective raised ("Connection closed by peer") because rank
+    1 ended: rank 1 had left its loop (its closed file, of the Profiler that
+    watched it) and its process ended after it. It is named from the closed
+    file, as having skipped a collective when it ended the step rank 0 was in
+    with fewer collectives, and it is not among the ranks gone outside the
+    launcher; a rank gone without a closed file still is."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: its pid names no process
+    for r in (0, 1, 2):
+        (tmp_path / f"rank{r}").mkdir()
+        watch = {"host": socket.gethostname(), "pid": child.pid, "token": f"t{r}"}
+        (tmp_path / f"rank{r}" / WATCH_FILE).write_text(json.dumps(watch))
+    closed = {"rank": 1, "time": 990.0, "step": 39, "token": "t1", "collectives": _wave({}, 39, 39)["collectives"]}
+    (tmp_path / "rank1" / CLOSED_FILE).write_text(json.dumps(closed))
+    assert list(closed_ranks(tmp_path, exclude=0)) == [1]
+    assert gone_ranks(tmp_path, exclude=0) == [(2, child.pid)]
+    # Rank 0 ended steps 0-38 and entered all_reduce #40, which raised (the
+    # anatomy marks it completed all the same).
+    wave = _wave({}, 40, 40)["collectives"]
+    (p,) = left_loop(0, 38, wave, closed_ranks(tmp_path, exclude=0))
+    assert (p["rank"], p["step"], p["skipped"]) == (1, 39, True)
+    assert p["text"] == (
+        "rank 1 skipped a collective: it ended step 39 after 39 collectives of the default group (the last "
+        "all_reduce #39) where rank 0 entered all_reduce #40 in that step: the ranks took different code paths "
+        "(a collective called on some ranks only); rank 1 has left its training loop (its Profiler closed after "
+        "step 39)"
+    )
+    # As many collectives (fewer batches on rank 1): it left its loop, no skip.
+    (p,) = left_loop(0, 38, _wave({}, 39, 38)["collectives"], closed_ranks(tmp_path, exclude=0))
+    assert not p["skipped"]
+    assert p["text"] == (
+        "rank 1 never entered all_reduce #39; it has left its training loop (its Profiler closed after step 39)"
+    )
+    # Another Profiler's closed file is not taken: rank 1 is then gone.
+    other = {"host": socket.gethostname(), "pid": child.pid, "token": "t9"}
+    (tmp_path / "rank1" / WATCH_FILE).write_text(json.dumps(other))
+    assert closed_ranks(tmp_path, exclude=0) == {}
+    assert gone_ranks(tmp_path, exclude=0) == [(1, child.pid), (2, child.pid)]
 
 
 def test_with_no_collective_the_sentence_names_each_rank_plainly() -> None:

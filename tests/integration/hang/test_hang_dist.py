@@ -26,6 +26,7 @@ import pytest
 
 import fastprof
 from conftest import TORCHRUN_VARS, free_port
+from fastprof.profiler.drivers.hang.verdict import summarize
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
@@ -493,29 +494,84 @@ def test_a_sigkilled_rank_makes_the_others_fail_not_hang_and_is_named_gone(tmp_p
     assert acct["peers_gone"] == [{"rank": 1, "pid": pid}]
 
 
+# The same hangs in a script with no Profiler, under ``torchrun -m fastprof
+# run`` (steps end at ``optimizer.step()``): the options come from the
+# variables, and the script's lines, phases and collectives are named as with
+# an explicit Profiler. Rank 1 spins with the GIL held inside its model's
+# forward.
 PLAIN = textwrap.dedent(
     """
-    import os, sys, time
+    import os, re, sys, time
     import torch, torch.distributed as dist
     from torch.utils.data import DataLoader, Dataset
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    out, mode = sys.argv[1], sys.argv[2]
+
+    def mark():
+        open(os.path.join(out, "stuck"), "w").close()
 
     class Data(Dataset):
+        def __init__(self, n=40):
+            self.n = n
         def __len__(self):
-            return 40
+            return self.n
         def __getitem__(self, i):
-            if rank == 1 and i == 6:
+            if mode in ("data", "worker") and rank == 1 and i == 6 and self.n == 40:
+                mark()
                 time.sleep(3600)  # STUCK-PLAIN
             return torch.ones(4)
 
-    model = torch.nn.Linear(4, 1)
+    class Model(torch.nn.Linear):
+        calls = 0
+        def forward(self, x):
+            Model.calls += 1
+            if mode == "gil" and rank == 1 and Model.calls == 7:
+                mark()
+                re.match(r"(a+)+$", "a" * 40 + "b")  # STUCK-GIL
+            return super().forward(x)
+
+    def reload_state():
+        mark()
+        while True:
+            time.sleep(0.05)  # STUCK-OWN
+
+    def save_checkpoint(seconds):
+        time.sleep(seconds)  # SAVE
+
+    def evaluate(seconds):
+        with torch.no_grad():
+            for x in DataLoader(Data(4), batch_size=1):
+                model(x)
+                time.sleep(seconds / 4)  # EVAL
+
+    model = Model(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for x in DataLoader(Data(), batch_size=1):
+    loader = DataLoader(Data(), batch_size=1, num_workers=1 if mode == "worker" else 0)
+    for i, x in enumerate(loader):  # PLAIN-LOOP
+        if mode == "own" and rank == 1 and i == 6:
+            reload_state()
+        if mode == "kill" and rank == 1 and i == 6:
+            mark()
+            time.sleep(3600)  # the test SIGKILLs this rank here
+        if mode == "calm" and 8 <= i < 11:
+            time.sleep(2.0)  # slower than usual, under the timeout
+        if mode == "calm" and i == 14:
+            if rank == 0:
+                save_checkpoint(3.0)
+            dist.barrier()
+        if mode == "calm" and i == 20:
+            evaluate(3.0)
         loss = model(x).sum()
         loss.backward()
-        dist.all_reduce(loss.detach())  # PLAIN-WAIT
+        t = loss.detach()
+        if mode == "mismatch" and rank == 1 and i == 6:
+            dist.broadcast(t, src=0)  # PLAIN-MISMATCH
+        elif mode == "skip" and rank == 1 and i == 6:
+            pass  # rank 1 leaves out this step's all_reduce
+        else:
+            dist.all_reduce(t)  # PLAIN-WAIT
         opt.step()
         opt.zero_grad()
     dist.destroy_process_group()
@@ -523,37 +579,186 @@ PLAIN = textwrap.dedent(
 )
 
 
-def test_fastprof_run_takes_the_timeout_from_its_variable_and_names_the_stuck_rank(tmp_path: Path) -> None:
-    """The same data hang in a script with no Profiler, under ``torchrun -m
-    fastprof run`` (steps from ``optimizer.step()``): FASTPROF_HANG_TIMEOUT
-    reaches its Profiler through ProfilerArgs, and rank 0 says the verdict.
-    The timeout is 20 s, not 4: under fastprof run the Profiler starts before
-    the script imports torch, and a fixed timeout counts from there (4 s was
-    shorter than the start-up beside other work: a hang was said in it)."""
-    (tmp_path / "train.py").write_text(PLAIN)
+def _plain(marker: str) -> int:
+    return next(i for i, text in enumerate(PLAIN.splitlines(), 1) if marker in text)
+
+
+def _start_run(
+    root: Path, mode: str, env: dict[str, str], nproc: int = 2, launcher: tuple[str, ...] = ()
+) -> subprocess.Popen[str]:
+    """``torchrun -m fastprof run train.py OUT MODE``: the script has no Profiler."""
+    (root / "train.py").write_text(PLAIN)
+    (root / "out").mkdir(exist_ok=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_") and k not in TORCHRUN_VARS}
     base.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
-    base.update(FASTPROF_HANG_TIMEOUT="20", FASTPROF_HANG_GRACE="2")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-    cmd += ["--master-port", str(free_port()), "-m", "fastprof", "run", "-o", str(tmp_path / "out")]
-    cmd += ["--run-name", "job", "train.py"]
-    p = subprocess.Popen(
-        cmd, cwd=tmp_path, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1"]
+    cmd += ["--master-port", str(free_port()), *launcher, "-m", "fastprof", "run", "-o", str(root / "out")]
+    cmd += ["--run-name", "job", "train.py", str(root / "out"), mode]
+    return subprocess.Popen(
+        cmd,
+        cwd=root,
+        env={**base, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
+
+
+#: mode -> ranks.
+RUN_CASES = {"data": 4, "own": 2, "mismatch": 2, "worker": 2}
+
+
+@pytest.mark.parametrize("mode", list(RUN_CASES))
+def test_fastprof_run_names_the_stuck_rank_its_line_phase_and_collective(tmp_path: Path, mode: str) -> None:
+    """Each hang of the explicit Profiler's tests, in a script with no
+    Profiler under ``torchrun -m fastprof run``: FASTPROF_HANG_TIMEOUT
+    reaches its Profiler through ProfilerArgs (the start-up, which under
+    fastprof run includes the script's ``import torch``, is no hang), and one
+    verdict names rank 1, its line, its phase and the collective the others
+    wait in."""
+    nproc = RUN_CASES[mode]
+    env = {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"}
+    p = _start_run(tmp_path, mode, env, nproc=nproc)
     run = tmp_path / "out" / "job"
     try:
-        seen = _wait_for(lambda: (run / ".hang-verdict").exists(), 150, p)
-        time.sleep(1.0)
+        seen = _wait_for(lambda: (run / ".hang-verdict").exists() and bool(_hangs(run, 0)), 100, p)
+        time.sleep(1.0)  # the verdict's line reaches stderr
     finally:
         out, err = _kill(p, run)
-    assert seen, f"no verdict within 150 s\nstdout:\n{out}\nstderr:\n{err}"
+    assert seen, f"no verdict within 100 s\nstdout:\n{out}\nstderr:\n{err}"
     lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
     assert len(lines) == 1, err
-    stuck = next(i for i, t in enumerate(PLAIN.splitlines(), 1) if "STUCK-PLAIN" in t)
-    wait = next(i for i, t in enumerate(PLAIN.splitlines(), 1) if "PLAIN-WAIT" in t)
-    assert re.search(
-        rf"rank 1 never entered all_reduce #\d+; it is in the dataloader: train.py:{stuck} in __getitem__", lines[0]
+    (v,) = lines
+    wait = f"all_reduce #(\\d+) \\(train.py:{_plain('PLAIN-WAIT')} in <module>\\)"
+    (r0,) = _hangs(run, 0)
+    assert r0["timeout_s"] == TIMEOUT_S and r0["summary"]["collective"]["op"] == "all_reduce", r0["summary"]
+    if mode == "mismatch":
+        assert f"rank 1 is in broadcast (train.py:{_plain('PLAIN-MISMATCH')} in <module>" in v, v
+        assert "the ranks took different code paths" in v and re.search(f"Rank 0 waits in {wait}", v), v
+        return
+    where = {
+        "data": f"the dataloader: train.py:{_plain('STUCK-PLAIN')} in __getitem__",
+        "own": f"other: train.py:{_plain('STUCK-OWN')} in reload_state",
+        "worker": f"the dataloader: train.py:{_plain('PLAIN-LOOP')} in <module>",
+    }[mode]
+    m = re.search(r"rank 1 never entered all_reduce #(\d+); it is in (.*?)\. (Ranks? [-, 0-9]+) waits? in " + wait, v)
+    assert m and m.group(2) == where and m.group(1) == m.group(4), v
+    assert m.group(3) == ("Ranks 0, 2-3" if nproc == 4 else "Rank 0"), v
+    (r1,) = _hangs(run, 1)
+    assert r1["step"] == 5 and r1["summary"]["collective"] is None, r1["summary"]
+    assert r1["summary"]["phase"] == ("other" if mode == "own" else "dataloader"), r1["summary"]
+    assert r1["collectives"]["default"]["completed"]["seq"] == int(m.group(1)) - 1, r1["collectives"]
+    for rank in range(nproc):
+        assert [d["rank"] for d in _hangs(run, rank)] == [rank]
+    if mode == "worker":
+        workers = [w for w in r1["workers"] if w.get("dataloader")]
+        assert len(workers) == 1 and workers[0]["alive"] is True, r1["workers"]
+
+
+def test_fastprof_run_a_rank_spinning_in_forward_with_the_gil_held_and_abort(tmp_path: Path) -> None:
+    """Rank 1 spins in ``re`` inside its model's forward, the GIL held: the
+    watchdog writes its stacks itself, the verdict names the line, and
+    FASTPROF_HANG_ACTION=abort ends the job with 124."""
+    env = {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2", "FASTPROF_HANG_ACTION": "abort"}
+    p = _start_run(tmp_path, "gil", env)
+    run = tmp_path / "out" / "job"
+    try:
+        out, err = p.communicate(timeout=100)
+    except subprocess.TimeoutExpired:
+        out, err = _kill(p, run)
+        pytest.fail(f"the aborting job did not end within 100 s\nstdout:\n{out}\nstderr:\n{err}")
+    assert p.returncode != 0
+    (r1,) = _hangs(run, 1)
+    assert r1["answered_by"] == "watchdog", r1
+    # The watchdog's file has the stacks only: where they say rank 1 is.
+    s1 = summarize(r1, json.loads((run / "rank1" / ".hang-watch.json").read_text())["training_thread"])
+    assert s1["phase"] == "forward" and s1["where"]["line"] == _plain("STUCK-GIL"), s1
+    lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
+    assert len(lines) == 1, err
+    assert "rank 1 never entered all_reduce" in lines[0] and "spins with the GIL held" in lines[0], lines[0]
+    assert f"train.py:{_plain('STUCK-GIL')}" in lines[0], lines[0]
+    assert "exitcode: 124" in err or "exit code: 124" in err, err[-3000:]
+
+
+def test_fastprof_run_a_skipped_all_reduce_fails_the_job_and_is_named_a_skip(tmp_path: Path) -> None:
+    """Rank 1 leaves out step 6's all_reduce; gloo pairs the ranks'
+    collectives by number, so the job runs on, one apart, until rank 1 has
+    ended every step. Under fastprof run rank 1's process then ends at once
+    (its script ends; no Profiler of its own keeps it), the kernel closes its
+    sockets and rank 0's last all_reduce raises ("Connection closed by peer")
+    long before the 60 s timeout: no hang. Rank 0 names rank 1 as having
+    skipped a collective, from rank 1's ``.hang-closed.json``; its process
+    ended after its loop, not outside the launcher."""
+    env = {"FASTPROF_HANG_TIMEOUT": "60", "FASTPROF_HANG_GRACE": "2"}
+    p = _start_run(tmp_path, "skip", env)
+    run = tmp_path / "out" / "job"
+    try:
+        _out, err = p.communicate(timeout=100)
+    except subprocess.TimeoutExpired:
+        out, err = _kill(p, run)
+        pytest.fail(f"the job did not end\nstdout:\n{out}\nstderr:\n{err}")
+    assert p.returncode != 0
+    assert "Connection closed by peer" in err, err[-3000:]
+    assert _hangs(run, 0) == [] and _hangs(run, 1) == []
+    line = next((ln for ln in err.splitlines() if "fastprof: rank 0 stops on RuntimeError" in ln), None)
+    assert line is not None, err[-3000:]
+    m = re.search(
+        r"rank 1 skipped a collective: it ended step 39 after (\d+) collectives of the default group \(the last "
+        r"all_reduce #(\d+)\) where rank 0 entered all_reduce #(\d+) in that step: the ranks took different "
+        r"code paths",
+        line,
     )
-    assert re.search(rf"Rank 0 waits in all_reduce #\d+ \(train.py:{wait} in <module>\)", lines[0]), lines[0]
-    acct = [json.loads(d.read_text())["timeout_s"] for d in (run / "rank0").glob("hang-*.json")]
-    assert acct == [20.0]
+    assert m and int(m.group(1)) == int(m.group(2)) == int(m.group(3)) - 1, line
+    assert "rank 1 has left its training loop (its Profiler closed after step 39)" in line, line
+    assert "is gone" not in line, line
+    acct = json.loads((run / "rank0" / "profiler.json").read_text())["hang"]
+    assert acct["peers_gone"] == [] and acct["peers_left"] == [{"rank": 1, "step": 39, "skipped": True}], acct
+
+
+def test_fastprof_run_a_sigkilled_rank_is_named_gone(tmp_path: Path) -> None:
+    """Rank 1 SIGKILLed by hand while rank 0 waits in all_reduce: rank 0's
+    collective fails at once, no hang evidence, and rank 0's fastprof run
+    names rank 1's process gone, on stderr and in profiler.json."""
+    env = {"FASTPROF_HANG_TIMEOUT": "60", "FASTPROF_HANG_GRACE": "2"}
+    p = _start_run(tmp_path, "kill", env, launcher=("--monitor-interval", "20"))
+    run = tmp_path / "out" / "job"
+    try:
+        stuck = _wait_for(lambda: (tmp_path / "out" / "stuck").exists(), 100, p)
+        assert stuck, "rank 1 never reached its stop"
+        time.sleep(1.0)  # rank 0 is in its all_reduce
+        pid = int(json.loads((run / "rank1" / ".hang-watch.json").read_text())["pid"])
+        os.kill(pid, signal.SIGKILL)
+        _out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            _kill(p, run)
+    assert p.returncode != 0
+    assert "Connection closed by peer" in err, err[-3000:]
+    assert _hangs(run, 0) == [] and _hangs(run, 1) == []
+    line = next((ln for ln in err.splitlines() if "fastprof: rank 0 stops on RuntimeError" in ln), None)
+    assert line is not None, err[-3000:]
+    assert f"the process of rank 1 (pid {pid}) is gone, ended outside the launcher" in line
+    acct = json.loads((run / "rank0" / "profiler.json").read_text())["hang"]
+    assert acct["peers_gone"] == [{"rank": 1, "pid": pid}]
+
+
+def test_fastprof_run_slow_steps_a_checkpoint_and_an_evaluation_are_no_hang(tmp_path: Path) -> None:
+    """The false alarms in one job under fastprof run, each shorter than the
+    6 s timeout but tens of steps long: three 2 s steps, rank 0 saving for
+    3 s while rank 1 waits at a barrier, a 3 s evaluation pass with no
+    optimizer step. Nothing is reported and the job ends well."""
+    env = {"FASTPROF_HANG_TIMEOUT": "6", "FASTPROF_HANG_GRACE": "2"}
+    p = _start_run(tmp_path, "calm", env)
+    run = tmp_path / "out" / "job"
+    try:
+        out, err = p.communicate(timeout=110)
+    except subprocess.TimeoutExpired:
+        out, err = _kill(p, run)
+        pytest.fail(f"the job did not end\nstdout:\n{out}\nstderr:\n{err}")
+    assert p.returncode == 0, err
+    assert _hangs(run, 0) == [] and _hangs(run, 1) == []
+    assert "fastprof: hang" not in err
+    for rank in (0, 1):
+        acct = json.loads((run / f"rank{rank}" / "profiler.json").read_text())["hang"]
+        assert acct["enabled"] and acct["timeout"] == 6.0 and acct["reports"] == [], acct

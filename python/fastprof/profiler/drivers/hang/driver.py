@@ -40,9 +40,11 @@ from fastprof.profiler.drivers.hang.config import HANG_EXIT_STATUS, HangConfig
 from fastprof.profiler.drivers.hang.verdict import (
     CLOSED_FILE,
     WATCH_FILE,
+    closed_ranks,
     evidence_files,
     gone_ranks,
     join,
+    left_loop,
     verdict,
 )
 
@@ -77,6 +79,8 @@ class HangDriver(Driver):
         self.said: list[str] = []
         #: Ranks whose process was gone when an exception left this rank's loop.
         self.peers_gone: list[dict[str, Any]] = []
+        #: Ranks that had left their training loop then (``rank``, ``step``, ``skipped``).
+        self.peers_left: list[dict[str, Any]] = []
 
     def start(self, steps: Any) -> None:
         if not self.config.enabled:
@@ -223,25 +227,43 @@ class HangDriver(Driver):
     def on_exception(self, exc: BaseException) -> None:
         """A rank whose process ends outside its launcher (SIGKILL, the OOM
         killer) is no hang with gloo: its sockets close and the others'
-        collective raises ("Connection closed by peer"). When an exception
-        leaves this rank's loop, the ranks of the run whose process (on this
-        host) is gone are named on stderr and in ``profiler.json``."""
+        collective raises ("Connection closed by peer"). So is a rank that
+        left its training loop and ended while the others still wait (it
+        skipped one of their collectives, or had fewer batches): under
+        ``fastprof run`` its process ends with its script, at once. When an
+        exception leaves this rank's loop, the ranks of the run that left
+        their loop (``.hang-closed.json``: a skipped collective named as
+        such) and those whose process (on this host) is otherwise gone are
+        named on stderr and in ``profiler.json``."""
         if self.watch is None or self.world_size < 2:
             return
         try:
+            left = left_loop(
+                self.rank,
+                _core._hang_last_step(),
+                collectives.snapshot(),
+                closed_ranks(self.prof.run_dir, exclude=self.rank),
+            )
             gone = gone_ranks(self.prof.run_dir, exclude=self.rank)
         except Exception:  # noqa: BLE001 - profiling never takes the job down
             return
-        if not gone:
+        if not gone and not left:
             return
+        self.peers_left = [{k: p[k] for k in ("rank", "step", "skipped")} for p in left]
         self.peers_gone = [{"rank": r, "pid": pid} for r, pid in gone]
-        names = ", ".join(f"rank {r} (pid {pid})" for r, pid in gone)
+        reasons = [p["text"] for p in left]
+        if gone:
+            names = ", ".join(f"rank {r} (pid {pid})" for r, pid in gone)
+            reasons.append(
+                f"the process of {names} is gone, ended outside the launcher (killed, the OOM killer); "
+                "see the node's kernel log (dmesg) for that pid"
+            )
         first = str(exc).splitlines()[0][:200] if str(exc) else ""
         print(
             f"fastprof: rank {self.rank} stops on {type(exc).__name__}"
             + (f" ({first})" if first else "")
-            + f": the process of {names} is gone, ended outside the launcher (killed, the OOM killer); "
-            "see the node's kernel log (dmesg) for that pid",
+            + ": "
+            + "; ".join(reasons),
             file=sys.stderr,
             flush=True,
         )
@@ -296,5 +318,6 @@ class HangDriver(Driver):
             "reports": self.reports,
             "verdicts": self.said,
             "peers_gone": self.peers_gone,
+            "peers_left": self.peers_left,
             "error": self.error,
         }

@@ -47,11 +47,13 @@ __all__ = [
     "HANG_FILE",
     "HANG_REQUEST_FILE",
     "WATCH_FILE",
+    "closed_ranks",
     "collect",
     "describe",
     "evidence_files",
     "gone_ranks",
     "join",
+    "left_loop",
     "rank_state",
     "summarize",
     "verdict",
@@ -289,13 +291,83 @@ def _alive(watch: dict[str, Any] | None) -> bool | None:
 
 def gone_ranks(run_dir: Path, exclude: int | None = None) -> list[tuple[int, int]]:
     """``(rank, pid)`` of each rank of the run whose process, on this host,
-    is gone (its watch file names it), ``exclude`` aside."""
+    is gone (its watch file names it), ``exclude`` aside. A rank that left
+    its training loop first (:func:`closed_ranks`) is not one: its process
+    ended after its loop, not outside the launcher."""
     out = []
+    closed = closed_ranks(run_dir, exclude)
     for r, d in sorted(_rank_dirs(run_dir).items()):
-        watch = _read(d / WATCH_FILE) if r != exclude else None
+        watch = _read(d / WATCH_FILE) if r != exclude and r not in closed else None
         if watch is not None and _alive(watch) is False:
             out.append((r, int(watch["pid"])))
     return out
+
+
+def _closed_of(d: Path, watch: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A rank's closed file, taken only from the Profiler that watches it
+    (the same token as its watch file)."""
+    closed = _read(d / CLOSED_FILE)
+    if closed is not None and watch is not None and closed.get("token") != watch.get("token"):
+        return None  # another Profiler's: the one watching now started after it closed
+    return closed
+
+
+def closed_ranks(run_dir: Path, exclude: int | None = None) -> dict[int, dict[str, Any]]:
+    """Each rank of the run (``exclude`` aside) that has left its training
+    loop: its ``.hang-closed.json``."""
+    out = {}
+    for r, d in sorted(_rank_dirs(run_dir).items()):
+        closed = _closed_of(d, _read(d / WATCH_FILE)) if r != exclude else None
+        if closed is not None:
+            out[r] = closed
+    return out
+
+
+def left_loop(rank: int, step: int | None, wave: Any, closed: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Why a collective of ``rank`` failed (a peer's sockets closed) when
+    the ranks of ``closed`` had left their training loop: one entry per such
+    rank, ``rank``, ``step``, ``skipped`` and ``text``. ``step``: the last
+    step ``rank`` ended; ``wave``: its collective wavefront. A rank that
+    ended the step ``rank`` is in with fewer collectives of the group than
+    ``rank`` entered skipped one (as :func:`verdict` says of a hang)."""
+    entered = _entered({"collectives": wave})
+    me = {"step": step, "entered": entered}
+    # The collective that failed: one entered and not completed, else (the
+    # anatomy marks a collective completed when it raises too) the default
+    # group's last entered.
+    pending = None
+    for g, w in wave.items() if isinstance(wave, dict) else ():
+        c = w.get("completed") if isinstance(w, dict) else None
+        if g in entered and entered[g]["seq"] != (c or {}).get("seq"):
+            pending = (str(entered[g]["op"]), entered[g]["seq"])
+            break
+    last = entered.get("default") or next(iter(entered.values()), None)
+    if pending is None and last is not None:
+        pending = (str(last["op"]), last["seq"])
+    out = []
+    for r, doc in sorted(closed.items()):
+        s = closed_state(doc)
+        now = f"has left its training loop (its Profiler closed after step {s['step']})"
+        skip = _skipped(s, pending[0], pending[1], [me]) if pending is not None else None
+        if skip is not None and pending is not None:
+            text = _skip_text(r, skip, [rank], f"{pending[0]} #{pending[1]}", now)
+        elif pending is not None:
+            text = f"rank {r} never entered {pending[0]} #{pending[1]}; it {now}"
+        else:
+            text = f"rank {r} {now}"
+        out.append({"rank": r, "step": s["step"], "skipped": skip is not None, "text": text})
+    return out
+
+
+def _skip_text(r: int, skip: dict[str, Any], waiting: list[int], cname: str | None, now: str) -> str:
+    """Rank ``r`` skipped a collective (:func:`_skipped`), with what it is doing ``now``."""
+    group = "the default group" if skip["group"] == "default" else f"group {skip['group']}"
+    return (
+        f"rank {r} skipped a collective: it ended step {skip['step']} after {skip['seq']} collectives of "
+        f"{group} (the last {skip['op']} #{skip['seq']}) where rank{'s' if len(waiting) > 1 else ''} "
+        f"{rank_ranges(waiting)} entered {cname} in that step: the ranks took different code paths (a collective "
+        f"called on some ranks only); rank {r} {now.replace('is in', 'is now in', 1)}"
+    )
 
 
 def rank_ranges(states: Iterable[int]) -> str:
@@ -411,14 +483,7 @@ def describe(v: dict[str, Any], states: dict[int, dict[str, Any]]) -> str:
             phase = s.get("phase")
             now = f"is in {'the dataloader' if phase == 'dataloader' else phase}: {_at(s.get('where'))}"
         if skip is not None and v["waiting_ranks"]:
-            w = v["waiting_ranks"]
-            group = "the default group" if skip["group"] == "default" else f"group {skip['group']}"
-            parts.append(
-                f"rank {r} skipped a collective: it ended step {skip['step']} after {skip['seq']} collectives of "
-                f"{group} (the last {skip['op']} #{skip['seq']}) where rank{'s' if len(w) > 1 else ''} "
-                f"{rank_ranges(w)} entered {cname} in that step: the ranks took different code paths (a collective "
-                f"called on some ranks only); rank {r} {now.replace('is in', 'is now in', 1)}"
-            )
+            parts.append(_skip_text(r, skip, v["waiting_ranks"], cname, now))
         elif st == "closed":
             parts.append(f"{it} {now}")
         elif st == "collective":
@@ -508,9 +573,7 @@ def join(
             elif doc.get("reason") == "stalled" and abs(float(doc.get("time", 0.0)) - near) <= window:
                 found = doc
                 break
-        closed = _read(d / CLOSED_FILE) if d is not None and found is None else None
-        if closed is not None and watch is not None and closed.get("token") != watch.get("token"):
-            closed = None  # another Profiler's: the one watching now started after it closed
+        closed = _closed_of(d, watch) if d is not None and found is None else None
         if closed is not None and float(closed.get("time", near + 1.0)) <= near:
             states[r] = closed_state(closed)  # it left its loop before the stall was seen
         else:
