@@ -16,11 +16,18 @@ import fastprof
 pytestmark = pytest.mark.slow
 
 
-def _loop(prof: fastprof.Profiler, pause: float) -> None:
+def _loop(prof: fastprof.Profiler, pause: float, until_hang: bool = False) -> None:
+    """Four steps, the last after `pause` s; with `until_hang`, the pause
+    lasts until the rank's hang evidence is written (at most 60 s: a loaded
+    machine's watchdog is late, never early)."""
     with prof:
         for i in range(4):
             if i == 3:
-                time.sleep(pause)  # PAUSE
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < pause or (
+                    until_hang and not list(prof.rank_dir.glob("hang-*.json")) and time.monotonic() - t0 < 60
+                ):
+                    time.sleep(0.05)  # PAUSE
             prof.step()
 
 
@@ -28,7 +35,7 @@ def test_the_argument_timeout_wins_over_the_variable(tmp_path: Path, monkeypatch
     monkeypatch.setenv("FASTPROF_HANG_TIMEOUT", "600")
     monkeypatch.setenv("FASTPROF_HANG_GRACE", "1")
     prof = fastprof.Profiler(tmp_path, "r", torch=False, sample_hz=0, merge=False, hang_timeout=1.0)
-    _loop(prof, 3.5)
+    _loop(prof, 3.5, until_hang=True)
     (doc,) = [json.loads(p.read_text()) for p in sorted(prof.rank_dir.glob("hang-*.json"))]
     assert doc["reason"] == "stalled" and doc["timeout_s"] == 1.0 and doc["stalled_s"] >= 1.0
     assert doc["summary"]["where"]["function"] == "_loop"

@@ -136,9 +136,16 @@ impl Watchdog {
             cv: Condvar::new(),
         });
         let s = shared.clone();
+        // The stall clock starts here, on the starting thread: a new run's
+        // steps count from 0 (not from an earlier run's last step in this
+        // process), and steps that end before the new thread first runs
+        // (late, on a loaded machine) count too. Else the start-up timeout
+        // ([`FIRST_STEPS_TIMEOUT`]) stayed in force through a real stall.
+        BEAT.store(0, Ordering::Relaxed);
+        let progress = Progress::new(Instant::now());
         let thread = std::thread::Builder::new()
             .name("fastprof-hang".into())
-            .spawn(move || run(config, dumper, s))?;
+            .spawn(move || run(config, dumper, s, progress))?;
         Ok(Watchdog {
             shared,
             thread: Mutex::new(Some(thread)),
@@ -288,8 +295,7 @@ pub fn timeout_for(
     }
 }
 
-fn run(config: Config, dumper: Box<dyn StackDumper>, shared: Arc<Shared>) {
-    let mut progress = Progress::new(Instant::now());
+fn run(config: Config, dumper: Box<dyn StackDumper>, shared: Arc<Shared>, mut progress: Progress) {
     let mut n = existing_hangs(&config.rank_dir);
     let request_path = config.rank_dir.join(REQUEST_FILE);
     loop {
@@ -605,8 +611,46 @@ mod tests {
         }
     }
 
+    /// The watchdog tests share [`BEAT`] (a watchdog's start resets it).
+    static WATCHDOGS: Mutex<()> = Mutex::new(());
+
+    #[test]
+    fn steps_before_the_thread_runs_count_and_an_earlier_runs_do_not() {
+        let _one = WATCHDOGS.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = std::env::temp_dir().join(format!("fastprof-hang-test-b-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        // An earlier run in this process ended its step 2.
+        beat(2);
+        let cfg = Config {
+            rank_dir: dir.clone(),
+            rank: 0,
+            timeout: Some(Duration::from_millis(200)),
+            grace: Duration::from_millis(50),
+            poll: Duration::from_millis(10),
+            abort_status: None,
+            abort_after: Duration::ZERO,
+        };
+        let w = Watchdog::start(cfg, Box::new(Fake)).unwrap();
+        // This run's steps 0-2 end at once (before the thread's first poll),
+        // leaving the beat where the earlier run left it; then it stalls.
+        for b in 0..3 {
+            beat(b);
+        }
+        let e = w.next(Duration::from_secs(20)).expect("a stall reported");
+        assert_eq!((e.reason, e.step), ("stalled", Some(2)));
+        assert!(
+            e.timeout_s < 1.0,
+            "the start-up timeout stayed: {}",
+            e.timeout_s
+        );
+        drop(w);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_request_unclaimed_is_written_by_the_thread() {
+        let _one = WATCHDOGS.lock().unwrap_or_else(|e| e.into_inner());
         let dir = std::env::temp_dir().join(format!("fastprof-hang-test-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
