@@ -302,8 +302,9 @@ class Anatomy:
         o = sys.modules[torch.optim.Optimizer.__module__]
         # The core's hooks (no Python frame); while the forward's outermost
         # modules are being learnt, the first optimizer step settles them.
-        h1 = o.register_optimizer_step_pre_hook(self._clock.optimizer_pre)
-        h2 = o.register_optimizer_step_post_hook(self._clock.optimizer_post)
+        pre, post = self._clock.optimizer_hooks()
+        h1 = o.register_optimizer_step_pre_hook(pre)
+        h2 = o.register_optimizer_step_post_hook(post)
         self._undo += [h1.remove, h2.remove]
         self._clock.set_on_optimizer_step(self._first_optimizer_step)
         # Inside an optimizer step (its closure), the step's span has zero_grad.

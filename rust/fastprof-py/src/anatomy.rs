@@ -23,7 +23,7 @@ use fastprof_core::runtime::{clock, registry};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -36,6 +36,9 @@ const PHASES: usize = 4;
 
 /// Steps whose phase times are kept (for `explain`).
 const RECENT_STEPS: usize = 64;
+
+/// Phases ended and not yet recorded, at most (see [`State::pending`]).
+const PENDING: usize = 16;
 
 /// What a wrapper times (see [`_Timed`]).
 const KIND_BACKWARD: u8 = 0;
@@ -60,12 +63,23 @@ struct State {
     optimizer_t0: u64,
     /// An optimizer step's closure is running a forward or backward.
     optimizer_paused: bool,
-    /// The outermost modules timed by their class's `__call__` (addresses).
-    timed: HashSet<usize>,
+    /// The outermost modules timed by their class's `__call__` (addresses;
+    /// a few, searched in order: no hashing on the step's path).
+    timed: Vec<usize>,
     /// Recent steps' phase times (ticks), oldest first.
     rows: VecDeque<(u64, [u64; PHASES])>,
     /// The step number last read from the loop (when it cannot be read now).
     last_step: u64,
+    /// The step loop records the phases at each step's end
+    /// ([`_PhaseClock::flush`]): a phase's end only notes its times here.
+    /// Recording a span and finding its step at every phase's end cost
+    /// more thread CPU than the phase's own timing: amid a training step
+    /// the ring, its thread-local state and the loop are out of the caches,
+    /// and at the step's end the loop records its own span in any case.
+    by_loop: bool,
+    /// Ended phases not yet recorded: `(phase, begin ticks, end ticks)`.
+    pending: [(usize, u64, u64); PENDING],
+    pending_len: usize,
 }
 
 impl State {
@@ -134,17 +148,89 @@ impl _PhaseClock {
         st.last_step
     }
 
-    /// Record phase `phase`'s span from `t0` to now and add it to the step's row.
+    /// Phase `phase` ran from `t0` to now: its span, and its time in the
+    /// step's row; at the step's end where the loop records them.
     fn done(&self, py: Python<'_>, st: &mut State, phase: usize, t0: u64) {
-        registry::complete(self.ids[phase], t0, None, &mut PyHooks(py));
-        let step = self.step(py, st);
         let now = clock::ticks();
+        if st.by_loop && st.pending_len < PENDING {
+            st.pending[st.pending_len] = (phase, t0, now);
+            st.pending_len += 1;
+            return;
+        }
+        self.record_now(py, st, phase, t0, now);
+    }
+
+    /// A phase recorded at its end (no step loop records them).
+    #[cold]
+    #[inline(never)]
+    fn record_now(&self, py: Python<'_>, st: &mut State, phase: usize, t0: u64, now: u64) {
+        registry::complete_between(self.ids[phase], t0, now, &mut PyHooks(py));
+        let step = self.step(py, st);
         st.add(step, phase, now.saturating_sub(t0));
     }
 
+    /// `old` numbers the steps no more: what is noted is recorded, and a
+    /// step loop stops recording this clock's phases.
+    fn unlink(&self, py: Python<'_>, old: Option<Py<PyAny>>) {
+        let lp = old
+            .as_ref()
+            .and_then(|o| o.bind(py).cast::<_StepLoop>().ok().cloned());
+        let mut st = self.lock();
+        if st.pending_len > 0 {
+            // Phases end within the step the loop is in.
+            if let Some(n) = lp
+                .as_ref()
+                .and_then(|l| l.try_borrow().ok().map(|l| l.batch_number()))
+            {
+                st.last_step = n;
+            }
+            let step = st.last_step;
+            self.flush_into(py, &mut st, step);
+        }
+        st.by_loop = false;
+        drop(st);
+        if let Some(Ok(mut l)) = lp.as_ref().map(|l| l.try_borrow_mut()) {
+            l.set_phase_clock(None);
+        }
+    }
+
+    /// Record the ended phases noted since the last flush, as step `step`'s.
+    fn flush_into(&self, py: Python<'_>, st: &mut State, step: u64) {
+        let n = std::mem::take(&mut st.pending_len);
+        for i in 0..n {
+            let (phase, t0, t1) = st.pending[i];
+            registry::complete_between(self.ids[phase], t0, t1, &mut PyHooks(py));
+            st.add(step, phase, t1.saturating_sub(t0));
+        }
+        if n > 0 {
+            st.last_step = step;
+        }
+    }
+
+    /// Step `step` ended (the step loop, before it records the step's
+    /// span): its phases' spans and row.
+    pub(crate) fn flush(&self, py: Python<'_>, step: u64) {
+        let mut st = self.lock();
+        if st.pending_len > 0 {
+            self.flush_into(py, &mut st, step);
+        }
+    }
+
     /// Make `marks` on the GPU timing, where there is one (false: none).
+    #[inline(always)]
     fn mark(&self, py: Python<'_>, marks: &[Mark]) -> bool {
-        if !self.has_gpu.load(Ordering::Relaxed) || marks.iter().all(Option::is_none) {
+        if !self.has_gpu.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.mark_gpu(py, marks)
+    }
+
+    /// `mark`'s GPU part: out of the phases' path (kept small for the
+    /// instruction cache; most steps have no GPU timing).
+    #[cold]
+    #[inline(never)]
+    fn mark_gpu(&self, py: Python<'_>, marks: &[Mark]) -> bool {
+        if marks.iter().all(Option::is_none) {
             return false;
         }
         let gpu = self
@@ -165,10 +251,17 @@ impl _PhaseClock {
 
     /// An optimizer step's span so far is recorded before a forward or
     /// backward inside it (a closure): phases never overlap.
+    #[inline(always)]
     fn pause_optimizer(&self, py: Python<'_>, st: &mut State) -> Mark {
         if st.optimizer_t0 == 0 {
             return None;
         }
+        self.pause_running_optimizer(py, st)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn pause_running_optimizer(&self, py: Python<'_>, st: &mut State) -> Mark {
         let t0 = std::mem::take(&mut st.optimizer_t0);
         self.done(py, st, OPTIMIZER, t0);
         st.optimizer_paused = true;
@@ -271,6 +364,38 @@ impl _PhaseClock {
         self.mark(py, &marks);
     }
 
+    fn on_optimizer_pre(&self, py: Python<'_>) {
+        let mut st = self.lock();
+        if !st.mine() {
+            return;
+        }
+        st.optimizer_t0 = clock::ticks();
+        st.optimizer_paused = false;
+        drop(st);
+        self.mark(py, &[Some((OPTIMIZER, false))]);
+    }
+
+    fn on_optimizer_post(&self, py: Python<'_>) -> PyResult<()> {
+        let mut st = self.lock();
+        if st.optimizer_t0 == 0 || !st.mine() {
+            return Ok(());
+        }
+        let t0 = std::mem::take(&mut st.optimizer_t0);
+        self.done(py, &mut st, OPTIMIZER, t0);
+        drop(st);
+        self.mark(py, &[Some((OPTIMIZER, true))]);
+        let cb = self
+            .on_optimizer_step
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|c| c.clone_ref(py));
+        if let Some(cb) = cb {
+            cb.call0(py)?;
+        }
+        Ok(())
+    }
+
     /// `inner(*args)` with `args` as a vectorcall passes them, timed as
     /// `kind` where this call is timed (for a forward, `args[0]` is the
     /// module): what every timed call runs. No tuple, no dict: the
@@ -297,16 +422,23 @@ impl _PhaseClock {
         }
         let r = ffi::PyObject_Vectorcall(inner.as_ptr(), args, nargsf, kwnames);
         if r.is_null() {
-            // The job's exception waits while the phase ends (a GPU mark is a call).
-            let e = PyErr::take(py);
-            self.leave(py, kind);
-            if let Some(e) = e {
-                e.restore(py);
-            }
+            self.leave_raised(py, kind);
         } else {
             self.leave(py, kind);
         }
         r
+    }
+
+    /// `leave` after the timed call raised: the job's exception waits while
+    /// the phase ends (a GPU mark is a call).
+    #[cold]
+    #[inline(never)]
+    fn leave_raised(&self, py: Python<'_>, kind: u8) {
+        let e = PyErr::take(py);
+        self.leave(py, kind);
+        if let Some(e) = e {
+            e.restore(py);
+        }
     }
 }
 
@@ -346,21 +478,40 @@ impl _PhaseClock {
         self.lock().thread = thread_ident();
     }
 
-    /// Number the phases' steps by `steps`: the step loop (its `batch`) or
-    /// a callable returning the step; None: the last step read.
+    /// Number the phases' steps by `steps`: the step loop (its `batch`;
+    /// then the loop records the phases at each step's end) or a callable
+    /// returning the step; None: the last step read.
     #[pyo3(signature = (steps=None))]
-    fn set_steps(&self, steps: Option<Py<PyAny>>) {
-        *self.steps.lock().unwrap_or_else(|e| e.into_inner()) = steps;
+    fn set_steps(slf: &Bound<'_, Self>, steps: Option<Py<PyAny>>) {
+        let py = slf.py();
+        let me = slf.get();
+        let old = std::mem::replace(
+            &mut *me.steps.lock().unwrap_or_else(|e| e.into_inner()),
+            steps.as_ref().map(|s| s.clone_ref(py)),
+        );
+        me.unlink(py, old);
+        // A loop busy in a callback (borrowed) is not linked: each phase is
+        // then recorded at its end.
+        let linked = steps.as_ref().is_some_and(|s| {
+            s.bind(py)
+                .cast::<_StepLoop>()
+                .ok()
+                .and_then(|l| l.try_borrow_mut().ok())
+                .map(|mut l| l.set_phase_clock(Some(slf.clone().unbind())))
+                .is_some()
+        });
+        me.lock().by_loop = linked;
     }
 
     /// Time no thread from now on; forget the loop, the GPU timing and the
     /// callback (a wrapper still installed somewhere passes through).
-    fn stop(&self) {
+    fn stop(&self, py: Python<'_>) {
         let mut st = self.lock();
         st.thread = 0;
         st.timed.clear();
         drop(st);
-        *self.steps.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let old = self.steps.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.unlink(py, old);
         *self.gpu.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.has_gpu.store(false, Ordering::Relaxed);
         *self
@@ -388,7 +539,11 @@ impl _PhaseClock {
 
     /// Time `module`'s calls by its class's `__call__` (a [`_Timed`] forward).
     fn time_module(&self, module: &Bound<'_, PyAny>) {
-        self.lock().timed.insert(module.as_ptr() as usize);
+        let key = module.as_ptr() as usize;
+        let mut st = self.lock();
+        if !st.timed.contains(&key) {
+            st.timed.push(key);
+        }
     }
 
     /// A forward begins (the hooks' forward: nested calls count once); a
@@ -439,59 +594,43 @@ impl _PhaseClock {
         self.enter(py, KIND_FORWARD, Some(module))
     }
 
+    /// The step loop records the phases at each step's end (see
+    /// [`State::by_loop`]); false: each at its end.
+    #[getter]
+    fn by_loop(&self) -> bool {
+        self.lock().by_loop
+    }
+
     /// A forward runs on the training thread.
     #[getter]
     fn forward_depth(&self) -> u32 {
         self.lock().forward_depth
     }
 
-    /// torch's global optimizer step pre-hook (`(optimizer, args, kwargs)`;
-    /// three positional arguments: no tuple is made for them).
-    #[pyo3(signature = (_optimizer, _args, _kwargs))]
-    fn optimizer_pre(
-        &self,
-        py: Python<'_>,
-        _optimizer: &Bound<'_, PyAny>,
-        _args: &Bound<'_, PyAny>,
-        _kwargs: &Bound<'_, PyAny>,
-    ) {
-        let mut st = self.lock();
-        if !st.mine() {
-            return;
-        }
-        st.optimizer_t0 = clock::ticks();
-        st.optimizer_paused = false;
-        drop(st);
-        self.mark(py, &[Some((OPTIMIZER, false))]);
-    }
-
-    /// torch's global optimizer step post-hook (as the pre-hook).
-    #[pyo3(signature = (_optimizer, _args, _kwargs))]
-    fn optimizer_post(
-        &self,
-        py: Python<'_>,
-        _optimizer: &Bound<'_, PyAny>,
-        _args: &Bound<'_, PyAny>,
-        _kwargs: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        let mut st = self.lock();
-        if st.optimizer_t0 == 0 || !st.mine() {
-            return Ok(());
-        }
-        let t0 = std::mem::take(&mut st.optimizer_t0);
-        self.done(py, &mut st, OPTIMIZER, t0);
-        drop(st);
-        self.mark(py, &[Some((OPTIMIZER, true))]);
-        let cb = self
-            .on_optimizer_step
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|c| c.clone_ref(py));
-        if let Some(cb) = cb {
-            cb.call0(py)?;
-        }
-        Ok(())
+    /// torch's optimizer step hooks to register: `(pre, post)`, builtin
+    /// functions (C closures whose self is this clock) that torch calls by
+    /// vectorcall with `(optimizer, args, kwargs)`, not read. A pyo3
+    /// method's call (its trampoline and argument parsing) cost more
+    /// thread CPU at every step than the phase's own work.
+    fn optimizer_hooks<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let py = slf.py();
+        let make = |def: &'static MethodDef| {
+            // SAFETY: a static method table; the function holds the clock as its self.
+            unsafe {
+                Bound::from_owned_ptr_or_err(
+                    py,
+                    ffi::PyCMethod_New(
+                        &def.0 as *const ffi::PyMethodDef as *mut ffi::PyMethodDef,
+                        slf.as_ptr(),
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    ),
+                )
+            }
+        };
+        Ok((make(&OPTIMIZER_PRE)?, make(&OPTIMIZER_POST)?))
     }
 
     /// An optimizer step is running (its span begun, not paused).
@@ -647,6 +786,68 @@ static FORWARD_CALL: MethodDef = MethodDef(ffi::PyMethodDef {
     ml_doc: c"An outermost module's call, timed by fastprof's step anatomy.".as_ptr(),
 });
 
+static OPTIMIZER_PRE: MethodDef = MethodDef(ffi::PyMethodDef {
+    ml_name: c"optimizer_pre".as_ptr(),
+    ml_meth: ffi::PyMethodDefPointer {
+        PyCFunctionFast: optimizer_pre_fast,
+    },
+    ml_flags: ffi::METH_FASTCALL,
+    ml_doc: c"torch's optimizer step pre-hook of fastprof's step anatomy.".as_ptr(),
+});
+
+static OPTIMIZER_POST: MethodDef = MethodDef(ffi::PyMethodDef {
+    ml_name: c"optimizer_post".as_ptr(),
+    ml_meth: ffi::PyMethodDefPointer {
+        PyCFunctionFast: optimizer_post_fast,
+    },
+    ml_flags: ffi::METH_FASTCALL,
+    ml_doc: c"torch's optimizer step post-hook of fastprof's step anatomy.".as_ptr(),
+});
+
+/// `optimizer_hooks`' pre-hook: its self is the clock; torch's arguments
+/// (optimizer, args, kwargs) are not read.
+unsafe extern "C" fn optimizer_pre_fast(
+    slf: *mut ffi::PyObject,
+    _args: *mut *mut ffi::PyObject,
+    _nargs: ffi::Py_ssize_t,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls a builtin attached, with its self alive.
+    let py = Python::assume_attached();
+    let clock = Bound::from_borrowed_ptr(py, slf);
+    clock
+        .cast_unchecked::<_PhaseClock>()
+        .get()
+        .on_optimizer_pre(py);
+    ffi::Py_IncRef(ffi::Py_None());
+    ffi::Py_None()
+}
+
+/// `optimizer_hooks`' post-hook (as the pre-hook); a raise of the learning's
+/// callback goes to torch's step, as a hook's does.
+unsafe extern "C" fn optimizer_post_fast(
+    slf: *mut ffi::PyObject,
+    _args: *mut *mut ffi::PyObject,
+    _nargs: ffi::Py_ssize_t,
+) -> *mut ffi::PyObject {
+    // SAFETY: as the pre-hook.
+    let py = Python::assume_attached();
+    let clock = Bound::from_borrowed_ptr(py, slf);
+    match clock
+        .cast_unchecked::<_PhaseClock>()
+        .get()
+        .on_optimizer_post(py)
+    {
+        Ok(()) => {
+            ffi::Py_IncRef(ffi::Py_None());
+            ffi::Py_None()
+        }
+        Err(e) => {
+            e.restore(py);
+            std::ptr::null_mut()
+        }
+    }
+}
+
 unsafe extern "C" fn forward_fast(
     slf: *mut ffi::PyObject,
     args: *const *mut ffi::PyObject,
@@ -670,6 +871,20 @@ unsafe extern "C" fn timed_call(
     t.clock
         .get()
         .vectorcall(py, t.kind, &t.inner, args, nargsf, kwnames)
+}
+
+/// `_Timed`'s descriptor get: bound to an instance like a function (a
+/// bound method), itself when read from the class.
+unsafe extern "C" fn timed_get(
+    slf: *mut ffi::PyObject,
+    obj: *mut ffi::PyObject,
+    _owner: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    if obj.is_null() || obj == ffi::Py_None() {
+        ffi::Py_IncRef(slf);
+        return slf;
+    }
+    PyMethod_New(slf, obj)
 }
 
 impl _Timed {
@@ -698,6 +913,9 @@ impl _Timed {
                 (*tp).tp_vectorcall_offset = offset as ffi::Py_ssize_t;
                 (*tp).tp_call = Some(ffi::PyVectorcall_Call);
                 (*tp).tp_flags |= ffi::Py_TPFLAGS_HAVE_VECTORCALL;
+                // Binding (`optimizer.zero_grad`) at every call: in C, as a
+                // function binds, not through pyo3's `__get__` trampoline.
+                (*tp).tp_descr_get = Some(timed_get);
                 ffi::PyType_Modified(tp);
             } else if (*tp).tp_vectorcall_offset != offset as ffi::Py_ssize_t {
                 return Err(pyo3::exceptions::PyRuntimeError::new_err(

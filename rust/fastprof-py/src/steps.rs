@@ -14,6 +14,7 @@
 //! raised inside a callback (`SystemExit`, `KeyboardInterrupt`, its signal
 //! handler's exception) is raised from the call that ran the callback.
 
+use crate::anatomy::_PhaseClock;
 use crate::convert::text;
 use crate::recording::lookup;
 use crate::session::{surface_notices, PyHooks, Session};
@@ -101,6 +102,9 @@ struct LoopIo {
     /// step's end, quiet ones too (the CUDA allocator's per-step statistics
     /// and state-only snapshots, read in Python).
     memory_hook: bool,
+    /// The step anatomy's clock, whose phases this loop records at each
+    /// step's end (linked by `_PhaseClock.set_steps`).
+    phases: Option<Py<_PhaseClock>>,
 }
 
 impl LoopIo {
@@ -193,6 +197,10 @@ impl StepHost for PyHost<'_, '_> {
             batch,
             batch_in_epoch: bie,
         } = s.at;
+        if let Some(c) = &self.io.phases {
+            // The step's phases, before its span and anything that reads them.
+            c.get().flush(py, batch);
+        }
         if registry::is_active() {
             surface_notices(py);
             let args = registry::StepArgs {
@@ -241,6 +249,11 @@ impl _StepLoop {
         self.m.position().batch
     }
 
+    /// Record `clock`'s phases at each step's end (None: no more).
+    pub(crate) fn set_phase_clock(&mut self, clock: Option<Py<_PhaseClock>>) {
+        self.io.phases = clock;
+    }
+
     /// Run `f` on the machine with its host, then raise what a callback left.
     fn drive(
         &mut self,
@@ -274,6 +287,7 @@ impl _StepLoop {
                 pending: None,
                 rss: None,
                 memory_hook: false,
+                phases: None,
             },
         })
     }

@@ -683,9 +683,27 @@ pub fn step_complete(name: u32, begin_ticks: u64, args: StepArgs, hooks: &mut dy
     });
 }
 
+/// A span from `begin_ticks` to `end_ticks` (both [`clock::ticks`]
+/// readings taken earlier on this thread; neither after now, the begin not
+/// after the end), pushed as its Begin and End at once: a span measured
+/// earlier and recorded later (the step anatomy records a step's phases at
+/// the step's end).
+pub fn complete_between(name: u32, begin_ticks: u64, end_ticks: u64, hooks: &mut dyn ThreadHooks) {
+    let end_ticks = end_ticks.min(clock::ticks());
+    let begin_ticks = begin_ticks.min(end_ticks);
+    begin_with(hooks, || Record::new(Kind::Begin, name, begin_ticks, 0));
+    end_with(false, || end_ticks);
+}
+
 /// Close this thread's innermost open span (`exception`: its body raised).
 #[inline(always)]
 pub fn end(exception: bool) {
+    end_with(exception, clock::ticks);
+}
+
+/// [`end`], its time read by `now` only when the End is pushed.
+#[inline(always)]
+fn end_with(exception: bool, now: impl FnOnce() -> u64) {
     let w = WORD.load(Ordering::Relaxed);
     if w == 0 {
         return;
@@ -714,7 +732,7 @@ pub fn end(exception: bool) {
         let r = unsafe { &*r };
         let flags = if exception { FLAG_EXCEPTION } else { 0 };
         // The slot was reserved when the Begin was pushed.
-        if !push(r, Record::new(Kind::End, 0, clock::ticks(), flags), 0) {
+        if !push(r, Record::new(Kind::End, 0, now(), flags), 0) {
             end_slot_missing(r);
         }
         l.open_recorded.set(l.open_recorded.get().saturating_sub(1));
