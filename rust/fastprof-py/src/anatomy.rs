@@ -811,15 +811,10 @@ unsafe extern "C" fn optimizer_pre_fast(
     _args: *mut *mut ffi::PyObject,
     _nargs: ffi::Py_ssize_t,
 ) -> *mut ffi::PyObject {
-    // SAFETY: CPython calls a builtin attached, with its self alive.
-    let py = Python::assume_attached();
-    let clock = Bound::from_borrowed_ptr(py, slf);
-    clock
-        .cast_unchecked::<_PhaseClock>()
-        .get()
-        .on_optimizer_pre(py);
-    ffi::Py_IncRef(ffi::Py_None());
-    ffi::Py_None()
+    optimizer_hook(slf, |c, py| {
+        c.on_optimizer_pre(py);
+        Ok(())
+    })
 }
 
 /// `optimizer_hooks`' post-hook (as the pre-hook); a raise of the learning's
@@ -829,14 +824,21 @@ unsafe extern "C" fn optimizer_post_fast(
     _args: *mut *mut ffi::PyObject,
     _nargs: ffi::Py_ssize_t,
 ) -> *mut ffi::PyObject {
-    // SAFETY: as the pre-hook.
+    optimizer_hook(slf, |c, py| c.on_optimizer_post(py))
+}
+
+/// A hook's body on the clock `slf`: None, or NULL with its error set.
+///
+/// # Safety
+/// CPython's call of a builtin: attached, with its self (a `_PhaseClock`) alive.
+#[inline(always)]
+unsafe fn optimizer_hook(
+    slf: *mut ffi::PyObject,
+    body: impl FnOnce(&_PhaseClock, Python<'_>) -> PyResult<()>,
+) -> *mut ffi::PyObject {
     let py = Python::assume_attached();
     let clock = Bound::from_borrowed_ptr(py, slf);
-    match clock
-        .cast_unchecked::<_PhaseClock>()
-        .get()
-        .on_optimizer_post(py)
-    {
+    match body(clock.cast_unchecked::<_PhaseClock>().get(), py) {
         Ok(()) => {
             ffi::Py_IncRef(ffi::Py_None());
             ffi::Py_None()
