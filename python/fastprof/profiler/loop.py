@@ -79,9 +79,8 @@ class Profiler(LoopFront):
     running) instead. Options not given come from ``FASTPROF_*`` variables,
     then defaults; a bad value raises :class:`fastprof.ConfigError` here,
     before training. ``hang_timeout`` (seconds, ``"auto"``, ``"off"``) and
-    ``hang_action`` (``"report"``, ``"abort"``): the hang watchdog
-    (docs/hangs.md). ``rank_summary`` (default True): each rank writes
-    ``rank{R}/summary.fastprof`` at the end (docs/reports.md).
+    ``hang_action`` (``"report"``, ``"abort"``): the hang watchdog (docs/hangs.md).
+    ``rank_summary`` (default True): ``rank{R}/summary.fastprof`` at the end.
     """
 
     #: The recorder it records into (its own, or one already running).

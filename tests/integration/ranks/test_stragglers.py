@@ -134,8 +134,14 @@ def test_ranks_that_keep_pace_name_no_straggler_and_say_within_how_much(even: Pa
     assert an["stragglers"] == [], an["stragglers"]
     pace = an["ranks_in_pace"]
     assert pace is not None and pace["sync_points"] >= 100, pace
-    # Whatever rank is most behind costs the others less than the rule's share.
-    assert pace["most_behind"]["cost_share"] < MIN_COST_SHARE, pace
+    # Whatever rank is most behind was not named for a reason the rule states:
+    # it costs the others less than the rule's share, or its excess is not
+    # beyond the run's own noise (beside a CPU hog a rank can cost the others
+    # a few percent by chance, never beyond the noise).
+    mb = pace["most_behind"]
+    per_point = mb["excess_per_step_ns"] * pace["steps"] / pace["sync_points"]
+    noise = (mb["z"] is not None and mb["z"] < pace["min_z"]) or per_point < pace["min_jitters"] * pace["jitter_ns"]
+    assert mb["cost_share"] < MIN_COST_SHARE or noise, pace
     jitter = f"jitter between ranks {fmt_ns(pace['jitter_ns'])}"
     assert "No straggler: the ranks kept pace" in got["text"] and jitter in got["text"], got["text"]
     assert "No straggler: the ranks kept pace" in got["html"]
