@@ -105,6 +105,46 @@ impl State {
 /// A GPU mark to make once the state's lock is released.
 type Mark = Option<(usize, bool)>;
 
+/// A callable the clock calls only where one is set (the GPU timing's
+/// marks, the learning's callback): the phases' path reads a flag, and
+/// takes the lock only when it is set.
+struct Hook {
+    on: AtomicBool,
+    call: Mutex<Option<Py<PyAny>>>,
+}
+
+impl Hook {
+    fn new() -> Self {
+        Hook {
+            on: AtomicBool::new(false),
+            call: Mutex::new(None),
+        }
+    }
+
+    fn set(&self, call: Option<Py<PyAny>>) {
+        let on = call.is_some();
+        *self.call.lock().unwrap_or_else(|e| e.into_inner()) = call;
+        self.on.store(on, Ordering::Relaxed);
+    }
+
+    #[inline(always)]
+    fn is_set(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// The callable, to call once the lock is released; None where unset.
+    fn get(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        if !self.is_set() {
+            return None;
+        }
+        self.call
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|c| c.clone_ref(py))
+    }
+}
+
 /// The anatomy's clock: its state, and the phases' begins and ends.
 #[pyclass(module = "fastprof._core", frozen)]
 pub struct _PhaseClock {
@@ -120,11 +160,9 @@ pub struct _PhaseClock {
     /// directly) or a callable returning the step.
     steps: Mutex<Option<Py<PyAny>>>,
     /// `mark(phase, end)` of the GPU timing, where CUDA is used.
-    gpu: Mutex<Option<Py<PyAny>>>,
-    /// `gpu` is set: a phase boundary takes its lock only then.
-    has_gpu: AtomicBool,
+    gpu: Hook,
     /// Called after an optimizer step while set (the anatomy's learning).
-    on_optimizer_step: Mutex<Option<Py<PyAny>>>,
+    on_optimizer_step: Hook,
 }
 
 impl _PhaseClock {
@@ -219,7 +257,7 @@ impl _PhaseClock {
     /// Make `marks` on the GPU timing, where there is one (false: none).
     #[inline(always)]
     fn mark(&self, py: Python<'_>, marks: &[Mark]) -> bool {
-        if !self.has_gpu.load(Ordering::Relaxed) {
+        if !self.gpu.is_set() {
             return false;
         }
         self.mark_gpu(py, marks)
@@ -233,13 +271,7 @@ impl _PhaseClock {
         if marks.iter().all(Option::is_none) {
             return false;
         }
-        let gpu = self
-            .gpu
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|g| g.clone_ref(py));
-        let Some(gpu) = gpu else {
+        let Some(gpu) = self.gpu.get(py) else {
             return false;
         };
         for &(phase, end) in marks.iter().flatten() {
@@ -384,13 +416,7 @@ impl _PhaseClock {
         self.done(py, &mut st, OPTIMIZER, t0);
         drop(st);
         self.mark(py, &[Some((OPTIMIZER, true))]);
-        let cb = self
-            .on_optimizer_step
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|c| c.clone_ref(py));
-        if let Some(cb) = cb {
+        if let Some(cb) = self.on_optimizer_step.get(py) {
             cb.call0(py)?;
         }
         Ok(())
@@ -467,9 +493,8 @@ impl _PhaseClock {
             grads: grads.map(|g| g.get().id),
             state: Mutex::new(State::default()),
             steps: Mutex::new(None),
-            gpu: Mutex::new(None),
-            has_gpu: AtomicBool::new(false),
-            on_optimizer_step: Mutex::new(None),
+            gpu: Hook::new(),
+            on_optimizer_step: Hook::new(),
         })
     }
 
@@ -512,29 +537,20 @@ impl _PhaseClock {
         drop(st);
         let old = self.steps.lock().unwrap_or_else(|e| e.into_inner()).take();
         self.unlink(py, old);
-        *self.gpu.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        self.has_gpu.store(false, Ordering::Relaxed);
-        *self
-            .on_optimizer_step
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = None;
+        self.gpu.set(None);
+        self.on_optimizer_step.set(None);
     }
 
     /// The GPU timing's `mark(phase, end)`, or None.
     #[pyo3(signature = (mark=None))]
     fn set_gpu(&self, mark: Option<Py<PyAny>>) {
-        let on = mark.is_some();
-        *self.gpu.lock().unwrap_or_else(|e| e.into_inner()) = mark;
-        self.has_gpu.store(on, Ordering::Relaxed);
+        self.gpu.set(mark);
     }
 
     /// `callback()` after each optimizer step recorded, or None.
     #[pyo3(signature = (callback=None))]
     fn set_on_optimizer_step(&self, callback: Option<Py<PyAny>>) {
-        *self
-            .on_optimizer_step
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = callback;
+        self.on_optimizer_step.set(callback);
     }
 
     /// Time `module`'s calls by its class's `__call__` (a [`_Timed`] forward).
@@ -615,22 +631,10 @@ impl _PhaseClock {
     fn optimizer_hooks<'py>(
         slf: &Bound<'py, Self>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let py = slf.py();
-        let make = |def: &'static MethodDef| {
-            // SAFETY: a static method table; the function holds the clock as its self.
-            unsafe {
-                Bound::from_owned_ptr_or_err(
-                    py,
-                    ffi::PyCMethod_New(
-                        &def.0 as *const ffi::PyMethodDef as *mut ffi::PyMethodDef,
-                        slf.as_ptr(),
-                        std::ptr::null_mut(),
-                        std::ptr::null_mut(),
-                    ),
-                )
-            }
-        };
-        Ok((make(&OPTIMIZER_PRE)?, make(&OPTIMIZER_POST)?))
+        Ok((
+            OPTIMIZER_PRE.bind(slf.as_any())?,
+            OPTIMIZER_POST.bind(slf.as_any())?,
+        ))
     }
 
     /// An optimizer step is running (its span begun, not paused).
@@ -709,19 +713,7 @@ impl _PhaseClock {
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
         let py = slf.py();
         let timed = _Timed::new(py, slf.clone().unbind(), KIND_FORWARD, inner)?;
-        let def: &'static ffi::PyMethodDef = &FORWARD_CALL.0;
-        // SAFETY: a static method table; the function holds `timed` as its self.
-        let f = unsafe {
-            Bound::from_owned_ptr_or_err(
-                py,
-                ffi::PyCMethod_New(
-                    def as *const ffi::PyMethodDef as *mut ffi::PyMethodDef,
-                    timed.as_ptr(),
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                ),
-            )?
-        };
+        let f = FORWARD_CALL.bind(timed.as_any())?;
         let m = unsafe { PyInstanceMethod_New(f.as_ptr()) };
         let m = unsafe { Bound::from_owned_ptr_or_err(py, m)? };
         Ok((m, f))
@@ -772,10 +764,29 @@ pub struct _Timed {
     inner: Py<PyAny>,
 }
 
-/// The forward's builtin `__call__` (its self is a `_Timed`).
+/// A C function's static method table (the forward's `__call__`, the
+/// optimizer hooks).
 struct MethodDef(ffi::PyMethodDef);
 // SAFETY: read-only after construction; CPython only reads it.
 unsafe impl Sync for MethodDef {}
+
+impl MethodDef {
+    /// A builtin function of this table whose self is `slf`.
+    fn bind<'py>(&'static self, slf: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: a static method table; the function holds `slf` as its self.
+        unsafe {
+            Bound::from_owned_ptr_or_err(
+                slf.py(),
+                ffi::PyCMethod_New(
+                    &self.0 as *const ffi::PyMethodDef as *mut ffi::PyMethodDef,
+                    slf.as_ptr(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                ),
+            )
+        }
+    }
+}
 
 static FORWARD_CALL: MethodDef = MethodDef(ffi::PyMethodDef {
     ml_name: c"__call__".as_ptr(),
