@@ -10,10 +10,14 @@ Columns, in this order (:data:`COLUMNS`):
   columns apply it) and ``duration_ns`` (int64), the Profiler's ``step`` span;
 - one ``<phase>_ns`` (int64) per phase of the step anatomy
   (:data:`fastprof.recording.names.PHASES`), as the report's anatomy defines
-  them (:mod:`fastprof.reports.anatomy`): a phase's spans that start inside
-  the step, fastprof's own ``phase.*`` spans or, on a rank with none of them
-  for the phase, the user's spans named for it; ``other_ns`` the rest of the
-  step, floored at 0. All null on a rank with no phase span at all;
+  them (:mod:`fastprof.reports.anatomy`): the time a phase's spans cover in
+  the step (a span belongs to the step it starts in and ends with it at the
+  latest), fastprof's own ``phase.*`` spans or, on a rank with none of them
+  for the phase, the user's spans named for it, overlapping phases resolved
+  by the anatomy's one rule (:data:`fastprof.reports.anatomy.OVERLAP_RULE`,
+  :func:`fastprof.reports.anatomy.split`); ``other_ns`` what no phase
+  covers, so a row's phases add up to its ``duration_ns``. All null on a
+  rank with no phase span at all;
 - the memory read at the step's end where it was read (``rss_bytes`` and the
   CUDA allocator's ``cuda_*`` figures; short steps share a reading, so a step
   may have none): a reading belongs to the last step that ended at or before it;
@@ -65,9 +69,8 @@ from fastprof.recording.names import (
     SEGMENT,
     STEP_SPAN,
 )
-from fastprof.reports.anatomy import GPU_PHASES
+from fastprof.reports.anatomy import GPU_PHASES, split
 from fastprof.reports.anatomy import NAMES as PHASE_NAMES
-from fastprof.reports.data import sum_inside
 from fastprof.storage.run_view import RunView, open_run
 
 I64 = npt.NDArray[np.int64]
@@ -290,7 +293,6 @@ class _Reader:
                 state.readings.clear()
             return None
         ts, dur = state.ts[:n], state.dur[:n]
-        end = ts + dur
         out: Batch = {
             "rank": np.full(n, state.rank, np.int32),
             "step": state.number[:n].copy(),
@@ -298,22 +300,20 @@ class _Reader:
             "start_ns": ts.copy(),
             "duration_ns": dur.copy(),
         }
-        # Phases: the report's definition (fastprof.reports.anatomy.per_step_phases).
+        # Phases: the report's definition and its overlap rule (fastprof.reports.anatomy.split):
+        # the phases are disjoint and add up to the step.
         found = False
-        covered = np.zeros(n, np.int64)
+        spans: dict[str, list[tuple[I64, I64]]] = {}
         for phase, (ours, theirs) in PHASE_NAMES.items():
             has_ours = any(x in state.met for x in ours)
             use = ours if has_ours else theirs
             found |= phase != "dataloader" and (has_ours or any(x in state.met for x in theirs))
-            v = np.zeros(n, np.int64)
-            for name in use:
-                s = state.spans.get(name)
-                if s is not None and len(s[0]):
-                    v += sum_inside(s[0], s[1], ts, end)
-            covered += v
-            out[f"{phase}_ns"] = v.astype(np.float64)
-        out["other_ns"] = np.maximum(dur - covered, 0).astype(np.float64)
-        if not found:
+            got = (state.spans.get(name) for name in use)
+            spans[phase] = [(s[0], s[0] + s[1]) for s in got if s is not None and len(s[0])]
+        if found:
+            for phase, v in split(ts, dur, spans).per_step.items():
+                out[f"{phase}_ns"] = v.astype(np.float64)
+        else:
             for p in PHASES:
                 out[f"{p}_ns"] = np.full(n, np.nan)
         # Memory: each reading to the last step that ended at or before it.

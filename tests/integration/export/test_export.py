@@ -78,7 +78,8 @@ def _ns(us: Any) -> int:
 
 def _expected(rank_dir: Path) -> list[dict[str, Any]]:
     """Each step of a rank from its segments read with Python's json: the
-    step span, the phase spans that start inside it, and the last RSS reading
+    step span, the phase spans that start inside it (each up to the step's
+    end; this job's phases never overlap), and the last RSS reading
     taken at or after its end and before the next step's end."""
     steps: list[dict[str, Any]] = []
     spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
@@ -115,7 +116,7 @@ def _expected(rank_dir: Path) -> list[dict[str, Any]]:
         a, b = s["start_ns"], s["start_ns"] + s["duration_ns"]
         covered = 0
         for phase, name in names.items():
-            s[f"{phase}_ns"] = sum(d for t, d in spans[name] if a <= t < b)
+            s[f"{phase}_ns"] = sum(min(t + d, b) - t for t, d in spans[name] if a <= t < b)
             covered += s[f"{phase}_ns"]
         s["other_ns"] = max(s["duration_ns"] - covered, 0)
         s["rss_bytes"] = None
