@@ -102,7 +102,7 @@ def test_each_rows_phases_add_up_to_its_step_and_are_the_reports(run: Path, tmp_
     assert len(dur) == 800
     assert all((v >= 0).all() and (v <= dur).all() for v in ph.values())
     # Disjoint phases, other the rest: each row's phases are its step exactly.
-    assert (sum(ph.values()) == dur).all()
+    assert (np.sum(list(ph.values()), axis=0) == dur).all()
     assert (ph["forward"] > 0).all() and (ph["communication"] > 0).all() and (ph["backward"] > 0).all()
 
     fastprof.report(run, out_dir=tmp_path / "rep", formats=("json",))
