@@ -1,0 +1,183 @@
+"""Hang evidence on demand under ``torchrun -m fastprof run`` (issue #37):
+a script with no Profiler, 2 ranks, gloo on CPU. Rank 1 sleeps in its
+dataset's ``__getitem__`` while rank 0 waits in ``all_reduce``; the watchdog's
+timeout is far away (600 s), so what is written comes from ``fastprof trigger
+RUN --stacks`` and from a SIGTERM sent to rank 1, not from a stall. Every file
+is read back with Python's json. The SIGTERM is the one a scheduler sends:
+to torchrun, which passes it on to its workers."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from conftest import TORCHRUN_VARS, free_port
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("torch")
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch, torch.distributed as dist
+    from torch.utils.data import DataLoader, Dataset
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    out = sys.argv[1]
+
+    class Data(Dataset):
+        def __len__(self):
+            return 40
+        def __getitem__(self, i):
+            if rank == 1 and i == 6:
+                open(os.path.join(out, "stuck"), "w").close()
+                time.sleep(3600)  # STUCK
+            return torch.ones(4)
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i, x in enumerate(DataLoader(Data(), batch_size=1)):
+        loss = model(x).sum()
+        loss.backward()
+        t = loss.detach()
+        dist.all_reduce(t)  # WAIT
+        opt.step()
+        opt.zero_grad()
+    dist.destroy_process_group()
+    """
+)
+
+
+def _line(marker: str) -> int:
+    return next(i for i, text in enumerate(SCRIPT.splitlines(), 1) if marker in text)
+
+
+def _hangs(run: Path, rank: int) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((run / f"rank{rank}").glob("hang-*.json"))]
+
+
+def _wait_for(pred: Any, limit: float, p: subprocess.Popen[str]) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        if p.poll() is not None:
+            return bool(pred())
+        time.sleep(0.25)
+    return False
+
+
+def _kill(p: subprocess.Popen[str], run: Path) -> tuple[str, str]:
+    """SIGKILL the job: each rank by the pid its watch file names (torchrun
+    starts them in their own sessions), then torchrun's process group."""
+    for w in run.glob("rank*/.hang-watch.json"):
+        with contextlib.suppress(OSError, ValueError, psutil.Error):
+            rank = psutil.Process(int(json.loads(w.read_text())["pid"]))
+            for proc in [*rank.children(recursive=True), rank]:
+                proc.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(os.getpgid(p.pid), signal.SIGKILL)
+    return p.communicate(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def on_demand(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The job, stuck: ``--stacks`` once rank 1 is stuck, then SIGTERM to
+    torchrun once rank 1 has made no progress for more than 10 s (the
+    handler's threshold); the job then ends (killed if it has not within
+    60 s)."""
+    root = tmp_path_factory.mktemp("hang-run-demand")
+    (root / "train.py").write_text(SCRIPT)
+    (root / "out").mkdir()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_") and k not in TORCHRUN_VARS}
+    base.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
+    base.update(FASTPROF_HANG_TIMEOUT="600", FASTPROF_HANG_GRACE="2")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+    cmd += ["--master-port", str(free_port()), "-m", "fastprof", "run", "-o", str(root / "out"), "--run-name", "job"]
+    cmd += ["train.py", str(root / "out")]
+    p = subprocess.Popen(
+        cmd, cwd=root, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    run = root / "out" / "job"
+    stacks = None
+    sigterm_at: float | None = None
+    stuck_at: float | None = None
+    try:
+        stuck = _wait_for(lambda: (root / "out" / "stuck").exists(), 100, p)
+        stuck_at = time.monotonic()
+        if stuck:
+            time.sleep(1.0)  # rank 0 is in its all_reduce
+            stacks = subprocess.run(
+                [sys.executable, "-m", "fastprof", "trigger", str(run), "--stacks", "--wait", "30"],
+                capture_output=True,
+                text=True,
+                timeout=90,
+            )
+            # More than 10 s without a step on rank 1 (the handler writes nothing before).
+            time.sleep(max(0.0, 12.0 - (time.monotonic() - stuck_at)))
+            sigterm_at = time.time()
+            os.kill(p.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=60)
+    finally:
+        ended = p.poll() is not None
+        out, err = _kill(p, run)
+    assert stuck, f"rank 1 never reached its stuck read\nstdout:\n{out}\nstderr:\n{err}"
+    return {"run": run, "stacks": stacks, "stderr": err, "sigterm_at": sigterm_at, "ended": ended}
+
+
+def test_trigger_stacks_answers_from_every_rank_of_a_fastprof_run_job(on_demand: dict[str, Any]) -> None:
+    r = on_demand["stacks"]
+    assert r is not None and r.returncode == 0, (r.stdout, r.stderr) if r else None
+    run = on_demand["run"]
+    docs = {}
+    for rank in (0, 1):
+        asked = [d for d in _hangs(run, rank) if d["reason"] == "request"]
+        assert len(asked) == 1 and asked[0]["request"] and asked[0]["rank"] == rank, asked
+        docs[rank] = asked[0]
+    assert docs[0]["request"] == docs[1]["request"]
+    # The evidence: rank 1's training thread in __getitem__ (the dataloader phase),
+    # rank 0's in all_reduce called from the script's line.
+    s0, s1 = docs[0]["summary"], docs[1]["summary"]
+    assert (s1["where"]["line"], s1["where"]["function"], s1["phase"]) == (_line("STUCK"), "__getitem__", "dataloader")
+    assert s1["collective"] is None
+    assert s0["collective"]["op"] == "all_reduce" and s0["collective"]["site"]["line"] == _line("WAIT"), s0
+    # What the command prints: each rank's place, and the verdict.
+    out = r.stdout
+    assert f"rank 1: {run}/rank1/hang-" in out or f"rank 1: {run / 'rank1'}" in out, out
+    assert re.search(rf"rank 1: \S*train.py:{_line('STUCK')} in __getitem__ \(dataloader\)", out), out
+    assert re.search(rf"rank 0: \S*train.py:{_line('WAIT')} in <module> \([a-z]+, in all_reduce\)", out), out
+    v = next(ln for ln in out.splitlines() if ln.startswith("fastprof trigger: hang"))
+    assert "rank 1 never entered all_reduce #" in v and f"train.py:{_line('STUCK')} in __getitem__" in v, v
+    assert "Rank 0 waits in all_reduce #" in v and f"(train.py:{_line('WAIT')} in <module>)" in v, v
+    # Asked for, not stalled: no verdict on the job's stderr.
+    assert "fastprof: hang at step" not in on_demand["stderr"]
+
+
+def test_sigterm_to_a_stuck_rank_of_a_fastprof_run_job_writes_its_evidence(on_demand: dict[str, Any]) -> None:
+    run = on_demand["run"]
+    docs = [d for d in _hangs(run, 1) if d["reason"] == "sigterm"]
+    assert len(docs) == 1, [(d["reason"], d["n"]) for d in _hangs(run, 1)]
+    (doc,) = docs
+    assert doc["rank"] == 1 and doc["stalled_s"] >= 10.0 and doc["step"] == 5, doc
+    assert doc["time"] >= on_demand["sigterm_at"]
+    s = doc["summary"]
+    assert (s["where"]["line"], s["where"]["function"], s["phase"]) == (_line("STUCK"), "__getitem__", "dataloader")
+    training = [t for t in doc["threads"] if t["training"]]
+    assert len(training) == 1 and training[0]["frames"][0]["function"] != "on_sigterm", training
+    # The job's outcome: torchrun ended it on the signal, and rank 1 saved its run.
+    assert on_demand["ended"], on_demand["stderr"][-3000:]
+    assert f"fastprof: SIGTERM: rank 1's data is saved in {run / 'rank1'}" in on_demand["stderr"]
