@@ -20,6 +20,7 @@ checkpointing) as backward's.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -141,11 +142,90 @@ def split_phases(data: RunData, rank: int, skip: int = 0) -> PhaseSplit | None:
     return split(steps.ts[skip:], steps.dur[skip:], spans)
 
 
-def split(ts: Any, dur: Any, spans: dict[str, list[tuple[Any, Any]]]) -> PhaseSplit:
+#: Steps split at a time by :func:`split` (its temporaries are a block's, not the run's).
+SPLIT_BLOCK = 1 << 16
+
+
+def split(ts: Any, dur: Any, spans: dict[str, list[tuple[Any, Any]]], block: int = SPLIT_BLOCK) -> PhaseSplit:
     """Steps (``ts``, ``dur``, ns, sorted) split into phases by
     :data:`OVERLAP_RULE`, from each phase's spans (``spans[phase]``: (begin,
-    end) arrays, one pair per span name; a phase absent has none); the step
-    table (:mod:`fastprof.readers.steps`) can split its steps with it too."""
+    end) arrays sorted by begin, one pair per span name; a phase absent has
+    none); the step table (:mod:`fastprof.readers.steps`) splits its steps
+    with it too.
+
+    A span is its step's alone (it belongs to the step it starts in and is
+    cut at the step's end), so the steps are split ``block`` at a time, cut
+    where no step reaches past the next one's start: the same figures as all
+    at once, in memory bounded by the block, not the run (the result itself
+    is ~8 bytes per step and phase)."""
+    ts = np.asarray(ts, dtype=np.int64)
+    dur = np.asarray(dur, dtype=np.int64)
+    n = len(ts)
+    cuts = _cuts(ts, dur, block)
+    if len(cuts) > 2:
+        # Each name's spans by begin, so that a block's are a slice.
+        spans = {
+            phase: [(b, e) if _ascending(b) else _by_begin(b, e) for b, e in pairs or []]
+            for phase, pairs in spans.items()
+        }
+    if len(cuts) == 2:
+        return _split(ts, dur, spans)
+    # Each block's figures written into the run's arrays (no second copy of them).
+    per_step = {p: np.zeros(n, np.int64) for p in PHASES}
+    given: dict[tuple[str, str], Any] = {}
+    for a, b in itertools.pairwise(cuts):
+        lo, hi = ts[a], ts[b] if b < n else None
+        mine: dict[str, list[tuple[Any, Any]]] = {}
+        for phase, pairs in spans.items():
+            mine[phase] = []
+            for s_ts, s_end in pairs or []:
+                i = int(np.searchsorted(s_ts, lo, side="left")) if a else 0
+                j = int(np.searchsorted(s_ts, hi, side="left")) if hi is not None else len(s_ts)
+                mine[phase].append((s_ts[i:j], s_end[i:j]))
+        part = _split(ts[a:b], dur[a:b], mine)
+        for p, v in part.per_step.items():
+            per_step[p][a:b] = v
+        for k, v in part.given.items():
+            given.setdefault(k, np.zeros(n, np.int64))[a:b] = v
+    return PhaseSplit(dur, per_step, given)
+
+
+def _cuts(ts: Any, dur: Any, block: int) -> list[int]:
+    """Where :func:`split` cuts the steps into blocks of about ``block``:
+    ``[0, ..., n]``, each cut at a step that starts after every step before
+    it ended (scanned a block at a time: no full-length temporary)."""
+    n = len(ts)
+    cuts = [0]
+    reach, seen, c = None, 0, block
+    while c < n:
+        if c > seen:
+            top = int((ts[seen:c] + dur[seen:c]).max())
+            reach, seen = top if reach is None else max(reach, top), c
+        if int(ts[c]) >= (reach or 0) and ts[c] > ts[c - 1]:
+            cuts.append(c)
+            c += block
+        else:
+            c += 1  # a step still running: the next one
+    cuts.append(n)
+    return cuts
+
+
+def _ascending(a: Any) -> bool:
+    """Whether ``a`` never decreases (checked a block at a time: no full-length temporary)."""
+    for i in range(0, max(len(a) - 1, 0), SPLIT_BLOCK):
+        x = a[i : i + SPLIT_BLOCK + 1]
+        if not bool((x[1:] >= x[:-1]).all()):
+            return False
+    return True
+
+
+def _by_begin(b: Any, e: Any) -> tuple[Any, Any]:
+    order = np.argsort(b, kind="stable")
+    return b[order], e[order]
+
+
+def _split(ts: Any, dur: Any, spans: dict[str, list[tuple[Any, Any]]]) -> PhaseSplit:
+    """:func:`split` of one block of steps, all at once."""
     end = ts + dur
     n = len(ts)
     unions: dict[str, tuple[Any, Any, Any]] = {}
