@@ -13,6 +13,7 @@ dump just taken) is answered with that one's files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -28,10 +29,13 @@ from fastprof.cli.args import integer, location, seconds
 from fastprof.cli.errors import CommandError, describe
 from fastprof.memory._files import write_atomic
 from fastprof.profiler.drivers.hang import verdict as hangs
+from fastprof.profiler.drivers.hang.store import POLL_S as STACKS_POLL_S
+from fastprof.profiler.drivers.hang.store import WATCH_KEY, StoreRun
 from fastprof.profiler.drivers.hang.verdict import HANG_REQUEST_FILE
 from fastprof.profiler.drivers.triggers import LIVE_FILE, REMOTE_POLL_S, STATE_FILE, TRIGGER_FILE, new_request_id
 from fastprof.recording.names import PROFILER_JSON, RANK_DIR
 from fastprof.storage.run_view import RunView, open_run
+from fastprof.storage.store import open_store
 
 __all__ = ["add_parser", "run"]
 
@@ -391,7 +395,7 @@ def _stacks(args: argparse.Namespace, run_dir: Path | None, name: str) -> int:
     the job holds the GIL), wait for each rank's ``hang-<n>.json`` answering
     it, and print where each rank is and one verdict (issue #37)."""
     if run_dir is None:
-        raise CommandError(f"{name}: --stacks needs the run directory on this machine (not yet through a store)", 2)
+        return _stacks_in_store(args, name)
     if not run_dir.is_dir():
         raise CommandError(f"{run_dir}: no such run directory (expected <out>/<run_name>)", 2)
     watches: dict[int, dict[str, Any]] = {}
@@ -438,7 +442,12 @@ def _stacks(args: argparse.Namespace, run_dir: Path | None, name: str) -> int:
                     break
         if pending:
             time.sleep(0.2)
-    states = hangs.join(run_dir, time.time(), 0.0, request=rid)
+    return _say_stacks(hangs.join(run_dir, time.time(), 0.0, request=rid), live, pending)
+
+
+def _say_stacks(states: dict[int, dict[str, Any]], live: dict[int, Any], pending: set[int]) -> int:
+    """Where each asked rank is, and one verdict; exit status 3 when a rank
+    did not answer."""
     for r, s in sorted(states.items()):
         if r not in live:
             continue
@@ -453,6 +462,81 @@ def _stacks(args: argparse.Namespace, run_dir: Path | None, name: str) -> int:
     v = hangs.verdict({r: s for r, s in states.items() if r in live})
     print(f"fastprof trigger: {v['text']}")
     return 3 if pending else 0
+
+
+def _stacks_in_store(args: argparse.Namespace, url: str) -> int:
+    """``--stacks`` on a run in object storage (issue #37): its ranks may
+    share no directory. Each live rank (its ``rank{R}/hang-watch.json``
+    object, and no ``profiler.json`` yet) is asked by a ``rank{R}/STACKS``
+    object, which its hang driver takes every ``POLL_S``; its answer is the
+    ``hang-<n>.json`` object it puts, read back here and joined as for a
+    local run."""
+    try:
+        store = open_store(url, what="run")
+        run = StoreRun(store)
+        watches: dict[int, dict[str, Any]] = {}
+        for r in run.ranks():
+            raw = run.read(r, WATCH_KEY)
+            if raw is None or store.exists(f"rank{r}/{PROFILER_JSON}"):
+                continue
+            with contextlib.suppress(ValueError, RecursionError):
+                doc = json.loads(raw)
+                if isinstance(doc, dict):
+                    watches[r] = doc
+    except CommandError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a store's error is one line
+        raise CommandError(f"{url}: {describe(e)}") from None
+    live = {r: w for r, w in watches.items() if _alive(w) is not False}
+    if args.rank != "all":
+        if args.rank not in live:
+            raise CommandError(f"rank {args.rank} has no live hang watchdog in {url}", 2)
+        live = {args.rank: live[args.rank]}
+    if not live:
+        raise CommandError(
+            f"{url}: no live rank with a hang watchdog (no rank*/{WATCH_KEY} object of a running job); "
+            "is the job running with fastprof.Profiler and FASTPROF_HANG_TIMEOUT not off?"
+        )
+    rid = new_request_id()
+    with tempfile.TemporaryDirectory(prefix="fastprof-trigger-") as tmp:
+        ask = Path(tmp) / HANG_REQUEST_FILE
+        ask.write_text(rid)
+        for r in sorted(live):
+            try:
+                store.put(ask, f"rank{r}/{HANG_REQUEST_FILE}", rewritable=True)
+            except Exception as e:  # noqa: BLE001
+                raise CommandError(
+                    f"{store.url_of(f'rank{r}/{HANG_REQUEST_FILE}')}: cannot put the request ({describe(e)})"
+                ) from None
+    print(
+        f"fastprof trigger: asked rank(s) {', '.join(map(str, sorted(live)))} of {url} for stacks (request {rid}); "
+        f"the ranks look for it every {STACKS_POLL_S:g} s"
+    )
+    deadline = time.monotonic() + args.wait
+    pending = set(live)
+    with tempfile.TemporaryDirectory(prefix="fastprof-stacks-") as tmp:
+        into = Path(tmp)
+        while True:
+            try:
+                run.fetch(into, sorted(pending))
+            except Exception:  # noqa: BLE001 - not there yet, or the store failed once: next look
+                pass
+            for r in sorted(pending):
+                for _n, p in hangs.evidence_files(into / f"rank{r}"):
+                    try:
+                        doc = json.loads(p.read_text())
+                    except (OSError, ValueError, RecursionError):
+                        continue
+                    if isinstance(doc, dict) and doc.get("request") == rid:
+                        pending.discard(r)
+                        print(f"  rank {r}: {store.url_of(f'rank{r}/{p.name}')}")
+                        break
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(1.0)
+        with contextlib.suppress(Exception):
+            run.fetch(into, sorted(live))  # the watch files of the ranks asked
+        return _say_stacks(hangs.join(into, time.time(), 0.0, request=rid), live, pending)
 
 
 def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:

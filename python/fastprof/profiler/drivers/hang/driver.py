@@ -37,6 +37,7 @@ from fastprof.profiler import collectives
 from fastprof.profiler.driver import Closing, Driver
 from fastprof.profiler.drivers.hang import evidence
 from fastprof.profiler.drivers.hang.config import HANG_EXIT_STATUS, HangConfig
+from fastprof.profiler.drivers.hang.store import CLOSED_KEY, RankBridge, bridge_of
 from fastprof.profiler.drivers.hang.verdict import (
     CLOSED_FILE,
     WATCH_FILE,
@@ -81,6 +82,8 @@ class HangDriver(Driver):
         self.peers_gone: list[dict[str, Any]] = []
         #: Ranks that had left their training loop then (``rank``, ``step``, ``skipped``).
         self.peers_left: list[dict[str, Any]] = []
+        #: A URL run's link to the store (its ranks may share no directory).
+        self.bridge: RankBridge | None = None
 
     def start(self, steps: Any) -> None:
         if not self.config.enabled:
@@ -117,6 +120,9 @@ class HangDriver(Driver):
             )
             self.thread = threading.Thread(target=self._serve, name="fastprof-hang-helper", daemon=True)
             self.thread.start()
+            self.bridge = bridge_of(p, self.rank)
+            if self.bridge is not None:
+                self.bridge.start()
         except Exception as e:  # noqa: BLE001 - profiling never takes the job down
             self.error = f"{type(e).__name__}: {e}"
             warnings.warn(f"fastprof: the hang watchdog did not start: {self.error}", FastprofWarning, stacklevel=2)
@@ -156,6 +162,8 @@ class HangDriver(Driver):
         if claimed and event.get("stacks"):
             with contextlib.suppress(OSError):
                 os.unlink(event["stacks"])  # the full evidence has the stacks
+        if self.bridge is not None and path.exists():
+            self.bridge.put(path, path.name)  # in the store before the verdict joins it
         if event["reason"] != "stalled":
             return
         self._say(event)
@@ -169,18 +177,27 @@ class HangDriver(Driver):
         run_dir = self.prof.run_dir
         window = max(30.0, float(event["timeout_s"]))
         deadline = time.monotonic() + max(10.0, 2 * self.config.grace + 4.0)
-        states = join(run_dir, event["time"], window, world_size=self.world_size)
+        # Through the store, when the ranks may share no directory (a look a second).
+        pause = 0.25 if self.bridge is None else 1.0
+        states = self._join(event["time"], window)
         while time.monotonic() < deadline and any(s["state"] == "silent" for s in states.values()):
-            if self.stop_event.wait(0.25):
+            if self.stop_event.wait(pause):
                 return
-            states = join(run_dir, event["time"], window, world_size=self.world_size)
+            states = self._join(event["time"], window)
         if self.rank != 0 and self.stop_event.wait(self.config.grace * self.rank):
             return
-        if not self._take_lock(run_dir / VERDICT_LOCK, event["time"], window):
+        v = verdict(self._join(event["time"], window))
+        if self.bridge is not None and not self.bridge.claim_verdict(v["step"], event["time"], window):
             return
-        v = verdict(join(run_dir, event["time"], window, world_size=self.world_size))
+        if not self._take_lock(run_dir / VERDICT_LOCK, event["time"], window) and self.bridge is None:
+            return
         self.said.append(v["text"])
         print(f"fastprof: {v['text']}", file=sys.stderr, flush=True)
+
+    def _join(self, t: float, window: float) -> dict[int, dict[str, Any]]:
+        if self.bridge is not None:
+            return self.bridge.join(t, window, self.world_size, self.prof.run_dir)
+        return join(self.prof.run_dir, t, window, world_size=self.world_size)
 
     def _take_lock(self, path: Any, t: float, window: float) -> bool:
         try:
@@ -221,6 +238,8 @@ class HangDriver(Driver):
         }
         try:
             evidence.write(self.prof.rank_dir / CLOSED_FILE, doc)
+            if self.bridge is not None:
+                self.bridge.send(self.prof.rank_dir / CLOSED_FILE, CLOSED_KEY, rewritable=True)
         except Exception as e:  # noqa: BLE001 - profiling never takes the job down
             self.error = f"{type(e).__name__}: {e}"
 
@@ -308,6 +327,11 @@ class HangDriver(Driver):
         t, self.thread = self.thread, None
         if t is not None and t is not threading.current_thread():
             t.join(timeout=2.0)
+        b, self.bridge = self.bridge, None
+        if b is not None and os.getpid() == self.pid:
+            b.stop()
+            if b.error and not self.error:
+                self.error = f"store: {b.error}"
 
     def account(self) -> Any:
         c = self.config

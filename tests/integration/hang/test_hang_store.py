@@ -1,0 +1,184 @@
+"""Hangs in a run whose ranks share no directory (issue #37): a 2-rank
+``torchrun`` job (gloo, CPU) recording to S3 (moto's real server, reached
+over HTTP), each rank through its own local spool, as two nodes would. Rank
+1 sleeps in ``Dataset.__getitem__`` while rank 0 waits in ``all_reduce``.
+Rank 0's verdict joins rank 1's evidence through the bucket, and ``fastprof
+trigger s3://.../run --stacks`` asks both ranks through it and prints where
+each is. Every object is read back with Python's json."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import psutil
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+import s3fs
+
+from conftest import TORCHRUN_VARS, free_port
+from moto_s3 import MotoServer, child_env
+
+pytestmark = pytest.mark.slow
+
+WORKER = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch, torch.distributed as dist
+    from torch.utils.data import DataLoader, Dataset
+    import fastprof
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+
+    class Data(Dataset):
+        def __len__(self):
+            return 40
+        def __getitem__(self, i):
+            if rank == 1 and i == 6:
+                time.sleep(3600)  # STUCK
+            return torch.ones(4)
+
+    # No directory shared between the ranks: each has its own spool, as two nodes would.
+    spool = os.path.join(sys.argv[2], f"node{rank}")
+    with fastprof.Profiler(sys.argv[1], "job", spool_dir=spool, schedule="never", merge_timeout=30) as prof:
+        for x in prof.loader(DataLoader(Data(), batch_size=1)):
+            t = x.sum()
+            dist.all_reduce(t)  # WAIT
+            prof.step()
+    dist.destroy_process_group()
+    """
+)
+TIMEOUT_S = 4.0
+
+
+def _line(marker: str) -> int:
+    return next(i for i, text in enumerate(WORKER.splitlines(), 1) if marker in text)
+
+
+def _objects(fs: s3fs.S3FileSystem, url: str) -> list[str]:
+    base = url.removeprefix("s3://")
+    fs.invalidate_cache()
+    return sorted(p[len(base) + 1 :] for p in fs.find(base))
+
+
+def _kill(p: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGKILL the job: torchrun's workers (in sessions of their own) and their
+    children, then torchrun's process group."""
+    with contextlib.suppress(psutil.Error):
+        for proc in psutil.Process(p.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(os.getpgid(p.pid), signal.SIGKILL)
+    return p.communicate(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def store_hang(moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The job, hung: rank 0's verdict awaited (its object in the bucket),
+    then ``fastprof trigger URL --stacks``, then the job killed."""
+    root = tmp_path_factory.mktemp("hang-store")
+    env = child_env(moto_server)
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": moto_server.url}, key="testing", secret="testing")
+    bucket = f"hang-{os.getpid()}-{int(time.time())}"
+    fs.mkdir(bucket)
+    url = f"s3://{bucket}/runs"
+    (root / "worker.py").write_text(WORKER)
+    base = {k: v for k, v in env.items() if not k.startswith("FASTPROF_") and k not in TORCHRUN_VARS}
+    base.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
+    base.update(FASTPROF_HANG_TIMEOUT=str(TIMEOUT_S), FASTPROF_HANG_GRACE="2")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+    cmd += ["--master-port", str(free_port()), str(root / "worker.py"), url, str(root / "spools")]
+    t0 = time.monotonic()
+    p = subprocess.Popen(
+        cmd, cwd=root, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    run = f"{url}/job"
+    stacks = None
+    said = False
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and p.poll() is None:
+            if any(k.startswith(".hang-verdict-") for k in _objects(fs, run)):
+                said = True
+                break
+            time.sleep(0.5)
+        took = time.monotonic() - t0
+        if said:
+            time.sleep(1.0)  # the verdict's line reaches stderr
+            stacks = subprocess.run(
+                [sys.executable, "-m", "fastprof", "trigger", run, "--stacks", "--wait", "60"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=env,
+            )
+    finally:
+        out, err = _kill(p)
+    assert said, f"no verdict in the bucket within 90 s\nstdout:\n{out}\nstderr:\n{err}"
+    objects = _objects(fs, run)
+    docs = {
+        k: json.loads(fs.cat_file(f"{run.removeprefix('s3://')}/{k}"))
+        for k in objects
+        if re.fullmatch(r"rank\d/hang-\d+\.json", k) or k.endswith("hang-watch.json") or "hang-verdict" in k
+    }
+    return {"root": root, "run": run, "stderr": err, "stacks": stacks, "objects": objects, "docs": docs, "took": took}
+
+
+def test_the_ranks_share_no_directory(store_hang: dict[str, Any]) -> None:
+    spools = store_hang["root"] / "spools"
+    assert not (spools / "node0" / "job" / "rank1").exists() and not (spools / "node1" / "job" / "rank0").exists()
+
+
+def test_each_rank_puts_its_evidence_and_watch_file_in_the_bucket(store_hang: dict[str, Any]) -> None:
+    docs = store_hang["docs"]
+    for rank in (0, 1):
+        stalled = [d for k, d in docs.items() if k.startswith(f"rank{rank}/hang-") and d.get("reason") == "stalled"]
+        assert len(stalled) == 1 and stalled[0]["rank"] == rank and stalled[0]["step"] == 5, docs.keys()
+        watch = docs[f"rank{rank}/hang-watch.json"]
+        assert watch["rank"] == rank and isinstance(watch["pid"], int), watch
+    (r1,) = [d for k, d in docs.items() if k.startswith("rank1/hang-") and d.get("reason") == "stalled"]
+    assert (r1["summary"]["where"]["line"], r1["summary"]["phase"]) == (_line("STUCK"), "dataloader")
+
+
+def test_rank0_says_one_verdict_with_rank1s_line_from_the_bucket(store_hang: dict[str, Any]) -> None:
+    lines = [ln for ln in store_hang["stderr"].splitlines() if "fastprof: hang at step" in ln]
+    assert len(lines) == 1, store_hang["stderr"][-3000:]
+    (v,) = lines
+    assert (
+        f"rank 1 never entered all_reduce #7; it is in the dataloader: worker.py:{_line('STUCK')} in __getitem__. "
+        f"Rank 0 waits in all_reduce #7 (worker.py:{_line('WAIT')} in <module>)." in v
+    ), v
+    (lock,) = [d for k, d in store_hang["docs"].items() if k.startswith(".hang-verdict-")]
+    assert lock["rank"] == 0 and lock["step"] == 6, lock
+
+
+def test_trigger_stacks_asks_a_bucket_run_and_prints_where_each_rank_is(store_hang: dict[str, Any]) -> None:
+    r, run = store_hang["stacks"], store_hang["run"]
+    assert r is not None and r.returncode == 0, (r.stdout, r.stderr) if r else None
+    asked = {}
+    for rank in (0, 1):
+        (doc,) = [d for k, d in store_hang["docs"].items() if k.startswith(f"rank{rank}/hang-") and d.get("request")]
+        assert doc["reason"] == "request" and doc["rank"] == rank, doc
+        asked[rank] = doc
+        assert re.search(rf"^  rank {rank}: {re.escape(run)}/rank{rank}/hang-\d+\.json$", r.stdout, re.M), r.stdout
+    assert asked[0]["request"] == asked[1]["request"] and asked[0]["request"] in r.stdout
+    assert re.search(rf"rank 1: \S*worker.py:{_line('STUCK')} in __getitem__ \(dataloader\)", r.stdout), r.stdout
+    assert re.search(rf"rank 0: \S*worker.py:{_line('WAIT')} in <module> \([a-z]+, in all_reduce\)", r.stdout)
+    v = next(ln for ln in r.stdout.splitlines() if ln.startswith("fastprof trigger: hang"))
+    assert f"rank 1 never entered all_reduce #7; it is in the dataloader: worker.py:{_line('STUCK')} in " in v, v
+    # The request objects were taken by the ranks.
+    assert not [k for k in store_hang["objects"] if k.endswith("/STACKS")], store_hang["objects"]
