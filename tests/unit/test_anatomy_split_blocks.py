@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fastprof.reports.anatomy import PHASES, split
+from fastprof.recording.names import PHASES
+from fastprof.reports.anatomy import split
 
 
 def _run(n: int, seed: int = 0, overlapping_steps: bool = False) -> tuple[Any, Any, dict[str, list[tuple[Any, Any]]]]:
@@ -33,7 +34,10 @@ def _run(n: int, seed: int = 0, overlapping_steps: bool = False) -> tuple[Any, A
     fw_all = np.concatenate([fw[0], re_ts]), np.concatenate([fw[1], re_ts + f // 2])
     o = np.argsort(fw_all[0], kind="stable")
     hook = rng.random(n) < 0.3
-    opt_a = (np.where(hook, bw_ts + dur // 4, bw[1] + 5_000), np.where(hook, bw_ts + dur // 4 + dur // 20, ts + dur + 400_000))
+    opt_a = (
+        np.where(hook, bw_ts + dur // 4, bw[1] + 5_000),
+        np.where(hook, bw_ts + dur // 4 + dur // 20, ts + dur + 400_000),
+    )
     opt_b = (ts[::7] + dur[::7] - 100_000, ts[::7] + dur[::7] - 50_000)
     dl = (np.concatenate([[0], ts[1:] + 1_000]), np.concatenate([[900_000], ts[1:] + 60_000]))
     spans = {
