@@ -74,8 +74,10 @@ def time_report(data: RunData, verbose: bool = False) -> dict[str, Any]:
         # run's (at 1,024 ranks x 2,000 steps the run's were ~0.4 GB at once).
         walls = {r: data.wall(r) for r in data.ranks}
         idle = {r: idle_ns(data, r, w) for r, w in walls.items()}
-        for lo, hi in _rank_blocks(s["rank"], keep):
+        for lo, hi, ids in _blocks(data, s, keep, lut):
             inside = keep if lo is None else keep & (s["rank"] >= lo) & (s["rank"] <= hi)
+            if ids is not None:
+                inside &= data.name_mask(ids)[s["name"]]
             rows += _group_rows(data, s, inside, from_kineto, lut, star, walls, idle)
     rows.sort(key=lambda r: (r["rank"], -r["total_s"]))
     return {
@@ -84,6 +86,36 @@ def time_report(data: RunData, verbose: bool = False) -> dict[str, Any]:
         "the profiled steps",
         "rows": rows,
     }
+
+
+def _blocks(data: RunData, s: dict[str, Any], keep: Any, lut: Any) -> list[tuple[int | None, int | None, Any]]:
+    """The time table's blocks: :func:`_rank_blocks`, and a rank with more
+    than :data:`_BLOCK_ROWS` kept rows (a long run) by its names, a few
+    whole names at a time (each (rank, name) group lies in one block):
+    ``(lo, hi, ids)``, ``ids`` the name ids of the block (None: every name)."""
+    out: list[tuple[int | None, int | None, Any]] = []
+    for lo, hi in _rank_blocks(s["rank"], keep):
+        if lo is None or lo != hi:
+            out.append((lo, hi, None))
+            continue
+        here = keep & (s["rank"] == lo)
+        if int(here.sum()) <= _BLOCK_ROWS:
+            out.append((lo, hi, None))
+            continue
+        # Rows per name as the table groups them (lut: every ProfilerStep#N is one name).
+        raw = np.bincount(s["name"][here], minlength=len(lut))
+        del here
+        per = np.bincount(lut, weights=raw, minlength=len(lut)).astype(np.int64)
+        group: list[int] = []
+        acc = 0
+        for nid in np.flatnonzero(per).tolist():
+            if group and acc + int(per[nid]) > _BLOCK_ROWS:
+                out.append((lo, hi, np.flatnonzero(np.isin(lut, group))))
+                group, acc = [], 0
+            group.append(nid)
+            acc += int(per[nid])
+        out.append((lo, hi, np.flatnonzero(np.isin(lut, group))))
+    return out
 
 
 def _rank_blocks(rank: Any, keep: Any) -> list[tuple[int | None, int | None]]:
