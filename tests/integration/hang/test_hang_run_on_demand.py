@@ -136,7 +136,16 @@ def on_demand(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ended = p.poll() is not None
         out, err = _kill(p, run)
     assert stuck, f"rank 1 never reached its stuck read\nstdout:\n{out}\nstderr:\n{err}"
-    return {"run": run, "stacks": stacks, "stderr": err, "sigterm_at": sigterm_at, "ended": ended}
+    rep = root / "rep"
+    report = subprocess.run(
+        [sys.executable, "-m", "fastprof", "report", str(run), "-o", str(rep)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert report.returncode == 0, report.stderr
+    doc = json.loads((rep / "report.json").read_text())
+    return {"run": run, "stacks": stacks, "stderr": err, "sigterm_at": sigterm_at, "ended": ended, "report": doc}
 
 
 def test_trigger_stacks_answers_from_every_rank_of_a_fastprof_run_job(on_demand: dict[str, Any]) -> None:
@@ -181,3 +190,16 @@ def test_sigterm_to_a_stuck_rank_of_a_fastprof_run_job_writes_its_evidence(on_de
     # The job's outcome: torchrun ended it on the signal, and rank 1 saved its run.
     assert on_demand["ended"], on_demand["stderr"][-3000:]
     assert f"fastprof: SIGTERM: rank 1's data is saved in {run / 'rank1'}" in on_demand["stderr"]
+
+
+def test_the_report_of_a_job_ended_by_sigterm_while_stuck_has_the_hang(on_demand: dict[str, Any]) -> None:
+    """The scheduler's SIGTERM came before the watchdog's 600 s: the ranks'
+    SIGTERM evidence is the hang's, and report.json's ``hangs[]`` says it
+    (the request's evidence, asked while the job ran, is no hang)."""
+    hangs = on_demand["report"]["hangs"]
+    assert len(hangs) == 1, hangs
+    (h,) = hangs
+    assert h["step"] == 6 and h["seconds"] >= 10.0 and 1 in h["suspect_ranks"], h
+    (w,) = [w for w in h["where"] if w["rank"] == 1]
+    assert (w["line"], w["function"], w["phase"]) == (_line("STUCK"), "__getitem__", "dataloader"), w
+    assert f"train.py:{_line('STUCK')} in __getitem__" in h["text"], h["text"]

@@ -69,6 +69,11 @@ WATCH_FILE = ".hang-watch.json"
 #: closes): its last step and collective wavefront, for the ranks still waiting.
 CLOSED_FILE = ".hang-closed.json"
 
+#: The evidence of a hang: a stall past the timeout, or a SIGTERM to a rank that
+#: had made no progress for a while (a job ended while hung, before its timeout);
+#: a ``--stacks`` request's answer is not one.
+HUNG_REASONS = ("stalled", "sigterm")
+
 #: torch.distributed's collectives (those the anatomy times) and the point-to-point
 #: and object calls a rank can wait in, as their functions are named.
 COLLECTIVE_OPS = frozenset(COLLECTIVES) | frozenset(
@@ -570,7 +575,7 @@ def join(
                 if doc.get("request") == request:
                     found = doc
                     break
-            elif doc.get("reason") == "stalled" and abs(float(doc.get("time", 0.0)) - near) <= window:
+            elif doc.get("reason") in HUNG_REASONS and abs(float(doc.get("time", 0.0)) - near) <= window:
                 found = doc
                 break
         closed = _closed_of(d, watch) if d is not None and found is None else None
@@ -583,13 +588,13 @@ def join(
 
 def collect(run_dir: Path) -> list[dict[str, Any]]:
     """report.json's ``hangs[]``: one verdict per stall the ranks reported
-    (their ``hang-<n>.json`` of reason ``stalled``, grouped by time)."""
+    (their ``hang-<n>.json`` of reason ``stalled`` or ``sigterm``, grouped by time)."""
     dirs = _rank_dirs(run_dir)
     times: list[tuple[float, float]] = []
     for d in dirs.values():
         for _n, p in evidence_files(d):
             doc = _read(p)
-            if doc is not None and doc.get("reason") == "stalled":
+            if doc is not None and doc.get("reason") in HUNG_REASONS:
                 times.append((float(doc.get("time", 0.0)), float(doc.get("timeout_s") or 60.0)))
     times.sort()
     hangs: list[dict[str, Any]] = []
