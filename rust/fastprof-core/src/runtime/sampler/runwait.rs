@@ -22,8 +22,14 @@
 //! it must resolve.
 //!
 //! The thread's time on a CPU (`schedstat`'s first field) is counted over
-//! the step the same way: a step's time neither on a CPU nor waiting for
-//! one is time it slept or was blocked (a collective, I/O).
+//! the step too, but of the straddling interval only what cannot fit before
+//! the begin: a step's time neither on a CPU nor waiting for one is time it
+//! slept or was blocked (a collective, I/O), and the busy steps before a
+//! blocked one must not fill its blocked time with their CPU (issue #36: a
+//! rank that waited 300 ms in a gloo all-reduce was credited 5 ms of the
+//! steps before it, and its "own" time became a slow step). The wait, the
+//! most, and this, the least, never sum to more than the step: what the
+//! straddling interval holds of both fits in it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -54,7 +60,9 @@ pub struct Reading {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Waited {
     pub run_delay_ns: u64,
-    /// The step's time on a CPU, counted as the wait is.
+    /// The step's time on a CPU: of the straddling interval, the least that
+    /// can be the step's, so that the wait (the most) and this never sum to
+    /// more than the step.
     pub on_cpu_ns: u64,
     pub begin_ns: u64,
     pub from_ns: u64,
@@ -157,12 +165,29 @@ fn after(ring: &Ring, t: u64, now: Reading) -> Reading {
 }
 
 /// A cumulative counter's growth over `[begin, now]`: whole from the first
-/// reading after `begin`, and of the interval `[d, a]` that straddles the
-/// begin at most the part after it.
-fn within(d: &Reading, a: &Reading, now: &Reading, begin: u64, get: fn(&Reading) -> u64) -> u64 {
+/// reading after `begin`; of the interval `[d, a]` that straddles the begin,
+/// the most that can lie after the begin (`most`: the wait, lumpy) or the
+/// least (the time on a CPU: all of it that fits before the begin is put
+/// there).
+fn within(
+    d: &Reading,
+    a: &Reading,
+    now: &Reading,
+    begin: u64,
+    most: bool,
+    get: fn(&Reading) -> u64,
+) -> u64 {
     let straddle = get(a).saturating_sub(get(d));
+    let before = begin
+        .saturating_sub(d.t_ns)
+        .min(a.t_ns.saturating_sub(d.t_ns));
     let inside = a.t_ns.saturating_sub(begin.max(d.t_ns));
-    get(now).saturating_sub(get(a)) + straddle.min(inside)
+    let part = if most {
+        straddle.min(inside)
+    } else {
+        straddle.saturating_sub(before).min(inside)
+    };
+    get(now).saturating_sub(get(a)) + part
 }
 
 /// The wait over the step from `begin_ns` to `now` (see the module's
@@ -201,8 +226,8 @@ fn combine(ring: &Ring, begin_ns: u64, baseline_ns: u64, now: Reading) -> Option
         _ => (None, 0),
     };
     Some(Waited {
-        run_delay_ns: within(&d, &a, &now, begin_ns, |r| r.run_delay_ns),
-        on_cpu_ns: within(&d, &a, &now, begin_ns, |r| r.on_cpu_ns),
+        run_delay_ns: within(&d, &a, &now, begin_ns, true, |r| r.run_delay_ns),
+        on_cpu_ns: within(&d, &a, &now, begin_ns, false, |r| r.on_cpu_ns),
         begin_ns,
         from_ns: d.t_ns,
         to_ns: now.t_ns,
@@ -418,6 +443,38 @@ mod tests {
         // Nothing kept before the oldest: no usual wait to speak of.
         assert_eq!((w.usual_rate, w.usual_span_ns), (0.0, 0));
         assert_eq!(w.involuntary, None);
+    }
+
+    #[test]
+    fn the_cpu_of_the_steps_before_a_blocked_one_is_not_its_own() {
+        // 0..20: the thread on a CPU 10 (the busy steps before), waiting 2;
+        // the step begins at 12 and is blocked from then on; 20..40 blocked.
+        let mut ring = Ring::new(4);
+        let at = |t, d, c| Reading {
+            t_ns: t,
+            run_delay_ns: d,
+            on_cpu_ns: c,
+            involuntary: None,
+        };
+        ring.push(at(0, 0, 0));
+        ring.push(at(20, 2, 10));
+        let w = combine(&ring, 12, 0, at(40, 2, 10)).unwrap();
+        // 12 of the interval lie before the begin: the 10 on a CPU fit there.
+        assert_eq!(w.on_cpu_ns, 0, "{w:?}");
+        // The wait: the most that can be the step's (the 2 fit after the begin).
+        assert_eq!(w.run_delay_ns, 2, "{w:?}");
+        // A CPU share that cannot fit before the begin is the step's.
+        let mut ring = Ring::new(4);
+        ring.push(at(0, 0, 0));
+        ring.push(at(20, 0, 18));
+        let w = combine(&ring, 12, 0, at(40, 0, 25)).unwrap();
+        assert_eq!(w.on_cpu_ns, (18 - 12) + 7, "{w:?}");
+        // Both estimates of a step inside one interval fit in the step.
+        let mut ring = Ring::new(4);
+        ring.push(at(0, 0, 0));
+        let w = combine(&ring, 15, 0, at(20, 9, 11)).unwrap();
+        assert!(w.run_delay_ns + w.on_cpu_ns <= 5, "{w:?}");
+        assert_eq!((w.run_delay_ns, w.on_cpu_ns), (5, 0));
     }
 
     #[test]
