@@ -25,12 +25,12 @@ ROWS = [
 SLOW = 3
 
 
-def _live(rows: list[dict[str, float]], step: int) -> str | None:
+def _live(rows: list[dict[str, float]], step: int, excess: float | None = None) -> str | None:
     """The anatomy's answer, from its recent steps' rows (ticks per phase of TIMED)."""
     anatomy = Anatomy()
     recent = OrderedDict((i, [int(r[p]) for p in TIMED]) for i, r in enumerate(rows))
     anatomy.recent = lambda: recent  # type: ignore[method-assign]
-    return anatomy.explain(step)
+    return anatomy.explain(step, excess)
 
 
 #: The report judges a step by the slow-step rule (issue #36, item 3): the
@@ -70,3 +70,22 @@ def test_a_phase_absent_from_the_other_steps_is_named_as_such() -> None:
     assert _live(rows, 4) == "communication (absent from other steps)"
     (slow,) = _report(rows)
     assert slow["phase"] == "communication" and slow["phase_factor"] is None
+
+
+def test_a_phase_that_holds_little_of_the_steps_excess_is_not_named() -> None:
+    """A rank that slept 300 ms before a collective whose own wait was 10 ms
+    over its median (5.6x) was "slow in communication" (issue #36): the
+    phase must hold at least half of the step's time over the median step."""
+    rows = [{"forward": 5.0, "backward": 10.0, "optimizer": 4.0, "communication": 2.0} for _ in range(6)]
+    rows.append({"forward": 5.0, "backward": 10.0, "optimizer": 4.0, "communication": 12.0})
+    assert _live(rows, 6) == "communication 6.0x its median"
+    # The step was 300 over the median step: communication's 10 made little of it.
+    assert _live(rows, 6, excess=300.0) == (
+        "not forward, backward, optimizer or communication: the data loader's wait or the rest of the step"
+    )
+    # Where communication holds the step's excess, it is named.
+    assert _live(rows, 6, excess=12.0) == "communication 6.0x its median"
+    # The report, which sees the rest of the step, names it there.
+    report_rows = [{**r, "other": 3.0} for r in rows[:-1]] + [{**rows[-1], "other": 303.0}]
+    (slow,) = _report(report_rows)
+    assert slow["phase"] == "other"

@@ -77,6 +77,11 @@ GPU_STEP_COUNTER = GPU_PHASE_STEP_COUNTER
 #: (:meth:`Anatomy.recent`): a row is a list indexed by these.
 TIMED = ("forward", "backward", "optimizer", "communication")
 COMMUNICATION = 3
+#: A timed phase made a slow step slow only when its time over its median is
+#: at least this share of the step's over the median step (issue #36: a rank
+#: that slept 300 ms before a collective whose own wait was 10 ms over its
+#: median, 5.6x, was said to be slow in communication).
+PHASE_SHARE = 0.5
 
 _get_ident = threading.get_ident
 
@@ -262,12 +267,16 @@ class Anatomy:
         if self.left_out_first is None:
             self.left_out_first = f"{type(e).__name__}: {e}"
 
-    def explain(self, step: int) -> str | None:
+    def explain(self, step: int, excess: float | None = None) -> str | None:
         """Which recorded phase made step ``step`` slow, by the report's rule
         (:func:`fastprof.profiler.slow_phase.slow_phase` over the recent
         steps): "backward 3.1x its median", or where none of them did ("not
-        forward, backward, optimizer or communication: ..."). None when the
-        step is not among the recent or fewer than 3 others are."""
+        forward, backward, optimizer or communication: ..."). ``excess``:
+        the step's time over the median step (ticks), where known; a phase
+        whose own excess is under half of it did not make the step slow (the
+        report, which also has the loader's wait and the rest of the step,
+        names what did). None when the step is not among the recent or fewer
+        than 3 others are."""
         recent = self.recent()
         row = recent.get(step)
         if row is None:
@@ -276,7 +285,7 @@ class Anatomy:
         got = slow_phase(dict(zip(TIMED, row, strict=True)), {p: [r[i] for r in others] for i, p in enumerate(TIMED)})
         if got is None:
             return None
-        if not got.stands_out:
+        if not got.stands_out or (excess is not None and got.took - got.median < PHASE_SHARE * excess):
             return "not forward, backward, optimizer or communication: the data loader's wait or the rest of the step"
         return str(got)
 

@@ -34,8 +34,8 @@ class AnatomyDriver(Driver):
         self.running = False
         self.anatomy.stop()
 
-    def explain(self, step: int) -> str | None:
-        return self.anatomy.explain(step)
+    def explain(self, step: int, excess: float | None = None) -> str | None:
+        return self.anatomy.explain(step, excess)
 
     def account(self) -> Any:
         return self.anatomy.status

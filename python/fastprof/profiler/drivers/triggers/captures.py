@@ -63,7 +63,7 @@ class Capture:
 class Captures:
     """``has_windows()``: the Profiler drives torch.profiler windows (else a
     capture has nothing to record with); ``last_window()``: the latest one
-    begun; ``explain(step)``: which phase made a step slow (the anatomy's
+    begun; ``explain(step, excess_ns)``: which phase made a step slow (the anatomy's
     line, and what the phases the ranks wait in took in it over their
     medians, ns)."""
 
@@ -74,7 +74,7 @@ class Captures:
         store: RankStore,
         has_windows: Callable[[], bool],
         last_window: Callable[[], Window | None],
-        explain: Callable[[int], tuple[str | None, int]],
+        explain: Callable[[int, int], tuple[str | None, int]],
         judge: Callable[[int, int, int, int], Judged] | None = None,
     ) -> None:
         self.board = board
@@ -109,7 +109,7 @@ class Captures:
             return
         if not burst:
             self._burst_jobs = False
-        text, rank_phases = self.explain(batch)
+        text, rank_phases = self.explain(batch, max(dur_ns - median_ns, 0))
         judged = None if self.judge is None else self.judge(dur_ns, median_ns, rank_phases, self.board.world)
         host = judged is not None and judged.cause == contention.HOST
         other_rank = judged is not None and judged.cause == contention.RANK

@@ -113,12 +113,14 @@ class TriggerDriver(Driver):
         records = [] if self.windows is None else self.windows.records()
         return records[-1] if records else None
 
-    def _explain(self, step: int) -> tuple[str | None, int]:
-        """Which phase made step ``step`` slow (the anatomy's line), and what
-        the phases the ranks wait in took in it over their medians over the
-        recent steps (ns; :data:`fastprof.profiler.contention.RANK_PHASES`)."""
+    def _explain(self, step: int, excess_ns: int) -> tuple[str | None, int]:
+        """Which phase made step ``step``, ``excess_ns`` over the median
+        step, slow (the anatomy's line), and what the phases the ranks wait
+        in took in it over their medians over the recent steps (ns;
+        :data:`fastprof.profiler.contention.RANK_PHASES`)."""
         if self.anatomy is None:
             return None, 0
+        per_tick = self._ns_per_tick()
         recent = self.anatomy.anatomy.recent()
         row = recent.get(step)
         others = [r for s, r in recent.items() if s != step]
@@ -127,7 +129,7 @@ class TriggerDriver(Driver):
             for p in contention.RANK_PHASES:
                 i = TIMED.index(p)
                 rank_phases += max(row[i] - float(np.median([r[i] for r in others])), 0.0)
-        return self.anatomy.explain(step), round(rank_phases * self._ns_per_tick())
+        return self.anatomy.explain(step, excess_ns / per_tick), round(rank_phases * per_tick)
 
     def _ns_per_tick(self) -> float:
         """The core's ticks in ns, measured from the start (the anatomy's rows are in ticks)."""
