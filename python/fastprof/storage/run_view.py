@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import tempfile
 import weakref
@@ -67,6 +68,9 @@ __all__ = ["SIDE_MAX_BYTES", "LocalRun", "Output", "RunView", "StoreRun", "newes
 #: Side documents larger than this are not copied into a store run's folder
 #: (an allocator snapshot, a torch memory timeline: no report section reads those).
 SIDE_MAX_BYTES = 16 << 20
+#: A rank's hang evidence, ``rank{R}/hang-<n>.json`` (the hang driver's
+#: ``verdict.HANG_FILE``): read by the report's ``hangs[]``.
+_HANG_EVIDENCE = re.compile(r"^hang-\d+\.json$")
 
 #: A recording's segment found under a rank folder: (the folder of its
 #: recording, laid out as the run directory; its file name; where it is read).
@@ -529,7 +533,7 @@ def _side(key: str) -> bool:
     name = parts[-1]
     if any(p.startswith(".") for p in parts) or parts[0] == "reports" or name.startswith("flight-"):
         return False
-    if name in (PROFILER_JSON, TRIGGERS_JSON, LIVE_JSON, OOM_JSON):
+    if name in (PROFILER_JSON, TRIGGERS_JSON, LIVE_JSON, OOM_JSON) or _HANG_EVIDENCE.match(name):
         return True
     if "memory" in parts[:-1]:
         return name.endswith((".json", ".txt", ".yaml", ".csv"))

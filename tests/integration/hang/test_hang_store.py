@@ -135,7 +135,36 @@ def store_hang(moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory
         for k in objects
         if re.fullmatch(r"rank\d/hang-\d+\.json", k) or k.endswith("hang-watch.json") or "hang-verdict" in k
     }
-    return {"root": root, "run": run, "stderr": err, "stacks": stacks, "objects": objects, "docs": docs, "took": took}
+    # The report of the run, killed while hung, read from the bucket once each
+    # node's spool (the open segments of a killed rank) is sent, as the upload
+    # command fastprof prints says.
+    for node in (0, 1):
+        up = subprocess.run(
+            [sys.executable, "-m", "fastprof", "upload", str(root / "spools" / f"node{node}" / "job"), url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert up.returncode == 0, up.stdout + up.stderr
+    report = subprocess.run(
+        [sys.executable, "-m", "fastprof", "report", run, "-o", str(root / "rep")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert report.returncode == 0, report.stderr
+    return {
+        "root": root,
+        "run": run,
+        "stderr": err,
+        "stacks": stacks,
+        "objects": objects,
+        "docs": docs,
+        "took": took,
+        "report": json.loads((root / "rep" / "report.json").read_text()),
+    }
 
 
 def test_the_ranks_share_no_directory(store_hang: dict[str, Any]) -> None:
@@ -182,3 +211,12 @@ def test_trigger_stacks_asks_a_bucket_run_and_prints_where_each_rank_is(store_ha
     assert f"rank 1 never entered all_reduce #7; it is in the dataloader: worker.py:{_line('STUCK')} in " in v, v
     # The request objects were taken by the ranks.
     assert not [k for k in store_hang["objects"] if k.endswith("/STACKS")], store_hang["objects"]
+
+
+def test_the_report_of_the_bucket_run_killed_while_hung_has_the_hang(store_hang: dict[str, Any]) -> None:
+    hangs = store_hang["report"]["hangs"]
+    assert len(hangs) == 1, hangs
+    (h,) = hangs
+    assert h["step"] == 6 and h["suspect_ranks"] == [1] and h["waiting_ranks"] == [0], h
+    (w,) = h["where"]
+    assert (w["rank"], w["line"], w["function"], w["phase"]) == (1, _line("STUCK"), "__getitem__", "dataloader"), w
