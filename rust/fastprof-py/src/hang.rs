@@ -62,9 +62,12 @@ pub struct _HangWatch {
 
 #[pymethods]
 impl _HangWatch {
-    /// `timeout_s` 0: the default rule. `abort_status` None: report only.
+    /// `timeout_s` 0: the default rule. `abort_status` None: report only. `sigterm_hook`: hook
+    /// SIGTERM under the interpreter's handler (a rank whose main thread waits in C still
+    /// writes its evidence); `sigterm_default`: then end by SIGTERM's default action.
     #[new]
-    #[pyo3(signature = (rank_dir, rank, timeout_s, grace_s, poll_s, abort_status=None, abort_after_s=0.0))]
+    #[pyo3(signature = (rank_dir, rank, timeout_s, grace_s, poll_s, abort_status=None, abort_after_s=0.0, sigterm_hook=false, sigterm_default=false))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         rank_dir: PathBuf,
         rank: u32,
@@ -73,6 +76,8 @@ impl _HangWatch {
         poll_s: f64,
         abort_status: Option<i32>,
         abort_after_s: f64,
+        sigterm_hook: bool,
+        sigterm_default: bool,
     ) -> PyResult<Self> {
         let secs = |s: f64| Duration::from_secs_f64(s.clamp(0.0, 1e9));
         let config = Config {
@@ -83,6 +88,8 @@ impl _HangWatch {
             poll: secs(poll_s).max(Duration::from_millis(1)),
             abort_status,
             abort_after: secs(abort_after_s),
+            sigterm_hook,
+            sigterm_default,
         };
         let d = dumper();
         let stacks_native = d.dump.is_some();
@@ -126,6 +133,17 @@ impl _HangWatch {
         self.inner.stall()
     }
 
+    /// Whether SIGTERM is hooked now (a handler set since replaces the hook).
+    #[getter]
+    fn sigterm_hooked(&self) -> bool {
+        self.inner.sigterm_hooked()
+    }
+
+    /// The Python side wrote event `n`'s evidence.
+    fn done(&self, n: u64) {
+        self.inner.done(n)
+    }
+
     /// Take event `n` (False: the watchdog already wrote its evidence).
     fn claim(&self, n: u64) -> bool {
         self.inner.claim(n)
@@ -142,4 +160,11 @@ impl _HangWatch {
 #[pyfunction]
 pub fn _hang_last_step() -> Option<u64> {
     fastprof_core::runtime::hang::last_step()
+}
+
+/// Python's SIGTERM handler runs: True when it is to write the evidence, False when the
+/// watchdog already answered this SIGTERM (the main thread was in C when it came).
+#[pyfunction]
+pub fn _hang_sigterm_take() -> bool {
+    fastprof_core::runtime::hang_sigterm::take_python()
 }

@@ -293,6 +293,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(signals::_signal_harmless, m)?)?;
     m.add_class::<hang::_HangWatch>()?;
     m.add_function(wrap_pyfunction!(hang::_hang_last_step, m)?)?;
+    m.add_function(wrap_pyfunction!(hang::_hang_sigterm_take, m)?)?;
     m.add_function(wrap_pyfunction!(is_active, m)?)?;
     m.add_function(wrap_pyfunction!(_noop, m)?)?;
     m.add_function(wrap_pyfunction!(_span_depth, m)?)?;

@@ -74,6 +74,24 @@ pub struct Config {
     /// (Python not answering) the process waits for the other ranks before it ends.
     pub abort_status: Option<i32>,
     pub abort_after: Duration,
+    /// Hook SIGTERM ([`super::hang_sigterm`]): a SIGTERM that Python's handler does not take
+    /// within `grace` (the main thread waits in C: a collective's wait) while the rank has
+    /// stalled past [`sigterm_stall`] gets its evidence from this thread's event.
+    pub sigterm_hook: bool,
+    /// Then end the process by SIGTERM's default action (the job's disposition under
+    /// fastprof's handler was the default), once the evidence is written (at most
+    /// `abort_after` waited for the Python side).
+    pub sigterm_default: bool,
+}
+
+/// How long a rank must have stalled for a SIGTERM to write the evidence: ten typical steps
+/// and at least 10 s (a rank stopped mid-step by a SIGTERM is not a hang).
+pub fn sigterm_stall(typical_step_s: Option<f64>) -> Duration {
+    let ten = Duration::from_secs(10);
+    match typical_step_s {
+        Some(s) => ten.max(Duration::from_secs_f64((s * 10.0).clamp(0.0, 1e9))),
+        None => ten,
+    }
 }
 
 /// What the thread saw, for the Python side.
@@ -81,7 +99,7 @@ pub struct Config {
 pub struct Event {
     /// This rank's hang number (1, 2, ...): the evidence goes to `hang-<n>.json`.
     pub n: u64,
-    /// `"stalled"` or `"request"`.
+    /// `"stalled"`, `"request"` or `"sigterm"` (a SIGTERM Python's handler did not take).
     pub reason: &'static str,
     /// A request's id (the request file's content), if any.
     pub request: Option<String>,
@@ -110,6 +128,8 @@ struct State {
     pending: VecDeque<Event>,
     /// The numbers claimed (by Python or by this thread), most recent last; bounded.
     claimed: VecDeque<u64>,
+    /// The numbers whose evidence the Python side has written ([`Watchdog::done`]); bounded.
+    done: VecDeque<u64>,
     stopping: bool,
     /// The stall clock as of the last poll: since when no step ended, the median recent step.
     since: Option<Instant>,
@@ -127,6 +147,8 @@ pub struct Watchdog {
     /// Taken by the first [`Watchdog::stop`]: a handle shared by threads (one waiting in
     /// [`Watchdog::next`] while another stops it) needs `stop(&self)`.
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// This watchdog put the SIGTERM hook in (and takes it out on stop).
+    hooked: bool,
 }
 
 impl Watchdog {
@@ -143,13 +165,39 @@ impl Watchdog {
         // ([`FIRST_STEPS_TIMEOUT`]) stayed in force through a real stall.
         BEAT.store(0, Ordering::Relaxed);
         let progress = Progress::new(Instant::now());
+        let hooked = config.sigterm_hook && super::hang_sigterm::install();
         let thread = std::thread::Builder::new()
             .name("fastprof-hang".into())
-            .spawn(move || run(config, dumper, s, progress))?;
+            .spawn(move || run(config, dumper, s, progress));
+        let thread = match thread {
+            Ok(t) => t,
+            Err(e) => {
+                if hooked {
+                    super::hang_sigterm::uninstall();
+                }
+                return Err(e);
+            }
+        };
         Ok(Watchdog {
             shared,
             thread: Mutex::new(Some(thread)),
+            hooked,
         })
+    }
+
+    /// Whether SIGTERM is hooked (see [`Config::sigterm_hook`]).
+    pub fn sigterm_hooked(&self) -> bool {
+        self.hooked && super::hang_sigterm::installed()
+    }
+
+    /// The Python side wrote event `n`'s evidence.
+    pub fn done(&self, n: u64) {
+        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.done.push_back(n);
+        if st.done.len() > 64 {
+            st.done.pop_front();
+        }
+        self.shared.cv.notify_all();
     }
 
     /// The next event, waiting at most `wait` (None: none came or the watchdog stops).
@@ -202,6 +250,9 @@ impl Watchdog {
         let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(t) = t {
             let _ = t.join();
+            if self.hooked {
+                super::hang_sigterm::uninstall();
+            }
         }
     }
 }
@@ -298,6 +349,8 @@ pub fn timeout_for(
 fn run(config: Config, dumper: Box<dyn StackDumper>, shared: Arc<Shared>, mut progress: Progress) {
     let mut n = existing_hangs(&config.rank_dir);
     let request_path = config.rank_dir.join(REQUEST_FILE);
+    // When this thread first saw a SIGTERM that Python's handler has not taken.
+    let mut sigterm_seen: Option<Instant> = None;
     loop {
         {
             let st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -319,9 +372,16 @@ fn run(config: Config, dumper: Box<dyn StackDumper>, shared: Arc<Shared>, mut pr
         }
         let timeout = timeout_for(config.timeout, typical, progress.stepped);
         let stalled = now.duration_since(progress.since);
-        let request = take_request(&request_path);
-        let stalled_now = stalled >= timeout && progress.reported != Some(progress.beat);
-        if request.is_none() && !stalled_now {
+        let sigterm =
+            config.sigterm_hook && sigterm_due(&mut sigterm_seen, now, &config, stalled, typical);
+        let request = if sigterm {
+            None
+        } else {
+            take_request(&request_path)
+        };
+        let stalled_now =
+            !sigterm && stalled >= timeout && progress.reported != Some(progress.beat);
+        if request.is_none() && !stalled_now && !sigterm {
             continue;
         }
         if stalled_now {
@@ -331,7 +391,9 @@ fn run(config: Config, dumper: Box<dyn StackDumper>, shared: Arc<Shared>, mut pr
         let stacks = dump_stacks(&config.rank_dir, n, dumper.as_ref());
         let event = Event {
             n,
-            reason: if request.is_some() {
+            reason: if sigterm {
+                "sigterm"
+            } else if request.is_some() {
                 "request"
             } else {
                 "stalled"
@@ -344,7 +406,17 @@ fn run(config: Config, dumper: Box<dyn StackDumper>, shared: Arc<Shared>, mut pr
             stacks,
             time: epoch_s(),
         };
-        if answer_or_write(&config, &shared, event) {
+        let wrote = answer_or_write(&config, &shared, event);
+        if sigterm {
+            if config.sigterm_default {
+                if !wrote {
+                    wait_done(&shared, n, config.abort_after.max(Duration::from_secs(10)));
+                }
+                super::hang_sigterm::die_by_sigterm();
+            }
+            continue;
+        }
+        if wrote {
             if let Some(status) = config.abort_status {
                 std::thread::sleep(config.abort_after);
                 // SAFETY: _exit ends the process at once; nothing here is left half-written
@@ -352,6 +424,45 @@ fn run(config: Config, dumper: Box<dyn StackDumper>, shared: Arc<Shared>, mut pr
                 unsafe { libc::_exit(status) };
             }
         }
+    }
+}
+
+/// Whether a SIGTERM that Python's handler did not take is now the watchdog's to answer: seen
+/// for `grace` without Python taking it (the main thread is in C), with the rank stalled past
+/// [`sigterm_stall`]. Then taken (Python's handler, should it run later, does not write the
+/// evidence again).
+fn sigterm_due(
+    seen: &mut Option<Instant>,
+    now: Instant,
+    config: &Config,
+    stalled: Duration,
+    typical: Option<f64>,
+) -> bool {
+    if !super::hang_sigterm::pending() {
+        *seen = None;
+        return false;
+    }
+    let first = *seen.get_or_insert(now);
+    if now.duration_since(first) < config.grace || stalled < sigterm_stall(typical) {
+        return false;
+    }
+    super::hang_sigterm::take_watchdog()
+}
+
+/// Wait at most `wait` for the Python side to have written event `n`'s evidence.
+fn wait_done(shared: &Shared, n: u64, wait: Duration) {
+    let deadline = Instant::now() + wait;
+    let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+    while !st.done.contains(&n) && !st.stopping {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        st = shared
+            .cv
+            .wait_timeout(st, left)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
     }
 }
 
@@ -630,6 +741,8 @@ mod tests {
             poll: Duration::from_millis(10),
             abort_status: None,
             abort_after: Duration::ZERO,
+            sigterm_hook: false,
+            sigterm_default: false,
         };
         let w = Watchdog::start(cfg, Box::new(Fake)).unwrap();
         // This run's steps 0-2 end at once (before the thread's first poll),
@@ -663,6 +776,8 @@ mod tests {
             poll: Duration::from_millis(10),
             abort_status: None,
             abort_after: Duration::ZERO,
+            sigterm_hook: false,
+            sigterm_default: false,
         };
         let w = Watchdog::start(cfg, Box::new(Fake)).unwrap();
         let e = w.next(Duration::from_secs(10)).expect("an event");

@@ -11,7 +11,8 @@
 //! * [`sink`]: where events go: gzip segment files, the in-memory window.
 //! * [`sampler`]: the always-on host / process / NVML sampler thread.
 //! * [`steps`]: the training loop's step machine (where steps begin and end) and the slow-step detector.
-//! * [`hang`]: the hang watchdog thread (no GIL) and the step heartbeat it reads.
+//! * [`hang`]: the hang watchdog thread (no GIL) and the step heartbeat it reads;
+//!   [`hang_sigterm`]: its SIGTERM hook, for a rank whose main thread waits in C.
 //! * [`clock`]: CLOCK_MONOTONIC / CLOCK_REALTIME and anchor pairs.
 //! * [`names`], [`config`]: the process-wide name interner; a session's options and their checks.
 
@@ -19,6 +20,7 @@ pub mod clock;
 pub mod collect;
 pub mod config;
 pub mod hang;
+pub mod hang_sigterm;
 mod leaked;
 pub mod names;
 pub mod record;

@@ -15,7 +15,12 @@ each hung rank then ends with :data:`.config.HANG_EXIT_STATUS`.
 
 A SIGTERM that lands while the rank has made no progress for a while (ten
 typical steps and at least 10 s) writes the evidence too, from the handler,
-before the job's own handling of the signal goes on.
+before the job's own handling of the signal goes on. When Python cannot run
+the handler (the main thread waits in a collective's C call), the core's
+hook under the interpreter's SIGTERM handler tells the watchdog, whose event
+this helper thread answers (the GIL is free); then, when the job's SIGTERM
+disposition under fastprof's handler is the default, the core ends the
+process by SIGTERM, as it would have ended without fastprof.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -33,6 +39,7 @@ from typing import Any
 from fastprof import _core
 from fastprof._core import FastprofWarning
 from fastprof._loop_api import LoopHost
+from fastprof._process import PROCESS
 from fastprof.profiler import collectives
 from fastprof.profiler.driver import Closing, Driver
 from fastprof.profiler.drivers.hang import evidence
@@ -54,6 +61,15 @@ __all__ = ["HangDriver"]
 #: A verdict is said once per stall across ranks: the first rank to create
 #: this file in the run directory (holding the stall's time) says it.
 VERDICT_LOCK = ".hang-verdict"
+
+
+def _sigterm_ends_by_default() -> bool:
+    """Whether SIGTERM ends the process by its default action once fastprof's
+    handler is done: that handler is SIGTERM's, over the default."""
+    h = signal.getsignal(signal.SIGTERM)
+    if not callable(h) or getattr(h, "previous", None) is not signal.SIG_DFL:
+        return False
+    return getattr(h, "__func__", h) in PROCESS.signals.own
 
 
 class HangDriver(Driver):
@@ -117,6 +133,8 @@ class HangDriver(Driver):
                 c.poll,
                 HANG_EXIT_STATUS if c.action == "abort" else None,
                 self._abort_wait(),
+                sigterm_hook=True,
+                sigterm_default=_sigterm_ends_by_default(),
             )
             self.thread = threading.Thread(target=self._serve, name="fastprof-hang-helper", daemon=True)
             self.thread.start()
@@ -157,6 +175,8 @@ class HangDriver(Driver):
             doc = evidence.gather(event, self.rank, self.world_size, self.training, rank_dir=self.prof.rank_dir)
             evidence.write(path, doc)
             self.reports.append({"n": event["n"], "reason": event["reason"], "by": "python"})
+            if w is not None:
+                w.done(event["n"])
         else:
             self.reports.append({"n": event["n"], "reason": event["reason"], "by": "watchdog"})
         if claimed and event.get("stacks"):
@@ -292,6 +312,8 @@ class HangDriver(Driver):
     def on_exit_event(self, reason: str) -> None:
         if reason != "sigterm" or self.watch is None:
             return
+        if not _core._hang_sigterm_take():
+            return  # the watchdog answered this SIGTERM (the main thread was in C)
         stalled, typical = self.watch.stall()
         if stalled < max(10.0, 10 * (typical or 1.0)):
             return
