@@ -25,6 +25,14 @@ way out (persistent workers too, when their loader shuts them down). A worker
 killed outright loses at most one flush interval; its open segment is
 salvaged by the reader and the merge.
 
+**Its stack on request** (issue #37): a recorded worker has ``faulthandler``
+write every thread's Python stack into ``.stacks.txt`` in its folder on
+:data:`WORKER_STACK_SIGNAL` (CPython's dumper, from the signal handler: it
+answers while the worker sleeps, blocks in C or holds the GIL). The rank's
+hang evidence sends that signal to each live worker and reads the stack back
+(:func:`fastprof.profiler.drivers.hang.evidence.workers`). A worker whose
+disposition for that signal is not the default (the job's own) is not asked.
+
 Nothing here may take training down: a worker that cannot record says so in
 one stderr line and goes on loading.
 """
@@ -32,9 +40,11 @@ one stderr line and goes on loading.
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import multiprocessing
 import multiprocessing.util
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Callable
@@ -50,6 +60,13 @@ WORKER_FLUSH_INTERVAL = 0.2
 #: Events per recording thread of a worker: fetch spans are few (a worker's
 #: main thread records about one per batch), 64 Ki slots is 1.5 MiB.
 WORKER_BUFFER_SIZE = 1 << 16
+#: The signal a recorded worker dumps its threads' stacks on (a real-time
+#: signal, unused by torch and the standard library), and the file, in its
+#: folder, they go to (appended to: the reader takes what a request added).
+WORKER_STACK_SIGNAL = signal.SIGRTMIN + 7
+STACKS_FILE = ".stacks.txt"
+#: The open stacks file of this worker (faulthandler writes to its descriptor).
+_stacks_file: list[Any] = []
 #: Runs before ``multiprocessing``'s own finalizers of priority 0 and below
 #: (queue feeder threads), so the trace is closed while the process is whole.
 _EXIT_PRIORITY = 100
@@ -169,7 +186,31 @@ class _WorkerInit:
             _say(str(w.message))
         multiprocessing.util.Finalize(None, _stop, args=(rec,), exitpriority=_EXIT_PRIORITY)
         _patch_fetchers(self.name, worker_id)
+        _stacks_on_signal(rec.trace_dir)
         return True
+
+
+def _stacks_on_signal(folder: Path) -> None:
+    """Have ``faulthandler`` dump this worker's stacks into ``folder /
+    STACKS_FILE`` on :data:`WORKER_STACK_SIGNAL` (the job's own handler of
+    that signal, if any, is left in place and the worker is not asked)."""
+    if signal.getsignal(WORKER_STACK_SIGNAL) not in (signal.SIG_DFL, None):
+        return
+    path = folder / STACKS_FILE
+    try:
+        f = open(path, "a")  # open for the worker's life: faulthandler writes to its descriptor
+    except OSError as e:
+        _say(f"DataLoader worker {os.getpid()} cannot give its stack on request: {e}")
+        return
+    try:
+        faulthandler.register(WORKER_STACK_SIGNAL, file=f, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError) as e:
+        # No file, no signal: the evidence never sends it to a worker that did not register it.
+        f.close()
+        path.unlink(missing_ok=True)
+        _say(f"DataLoader worker {os.getpid()} cannot give its stack on request: {e}")
+        return
+    _stacks_file[:] = [f]
 
 
 def _stop(rec: Any) -> None:

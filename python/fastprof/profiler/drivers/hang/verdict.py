@@ -147,7 +147,32 @@ def summarize(evidence: dict[str, Any], training: int | None) -> dict[str, Any]:
         "top": _frame(frames[0] if frames else None),
         "phase": _phase_of(frames),
         "collective": collective,
+        "worker": _busy_worker(evidence.get("workers")),
     }
+
+
+def worker_where(threads: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Where a DataLoader worker is, from its threads (``faulthandler``'s,
+    parsed): its main thread's (the one in torch's worker loop) innermost
+    frame of the job's code; None when it is only in torch and the standard
+    library (idle, waiting for an index)."""
+    ts = [t for t in threads if isinstance(t, dict) and t.get("frames")]
+    loop = f"{_SEP}torch{_SEP}utils{_SEP}data{_SEP}_utils{_SEP}worker.py"
+    main = next((t for t in ts if any(loop in str(f.get("file", "")) for f in t["frames"])), None)
+    for t in [main] if main is not None else ts:
+        f = next((f for f in t["frames"] if _is_user(str(f.get("file", "")))), None)
+        if f is not None:
+            return _frame(f)
+    return None
+
+
+def _busy_worker(workers: Any) -> dict[str, Any] | None:
+    """The first DataLoader worker of a rank that is in the job's code
+    (``pid``, ``worker_id``, ``loader``, ``where``), or None."""
+    for w in workers if isinstance(workers, list) else ():
+        if isinstance(w, dict) and w.get("dataloader") and isinstance(w.get("where"), dict):
+            return {k: w.get(k) for k in ("pid", "worker_id", "loader", "where")}
+    return None
 
 
 def _seq(evidence: dict[str, Any], op: str) -> int | None:
@@ -487,6 +512,11 @@ def describe(v: dict[str, Any], states: dict[int, dict[str, Any]]) -> str:
         else:
             phase = s.get("phase")
             now = f"is in {'the dataloader' if phase == 'dataloader' else phase}: {_at(s.get('where'))}"
+            w = s.get("worker") if phase == "dataloader" else None
+            if isinstance(w, dict):
+                now += (
+                    f", where its DataLoader worker {w.get('worker_id')} (pid {w.get('pid')}) is in {_at(w['where'])}"
+                )
         if skip is not None and v["waiting_ranks"]:
             parts.append(_skip_text(r, skip, v["waiting_ranks"], cname, now))
         elif st == "closed":
