@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastprof._process import PROCESS
+from fastprof.profiler.drivers import summary
 from fastprof.recording.recorder import set_run_host
 
 __all__ = ["Hosting"]
@@ -43,6 +44,8 @@ class Hosting:
         """The script started its own Profiler ``other``: ``stand_down()``
         ends what the host records (once)."""
         self.successors.append(other)
+        # The host writes the rank's summary as the script's Profiler says (#38).
+        summary.follow(self.prof, other._options.rank_summary)
         if len(self.successors) > 1:
             return
         inferred = self.prof.batch

@@ -3,7 +3,8 @@ run's end starts no summary process, no ``rank{R}/summary.fastprof`` is
 written, and the report of the run reads the segments. The option is taken
 like every Profiler option: ``Profiler(rank_summary=...)`` wins over
 ``FASTPROF_RANK_SUMMARY``, which wins over the default (on); ``fastprof run``
-takes the variable.
+takes the variable, and a script under it that starts its own Profiler that
+Profiler's option (argument, else variable), as its other options.
 
 The runs are real: a Python process with the real Profiler (no torch: the
 summary is made of the fastprof segments alone), ended normally; the report
@@ -53,6 +54,22 @@ ZERO_CODE = textwrap.dedent(
     """
 )
 
+#: A script that starts its own Profiler, given ``argv[1]`` (as ``JOB``),
+#: for ``fastprof run`` (which decides where the run records).
+OWN = textwrap.dedent(
+    f"""
+    import sys
+    import fastprof
+
+    given = {{"none": None, "0": False, "1": True}}[sys.argv[1]]
+    prof = fastprof.Profiler(torch=False, rank_summary=given)
+    with prof:
+        for _ in prof.loader(range({STEPS})):
+            with fastprof.span("work"):
+                sum(range(20_000))
+            prof.step()
+    """
+)
 
 #: A Lightning fit whose FastprofProfiler is given ``argv[2]`` (as ``JOB``).
 LIGHTNING = textwrap.dedent(
@@ -159,13 +176,14 @@ def test_the_report_of_a_run_without_summaries_reads_its_segments(tmp_path: Path
     assert (tmp_path / "cli" / "report.html").stat().st_size > 0
 
 
-@pytest.mark.parametrize(("variable", "written"), [(None, True), ("0", False)])
-def test_fastprof_run_takes_the_variable(tmp_path: Path, variable: str | None, written: bool) -> None:
+def _fastprof_run(tmp_path: Path, code: str, variable: str | None, *args: str) -> Path:
+    """The rank folder of ``fastprof run`` of ``code`` (its arguments
+    ``args``), ``FASTPROF_RANK_SUMMARY`` set to ``variable`` (None: unset)."""
     script = tmp_path / "train.py"
-    script.write_text(ZERO_CODE)
+    script.write_text(code)
     out = tmp_path / "runs"
     r = subprocess.run(
-        [sys.executable, "-m", "fastprof", "run", "-o", str(out), "--run-name", "zero", str(script)],
+        [sys.executable, "-m", "fastprof", "run", "-o", str(out), "--run-name", "zero", str(script), *args],
         env=_env(variable),
         capture_output=True,
         text=True,
@@ -174,9 +192,36 @@ def test_fastprof_run_takes_the_variable(tmp_path: Path, variable: str | None, w
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr[-2000:]
+    assert "summary" not in r.stderr, r.stderr[-2000:]  # neither failed nor cut short
     rank = out / "zero" / "rank0"
     assert any(rank.glob("fastprof.*.json.gz")), r.stderr[-2000:]
-    assert (rank / RANK_SUMMARY_JSON).is_file() is written, r.stderr[-2000:]
+    return rank
+
+
+@pytest.mark.parametrize(("variable", "written"), [(None, True), ("0", False)])
+def test_fastprof_run_takes_the_variable(tmp_path: Path, variable: str | None, written: bool) -> None:
+    rank = _fastprof_run(tmp_path, ZERO_CODE, variable)
+    assert (rank / RANK_SUMMARY_JSON).is_file() is written
+
+
+@pytest.mark.parametrize(
+    ("given", "variable", "written"),
+    [
+        ("none", None, True),  # the default: on
+        ("0", None, False),  # off by the script's argument
+        ("none", "0", False),  # off by the variable
+        ("1", "0", True),  # the script's argument wins over the variable ...
+        ("0", "1", False),  # ... both ways
+    ],
+)
+def test_under_fastprof_run_the_scripts_own_profiler_decides(
+    tmp_path: Path, given: str, variable: str | None, written: bool
+) -> None:
+    rank = _fastprof_run(tmp_path, OWN, variable, given)
+    assert (rank / RANK_SUMMARY_JSON).is_file() is written
+    if written:  # the run's summary: the script's steps, as its Profiler took them
+        doc = json.loads((rank / RANK_SUMMARY_JSON).read_text())
+        assert doc["report"]["speed"]["train"]["per_rank"][0]["steps"] == STEPS
 
 
 @pytest.mark.parametrize(("given", "written"), [("none", True), ("0", False)])

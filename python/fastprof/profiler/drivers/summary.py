@@ -13,7 +13,9 @@ A run on object storage (its rank folder sent and gone) writes none, and
 neither does a Profiler whose ``rank_summary`` option is off
 (``rank_summary=False``, ``FASTPROF_RANK_SUMMARY=0``): ``drivers/build.py`` then
 makes no such driver, the close waits for nothing, and a report reads the
-segments."""
+segments. Under ``fastprof run`` the host's Profiler writes the summary at its
+close, as the script's own Profiler's option says once one takes the loop
+(:func:`follow`: the script's argument, else the variable, else on)."""
 
 from __future__ import annotations
 
@@ -21,12 +23,13 @@ import os
 import subprocess
 import sys
 import warnings
+from typing import Any
 
 from fastprof._core import FastprofWarning
 from fastprof._loop_api import RunEndHost
 from fastprof.profiler.driver import Closing, Driver
 
-__all__ = ["SUMMARY_SIGTERM_S", "SUMMARY_TIMEOUT_S", "SummaryDriver"]
+__all__ = ["SUMMARY_SIGTERM_S", "SUMMARY_TIMEOUT_S", "SummaryDriver", "follow"]
 
 #: The most a normal end waits for the rank's summary.
 SUMMARY_TIMEOUT_S = 300.0
@@ -72,3 +75,14 @@ class SummaryDriver(Driver):
                 FastprofWarning,
                 stacklevel=2,
             )
+
+
+def follow(host: Any, wanted: bool) -> None:
+    """Under ``fastprof run``, the script's own Profiler took the loop from
+    ``host`` (fastprof run's Profiler, which ends the run and writes the
+    rank's summary): the host writes one at its close when the script's
+    Profiler's ``rank_summary`` (``wanted``: its argument, else the
+    variable, else on) says so, as the script's other options are the
+    run's. The host gets a summary driver, or loses its own."""
+    drivers = [d for d in host._drivers if not isinstance(d, SummaryDriver)]
+    host._use([*drivers, SummaryDriver(host)] if wanted else drivers)
