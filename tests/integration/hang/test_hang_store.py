@@ -89,7 +89,10 @@ def _kill(p: subprocess.Popen[str]) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def store_hang(moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The job, hung: rank 0's verdict awaited (its object in the bucket),
-    then ``fastprof trigger URL --stacks``, then the job killed."""
+    then ``fastprof trigger URL --stacks``, then SIGTERM to torchrun once
+    rank 1 has stalled more than 10 s (its evidence is written again, as a
+    number of its own: the earlier ones left the spool once uploaded), then
+    the job killed."""
     root = tmp_path_factory.mktemp("hang-store")
     env = child_env(moto_server)
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": moto_server.url}, key="testing", secret="testing")
@@ -126,6 +129,11 @@ def store_hang(moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory
                 timeout=120,
                 env=env,
             )
+            # The verdict came at least the 4 s timeout into the stall: 12 s at least by now.
+            time.sleep(max(0.0, 8.0 - (time.monotonic() - t0 - took)))
+            os.kill(p.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=60)
     finally:
         out, err = _kill(p)
     assert said, f"no verdict in the bucket within 90 s\nstdout:\n{out}\nstderr:\n{err}"
@@ -139,6 +147,8 @@ def store_hang(moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory
     # node's spool (the open segments of a killed rank) is sent, as the upload
     # command fastprof prints says.
     for node in (0, 1):
+        if not (root / "spools" / f"node{node}" / "job").is_dir():
+            continue  # everything sent at the SIGTERM's close: the spool was freed
         up = subprocess.run(
             [sys.executable, "-m", "fastprof", "upload", str(root / "spools" / f"node{node}" / "job"), url],
             capture_output=True,
@@ -220,3 +230,16 @@ def test_the_report_of_the_bucket_run_killed_while_hung_has_the_hang(store_hang:
     assert h["step"] == 6 and h["suspect_ranks"] == [1] and h["waiting_ranks"] == [0], h
     (w,) = h["where"]
     assert (w["rank"], w["line"], w["function"], w["phase"]) == (1, _line("STUCK"), "__getitem__", "dataloader"), w
+
+
+def test_sigterm_evidence_after_uploaded_evidence_gets_a_number_of_its_own(store_hang: dict[str, Any]) -> None:
+    """Rank 1's stall and request evidence left its spool once uploaded; its
+    SIGTERM evidence is numbered after them, so the object is new, not a
+    conflict with hang-1.json kept in the spool."""
+    docs = {k: d for k, d in store_hang["docs"].items() if k.startswith("rank1/hang-") and "watch" not in k}
+    assert sorted(d["reason"] for d in docs.values()) == ["request", "sigterm", "stalled"], docs.keys()
+    for k, d in docs.items():
+        assert k == f"rank1/hang-{d['n']}.json", (k, d["n"])
+    (sig,) = [d for d in docs.values() if d["reason"] == "sigterm"]
+    assert sig["stalled_s"] >= 10.0 and sig["summary"]["where"]["line"] == _line("STUCK"), sig
+    assert not list((store_hang["root"] / "spools" / "node1").rglob("hang-*.json"))

@@ -318,7 +318,8 @@ class HangDriver(Driver):
         if stalled < max(10.0, 10 * (typical or 1.0)):
             return
         try:
-            n = max((k for k, _ in evidence_files(self.prof.rank_dir)), default=0)
+            # After every number used: in a URL run the uploader frees the spool's copies.
+            n = max([k for k, _ in evidence_files(self.prof.rank_dir)] + [int(r["n"]) for r in self.reports] + [0])
             event = {
                 "n": n + 1,
                 "reason": "sigterm",

@@ -597,6 +597,9 @@ def join(
         d = dirs.get(r)
         watch = _read(d / WATCH_FILE) if d is not None else None
         found = None
+        # A SIGTERM's evidence only when the rank has no stall's near: taken
+        # while the job is torn down, it can show a rank already leaving its wait.
+        late = None
         for _n, p in reversed(evidence_files(d) if d is not None else []):
             doc = _read(p)
             if doc is None:
@@ -606,8 +609,11 @@ def join(
                     found = doc
                     break
             elif doc.get("reason") in HUNG_REASONS and abs(float(doc.get("time", 0.0)) - near) <= window:
-                found = doc
-                break
+                if doc.get("reason") == "stalled":
+                    found = doc
+                    break
+                late = late or doc
+        found = found or late
         closed = _closed_of(d, watch) if d is not None and found is None else None
         if closed is not None and float(closed.get("time", near + 1.0)) <= near:
             states[r] = closed_state(closed)  # it left its loop before the stall was seen
