@@ -256,7 +256,8 @@ def main_steps(sizes: list[int], rounds: int) -> None:
 RECORD_RANK = """
 import sys, time, fastprof
 steps, out, slow = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
-prof = fastprof.Profiler(out, "run", torch=False, sample_hz=0, flush_interval=0.05)
+hz = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0  # the host sampler (0: none)
+prof = fastprof.Profiler(out, "run", torch=False, sample_hz=hz, flush_interval=0.05)
 
 
 def busy(s):
@@ -298,11 +299,13 @@ class RankTemplate:
     documents: dict[str, str]  #: profiler.json, triggers.json
 
 
-def record_rank(tmp: Path, name: str, steps: int, slow: float) -> RankTemplate:
-    """Record one real rank with the Profiler (a fresh process) and read it back."""
+def record_rank(tmp: Path, name: str, steps: int, slow: float, sample_hz: float = 0.0) -> RankTemplate:
+    """Record one real rank with the Profiler (a fresh process; the host
+    sampler at ``sample_hz``, none at 0) and read it back."""
     out = tmp / name
     if not (out / "run" / "rank0").is_dir():  # kept (--keep): the same ranks for a later measure
-        subprocess.run([sys.executable, "-c", RECORD_RANK, str(steps), str(out), str(slow)], check=True)
+        cmd = [sys.executable, "-c", RECORD_RANK, str(steps), str(out), str(slow), str(sample_hz)]
+        subprocess.run(cmd, check=True)
     rank_dir = out / "run" / "rank0"
     segments = {p.name: gzip.decompress(p.read_bytes()).decode() for p in sorted(rank_dir.glob("fastprof.*.json.gz"))}
     documents = {n: (rank_dir / n).read_text() for n in ("profiler.json", "triggers.json") if (rank_dir / n).is_file()}

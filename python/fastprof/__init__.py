@@ -72,6 +72,7 @@ def report(
     *,
     warmup_steps: int | None = None,
     batch_size: int | None = None,
+    from_segments: bool = False,
     mlflow: bool | None = None,
 ) -> Report:
     """Build the reports of a run directory or a single trace and write them
@@ -102,6 +103,7 @@ def report(
         progress=progress,
         warmup_steps=warmup_steps,
         batch_size=batch_size,
+        from_segments=from_segments,
     )
     _mlflow.auto_log(rep, log_to_mlflow)
     return rep

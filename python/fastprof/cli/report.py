@@ -5,6 +5,7 @@ run, written as report.json (versioned schema), CSV tables and report.html
 Examples:
   fastprof report fastprof_runs/run-1              # writes fastprof_runs/run-1/reports/
   fastprof report run-1/trace.json.gz -o out --verbose
+  fastprof report fastprof_runs/run-1 --from-segments   # the ranks' traces, not their summaries
   fastprof report rank0/torch/ep0-ba4.pt.trace.json.gz --batch-size 32
   fastprof report s3://bucket/runs/run-1           # read in place; writes s3://bucket/runs/run-1/reports/
 """
@@ -42,6 +43,11 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-v", "--verbose", action="store_true", help="every span name in the time table, not only the loop's"
     )
+    p.add_argument(
+        "--from-segments",
+        action="store_true",
+        help="read every rank's segments, not the summaries the ranks wrote at their end (rank{R}/summary.fastprof)",
+    )
 
 
 def add_parser(verbs: Any) -> None:
@@ -69,6 +75,7 @@ def build(args: argparse.Namespace, out_dir: str | None, formats: tuple[str, ...
             progress=progress,
             warmup_steps=args.warmup_steps,
             batch_size=args.batch_size,
+            from_segments=args.from_segments,
         )
     except (FastprofError, ValueError, OSError) as e:
         raise CommandError(describe(e), exit_code=exit_code(e)) from None

@@ -31,7 +31,7 @@ from plotly.offline import get_plotlyjs
 
 from fastprof.readers.merge import describe_rotated
 from fastprof.recording.names import STEP_SPAN
-from fastprof.reports import html_ranks, html_triggers
+from fastprof.reports import counter_plots, html_ranks, html_triggers
 from fastprof.reports.anatomy import per_step_phases, slow_and_overlap_note
 from fastprof.reports.data import (
     _CHUNK,
@@ -477,15 +477,6 @@ def span_parts(data: RunData, rank: int) -> tuple[I64, dict[str, F64]] | None:
     return np.arange(len(steps.ts)), out
 
 
-_COUNTER_PLOTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("Host CPU", "%", ("sys.cpu [%]", "proc.cpu [%]", "children.cpu [%]")),
-    ("Memory", "bytes", ("proc.rss [B]", "children.rss [B]")),
-    ("GPU utilisation", "%", ("gpu*.util [%]",)),
-    ("GPU memory used", "bytes", ("gpu*.mem_used [B]",)),
-    ("GPU power", "W", ("gpu*.power [W]",)),
-)
-
-
 def _add_bytes(fig: go.Figure, series: list[tuple[str, F64, F64]]) -> str:
     """Draw byte series on ``fig`` in one binary unit, the one human_bytes
     writes their largest value in, so the axis says what the headline and
@@ -507,8 +498,8 @@ def _add_bytes(fig: go.Figure, series: list[tuple[str, F64, F64]]) -> str:
 
 def _series(data: RunData, name: str, rank: int) -> tuple[I64, F64]:
     if name == "proc.cpu [%]":  # user + system, sampled on the same ticks
-        ts, user = data.counter("proc.cpu_user [%]", rank)
-        _, system = data.counter("proc.cpu_system [%]", rank)
+        ts, user = data.counter(counter_plots.PROC_CPU[0], rank)
+        _, system = data.counter(counter_plots.PROC_CPU[1], rank)
         n = min(len(user), len(system))
         return ts[:n], user[:n] + system[:n]
     return data.counter(name, rank)
@@ -517,10 +508,10 @@ def _series(data: RunData, name: str, rank: int) -> tuple[I64, F64]:
 def _counters(page: _Page, doc: dict[str, Any], data: RunData) -> None:
     page.add('<section id="counters"><h2>Counters over time</h2>')
     present = set(data.counter_names())
-    gpus = sorted({n.split(".", 1)[0] for n in present if n.startswith("gpu") and n.endswith(".util [%]")})
+    gpus = counter_plots.gpus(present)
     t0 = int(doc["wall"]["start_ns"])
     drawn = reduced = 0
-    for title, unit, wanted in _COUNTER_PLOTS:
+    for title, unit, wanted in counter_plots.COUNTER_PLOTS:
         names: list[str] = []
         for w in wanted:
             names.extend([w.replace("gpu*", g) for g in gpus] if w.startswith("gpu*") else [w])

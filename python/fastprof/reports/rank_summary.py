@@ -13,6 +13,7 @@ killing that process (no summary then: the report reads the segments)."""
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +21,37 @@ import numpy as np
 
 from fastprof._core import __version__
 from fastprof.reports import data as _data
+from fastprof.reports.breakdown import step_breakdown
 from fastprof.reports.report import build_from
-from fastprof.reports.summaries import FORMAT, VERSION, columns_kept, names_of, pack, segments_of, write
+from fastprof.reports.summaries import (
+    FORMAT,
+    VERSION,
+    breakdown_kept,
+    columns_kept,
+    names_of,
+    pack,
+    page_counters,
+    segments_of,
+    write,
+)
 
 __all__ = ["main", "summarize"]
 
 
 def summarize(run_dir: Path, rank: int, run_name: str | None) -> dict[str, Any]:
     """The summary of ``rank`` of the local run ``run_dir``, from its own
-    segments: its report alone (the report's default options) and the
-    kept columns, with the segments (names and sizes) it was made from."""
+    segments: its report alone (the report's default options), the kept
+    columns, the rank's part of breakdown.csv and of the page's breakdown
+    bars, and the counters the page plots, with the segments (names and
+    sizes) it was made from."""
     segments = segments_of(run_dir / f"rank{rank}")
     data = _data.load_rank(run_dir, rank)
+    with tempfile.TemporaryDirectory(prefix="fastprof-summary-") as tmp:
+        # The breakdown the report reads, its rows written as a report
+        # writes breakdown.csv: the rank's part of the run's file.
+        csv = Path(tmp) / "breakdown.csv"
+        data.breakdown = step_breakdown(data.inputs, csv=csv, keep_rows=False)
+        breakdown = breakdown_kept(data.breakdown, csv)
     doc = build_from(data)
     triggers = doc.get("triggers")
     if triggers:  # its own (the report of one rank reads every rank's triggers.json)
@@ -54,6 +74,8 @@ def summarize(run_dir: Path, rank: int, run_name: str | None) -> dict[str, Any]:
         "profiler": data.profiler.get(rank),
         "wall": list(data.wall()),
         "report": doc,
+        "breakdown": breakdown,
+        "page_counters": page_counters(data, rank),
         "spans": {
             "names": names_of(c, c.spans["name"][rows]),
             "ts": pack(c.spans["ts"][rows]),

@@ -226,9 +226,9 @@ def report(
     options are the defaults (not ``verbose``, no ``warmup_steps`` or
     ``batch_size``); ``from_segments=True`` reads the traces whatever
     there is. From summaries, breakdown.csv (a row per step and rank) and
-    the page's breakdown bars are still the traces' (a streaming pass of
-    the core), and the page reads the segments of the ranks it shows in
-    detail.
+    the page's breakdown bars are each rank's, kept in its summary (the
+    same bytes and figures as from the traces), and the page reads the
+    segments of the ranks it shows in detail.
 
     Raises :class:`fastprof.FastprofFileNotFoundError` for a missing path,
     :class:`fastprof.TraceError` for a file that is not a trace, and
@@ -338,26 +338,28 @@ def _from_summaries(
     if "html" in fmts and run.folder is not None:
         # The page's detail: the first ranks' segments (summaries.DETAIL_RANKS).
         shown = data.ranks[: _summaries.DETAIL_RANKS]
-        data = _summaries.with_detail(data, _data.load_ranks(run.folder, shown))
+        data = _summaries.with_detail(data, _data.load_ranks(run.folder, shown), sums)
         tick(f"read the segments of rank(s) {shown[0]}-{shown[-1]} for the page's detail")
     if staging is not None and ("csv" in fmts or "html" in fmts):
         # breakdown.csv, one row per step and rank, and the page's
-        # breakdown bars are the traces' (the core's streaming pass, rows
-        # straight into the file); the section in report.json stays the
-        # summaries'.
-        data.breakdown = _breakdown(run.target, staging if "csv" in fmts else None, out)
+        # breakdown bars: each rank's, from its summary (no trace read).
+        data.breakdown = _breakdown(partial(_summaries.breakdown_of, sums), staging if "csv" in fmts else None, out)
         tick(f"breakdown: {len(data.breakdown)} steps")
     return doc, data
 
 
-def _breakdown(target: Path | str, staging: Path | None, out: Path) -> Any:
+def _breakdown(target: Path | str | Callable[[Path | None], Any], staging: Path | None, out: Path) -> Any:
     """:func:`fastprof.reports.breakdown.step_breakdown` of ``target`` (what
-    :func:`fastprof.reports.data.load` reads), writing breakdown.csv into
+    :func:`fastprof.reports.data.load` reads; or a callable that makes the
+    breakdown, given the CSV's path), writing breakdown.csv into
     ``staging`` (none without steps); a failure to write it names ``out``,
     the folder asked for."""
     csv_path = None if staging is None else staging / "breakdown.csv"
     try:
-        b = step_breakdown(target, csv=csv_path, keep_rows=False)
+        if callable(target):
+            b = target(csv_path)
+        else:
+            b = step_breakdown(target, csv=csv_path, keep_rows=False)
     except OSError as e:
         if staging is None or not str(e.filename or "").startswith(str(staging)):
             raise

@@ -24,14 +24,18 @@ What a report from summaries gives differently (docs/reports.md):
   clock-aligned timeline (durations are the same; a rank's times relative to
   the run's start, e.g. rotated segments' ``*_s``, may differ by the
   ranks' clock offsets, which the merge aligns and each rank alone does not);
-- ``breakdown.csv`` (one row per step and rank) and the page's breakdown
-  bars are still made from the traces, by the core's streaming pass, when
-  CSV or HTML is asked for, and the torch windows' operator tables from
+- ``breakdown.csv`` (one row per step and rank) is each rank's rows, as the
+  core's pass over the rank's segments wrote them at its end, one rank after
+  the other (the same bytes as the report of the segments writes), and the
+  page's breakdown bars are each rank's (:func:`breakdown_kept`,
+  :func:`breakdown_of`); the torch windows' operator tables are read from
   their traces;
 - the page (report.html) reads the segments of the first
   :data:`DETAIL_RANKS` ranks for its detail (spans within steps, counters,
   operators); its per-step figures of every rank come from the summaries,
-  and its counter plots are of those ranks.
+  and so do its counter plots' series of the other ranks (each kept at most
+  :data:`PAGE_POINTS` points, :func:`page_counters`): above
+  ``many.MANY_RANKS`` ranks the bands across the ranks count every rank.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import base64
 import json
 import os
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +69,9 @@ from fastprof.recording.names import (
     loader_of_next,
     loader_wait,
 )
+from fastprof.reports import counter_plots
 from fastprof.reports import data as _data
-from fastprof.reports.breakdown import steps_from
+from fastprof.reports.breakdown import Breakdown, steps_from
 from fastprof.reports.hangs import hangs_report
 from fastprof.reports.memory import _operators as memory_operators
 from fastprof.reports.ranks import ranks_report
@@ -78,10 +83,13 @@ __all__ = [
     "DETAIL_RANKS",
     "FORMAT",
     "VERSION",
+    "breakdown_kept",
+    "breakdown_of",
     "columns_kept",
     "combine",
     "names_of",
     "pack",
+    "page_counters",
     "read_all",
     "segments_of",
     "with_detail",
@@ -89,7 +97,8 @@ __all__ = [
 ]
 
 FORMAT = "fastprof.rank_summary"
-VERSION = 1
+#: 2: each rank's part of breakdown.csv and of the page's bars (#38).
+VERSION = 2
 #: The step spans torch writes, read under one name (``data.load``).
 _TORCH_STEPS = "ProfilerStep#*"
 #: The counters the cross-rank sections read, besides the loaders' own.
@@ -125,6 +134,95 @@ def _unpack(p: dict[str, Any]) -> npt.NDArray[Any]:
     if p["dtype"] == "i8d":
         return np.cumsum(np.frombuffer(raw, "<i8"), dtype=np.int64)
     return np.frombuffer(raw, "<f8").astype(np.float64)
+
+
+def breakdown_kept(b: Breakdown, csv: Path) -> dict[str, Any]:
+    """What a rank's summary keeps of its step-time breakdown ``b`` (made
+    with its rows written to ``csv``, as a report writes breakdown.csv):
+    the file's header and the rank's rows (zlib, base64: ~15 bytes a step),
+    the per-rank summaries, the page's bars (packed) and the step count."""
+    text = csv.read_bytes() if csv.is_file() else b""
+    head, _, body = text.partition(b"\n")
+    return {
+        "header": head.decode(),
+        "rows": base64.b64encode(zlib.compress(body, 6)).decode("ascii"),
+        "summaries": list(b.summaries),
+        "bars": [{k: pack(v) if isinstance(v, np.ndarray) else v for k, v in bars.items()} for bars in b.bars],
+        "step_count": int(b.step_count),
+        "kernel_wait_ns": int(b.kernel_wait_ns),
+    }
+
+
+class _PackedBars(Mapping[str, Any]):
+    """One rank's bars as its summary keeps them, each array unpacked when
+    read (a page draws a few ranks' bars, not 1,024)."""
+
+    def __init__(self, packed: dict[str, Any]) -> None:
+        self._packed = packed
+
+    def __getitem__(self, key: str) -> Any:
+        v = self._packed[key]
+        return _unpack(v) if isinstance(v, dict) else v
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._packed)
+
+    def __len__(self) -> int:
+        return len(self._packed)
+
+
+def breakdown_of(sums: list[dict[str, Any]], csv: Path | None) -> Breakdown:
+    """The run's step-time breakdown from its ranks' summaries, as the
+    core's pass over the traces gives it (per-rank summaries, bars, step
+    count; no rows kept), and, with ``csv``, breakdown.csv written there:
+    the header and every rank's rows in rank order, the bytes the report of
+    the segments writes (none without steps)."""
+    parts = [s["breakdown"] for s in sums]
+    steps = sum(int(p["step_count"]) for p in parts)
+    if csv is not None and steps:
+        with open(csv, "wb") as f:
+            f.write(next(p["header"] for p in parts if p["step_count"]).encode() + b"\n")
+            for p in parts:
+                f.write(zlib.decompress(base64.b64decode(p["rows"])))
+    return Breakdown(
+        steps={},
+        devices={},
+        files=[],
+        warnings=[],
+        kernel_wait_ns=int(parts[0]["kernel_wait_ns"]),
+        summaries=[x for p in parts for x in p["summaries"]],
+        bars=[_PackedBars(b) for p in parts for b in p["bars"]],  # type: ignore[misc]
+        step_count=steps,
+        csv_path=csv if csv is not None and steps else None,
+    )
+
+
+#: Points a summary keeps of each counter the page plots: a longer series
+#: is kept as the means of this many equal slices of its time (the page's
+#: bands across ranks are at most ``html_ranks.BAND_POINTS`` points).
+PAGE_POINTS = 1000
+
+
+def page_counters(data: _data.RunData, rank: int) -> dict[str, dict[str, Any]]:
+    """The series of ``rank`` that the page's counter plots draw
+    (:data:`~fastprof.reports.counter_plots.COUNTER_PLOTS`), each at most
+    :data:`PAGE_POINTS` points (ts, value; packed)."""
+    out = {}
+    for name in counter_plots.plotted(data.counter_names()):
+        ts, v = data.counter(name, rank)
+        if not len(ts):
+            continue
+        if len(ts) > PAGE_POINTS:
+            # Equal slices of the series' own time; each kept slice's mean
+            # instant and value (the same slices for series on one tick).
+            b = (ts - ts[0]).astype(np.float64) * PAGE_POINTS // (float(ts[-1] - ts[0]) + 1.0)
+            cut = np.flatnonzero(np.diff(b)) + 1
+            starts = np.concatenate(([0], cut))
+            n = np.diff(np.concatenate((starts, [len(ts)])))
+            ts = np.round(np.add.reduceat(ts.astype(np.float64), starts) / n).astype(np.int64)
+            v = np.add.reduceat(v.astype(np.float64), starts) / n
+        out[name] = {"ts": pack(ts), "value": pack(v)}
+    return out
 
 
 def segments_of(rank_dir: Path) -> dict[str, int]:
@@ -269,9 +367,30 @@ def _light_data(run: Any, sums: list[dict[str, Any]]) -> _data.RunData:
 DETAIL_RANKS = 8
 
 
-def with_detail(light: _data.RunData, detail: _data.RunData) -> _data.RunData:
+class _PageData(_data.RunData):
+    """The page's data of a run of many ranks from summaries: the ranks read
+    in detail as their segments hold them, and the other ranks' counters the
+    page plots as their summaries keep them (:func:`page_counters`)."""
+
+    #: rank -> counter name -> packed ts and value, of the ranks not in detail.
+    page: dict[int, dict[str, dict[str, Any]]]
+
+    def counter(self, name: str, rank: int) -> tuple[_data.I64, _data.F64]:
+        kept = self.page.get(rank, {}).get(name)
+        if kept is None:
+            return super().counter(name, rank)
+        return _unpack(kept["ts"]).astype(np.int64), _unpack(kept["value"]).astype(np.float64)
+
+    def counter_names(self) -> list[str]:
+        have = super().counter_names()
+        more = sorted({n for kept in self.page.values() for n in kept} - set(have))
+        return have + more
+
+
+def with_detail(light: _data.RunData, detail: _data.RunData, sums: list[dict[str, Any]] | None = None) -> _data.RunData:
     """``light`` (:func:`combine`'s data) with every column of the ranks
-    ``detail`` read from their segments in place of their kept rows."""
+    ``detail`` read from their segments in place of their kept rows, and
+    with ``sums`` (the summaries) the other ranks' counters the page plots."""
     names = list(light.cols.names)
     ids = {n: i for i, n in enumerate(names)}
     for n in detail.cols.names:
@@ -311,7 +430,9 @@ def with_detail(light: _data.RunData, detail: _data.RunData) -> _data.RunData:
         warnings=light.cols.warnings,
         folded=folded,
     )
-    data = _data.RunData(path=light.path, run_dir=light.run_dir, cols=cols, run=light.run)
+    data = _PageData(path=light.path, run_dir=light.run_dir, cols=cols, run=light.run)
+    shown = set(detail.ranks)
+    data.page = {int(s["rank"]): s.get("page_counters") or {} for s in sums or [] if int(s["rank"]) not in shown}
     data.profiler = {**light.profiler, **detail.profiler}
     data.other, data.worker_other = detail.other, detail.worker_other
     data.oom, data.model_summary = detail.oom, detail.model_summary

@@ -4,10 +4,12 @@ Runs are real: one rank recorded by the real Profiler on CPU and a second
 whose backward takes 3x as long, made into a run of 64 ranks by the bench's
 builder (``benches/bench_report.py``: every place the rank appears
 rewritten, each rank's clock off by its own jitter), with three ranks
-planted slow. The terminal report and ``fastprof summary`` of it are read
-as text, report.json with Python's ``json`` and report.html in headless
-Chromium (its DevTools protocol: the page's own errors, what plotly drew,
-the rank table's filter typed into)."""
+planted slow, each rank's resident memory its own (``(rank + 1) x 10
+MiB``, planted in its sampler's readings). The terminal report and
+``fastprof summary`` of it are read as text, report.json with Python's
+``json`` and report.html in headless Chromium (its DevTools protocol: the
+page's own errors, what plotly drew, the rank table's filter typed into),
+the page made from the segments and from the ranks' summaries."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import gzip
 import json
 import random
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -27,12 +30,21 @@ from test_report_html import Browser, _page_errors
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benches"))
 
 from bench_report import RankTemplate, _as_rank, record_rank
+from fastprof.reports import rank_summary
 from fastprof.reports.many import MANY_RANKS
 
 STEPS = 300
 N_RANKS = 64
 #: Lines at most, whatever the ranks (the issue's bar).
 MAX_LINES = 120
+#: The recorded ranks' host sampler (Hz): the page's counter plots.
+SAMPLE_HZ = 50.0
+_RSS = re.compile(r'("name":"proc\.rss \[B\]"[^}]*"args":\{"value":)[0-9.e+]+')
+
+
+def rss_of(rank: int) -> int:
+    """The resident memory planted in each of ``rank``'s readings."""
+    return (rank + 1) * 10 * 2**20
 
 
 def build(run: Path, n: int, normal: RankTemplate, slow: RankTemplate, slow_ranks: set[int], seed: int = 3) -> None:
@@ -46,7 +58,8 @@ def build(run: Path, n: int, normal: RankTemplate, slow: RankTemplate, slow_rank
         d = run / f"rank{rank}"
         d.mkdir()
         for name, text in t.segments.items():
-            (d / name).write_bytes(gzip.compress(_as_rank(text, t, run, rank, n, shift).encode(), compresslevel=1))
+            text = _RSS.sub(rf"\g<1>{rss_of(rank)}", _as_rank(text, t, run, rank, n, shift))
+            (d / name).write_bytes(gzip.compress(text.encode(), compresslevel=1))
         for name, text in t.documents.items():
             (d / name).write_text(_as_rank(text, t, run, rank, n, 0))
         (d / ".fastprof-done").write_text("done\n")
@@ -55,7 +68,7 @@ def build(run: Path, n: int, normal: RankTemplate, slow: RankTemplate, slow_rank
 @pytest.fixture(scope="module")
 def templates(tmp_path_factory: pytest.TempPathFactory) -> tuple[RankTemplate, RankTemplate]:
     tmp = tmp_path_factory.mktemp("templates")
-    return record_rank(tmp, "normal", STEPS, 1.0), record_rank(tmp, "slow", STEPS, 3.0)
+    return record_rank(tmp, "normal", STEPS, 1.0, SAMPLE_HZ), record_rank(tmp, "slow", STEPS, 3.0, SAMPLE_HZ)
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +83,22 @@ def wide(
     out = tmp / "report"
     text = _cli("report", str(tmp / "run"), "-o", str(out))
     return tmp / "run", slow, text, out
+
+
+@pytest.fixture(scope="module")
+def wide_summaries(wide: tuple[Path, set[int], str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 64-rank run with every rank's summary, as each rank writes it at
+    its end, reported by the CLI (from the summaries): the report folder."""
+    tmp = tmp_path_factory.mktemp("wide_summaries")
+    run = tmp / "run"
+    shutil.copytree(wide[0], run)
+    shutil.rmtree(run / "reports", ignore_errors=True)
+    for rank in range(N_RANKS):
+        assert rank_summary.main([str(run), str(rank), "run"]) == 0
+    _cli("report", str(run), "-q", "-o", str(tmp / "report"))
+    doc = json.loads((tmp / "report" / "report.json").read_text())
+    assert {i["kind"] for i in doc["source"]["inputs"]} == {"summary"}
+    return tmp / "report"
 
 
 def _cli(*args: str) -> str:
@@ -192,11 +221,27 @@ Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => ({
 """
 
 
+#: Each counter plot's bands across the ranks: each trace's smallest and
+#: largest value, as plotly drew them.
+BANDS_JS = """
+Array.from(document.querySelectorAll('.js-plotly-plot'))
+  .filter(gd => (((gd.layout.title || {}).text) || '').includes(', across ranks'))
+  .map(gd => ({
+    title: gd.layout.title.text,
+    traces: gd._fullData.map(t => {
+      const v = Array.from(t.y || []).filter(Number.isFinite);
+      return {name: t.name || '', min: v.length ? Math.min(...v) : null, max: v.length ? Math.max(...v) : null};
+    }),
+  }))
+"""
+
+
 def check_page(page: Path, tmp: Path, n_ranks: int, slow: set[int], timeout: float = 60) -> dict[str, Any]:
     """Open report.html of a run of many ranks in headless Chromium and check
     it: no error, every plot drawn, a rank x step heat map of every rank
     whose slow rows are the slow ranks', no trace per rank, the rank table's
-    filter. Returns what was measured (seconds to load, plots, rows)."""
+    filter. Returns what was measured (seconds to load, plots, rows) and
+    the counter plots' bands (``bands``: title -> trace name -> (min, max))."""
     url = page.resolve().as_uri()
     b = Browser(tmp)
     try:
@@ -218,6 +263,7 @@ def check_page(page: Path, tmp: Path, n_ranks: int, slow: set[int], timeout: flo
             time.sleep(0.2)
         loaded = time.monotonic() - t0
         traces = b.js(TRACES_JS)
+        bands = b.js(BANDS_JS)
         embedded = b.js("JSON.parse(document.getElementById('fastprof-report').textContent).source.ranks.length")
         rows = b.js("document.querySelectorAll('#rank-table tbody tr').length")
         shown: dict[str, list[int]] = {}
@@ -249,7 +295,19 @@ def check_page(page: Path, tmp: Path, n_ranks: int, slow: set[int], timeout: flo
     per_rank = [t["name"] for p in traces for t in p["traces"] if re.fullmatch(r"rank \d+( .*)?", t["name"])]
     assert len(per_rank) <= 3 + 8, per_rank  # the slowest over the bands, the memory plot's (at most 8)
     assert max(len(p["traces"]) for p in traces) < min(n_ranks, 40)
-    return {"load_s": loaded, "plots": len(plots), "rows": rows}
+    ends = {p["title"]: {t["name"]: (t["min"], t["max"]) for t in p["traces"]} for p in bands}
+    return {"load_s": loaded, "plots": len(plots), "rows": rows, "bands": ends}
+
+
+def check_counter_bands(bands: dict[str, dict[str, tuple[float, float]]], n_ranks: int) -> None:
+    """Every rank counts in the counter plots' bands: the memory plot's min
+    line reaches rank 0's planted memory and its max line the last rank's."""
+    memory = next(v for k, v in bands.items() if k.startswith("Memory, across ranks"))
+    rss = {k.removeprefix("proc.rss [B]: "): v for k, v in memory.items() if not k.startswith("children.")}
+    mib = 2**20
+    assert rss["min across ranks"][0] == pytest.approx(rss_of(0) / mib), memory
+    assert rss["max across ranks"][1] == pytest.approx(rss_of(n_ranks - 1) / mib), memory
+    assert any(k.startswith("Host CPU, across ranks") for k in bands), sorted(bands)
 
 
 @pytest.mark.slow
@@ -258,4 +316,18 @@ def test_the_page_of_64_ranks_in_headless_chromium(wide: tuple[Path, set[int], s
     page = out / "report.html"
     size = page.stat().st_size
     assert size < 15e6, size
-    check_page(page, tmp_path, N_RANKS, slow)
+    check_counter_bands(check_page(page, tmp_path, N_RANKS, slow)["bands"], N_RANKS)
+
+
+@pytest.mark.slow
+def test_the_page_of_64_ranks_from_their_summaries_in_headless_chromium(
+    wide: tuple[Path, set[int], str, Path], wide_summaries: Path, tmp_path: Path
+) -> None:
+    """The page made from the ranks' summaries (the default report of a run
+    whose ranks wrote them): the same checks, and its counter plots' bands
+    count every rank (each rank's series from its summary), not the few
+    ranks whose segments the page reads for its detail."""
+    page = wide_summaries / "report.html"
+    size = page.stat().st_size
+    assert size < 15e6, size
+    check_counter_bands(check_page(page, tmp_path, N_RANKS, wide[1])["bands"], N_RANKS)

@@ -13,6 +13,7 @@ may differ is documented in ``fastprof/reports/summaries.py``:
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 import math
 import shutil
@@ -23,15 +24,21 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from conftest import torchrun
+from fastprof.cli.main import main
 from fastprof.recording.names import RANK_SUMMARY_JSON
 from fastprof.reports import data as report_data
 from fastprof.reports import summaries as summaries_module
+from fastprof.reports.breakdown import step_breakdown
 from fastprof.reports.report import report
 
 pytestmark = pytest.mark.slow
+
+#: The module (``fastprof.reports.report`` is also the function's name there).
+report_module = importlib.import_module("fastprof.reports.report")
 
 WORKER = textwrap.dedent(
     """
@@ -134,14 +141,6 @@ def test_each_rank_of_a_job_writes_its_summary_and_the_report_from_them_gives_th
     assert summaries["ranks"]["slowest"] and summaries["speed"]["step_time"]["count"] == 2 * 39
     summaries["source"]["inputs"] = segments["source"]["inputs"]
     assert _diff(summaries, segments) == []
-    # breakdown.csv, one row per step and rank, is still the traces' (the
-    # core's streaming pass), as the report of the segments writes it.
-    both = [report(job, tmp_path / k, formats=("csv",), from_segments=k == "seg") for k in ("sum", "seg")]
-    assert (tmp_path / "sum" / "breakdown.csv").read_text() == (tmp_path / "seg" / "breakdown.csv").read_text()
-    assert sorted(p.name for p in both[0].files) == sorted(p.name for p in both[1].files)
-    # No trace is read for report.json: the report stands without the
-    # columns reader; the page reads the segments of the ranks it shows in
-    # detail, and only those.
     real = report_data.read_columns
     read: list[Any] = []
 
@@ -152,15 +151,38 @@ def test_each_rank_of_a_job_writes_its_summary_and_the_report_from_them_gives_th
         read.append(target)
         return real(target, **kwargs)
 
+    # breakdown.csv, one row per step and rank, from the summaries: the
+    # bytes the report of the segments writes (the core's pass over the
+    # run), and no trace read for it.
+    seg = report(job, tmp_path / "seg", formats=("csv",), from_segments=True)
     monkeypatch.setattr(report_data, "read_columns", no_trace)
+    monkeypatch.setattr(report_module, "step_breakdown", no_trace)
+    summ = report(job, tmp_path / "sum", formats=("csv",))
+    csv_sum = (tmp_path / "sum" / "breakdown.csv").read_bytes()
+    assert csv_sum == (tmp_path / "seg" / "breakdown.csv").read_bytes()
+    assert csv_sum.count(b"\n") == 1 + 2 * 40
+    assert sorted(p.name for p in summ.files) == sorted(p.name for p in seg.files)
+    # The page's breakdown bars and counts: the traces' figures.
+    whole = step_breakdown(job, keep_rows=False)
+    kept = summaries_module.breakdown_of(summaries_module.read_all(job)[0] or [], None)
+    assert len(kept) == len(whole) == 80
+    assert json.dumps(kept.summaries) == json.dumps(whole.summaries)  # NaN (no GPU) as NaN
+    assert [b["rank"] for b in kept.bars] == [b["rank"] for b in whole.bars] == [0, 1]
+    for a, b in zip(kept.bars, whole.bars, strict=True):
+        assert sorted(a) == sorted(b) and a["per"] == b["per"]
+        for k in sorted(b):
+            assert np.array_equal(np.asarray(a[k]), np.asarray(b[k])), k
+    # No trace is read for report.json: the report stands without the
+    # columns reader; the page reads the segments of the ranks it shows in
+    # detail, and only those.
     again = report(job, tmp_path / "again", formats=("json",))
     assert _kinds(again.data) == {"summary"} and [p.name for p in again.files] == ["report.json"]
     with pytest.raises(AssertionError, match="a trace was read"):
         report(job, tmp_path / "segments2", formats=("json",), from_segments=True)
     monkeypatch.setattr(report_data, "read_columns", recorded)
     monkeypatch.setattr(summaries_module, "DETAIL_RANKS", 1)
-    page = report(job, tmp_path / "page", formats=("html",))
-    assert [p.name for p in page.files] == ["report.html"]
+    page = report(job, tmp_path / "page", formats=("html", "csv"))
+    assert sorted(p.name for p in page.files) == sorted(["report.html", *(p.name for p in seg.files)])
     assert read == [job / "rank0"], read
 
 
@@ -179,6 +201,37 @@ def test_a_summary_of_other_segments_or_a_missing_one_sends_the_report_to_the_se
     seg.write_bytes(gzip.compress(gzip.decompress(seg.read_bytes()), compresslevel=1))
     doc = report(run, tmp_path / "r3", formats=("json",)).data
     assert "summary" not in _kinds(doc)
+
+
+@pytest.mark.parametrize("verb", ["report", "summary"])
+def test_from_segments_on_the_command_line_reads_the_traces_whatever_summaries_there_are(
+    job: Path, tmp_path: Path, verb: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    read: list[Any] = []
+    real = report_data.read_columns
+
+    def recorded(target: Any, **kwargs: Any) -> Any:
+        read.append(target)
+        return real(target, **kwargs)
+
+    monkeypatch.setattr(report_data, "read_columns", recorded)
+    out = ["-q", "-o", str(tmp_path / "plain")] if verb == "report" else []
+    assert main([verb, str(job), *out]) == 0
+    # The summaries: no trace but, for the page, its detail ranks' segments.
+    assert read == ([[str(job / "rank0"), str(job / "rank1")]] if verb == "report" else [])
+    read.clear()
+    out = ["-q", "-o", str(tmp_path / "segments")] if verb == "report" else []
+    assert main([verb, str(job), "--from-segments", *out]) == 0
+    assert read == [job / "trace.json.gz"]  # the run's unified trace
+    capsys.readouterr()
+    if verb == "report":
+        plain = json.loads((tmp_path / "plain" / "report.json").read_text())
+        segments = json.loads((tmp_path / "segments" / "report.json").read_text())
+        assert _kinds(plain) == {"summary"} and _kinds(segments) and "summary" not in _kinds(segments)
+        plain["source"]["inputs"] = segments["source"]["inputs"]
+        assert _diff(plain, segments) == []
+        both = [(tmp_path / k / "breakdown.csv").read_bytes() for k in ("plain", "segments")]
+        assert both[0] == both[1] and len(both[0]) > 0
 
 
 def _alone(tmp_path: Path, how: str) -> tuple[subprocess.CompletedProcess[str], Path]:
