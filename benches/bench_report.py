@@ -51,9 +51,10 @@ Rank summaries (issue #38, item 2): once built, each rank's
 ``summary.fastprof`` is written as that rank's Profiler writes it at its end
 (``fastprof.reports.rank_summary``, two ranks at a time here; on a cluster
 each rank does its own), and the per-rank time is printed. The report is
-then timed twice: ``report -q`` (from the summaries) and ``report
-from_segments`` (``fastprof.reports.report.report(..., from_segments=True)``,
-the traces read as before). ``--no-summaries`` leaves them out.
+then timed twice: ``report -q`` (from the summaries: report.json, every CSV,
+breakdown.csv included, and report.html without reading a trace but the
+page's 8 detail ranks) and ``report -q --from-segments`` (the traces read as
+before). ``--no-summaries`` leaves them out.
 
     python benches/bench_report.py --ranks 64,256,1024 --rounds 1
 """
@@ -101,14 +102,6 @@ with tempfile.TemporaryDirectory() as tmp:
     # As a report runs it: rows straight to breakdown.csv, summaries kept.
     a = _core.analyze_steps([sys.argv[1]], csv=os.path.join(tmp, "breakdown.csv"), keep_rows=False)
 print(f"analyze_steps: {a['step_count']} steps in {time.perf_counter() - t0:.2f} s")
-"""
-
-#: The report of a run read from its traces, whatever summaries it has.
-FROM_SEGMENTS = """
-import sys, warnings
-warnings.simplefilter("ignore")
-from fastprof.reports.report import report
-report(sys.argv[1], sys.argv[2], from_segments=True)
 """
 
 #: Each rank's summary, as its Profiler writes it at the end (argv: run, ranks...).
@@ -423,7 +416,7 @@ def main_ranks(
             }
             if summaries:
                 seg_out = str(tmp / f"report{n}_segments")
-                cases["report from_segments"] = [sys.executable, "-c", FROM_SEGMENTS, str(run), seg_out]
+                cases["report from_segments"] = [*cli, "report", str(run), "-q", "--from-segments", "-o", seg_out]
             for r in range(rounds):
                 for name, cmd in cases.items():  # the report reads the merge's trace.json.gz
                     wall, cpu, rss = measured_cpu(cmd, tmp / f"{n}_{r}_{name.split()[0]}.log", env)
