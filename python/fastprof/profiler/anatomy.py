@@ -111,6 +111,12 @@ COLLECTIVES = (
 WAVEFRONT = True
 
 
+class _NoLoop:
+    """The step loop before :meth:`Anatomy.follow`: no step."""
+
+    batch = None
+
+
 def _group_key(dist: Any, group: Any) -> tuple[str, int]:
     """A process group's key, the same on every rank ("default", or its
     global ranks), and its size."""
@@ -153,6 +159,12 @@ class Anatomy:
         #: (group, key, size)).
         self._seq: dict[str, int] = {}
         self._groups: dict[int, tuple[Any, str, int]] = {}
+        #: The step loop (its ``batch``: the step a collective is in) and the
+        #: step of the last collective: a step's first collective notes how
+        #: many each group had before it (the hang verdict's step of a skipped
+        #: collective).
+        self._loop: Any = _NoLoop
+        self._step: Any = None
 
         #: A timed collective is running (a collective or wait inside it is its own).
         self._in_collective = False
@@ -179,6 +191,7 @@ class Anatomy:
         the core, with no Python frame per phase)."""
         self._step_of = functools.partial(getattr, steps, "batch")
         self._clock.set_steps(steps)
+        self._loop = steps
 
     @property
     def _gpu(self) -> _GpuPhases | None:
@@ -383,12 +396,16 @@ class Anatomy:
                 known = self._groups[id(group)] = (group, *_group_key(dist, group))
             _, key, size = known
             seq = self._seq.get(key, 0) + 1
-            self._seq[key] = seq
             if WAVEFRONT:
                 # The call site is not looked up per call (reading the caller's
                 # frame costs ~0.2 µs here): a rank stuck in a collective shows
                 # its line in the stack its hang evidence holds.
                 collectives.ENTERED[key] = (op, seq, None)
+                step = self._loop.batch
+                if step != self._step:  # the step's first collective: the counts before it
+                    self._step = step
+                    collectives.step_began(step, self._seq)
+            self._seq[key] = seq
         except Exception as e:  # noqa: BLE001 - a collective is never failed by its timing
             self._left_out(e)
             return None

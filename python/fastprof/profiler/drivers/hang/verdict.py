@@ -31,6 +31,7 @@ A rank's state, from its training thread's stack:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -246,6 +247,7 @@ def rank_state(evidence: dict[str, Any] | None, watch: dict[str, Any] | None, li
         "stalled_s": evidence.get("stalled_s"),
         "last_completed": last_completed(evidence),
         "entered": _entered(evidence),
+        "steps": _steps(evidence),
     }
 
 
@@ -262,6 +264,7 @@ def closed_state(closed: dict[str, Any]) -> dict[str, Any]:
         "stalled_s": None,
         "last_completed": None,
         "entered": _entered(closed),
+        "steps": _steps(closed),
     }
 
 
@@ -275,6 +278,52 @@ def _entered(evidence: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if isinstance(e, dict) and isinstance(e.get("seq"), int):
             out[str(g)] = {"op": e.get("op"), "seq": int(e["seq"])}
     return out
+
+
+def _steps(evidence: dict[str, Any]) -> dict[str, list[list[int]]]:
+    """Each process group's steps (``[step, collectives before its first]``)
+    in the rank's wavefront (:func:`fastprof.profiler.collectives.snapshot`)."""
+    out: dict[str, list[list[int]]] = {}
+    wave = evidence.get("collectives")
+    for g, w in wave.items() if isinstance(wave, dict) else ():
+        st = w.get("steps") if isinstance(w, dict) else None
+        if isinstance(st, list):
+            out[str(g)] = [[int(a), int(b)] for a, b in (x for x in st if isinstance(x, list) and len(x) == 2)]
+    return out
+
+
+def step_counts(steps: list[list[int]], entered: int | None) -> tuple[dict[int, int], int, int] | None:
+    """A group's collectives per step, from its ``steps`` and its last
+    entered number: ``(count by step, first step, last step)``; a step
+    within the range that is not in the dict had none. None when empty."""
+    if not steps:
+        return None
+    out: dict[int, int] = {}
+    for (step, before), (_, after) in itertools.pairwise(steps):
+        out[step] = after - before
+    last, before = steps[-1]
+    out[last] = (entered if entered is not None else before + 1) - before
+    return out, steps[0][0], last
+
+
+def first_diff(mine: dict[str, Any], theirs: dict[str, Any], group: str) -> dict[str, int] | None:
+    """The first step (within both ranks' recorded steps) in which two
+    ranks entered a different number of ``group``'s collectives:
+    ``{"step", "mine", "theirs"}``, or None (no record, or no difference)."""
+    a = step_counts(
+        (mine.get("steps") or {}).get(group) or [], ((mine.get("entered") or {}).get(group) or {}).get("seq")
+    )
+    b = step_counts(
+        (theirs.get("steps") or {}).get(group) or [], ((theirs.get("entered") or {}).get(group) or {}).get("seq")
+    )
+    if a is None or b is None:
+        return None
+    lo, hi = max(a[1], b[1]), min(a[2], b[2])
+    for step in sorted(k for k in a[0].keys() | b[0].keys() if lo <= k <= hi):
+        m, t = a[0].get(step, 0), b[0].get(step, 0)
+        if m != t:
+            return {"step": step, "mine": m, "theirs": t}
+    return None
 
 
 def _skipped(s: dict[str, Any], op: str, seq: Any, waiting: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -294,9 +343,13 @@ def _skipped(s: dict[str, Any], op: str, seq: Any, waiting: list[dict[str, Any]]
         (g for g, e in (waiting[0].get("entered") or {}).items() if e.get("op") == op and e.get("seq") == seq), None
     )
     mine = (s.get("entered") or {}).get(group) if group is not None else None
-    if mine is None or mine["seq"] >= seq:
+    if group is None or mine is None or mine["seq"] >= seq:
         return None
-    return {"group": group, "seq": mine["seq"], "op": mine["op"], "step": int(s["step"])}
+    out = {"group": group, "seq": mine["seq"], "op": mine["op"], "step": int(s["step"])}
+    first = first_diff(s, waiting[0], group)
+    if first is not None:
+        out["first"] = first
+    return out
 
 
 def _alive(watch: dict[str, Any] | None) -> bool | None:
@@ -361,7 +414,7 @@ def left_loop(rank: int, step: int | None, wave: Any, closed: dict[int, dict[str
     ended the step ``rank`` is in with fewer collectives of the group than
     ``rank`` entered skipped one (as :func:`verdict` says of a hang)."""
     entered = _entered({"collectives": wave})
-    me = {"step": step, "entered": entered}
+    me = {"step": step, "entered": entered, "steps": _steps({"collectives": wave})}
     # The collective that failed: one entered and not completed, else (the
     # anatomy marks a collective completed when it raises too) the default
     # group's last entered.
@@ -396,7 +449,21 @@ def _skip_text(r: int, skip: dict[str, Any], waiting: list[int], cname: str | No
         f"rank {r} skipped a collective: it ended step {skip['step']} after {skip['seq']} collectives of "
         f"{group} (the last {skip['op']} #{skip['seq']}) where rank{'s' if len(waiting) > 1 else ''} "
         f"{rank_ranges(waiting)} entered {cname} in that step: the ranks took different code paths (a collective "
-        f"called on some ranks only); rank {r} {now.replace('is in', 'is now in', 1)}"
+        f"called on some ranks only){_first_text(r, skip, waiting, group)}; rank {r} "
+        f"{now.replace('is in', 'is now in', 1)}"
+    )
+
+
+def _first_text(r: int, skip: dict[str, Any], waiting: list[int], group: str) -> str:
+    """``, first in step S: rank R entered N collectives of the group there
+    where rank(s) W entered M``, when the ranks' steps were recorded."""
+    f = skip.get("first")
+    if not isinstance(f, dict):
+        return ""
+    many = len(waiting) > 1
+    return (
+        f", first in step {f['step']}: rank {r} entered {f['mine']} collective{'' if f['mine'] == 1 else 's'} of "
+        f"{group} there where rank{'s' if many else ''} {rank_ranges(waiting)} entered {f['theirs']}"
     )
 
 
