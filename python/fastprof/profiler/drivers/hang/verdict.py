@@ -143,13 +143,35 @@ def summarize(evidence: dict[str, Any], training: int | None) -> dict[str, Any]:
             site = next((g for g in frames[i + 1 :] if _is_user(str(g.get("file", "")))), None)
             collective = {"op": f["function"], "site": _frame(site), "seq": _seq(evidence, f["function"])}
             break
+    phase = _phase_of(frames)
+    if collective is None and phase == "backward":
+        # A collective torch runs in C++ inside backward (DDP's gradient
+        # all-reduce, FSDP's reduce-scatter) is not in the Python stack: it
+        # is in torch's Flight Recorder, when the job turned it on.
+        pending = _fr_pending(evidence)
+        if pending is not None:
+            collective = {"op": pending[0], "site": _frame(where), "seq": pending[1], "source": "flight_recorder"}
     return {
         "where": _frame(where),
         "top": _frame(frames[0] if frames else None),
-        "phase": _phase_of(frames),
+        "phase": phase,
         "collective": collective,
         "worker": _busy_worker(evidence.get("workers")),
     }
+
+
+def _fr_pending(evidence: dict[str, Any]) -> tuple[str, int] | None:
+    """The collective a rank's torch Flight Recorder has last scheduled and
+    not retired (``op``, its number there), or None (none, or done)."""
+    fr = evidence.get("flight_recorder")
+    entries = fr.get("entries") if isinstance(fr, dict) else None
+    for e in reversed(entries or []):
+        if not isinstance(e, dict) or e.get("is_p2p"):
+            continue
+        if e.get("retired") or not isinstance(e.get("collective_seq_id"), int):
+            return None
+        return str(e.get("profiling_name", "")).split(":")[-1], int(e["collective_seq_id"])
+    return None
 
 
 def worker_where(threads: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -611,7 +633,10 @@ def describe(v: dict[str, Any], states: dict[int, dict[str, Any]]) -> str:
     text = f"{head}: " + "; ".join(parts) + "."
     if v["waiting_ranks"] and cname is not None:
         w = v["waiting_ranks"]
-        site = _at(states[w[0]]["collective"]["site"])
+        wc = states[w[0]]["collective"]
+        site = _at(wc["site"])
+        if wc.get("source") == "flight_recorder":
+            site = f"DDP's or FSDP's, in backward: {site}"
         many = len(w) > 1
         text += f" Rank{'s' if many else ''} {rank_ranges(w)} wait{'' if many else 's'} in {cname} ({site})."
     return text
