@@ -42,21 +42,23 @@ WORKER = textwrap.dedent(
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    mode = sys.argv[3] if len(sys.argv) > 3 else "data"
 
     class Data(Dataset):
         def __len__(self):
             return 40
         def __getitem__(self, i):
-            if rank == 1 and i == 6:
+            if mode == "data" and rank == 1 and i == 6:
                 time.sleep(3600)  # STUCK
             return torch.ones(4)
 
     # No directory shared between the ranks: each has its own spool, as two nodes would.
     spool = os.path.join(sys.argv[2], f"node{rank}")
     with fastprof.Profiler(sys.argv[1], "job", spool_dir=spool, schedule="never", merge_timeout=30) as prof:
-        for x in prof.loader(DataLoader(Data(), batch_size=1)):
+        for i, x in enumerate(prof.loader(DataLoader(Data(), batch_size=1))):
             t = x.sum()
-            dist.all_reduce(t)  # WAIT
+            if not (mode == "skip" and rank == 1 and i == 6):  # SKIP: rank 1 leaves out one all_reduce
+                dist.all_reduce(t)  # WAIT
             prof.step()
     dist.destroy_process_group()
     """
@@ -243,3 +245,57 @@ def test_sigterm_evidence_after_uploaded_evidence_gets_a_number_of_its_own(store
     (sig,) = [d for d in docs.values() if d["reason"] == "sigterm"]
     assert sig["stalled_s"] >= 10.0 and sig["summary"]["where"]["line"] == _line("STUCK"), sig
     assert not list((store_hang["root"] / "spools" / "node1").rglob("hang-*.json"))
+
+
+def test_a_skipped_all_reduce_is_named_through_the_bucket(moto_server: MotoServer, tmp_path_factory: Any) -> None:
+    """Rank 1 leaves out step 6's all_reduce; gloo pairs collectives by
+    number, so the ranks run on one apart until rank 1 has ended every step
+    and leaves its loop while rank 0 waits in its last all_reduce. Rank 1's
+    closed file (its last step and wavefront) reaches rank 0 only through the
+    bucket, and rank 0's verdict (8 s) names rank 1 as having skipped a
+    collective."""
+    root = tmp_path_factory.mktemp("hang-store-skip")
+    env = child_env(moto_server)
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": moto_server.url}, key="testing", secret="testing")
+    bucket = f"skip-{os.getpid()}-{int(time.time())}"
+    fs.mkdir(bucket)
+    (root / "worker.py").write_text(WORKER)
+    base = {k: v for k, v in env.items() if not k.startswith("FASTPROF_") and k not in TORCHRUN_VARS}
+    base.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
+    base.update(FASTPROF_HANG_TIMEOUT="8", FASTPROF_HANG_GRACE="2")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+    cmd += ["--master-port", str(free_port()), str(root / "worker.py"), f"s3://{bucket}/runs", str(root / "spools")]
+    cmd += ["skip"]
+    p = subprocess.Popen(
+        cmd, cwd=root, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    run = f"s3://{bucket}/runs/job"
+    said = False
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and p.poll() is None and not said:
+            said = any(k.startswith(".hang-verdict-") for k in _objects(fs, run))
+            time.sleep(0.5)
+        time.sleep(1.0)  # the verdict's line reaches stderr
+    finally:
+        _out, err = _kill(p)
+    assert said, err[-3000:]
+    assert "rank1/hang-closed.json" in _objects(fs, run)
+    assert not (root / "spools" / "node0" / "job" / "rank1").exists()
+    lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
+    assert len(lines) == 1, err[-3000:]
+    named = [
+        m
+        for ln in lines
+        if (
+            m := re.search(
+                r"rank 1 skipped a collective: it ended step 39 after (\d+) collectives of the default group "
+                r"\(the last all_reduce #(\d+)\) where rank 0 entered all_reduce #(\d+) in that step",
+                ln,
+            )
+        )
+    ]
+    assert named, lines
+    for m in named:
+        assert int(m.group(1)) == int(m.group(2)) == int(m.group(3)) - 1, m.group(0)
+    assert "rank 1 has left its training loop (its Profiler closed after step 39)" in lines[0], lines
