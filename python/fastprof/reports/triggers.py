@@ -45,12 +45,12 @@ def _records(data: _data.RunData) -> dict[int, dict[str, Any]]:
         if isinstance(t, dict):
             out[int(rank)] = t
     if data.run_dir is not None:
-        for f in sorted(data.run_dir.glob(f"rank*/{TRIGGERS_JSON}")):
-            try:
-                rank = int(f.parent.name[4:])
-            except ValueError:
-                continue
-            if rank in out:
+        # The ranks read, each its own file: a rank's own report (its
+        # summary) reads its own, not every rank's (N ranks' summaries read
+        # N^2 files: 12 s a rank at 1,024 ranks of 105 KB each).
+        for rank in data.ranks:
+            f = data.run_dir / f"rank{rank}" / TRIGGERS_JSON
+            if rank in out or not f.is_file():
                 continue
             try:
                 t = json.loads(f.read_text())

@@ -31,6 +31,7 @@ from conftest import torchrun
 from fastprof.cli.main import main
 from fastprof.recording.names import RANK_SUMMARY_JSON
 from fastprof.reports import data as report_data
+from fastprof.reports import rank_summary
 from fastprof.reports import summaries as summaries_module
 from fastprof.reports.breakdown import step_breakdown
 from fastprof.reports.report import report
@@ -232,6 +233,22 @@ def test_from_segments_on_the_command_line_reads_the_traces_whatever_summaries_t
         assert _diff(plain, segments) == []
         both = [(tmp_path / k / "breakdown.csv").read_bytes() for k in ("plain", "segments")]
         assert both[0] == both[1] and len(both[0]) > 0
+
+
+def test_a_ranks_summary_reads_its_own_side_documents_not_every_ranks(job: Path, tmp_path: Path) -> None:
+    """A rank's own report reads its own triggers.json, not the other
+    ranks' (N ranks' summaries reading every rank's file read N^2 files:
+    ~7 s a rank at 1,024 ranks whose triggers.json were 105 KB)."""
+    run = tmp_path / "job"
+    shutil.copytree(job, run)
+    (run / "rank1" / "triggers.json").write_text("{not json")
+    (run / "rank1" / "profiler.json").unlink()  # rank 1's triggers: its triggers.json alone
+    own = rank_summary.summarize(run, 0, "job")
+    assert not [w for w in own["report"]["source"]["warnings"] if "triggers.json" in w]
+    assert [t["rank"] for t in own["report"]["triggers"]["per_rank"]] == [0]
+    # The report of the run reads it (and says it is not JSON).
+    doc = report(run, tmp_path / "report", formats=("json",), from_segments=True).data
+    assert [w for w in doc["source"]["warnings"] if "rank1/triggers.json: not valid JSON" in w]
 
 
 def _alone(tmp_path: Path, how: str) -> tuple[subprocess.CompletedProcess[str], Path]:
