@@ -722,7 +722,11 @@ impl<'o> Reading<'o> {
         let (pid, tid) = (id(&f.pid), id(&f.tid));
         let name = text(name_raw);
         let dur = f.dur_ns(raw);
-        self.step_marker(fs, ph, &name, &f, raw, pid, ts, dur);
+        if self.opts.step_column {
+            // The markers serve only the step column: without it a long
+            // run's ~48 bytes a step are never held (#38).
+            self.step_marker(fs, ph, &name, &f, raw, pid, ts, dur);
+        }
 
         let wanted = match kind {
             0 => self.opts.spans,

@@ -652,3 +652,25 @@ fn omitted_columns_change_no_other_and_columns_are_exact() {
     let e = read_columns(&paths, &stepped).unwrap_err();
     assert!(e.to_string().contains("invalid option omit"), "{e}");
 }
+
+/// Step markers are kept only for the step column: without it a long run's
+/// reader holds no marker per step (issue #38, item 1).
+#[test]
+fn no_step_markers_are_held_without_the_step_column() {
+    let d = dir("markers");
+    let path = write(&d.join("rank0/fastprof.0.json.gz"), &fastprof_segment(0, 0));
+    for step_column in [false, true] {
+        let opts = ColumnsOptions {
+            step_column,
+            ..ColumnsOptions::default()
+        };
+        let mut r = Reading::new(&opts);
+        r.read_file(&path, 0, false).unwrap();
+        assert_eq!(
+            r.markers.is_empty(),
+            !step_column,
+            "step_column {step_column}"
+        );
+        assert!(!r.out.spans.is_empty());
+    }
+}
