@@ -89,3 +89,14 @@ def test_memory_grows_by_under_100_bytes_a_step() -> None:
     small, large = 100_000, 300_000
     grow = (_peak(large) - _peak(small)) / (large - small)
     assert grow <= 100, f"{grow:.0f} bytes a step"
+
+
+@pytest.mark.parametrize("block", [7, 10**9])
+def test_ends_given_as_a_function_of_a_slice_give_the_same_figures(block: int) -> None:
+    # How the report hands a name's spans over: the begins, and the ends gathered a block at a time.
+    ts, dur, spans = _run(500, seed=3)
+    lazy = {p: [(b, (lambda i, j, e=e: e[i:j])) for b, e in pairs] for p, pairs in spans.items()}
+    want, got = split(ts, dur, spans, block=block), split(ts, dur, lazy, block=block)
+    for p in PHASES:
+        np.testing.assert_array_equal(got.per_step[p], want.per_step[p], err_msg=p)
+    assert got.given.keys() == want.given.keys()

@@ -78,7 +78,21 @@ NO_ANATOMY = (
 
 
 def _has(data: RunData, rank: int, names: tuple[str, ...]) -> bool:
-    return any(len(data.spans(n, rank).ts) for n in names)
+    return any(len(data.span_rows(n, rank)) for n in names)
+
+
+def _begin_end(data: RunData, rank: int, name: str) -> tuple[Any, Callable[[int, int], Any]]:
+    """One name's spans on a rank as :func:`split` takes them: the begins
+    (by start), and their ends as a function of a slice ``(i, j)`` of them,
+    gathered a block at a time (8 bytes a span held, not 32)."""
+    rows = data.span_rows(name, rank)
+    ts, dur = data.cols.spans["ts"], data.cols.spans["dur"]
+    begin = np.asarray(ts[rows], dtype=np.int64)
+
+    def end(i: int, j: int) -> Any:
+        return begin[i:j] + dur[rows[i:j]].astype(np.int64, copy=False)
+
+    return begin, end
 
 
 def _union(ts: Any, end: Any) -> tuple[Any, Any]:
@@ -136,7 +150,7 @@ def split_phases(data: RunData, rank: int, skip: int = 0) -> PhaseSplit | None:
         has_ours = _has(data, rank, ours)
         names = ours if has_ours else theirs
         found |= phase != "dataloader" and (has_ours or _has(data, rank, theirs))
-        spans[phase] = [(s.ts, s.end) for s in (data.spans(n, rank) for n in names)]
+        spans[phase] = [_begin_end(data, rank, n) for n in names]
     if not found:
         return None
     return split(steps.ts[skip:], steps.dur[skip:], spans)
@@ -149,9 +163,10 @@ SPLIT_BLOCK = 1 << 16
 def split(ts: Any, dur: Any, spans: dict[str, list[tuple[Any, Any]]], block: int = SPLIT_BLOCK) -> PhaseSplit:
     """Steps (``ts``, ``dur``, ns, sorted) split into phases by
     :data:`OVERLAP_RULE`, from each phase's spans (``spans[phase]``: (begin,
-    end) arrays sorted by begin, one pair per span name; a phase absent has
-    none); the step table (:mod:`fastprof.readers.steps`) splits its steps
-    with it too.
+    end) arrays sorted by begin, one pair per span name, ``end`` an array or
+    a function of a slice ``(i, j)`` of the begins that gives their ends; a
+    phase absent has none); the step table (:mod:`fastprof.readers.steps`)
+    splits its steps with it too.
 
     A span is its step's alone (it belongs to the step it starts in and is
     cut at the step's end), so the steps are split ``block`` at a time, cut
@@ -162,14 +177,13 @@ def split(ts: Any, dur: Any, spans: dict[str, list[tuple[Any, Any]]], block: int
     dur = np.asarray(dur, dtype=np.int64)
     n = len(ts)
     cuts = _cuts(ts, dur, block)
-    if len(cuts) > 2:
-        # Each name's spans by begin, so that a block's are a slice.
-        spans = {
-            phase: [(b, e) if _ascending(b) else _by_begin(b, e) for b, e in pairs or []]
-            for phase, pairs in spans.items()
-        }
     if len(cuts) == 2:
-        return _split(ts, dur, spans)
+        return _split(ts, dur, {p: [(b, _ends(e, 0, len(b))) for b, e in pairs or []] for p, pairs in spans.items()})
+    # Each name's spans by begin, so that a block's are a slice.
+    spans = {
+        phase: [(b, e) if _ascending(b) else _by_begin(b, _ends(e, 0, len(b))) for b, e in pairs or []]
+        for phase, pairs in spans.items()
+    }
     # Each block's figures written into the run's arrays (no second copy of them).
     per_step = {p: np.zeros(n, np.int64) for p in PHASES}
     given: dict[tuple[str, str], Any] = {}
@@ -181,13 +195,18 @@ def split(ts: Any, dur: Any, spans: dict[str, list[tuple[Any, Any]]], block: int
             for s_ts, s_end in pairs or []:
                 i = int(np.searchsorted(s_ts, lo, side="left")) if a else 0
                 j = int(np.searchsorted(s_ts, hi, side="left")) if hi is not None else len(s_ts)
-                mine[phase].append((s_ts[i:j], s_end[i:j]))
+                mine[phase].append((s_ts[i:j], _ends(s_end, i, j)))
         part = _split(ts[a:b], dur[a:b], mine)
         for p, v in part.per_step.items():
             per_step[p][a:b] = v
         for k, v in part.given.items():
             given.setdefault(k, np.zeros(n, np.int64))[a:b] = v
     return PhaseSplit(dur, per_step, given)
+
+
+def _ends(end: Any, i: int, j: int) -> Any:
+    """The ends of begins ``i:j`` (``end``: an array, or a function of the slice)."""
+    return end(i, j) if callable(end) else end[i:j]
 
 
 def _cuts(ts: Any, dur: Any, block: int) -> list[int]:

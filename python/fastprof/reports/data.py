@@ -199,7 +199,18 @@ class RunData:
         s = self.cols.spans
         groups = self._span_groups()
         rows = groups.rows_by_start(ids, rank, s["ts"])
-        return Spans(s["ts"][rows].astype(np.int64), s["dur"][rows].astype(np.int64))
+        return Spans(s["ts"][rows].astype(np.int64, copy=False), s["dur"][rows].astype(np.int64, copy=False))
+
+    def span_rows(self, name: str, rank: int) -> npt.NDArray[Any]:
+        """Row numbers of one span name on one rank, by start (as
+        :meth:`spans` orders them): a view of the rank index, no copy (never
+        write to it); index the span columns with it."""
+        nid = self.name_id(name)
+        if nid is None:
+            return np.zeros(0, np.intp)
+        groups = self._span_groups()
+        a, b = groups._group(nid, rank)
+        return groups.order[a:b]
 
     def counter(self, name: str, rank: int) -> tuple[I64, F64]:
         """(ts ns, value) of one counter track on one rank, by time."""
@@ -208,7 +219,7 @@ class RunData:
         if nid is None:
             return np.zeros(0, np.int64), np.zeros(0, np.float64)
         rows = self._counter_groups().rows_by_start([nid], rank, c["ts"])
-        return c["ts"][rows].astype(np.int64), c["value"][rows].astype(np.float64)
+        return c["ts"][rows].astype(np.int64, copy=False), c["value"][rows].astype(np.float64, copy=False)
 
     def counter_rows(self, name: str, rank: int) -> npt.NDArray[np.intp]:
         """Row numbers of one counter track on one rank, in the order read
