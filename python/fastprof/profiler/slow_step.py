@@ -137,37 +137,46 @@ class SlowStepRule:
                 m, a = _median_mad(windows[js + 1 - cap])
                 med[filling + lo : filling + lo + len(js)] = m
                 mad[filling + lo : filling + lo + len(js)] = a
-        # Step i is judged against the last baseline computed before it.
-        at = np.searchsorted(recompute, np.arange(n), side="left") - 1
-        ok = (at >= 0) & (np.arange(n) >= cap // 2)
-        base_med = np.where(ok, med[np.maximum(at, 0)], 0)
-        base_mad = np.where(ok, mad[np.maximum(at, 0)], 0)
-        slow = (
-            (base_med > 0)
-            & (d > self.factor * base_med)
-            & (d > base_med + self.mads * MAD_SCALE * base_mad)
-            & (d - base_med >= self.min_excess_ns)
-        )
+        # Step i is judged against the last baseline computed before it, a
+        # block of steps at a time (a long run's temporaries are a block's).
+        hits: list[tuple[int, int, int]] = []
+        for lo in range(0, n, JUDGE_BLOCK):
+            pos = np.arange(lo, min(n, lo + JUDGE_BLOCK))
+            at = np.searchsorted(recompute, pos, side="left") - 1
+            ok = (at >= 0) & (pos >= cap // 2)
+            base_med = np.where(ok, med[np.maximum(at, 0)], 0)
+            base_mad = np.where(ok, mad[np.maximum(at, 0)], 0)
+            di = d[lo : lo + len(pos)]
+            slow = (
+                (base_med > 0)
+                & (di > self.factor * base_med)
+                & (di > base_med + self.mads * MAD_SCALE * base_mad)
+                & (di - base_med >= self.min_excess_ns)
+            )
+            for k in np.flatnonzero(slow).tolist():
+                hits.append((lo + k, int(base_med[k]), int(base_mad[k])))
         # A burst (slow steps each right after the last) is one slow step of
         # the job, its first the job slowed; the steps before it are each
         # their own.
         others = {int(i) for i in not_the_jobs}
         out: list[SlowStep] = []
         prev, jobs = -2, False
-        for i in np.flatnonzero(slow).tolist():
+        for i, m, a in hits:
             step = int(idx[i])
             if step != prev + 1:
                 jobs = False
             prev = step
             if jobs:
                 continue
-            out.append(SlowStep(step, int(d[i]), int(base_med[i]), int(base_mad[i])))
+            out.append(SlowStep(step, int(d[i]), m, a))
             jobs = step not in others
         return out
 
 
 #: Windows whose median is taken at once (memory: BLOCK x window x 8 bytes).
 BLOCK = 4096
+#: Steps judged at once (their temporaries: ~60 bytes a step of a block).
+JUDGE_BLOCK = 1 << 16
 
 
 def _median_mad(w: Any) -> tuple[Any, Any]:
