@@ -555,6 +555,9 @@ class _Forward:
             _forward_hook(m.register_module_forward_hook, self._learn_post),
         ]
         self.script_module: type | None = getattr(getattr(sys.modules.get("torch"), "jit", None), "ScriptModule", None)
+        #: The hooks learning which parameter is accumulated last (see
+        #: :meth:`_hook_grads`); emptied once learnt or removed.
+        self.grads_learning: list[Any] = []
 
     def _learn_pre(self, module: Any, _args: Any) -> None:
         # Dynamo reads is_dynamo_compiling() as True: a module compiled while
@@ -607,23 +610,59 @@ class _Forward:
             except Exception:  # noqa: BLE001 - a module that refuses a timer is not timed
                 self.refused += 1
         if _ranks() > 1:
-            for module in self.roots.values():
-                self._hook_grads(module)
+            self._hook_grads(list(self.roots.values()))
         self.roots = {}
 
-    def _hook_grads(self, module: Any) -> None:
+    def _hook_grads(self, modules: list[Any]) -> None:
         """Under several ranks, this rank's own gradients ready in backward:
-        a post-accumulate-grad hook (the core's, no frame) on the module's
-        first parameter in registration order: in practice the first used
-        in forward, so accumulated last in backward, before DDP's all-reduce
-        holds the ranks together (a model that registers its first layer
-        later marks earlier, and a slow part of backward after the mark is
-        missed). The straggler analysis's arrival at backward
-        (reports/stragglers.py)."""
+        a post-accumulate-grad hook (the core's, no frame) on the parameter
+        accumulated last in backward, before DDP's all-reduce holds the ranks
+        together. The straggler analysis's arrival at backward
+        (reports/stragglers.py). Which parameter is learnt in the first
+        backward after the modules settle: each parameter's accumulation is
+        noted (a Python hook, that backward only) and, at its end (the
+        autograd engine's queued callback), the core's hook goes on the last
+        (issue #36: the first registered parameter was taken as the last,
+        and a model that registers its head first marked before most of
+        backward, missing a slow part after it)."""
         try:
-            first = next((p for p in module.parameters() if p.requires_grad), None)
-            if first is not None and hasattr(first, "register_post_accumulate_grad_hook"):
-                self.handles.append(first.register_post_accumulate_grad_hook(self.clock.grads_ready))
+            params: dict[int, Any] = {}
+            for module in modules:
+                for p in module.parameters():
+                    if p.requires_grad and hasattr(p, "register_post_accumulate_grad_hook"):
+                        params.setdefault(id(p), p)
+            if not params:
+                return
+            engine = sys.modules["torch"].autograd.Variable._execution_engine
+            order: list[Any] = []
+            learning = self.grads_learning
+            grads_ready = self.clock.grads_ready
+
+            def mark_last() -> None:
+                # Runs inside the job's backward: never raises.
+                try:
+                    if not learning:
+                        return  # removed at stop
+                    for h in learning:
+                        h.remove()
+                    learning.clear()
+                    self.handles.append(order[-1].register_post_accumulate_grad_hook(grads_ready))
+                except Exception:  # noqa: BLE001 - no mark: backward's begin stands in
+                    learning.clear()
+
+            def accumulated(p: Any) -> None:
+                if not learning:
+                    return  # learnt already: this hook is being removed
+                if not order:
+                    try:
+                        engine.queue_callback(mark_last)
+                    except Exception:  # noqa: BLE001 - not learnt: no mark
+                        return
+                order.append(p)
+
+            for p in params.values():
+                learning.append(p.register_post_accumulate_grad_hook(accumulated))
+            self.handles.extend(learning)
         except Exception:  # noqa: BLE001 - no mark: backward's begin stands in (the analysis)
             pass
 
@@ -713,6 +752,7 @@ class _Forward:
         for h in self.handles:
             h.remove()
         self.handles = []
+        self.grads_learning.clear()
         self._unquiet()
         self._unwatch()
         # Every call passes through from now on (a wrapper put around ours keeps
