@@ -29,26 +29,31 @@ const PYTHON: u8 = 2;
 const WATCHDOG: u8 = 3;
 
 static STATE: AtomicU8 = AtomicU8::new(NONE);
-/// The hook is installed (its [`PREVIOUS`] is set and read by the hook).
+/// The hook is installed by [`install`] (and not yet taken out by [`uninstall`]).
 static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// [`PREVIOUS`] holds a handler the hook calls: set once written, and left set by
+/// [`uninstall`] (a C handler installed over the hook that chains to it still reaches the
+/// interpreter's); cleared only while [`install`] writes it again.
+static CHAIN: AtomicBool = AtomicBool::new(false);
 /// Install and uninstall, one at a time.
 static LOCK: Mutex<()> = Mutex::new(());
 
 /// The disposition the hook replaced (the interpreter's C handler), written under [`LOCK`]
-/// only while the hook is not installed, read by the hook only while it is.
+/// only while the hook is not installed and [`CHAIN`] is false, read by the hook only while
+/// [`CHAIN`] is true.
 struct Previous(UnsafeCell<MaybeUninit<libc::sigaction>>);
-// SAFETY: see the type's docs: writes happen before the hook that reads them is installed
-// (sigaction is a full barrier for the signal's delivery), never while it is.
+// SAFETY: see the type's docs: writes happen while CHAIN is false (the hook does not read),
+// before the hook is installed again (sigaction is a full barrier for the signal's delivery).
 unsafe impl Sync for Previous {}
 static PREVIOUS: Previous = Previous(UnsafeCell::new(MaybeUninit::uninit()));
 
 extern "C" fn hook(signum: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // Only an atomic compare-and-swap: async-signal-safe, errno untouched.
     let _ = STATE.compare_exchange(NONE, PENDING, Ordering::SeqCst, Ordering::SeqCst);
-    if !INSTALLED.load(Ordering::SeqCst) {
+    if !CHAIN.load(Ordering::SeqCst) {
         return;
     }
-    // SAFETY: INSTALLED says PREVIOUS holds the disposition read when the hook went in.
+    // SAFETY: CHAIN says PREVIOUS holds the disposition read when the hook last went in.
     let prev = unsafe { (*PREVIOUS.0.get()).assume_init_ref() };
     let h = prev.sa_sigaction;
     if h == libc::SIG_DFL || h == libc::SIG_IGN {
@@ -88,8 +93,9 @@ pub fn install() -> bool {
         if h == libc::SIG_DFL || h == libc::SIG_IGN || h == hook_address() {
             return false;
         }
-        INSTALLED.store(false, Ordering::SeqCst);
+        CHAIN.store(false, Ordering::SeqCst);
         (*PREVIOUS.0.get()).write(cur);
+        CHAIN.store(true, Ordering::SeqCst);
         INSTALLED.store(true, Ordering::SeqCst);
         let mut act: libc::sigaction = std::mem::zeroed();
         act.sa_sigaction = hook_address();
@@ -121,8 +127,8 @@ pub fn uninstall() {
             libc::sigaction(libc::SIGTERM, prev, std::ptr::null_mut());
         }
     }
-    // The hook may still run (a signal in flight, a handler elsewhere that chains to it): it
-    // then marks and returns.
+    // The hook may still run (a signal in flight, a C handler installed over it that chains to
+    // it): it then marks and calls the handler it replaced, as before (CHAIN stays set).
     INSTALLED.store(false, Ordering::SeqCst);
 }
 
@@ -226,6 +232,10 @@ mod tests {
             libc::raise(libc::SIGTERM);
             assert_eq!(CALLED.load(Ordering::SeqCst), 2);
             assert!(!pending(), "the hook is out");
+            // A C handler put over the hook that chains to it still reaches the one under it.
+            hook(libc::SIGTERM, std::ptr::null_mut(), std::ptr::null_mut());
+            assert_eq!(CALLED.load(Ordering::SeqCst), 3);
+            reset();
             act.sa_sigaction = libc::SIG_DFL;
             libc::sigaction(libc::SIGTERM, &act, std::ptr::null_mut());
             assert!(!install(), "never over the default");
