@@ -408,16 +408,7 @@ def _stacks(args: argparse.Namespace, run_dir: Path | None, name: str) -> int:
             watches[int(m.group(1))] = {**json.loads(f.read_text()), "dir": d}
         except (OSError, ValueError, RecursionError):
             continue
-    live = {r: w for r, w in watches.items() if _alive(w) is not False}
-    if args.rank != "all":
-        if args.rank not in live:
-            raise CommandError(f"rank {args.rank} has no live hang watchdog in {run_dir}", 2)
-        live = {args.rank: live[args.rank]}
-    if not live:
-        raise CommandError(
-            f"{run_dir}: no live rank with a hang watchdog (no rank*/{hangs.WATCH_FILE} of a running process); "
-            "is the job running with fastprof.Profiler and FASTPROF_HANG_TIMEOUT not off?"
-        )
+    live = _live_ranks(watches, args.rank, str(run_dir), f"no rank*/{hangs.WATCH_FILE} of a running process")
     rid = new_request_id()
     for w in live.values():
         where = w["dir"] / HANG_REQUEST_FILE
@@ -443,6 +434,22 @@ def _stacks(args: argparse.Namespace, run_dir: Path | None, name: str) -> int:
         if pending:
             time.sleep(0.2)
     return _say_stacks(hangs.join(run_dir, time.time(), 0.0, request=rid), live, pending)
+
+
+def _live_ranks(watches: dict[int, dict[str, Any]], rank: Any, where: str, none: str) -> dict[int, dict[str, Any]]:
+    """The ranks whose watchdog is alive (``rank``: "all" or one), or a
+    one-line error naming ``where`` (``none``: what was not found)."""
+    live = {r: w for r, w in watches.items() if _alive(w) is not False}
+    if rank != "all":
+        if rank not in live:
+            raise CommandError(f"rank {rank} has no live hang watchdog in {where}", 2)
+        live = {rank: live[rank]}
+    if not live:
+        raise CommandError(
+            f"{where}: no live rank with a hang watchdog ({none}); "
+            "is the job running with fastprof.Profiler and FASTPROF_HANG_TIMEOUT not off?"
+        )
+    return live
 
 
 def _say_stacks(states: dict[int, dict[str, Any]], live: dict[int, Any], pending: set[int]) -> int:
@@ -487,16 +494,7 @@ def _stacks_in_store(args: argparse.Namespace, url: str) -> int:
         raise
     except Exception as e:  # noqa: BLE001 - a store's error is one line
         raise CommandError(f"{url}: {describe(e)}") from None
-    live = {r: w for r, w in watches.items() if _alive(w) is not False}
-    if args.rank != "all":
-        if args.rank not in live:
-            raise CommandError(f"rank {args.rank} has no live hang watchdog in {url}", 2)
-        live = {args.rank: live[args.rank]}
-    if not live:
-        raise CommandError(
-            f"{url}: no live rank with a hang watchdog (no rank*/{WATCH_KEY} object of a running job); "
-            "is the job running with fastprof.Profiler and FASTPROF_HANG_TIMEOUT not off?"
-        )
+    live = _live_ranks(watches, args.rank, url, f"no rank*/{WATCH_KEY} object of a running job")
     rid = new_request_id()
     with tempfile.TemporaryDirectory(prefix="fastprof-trigger-") as tmp:
         ask = Path(tmp) / HANG_REQUEST_FILE
