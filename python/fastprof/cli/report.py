@@ -46,7 +46,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--from-segments",
         action="store_true",
-        help="read every rank's segments, not the summaries the ranks wrote at their end (rank{R}/summary.fastprof)",
+        help="read the run's traces (its unified trace, else every rank's segments), not the summaries the ranks "
+        "wrote at their end (rank{R}/summary.fastprof)",
     )
 
 
