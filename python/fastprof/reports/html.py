@@ -4,7 +4,10 @@ Plots are plotly figures; plotly's JavaScript is inlined from the plotly
 Python package once per page, so the page makes no network request and opens
 from a file on a machine without internet access. The report document is
 embedded as JSON (``<script type="application/json" id="fastprof-report">``)
-so the numbers behind the page travel with it.
+so the numbers behind the page travel with it: the whole document up to
+:data:`~fastprof.reports.many.MANY_RANKS` ranks, above it a view whose
+per-rank lists are bounded (:func:`fastprof.reports.html_embed.embedded`;
+report.json beside the page keeps them all).
 
 Series come from the report's :class:`~fastprof.reports.data.RunData`
 (numpy over the core's columns, never a per-event Python loop) and are
@@ -30,8 +33,8 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from fastprof.readers.merge import describe_rotated
-from fastprof.recording.names import STEP_SPAN
-from fastprof.reports import counter_plots, html_ranks, html_triggers
+from fastprof.recording.names import REPORT_JSON, STEP_SPAN
+from fastprof.reports import counter_plots, html_embed, html_ranks, html_triggers
 from fastprof.reports.anatomy import per_step_phases, slow_and_overlap_note
 from fastprof.reports.data import (
     _CHUNK,
@@ -871,14 +874,15 @@ td:first-child,th:first-child{text-align:left}
 """
 
 
-def render_html(doc: dict[str, Any], data: RunData, link_from: Path | None = None) -> str:
+def render_html(doc: dict[str, Any], data: RunData, link_from: Path | None = None, json_beside: bool = True) -> str:
     """The page as one string (see the module's docstring); ``link_from``:
     the folder the page will be in, that its links to the run's files are
-    relative to (None: files named, not linked)."""
-    return "".join(_render(doc, data, link_from))
+    relative to (None: files named, not linked); ``json_beside``: report.json
+    is written beside the page (linked where the page embeds a bounded view)."""
+    return "".join(_render(doc, data, link_from, json_beside))
 
 
-def _render(doc: dict[str, Any], data: RunData, link_from: Path | None) -> list[str]:
+def _render(doc: dict[str, Any], data: RunData, link_from: Path | None, json_beside: bool) -> list[str]:
     """The page in pieces, in order: written one by one, the page never
     exists as one string (a large trace's page is ~10 MB of text, held as
     two bytes a character in a str that holds a "·")."""
@@ -899,16 +903,20 @@ def _render(doc: dict[str, Any], data: RunData, link_from: Path | None) -> list[
     for h in doc.get("hangs") or []:
         page.add(f"<h2>Hang</h2><p>{_esc(h['text'])}</p>")
     _step_times(page, doc, data)
-    for part in html_triggers.section(doc, data.run_dir, link_from):
+    json_href = REPORT_JSON if json_beside else None
+    for part in html_triggers.section(doc, data.run_dir, link_from, json_href):
         page.add(part)
     _memory(page, doc, data)
     _counters(page, doc, data)
     _top_spans(page, doc)
     _operators(page, data)
     _tables(page, doc)
+    if html_embed.bounded(doc):
+        page.add(html_embed.note(doc, json_href))
     # "<", ">" and "&" escaped as JSON \u escapes: the block cannot end early.
+    # Above MANY_RANKS ranks the per-rank lists are bounded (report.json has them all).
     embedded = (
-        json.dumps(encode(doc), allow_nan=False, separators=(",", ":"))
+        json.dumps(encode(html_embed.embedded(doc)), allow_nan=False, separators=(",", ":"))
         .replace("<", "\\u003c")
         .replace(">", "\\u003e")
         .replace("&", "\\u0026")
@@ -933,7 +941,9 @@ def write_html(doc: dict[str, Any], data: RunData, out_dir: Path, link_from: Pat
     ``link_from``: the folder the page ends up in (default ``out_dir``),
     that its links to the run's files are relative to."""
     path = out_dir / "report.html"
+    # report.json is written first, into the same folder, when asked for.
+    json_beside = (out_dir / REPORT_JSON).is_file()
     with open(path, "w", encoding="utf-8") as f:
-        for part in _render(doc, data, out_dir if link_from is None else link_from):
+        for part in _render(doc, data, out_dir if link_from is None else link_from, json_beside):
             f.write(part)
     return path

@@ -12,7 +12,10 @@ caused it), a flight dump a dotted line.
 
 Above :data:`~fastprof.reports.many.MANY_RANKS` ranks the per-rank notes are
 counted (the first few named), the slow steps' table lists the worst first,
-and the plot marks at most :data:`MAX_MARKS` slow steps, the longest."""
+and the plot marks at most :data:`MAX_MARKS` slow steps, the longest. The
+page then embeds a bounded view of report.json
+(:func:`fastprof.reports.html_embed.embedded`), and the section says so and
+links report.json, which keeps every list."""
 
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from fastprof.reports.many import TOP_K, many, named
+from fastprof.reports.html_embed import EMBED_TOP, bounded, where
+from fastprof.reports.many import MANY_RANKS, TOP_K, many, named
 from fastprof.reports.triggers import CONTENTION
 
 #: At most this many rows per table (the job keeps at most 200 of each per rank).
@@ -101,14 +105,20 @@ def _num(v: Any, fmt: str) -> str:
     return "-" if v is None else _esc(fmt.format(v))
 
 
-def section(doc: dict[str, Any], run_dir: Path | None, link_from: Path | None) -> list[str]:
-    """The page's ``<section id="triggers">``, in pieces."""
+def section(
+    doc: dict[str, Any], run_dir: Path | None, link_from: Path | None, json_href: str | None = None
+) -> list[str]:
+    """The page's ``<section id="triggers">``, in pieces; ``json_href``: the
+    link to report.json beside the page (None: not written with it), which
+    the section names when the page embeds a bounded view (``html_embed.embedded``)."""
     out = ['<section id="triggers"><h2>Triggers</h2>']
     per_rank = (doc.get("triggers") or {}).get("per_rank") or []
     if not per_rank:
         out.append(_note("No triggers: the job ran without them (Profiler(triggers=None)), or wrote no record."))
         out.append("</section>")
         return out
+    if bounded(doc):
+        out.append(_bounded_note(doc, json_href))
     captures: list[list[str]] = []
     dumps: list[list[str]] = []
     slow: list[list[str]] = []
@@ -199,6 +209,19 @@ def section(doc: dict[str, Any], run_dir: Path | None, link_from: Path | None) -
     )
     out.append("</section>")
     return out
+
+
+def _bounded_note(doc: dict[str, Any], json_href: str | None) -> str:
+    """What the page embeds of the triggers, and where every list is."""
+    per_rank = doc["triggers"]["per_rank"]
+    n = sum(len(r["anomalies"]) for r in per_rank)
+    return (
+        f'<p class="note" id="triggers-bounded">{len(doc["source"]["ranks"]):,} ranks (more than {MANY_RANKS}): '
+        f"the report embedded in this page holds each rank's triggers counted ({n:,} slow step(s) on "
+        f"{sum(1 for r in per_rank if r['anomalies']):,} rank(s), counted by cause, and each rank's worst), the "
+        f"{EMBED_TOP} worst slow steps and the first {EMBED_TOP} captures, flight dumps and notes of the run. "
+        f"Every list, every rank's, is in {where(json_href)}.</p>"
+    )
 
 
 def _notes_across(per_rank: list[dict[str, Any]]) -> list[str]:
