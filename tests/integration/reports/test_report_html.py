@@ -36,6 +36,7 @@ from fastprof.reports import data as report_data
 from fastprof.reports.breakdown import step_breakdown
 from fastprof.reports.data import BINARY_UNITS
 from fastprof.reports.html import MAX_POINTS, downsample, step_part_figures
+from fastprof.reports.triggers import CONTENTION
 
 PYTHON = Path(fastprof.__file__).resolve().parents[1]
 SCREENSHOT = os.environ.get("FASTPROF_TEST_SCREENSHOT")  # optional: where to keep the PNG
@@ -515,9 +516,77 @@ def test_the_page_lists_the_triggers_links_each_capture_and_marks_the_plot(
     assert shaded == {(c["first_step"] - 0.5, c["first_step"] + c["steps"] - 0.5) for c in t["captures"]}, plot
     dotted = {s["x0"] for s in plot["shapes"] if s["type"] == "line" and s["dash"] == "dot"}
     assert dotted == {d["step"] for d in t["flight_dumps"]}, plot
-    (slow,) = [tr for tr in plot["traces"] if tr["name"] == "slow step (anomaly trigger)"]
-    assert slow["x"] == [a["step"] for a in t["anomalies"]]
-    assert plot["drawnMarkers"] >= len(t["anomalies"])
+    _check_marks(plot, t["anomalies"])
+
+
+def _check_marks(plot: dict[str, Any], anomalies: list[dict[str, Any]]) -> None:
+    """Every slow step of report.json is marked on the step-time plot: the
+    job's (and those whose wait was not read) as an "x", those the host
+    caused (waiting for a CPU: a loaded machine's, recorded only) as an open
+    circle in a trace of their own."""
+    marks = {tr["name"]: tr["x"] for tr in plot["traces"] if tr["name"].startswith("slow step")}
+    host = [a["step"] for a in anomalies if a.get("cause") == CONTENTION]
+    job = [a["step"] for a in anomalies if a.get("cause") != CONTENTION]
+    assert marks.get("slow step (anomaly trigger)", []) == job, (marks, anomalies)
+    assert marks.get("slow step (host contention)", []) == host, (marks, anomalies)
+    assert plot["drawnMarkers"] >= len(anomalies)
+
+
+@pytest.mark.slow
+def test_a_slow_step_the_host_caused_is_marked_beside_the_job_s(triggered: Path, tmp_path: Path) -> None:
+    """On a loaded machine the job's trigger also records a slow step the
+    host caused (it waited for a CPU; recorded only, not captured), as it
+    did at step 169 of the run above once under load: report.json lists it
+    and the plot marks it as an open circle, not an "x" (the test above
+    read the "x" trace alone and failed). The run copied, such a step
+    planted in its record as the trigger writes it; both are marked."""
+    run = tmp_path / "run"
+    shutil.copytree(triggered, run, ignore=shutil.ignore_patterns("reports"))
+    planted = {
+        "step": 169,
+        "duration_ms": 41.0,
+        "median_ms": 4.5,
+        "mad_ms": 0.1,
+        "factor": 9.11,
+        "phase": None,
+        "cause": CONTENTION,
+        "waited_ms": 39.5,
+        "said": "step 169: 41.0 ms, of which 39.5 ms waiting for a CPU: host contention",
+        "time": time.time(),
+        "action": "recorded only (host contention)",
+    }
+    for name in ("profiler.json", "triggers.json"):
+        f = run / "rank0" / name
+        d = json.loads(f.read_text())
+        t = d["triggers"] if name == "profiler.json" else d
+        t["anomalies"] = [a for a in t["anomalies"] if a["step"] != 169] + [planted]
+        f.write_text(json.dumps(d))
+    # From the segments and the records: the rank's summary holds its triggers as they were.
+    fastprof.report(run, formats=("json", "html"), from_segments=True)
+    doc = json.loads((run / "reports" / "report.json").read_text())
+    (t,) = doc["triggers"]["per_rank"]
+    causes = {a["step"]: a["cause"] for a in t["anomalies"]}
+    assert causes[169] == CONTENTION and any(c != CONTENTION for c in causes.values()), causes
+    b = Browser(tmp_path)
+    try:
+        for domain in ("Runtime", "Log", "Page"):
+            b.call(f"{domain}.enable")
+        b.call("Page.navigate", url=(run / "reports" / "report.html").resolve().as_uri())
+        b.wait_event("Page.loadEventFired")
+        deadline = time.monotonic() + 15
+        while not b.js(
+            "(() => { const g = document.querySelector('#steps .js-plotly-plot'); "
+            "return !!(g && g.data && g.querySelector('.scatterlayer .trace')); })()"
+        ):
+            assert time.monotonic() < deadline, "the step-time plot was not drawn"
+            time.sleep(0.2)
+        got = b.js(TRIGGERS_JS)
+        b.call("Runtime.evaluate", expression="0")
+    finally:
+        b.close()
+    assert not _page_errors(b.events)
+    assert [r[1] for r in got["slow"]] == [str(a["step"]) for a in t["anomalies"]]
+    _check_marks(got["plot"], t["anomalies"])
 
 
 class _Links(HTMLParser):
