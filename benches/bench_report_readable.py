@@ -16,8 +16,13 @@ its readings), and the page's counter plots are checked to be bands across
 every rank (the memory band's ends are rank 0's and the last rank's).
 ``--summaries`` first writes every rank's ``summary.fastprof`` (as each rank
 does at its end), so that the report is made from them (issue #38, item 4).
+``--full-triggers`` fills each rank's trigger record with the job's maximum
+(200 slow steps, 60 captures, flight dumps and notes, as
+``test_many_ranks_triggers_page.py`` plants them; a rank beside a CPU hog
+records ~50 KB of slow steps), and prints what the page embeds of them.
 
     python benches/bench_report_readable.py [--ranks 1024] [--keep DIR] [--sample-hz 50 --summaries]
+        [--full-triggers]
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integrat
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from test_many_ranks_readable import MAX_LINES, build, check_counter_bands, check_page
+from test_many_ranks_triggers_page import _plant, embedded_of
 
 import fastprof
 from _util import machine
@@ -54,6 +60,7 @@ def main() -> None:
     ap.add_argument("--keep", help="build the run in this folder and keep it (reused when there)")
     ap.add_argument("--sample-hz", type=float, default=0.0, help="the recorded ranks' host sampler (0: none)")
     ap.add_argument("--summaries", action="store_true", help="every rank's summary first; the report from them")
+    ap.add_argument("--full-triggers", action="store_true", help="each rank's trigger record at the job's maximum")
     args = ap.parse_args()
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory(prefix="bench_readable_") as tmp_s:
@@ -74,6 +81,9 @@ def main() -> None:
             slow_file.write_text(json.dumps(planted))
             print(f"{args.ranks} ranks built in {time.perf_counter() - t0:.0f} s")
         slow = set(json.loads(slow_file.read_text()))
+        if args.full_triggers:  # before the summaries: a rank's summary holds its triggers
+            for r in range(args.ranks):
+                _plant(run, r)
         if args.summaries and not all((run / f"rank{r}" / RANK_SUMMARY_JSON).is_file() for r in range(args.ranks)):
             t0 = time.perf_counter()
             each = write_summaries(run, args.ranks, dict(os.environ))
@@ -90,6 +100,13 @@ def main() -> None:
         size = page.stat().st_size
         print(f"terminal report: {len(lines)} lines (at most {MAX_LINES})")
         print(f"report.html: {size / 1e6:.2f} MB (at most {MAX_HTML_BYTES / 1e6:.0f} MB)")
+        if args.full_triggers:
+            view = embedded_of(page)
+            full = json.dumps(rep.data["triggers"], separators=(",", ":"))
+            print(
+                f"triggers: {len(full) / 1e6:.2f} MB in report.json (without spaces), "
+                f"{len(json.dumps(view['triggers'], separators=(',', ':'))) / 1e6:.2f} MB embedded in the page"
+            )
         print(f"slow ranks planted: {sorted(slow)}")
         t0 = time.perf_counter()
         got = check_page(page, Path(tempfile.mkdtemp(dir=tmp)), args.ranks, slow, timeout=300)

@@ -120,7 +120,10 @@ def embedded(doc: dict[str, Any]) -> dict[str, Any]:
     if an and an.get("per_rank"):
         view["anatomy"] = {
             **an,
-            "per_rank": [{**r, "slow_steps": r["slow_steps"][:EMBED_PER_RANK]} for r in an["per_rank"]],
+            "per_rank": [
+                {**r, "slow_steps": r["slow_steps"][:EMBED_PER_RANK]} if r.get("slow_steps") else r
+                for r in an["per_rank"]
+            ],
         }
         cut.append("anatomy")
     view["page_view"] = {
