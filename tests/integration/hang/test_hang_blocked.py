@@ -10,20 +10,18 @@ Python's json."""
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from conftest import TORCHRUN_VARS, free_port
+from hung_job import hangs, job_env, kill, line_of, start, torchrun_cmd, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 pytest.importorskip("torch")
@@ -68,50 +66,23 @@ WORKER = textwrap.dedent(
 )
 
 
-def _line(marker: str) -> int:
-    return next(i for i, text in enumerate(WORKER.splitlines(), 1) if marker in text)
+_line = partial(line_of, WORKER)
 
 
 def _start(root: Path, mode: str, env: dict[str, str]) -> subprocess.Popen[str]:
     (root / "worker.py").write_text(WORKER)
     (root / "out").mkdir()
-    base = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_") and k not in TORCHRUN_VARS}
-    base.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-    cmd += ["--master-port", str(free_port()), str(root / "worker.py"), str(root / "out"), mode]
-    return subprocess.Popen(
-        cmd,
-        cwd=root,
-        env={**base, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return start(torchrun_cmd(str(root / "worker.py"), str(root / "out"), mode), root, job_env(env))
 
 
-def _kill(p: subprocess.Popen[str], out: Path) -> tuple[str, str]:
-    for w in out.glob("pid*"):
-        with contextlib.suppress(OSError, ValueError, psutil.Error):
-            psutil.Process(int(w.read_text())).kill()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(os.getpgid(p.pid), signal.SIGKILL)
-    return p.communicate(timeout=60)
-
-
-def _wait_for(pred: Any, limit: float, p: subprocess.Popen[str]) -> bool:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        if p.poll() is not None:
-            break
-        time.sleep(0.25)
-    return bool(pred())
-
-
-def _hangs(run: Path, rank: int) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted((run / f"rank{rank}").glob("hang-*.json"))]
+def _pids(out: Path) -> list[int]:
+    """The ranks' pids from the files the script writes (the bare job has no
+    watch files)."""
+    pids = []
+    for f in sorted(out.glob("pid*")):
+        with contextlib.suppress(OSError, ValueError):
+            pids.append(int(f.read_text()))
+    return pids
 
 
 def _sigterm_rank0(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], bool, str, str]:
@@ -121,12 +92,12 @@ def _sigterm_rank0(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], boo
     p = _start(tmp_path, mode, {"FASTPROF_HANG_TIMEOUT": "600", "FASTPROF_HANG_GRACE": "2"})
     run = tmp_path / "out" / "job"
     try:
-        assert _wait_for(lambda: (tmp_path / "out" / "stuck").exists(), 150, p), "rank 1 never stopped"
+        assert wait_for(lambda: (tmp_path / "out" / "stuck").exists(), 150, p), "rank 1 never stopped"
         time.sleep(12.0)
         proc = psutil.Process(int((tmp_path / "out" / "pid0").read_text()))
         proc.send_signal(signal.SIGTERM)
         if mode != "bare":
-            _wait_for(lambda: bool(_hangs(run, 0)), 30, p)
+            wait_for(lambda: bool(hangs(run, 0)), 30, p)
         if mode != "own-handler":
             # rank 0 dies by the signal; torchrun then ends rank 1 and says how each ended
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -134,16 +105,16 @@ def _sigterm_rank0(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], boo
         else:
             time.sleep(3.0)  # what fastprof would do after the evidence, it has done
         alive = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-        hangs = _hangs(run, 0)
+        docs = hangs(run, 0)
     finally:
-        out, err = _kill(p, tmp_path / "out")
-    return hangs, alive, out, err
+        out, err = kill(p, _pids(tmp_path / "out"))
+    return docs, alive, out, err
 
 
 def test_sigterm_on_a_rank_blocked_in_all_reduce_writes_its_evidence_and_dies_by_the_signal(tmp_path: Path) -> None:
-    hangs, alive, out, err = _sigterm_rank0(tmp_path, "default")
-    assert hangs, f"no evidence from rank 0 after SIGTERM\nstdout:\n{out}\nstderr:\n{err}"
-    (doc,) = hangs
+    docs, alive, out, err = _sigterm_rank0(tmp_path, "default")
+    assert docs, f"no evidence from rank 0 after SIGTERM\nstdout:\n{out}\nstderr:\n{err}"
+    (doc,) = docs
     assert doc["reason"] == "sigterm" and doc["answered_by"] == "python", doc["reason"]
     assert doc["stalled_s"] >= 10.0
     s = doc["summary"]
@@ -160,8 +131,8 @@ def test_sigterm_on_a_rank_blocked_in_all_reduce_writes_its_evidence_and_dies_by
 def test_without_fastprof_the_same_sigterm_ends_the_rank_by_the_signal(tmp_path: Path) -> None:
     """The exit status to keep: the same job without a Profiler (the
     default SIGTERM disposition) dies by the signal at once."""
-    hangs, alive, _, err = _sigterm_rank0(tmp_path, "bare")
-    assert hangs == [] and not alive
+    docs, alive, _, err = _sigterm_rank0(tmp_path, "bare")
+    assert docs == [] and not alive
     assert "exitcode  : -15" in err or "Signal 15 (SIGTERM)" in err, err
 
 
@@ -171,9 +142,9 @@ def test_sigterm_with_the_jobs_own_handler_writes_the_evidence_and_leaves_the_ha
     """The job's handler (``sys.exit(7)``) cannot run while the main thread
     waits in C, with or without fastprof: the evidence is written and the
     rank stays where it was (it is not ended by fastprof)."""
-    hangs, alive, out, err = _sigterm_rank0(tmp_path, "own-handler")
-    assert hangs, f"no evidence from rank 0 after SIGTERM\nstdout:\n{out}\nstderr:\n{err}"
-    (doc,) = hangs
+    docs, alive, out, err = _sigterm_rank0(tmp_path, "own-handler")
+    assert docs, f"no evidence from rank 0 after SIGTERM\nstdout:\n{out}\nstderr:\n{err}"
+    (doc,) = docs
     assert doc["reason"] == "sigterm"
     assert doc["summary"]["collective"]["op"] == "all_reduce"
     assert alive, "fastprof ended a rank whose own SIGTERM handler had not run"

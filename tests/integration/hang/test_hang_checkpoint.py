@@ -12,21 +12,16 @@ a fixed figure; every file is read back with Python's json."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import signal
 import subprocess
-import sys
 import textwrap
+from functools import partial
 from pathlib import Path
-from typing import Any
 
-import psutil
 import pytest
 
-from conftest import TORCHRUN_VARS, free_port
+from hung_job import fastprof_run, hangs, job_env, kill, line_of, start, torchrun_cmd, watched_pids
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
@@ -71,12 +66,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _line(marker: str) -> int:
-    return next(i for i, text in enumerate(SCRIPT.splitlines(), 1) if marker in text)
-
-
-def _hangs(run: Path, rank: int) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted((run / f"rank{rank}").glob("hang-*.json"))]
+_line = partial(line_of, SCRIPT)
 
 
 def _run(root: Path, timeout: str) -> tuple[str, Path, dict[str, float]]:
@@ -84,25 +74,13 @@ def _run(root: Path, timeout: str) -> tuple[str, Path, dict[str, float]]:
     the run directory and the save's times (``save.json``)."""
     (root / "train.py").write_text(SCRIPT)
     (root / "out").mkdir()
-    base = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_") and k not in TORCHRUN_VARS}
-    base.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
-    base.update(FASTPROF_HANG_TIMEOUT=timeout, FASTPROF_HANG_GRACE="2")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-    cmd += ["--master-port", str(free_port()), "-m", "fastprof", "run", "-o", str(root / "out"), "--run-name", "job"]
-    cmd += ["train.py", str(root / "out"), str(SAVE_S)]
-    p = subprocess.Popen(
-        cmd, cwd=root, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    base = job_env({"FASTPROF_HANG_TIMEOUT": timeout, "FASTPROF_HANG_GRACE": "2"})
+    p = start(torchrun_cmd(*fastprof_run(root / "out", "train.py", str(root / "out"), str(SAVE_S))), root, base)
     run = root / "out" / "job"
     try:
         out, err = p.communicate(timeout=150)
     except subprocess.TimeoutExpired:
-        for w in run.glob("rank*/.hang-watch.json"):
-            with contextlib.suppress(OSError, ValueError, psutil.Error):
-                psutil.Process(int(json.loads(w.read_text())["pid"])).kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(os.getpgid(p.pid), signal.SIGKILL)
-        out, err = p.communicate(timeout=60)
+        out, err = kill(p, watched_pids(run))
         pytest.fail(f"the job did not end within 150 s\nstdout:\n{out}\nstderr:\n{err}")
     assert p.returncode == 0, err[-5000:]
     save = json.loads((root / "out" / "save.json").read_text())
@@ -115,7 +93,7 @@ def test_a_20s_checkpoint_under_a_longer_timeout_is_no_hang(tmp_path: Path) -> N
     err, run, _save = _run(tmp_path, "30")
     assert "fastprof: hang" not in err, err[-3000:]
     for rank in (0, 1):
-        assert _hangs(run, rank) == []
+        assert hangs(run, rank) == []
         acct = json.loads((run / f"rank{rank}" / "profiler.json").read_text())["hang"]
         assert acct["enabled"] and acct["timeout"] == 30.0 and acct["reports"] == [] and acct["verdicts"] == [], acct
     assert not (run / ".hang-verdict").exists()
@@ -138,7 +116,7 @@ def test_a_20s_checkpoint_past_the_timeout_is_said_once_as_waiting_for_rank0_in_
     assert int(m.group(5)) == _line("BARRIER"), v
     for rank in (0, 1):
         # One report per rank for the whole 20 s (not one per timeout), after step 5.
-        (doc,) = _hangs(run, rank)
+        (doc,) = hangs(run, rank)
         assert doc["reason"] == "stalled" and doc["step"] == 5 and doc["timeout_s"] == timeout, doc
         assert doc["stalled_s"] >= timeout, doc
         # Only past the timeout, counted from the step's end as the script saw it
@@ -146,9 +124,9 @@ def test_a_20s_checkpoint_past_the_timeout_is_said_once_as_waiting_for_rank0_in_
         assert doc["time"] - save["step_end"] >= timeout - 0.5, (doc["time"], save)
         # ... and while rank 0 still saved: said during the save, not after it.
         assert save["began"] < doc["time"] < save["ended"], (doc["time"], save)
-    s0 = _hangs(run, 0)[0]["summary"]
+    s0 = hangs(run, 0)[0]["summary"]
     assert s0["where"]["function"] == "save_checkpoint" and s0["collective"] is None, s0
-    s1 = _hangs(run, 1)[0]["summary"]
+    s1 = hangs(run, 1)[0]["summary"]
     assert s1["collective"]["op"] == "barrier" and s1["collective"]["site"]["line"] == _line("BARRIER"), s1
     said = json.loads((run / ".hang-verdict").read_text())
     assert said["rank"] == 0 and save["began"] < said["time"] < save["ended"], (said, save)

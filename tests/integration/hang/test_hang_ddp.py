@@ -10,22 +10,14 @@ job with gloo on CPU."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import textwrap
-import time
+from functools import partial
 from pathlib import Path
-from typing import Any
 
-import psutil
 import pytest
 
-from conftest import TORCHRUN_VARS, free_port
+from hung_job import await_verdict, hangs, job_env, line_of, one_verdict, start, torchrun_cmd
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 pytest.importorskip("torch")
@@ -63,44 +55,16 @@ WORKER = textwrap.dedent(
 )
 
 
-def _line(marker: str) -> int:
-    return next(i for i, text in enumerate(WORKER.splitlines(), 1) if marker in text)
-
-
-def _hangs(run: Path, rank: int) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted((run / f"rank{rank}").glob("hang-*.json"))]
+_line = partial(line_of, WORKER)
 
 
 def _verdict(tmp_path: Path, env: dict[str, str]) -> tuple[str, Path]:
     (tmp_path / "worker.py").write_text(WORKER)
-    base = {
-        k: v for k, v in os.environ.items() if not k.startswith(("FASTPROF_", "TORCH_FR_")) and k not in TORCHRUN_VARS
-    }
-    base.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
-    base.update(FASTPROF_HANG_TIMEOUT="4", FASTPROF_HANG_GRACE="2", **env)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-    cmd += ["--master-port", str(free_port()), str(tmp_path / "worker.py"), str(tmp_path / "out")]
-    p = subprocess.Popen(
-        cmd, cwd=tmp_path, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    base = job_env({"FASTPROF_HANG_TIMEOUT": "4", "FASTPROF_HANG_GRACE": "2", **env}, drop=("FASTPROF_", "TORCH_FR_"))
+    p = start(torchrun_cmd(str(tmp_path / "worker.py"), str(tmp_path / "out")), tmp_path, base)
     run = tmp_path / "out" / "job"
-    deadline = time.monotonic() + 150
-    try:
-        while time.monotonic() < deadline and p.poll() is None:
-            if (run / ".hang-verdict").exists():
-                time.sleep(1.0)  # the verdict's line reaches stderr
-                break
-            time.sleep(0.25)
-    finally:
-        for w in run.glob("rank*/.hang-watch.json"):
-            with contextlib.suppress(OSError, ValueError, psutil.Error):
-                psutil.Process(int(json.loads(w.read_text())["pid"])).kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(os.getpgid(p.pid), signal.SIGKILL)
-        out, err = p.communicate(timeout=60)
-    lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
-    assert len(lines) == 1, f"stdout:\n{out}\nstderr:\n{err}"
-    return lines[0], run
+    _seen, out, err = await_verdict(p, run)
+    return one_verdict(out, err), run
 
 
 def test_a_rank_waiting_in_ddps_all_reduce_is_named_from_the_flight_recorder(tmp_path: Path) -> None:
@@ -112,7 +76,7 @@ def test_a_rank_waiting_in_ddps_all_reduce_is_named_from_the_flight_recorder(tmp
         v,
     )
     assert m and m.group(1) == m.group(2), v
-    (r0,) = _hangs(run, 0)
+    (r0,) = hangs(run, 0)
     c = r0["summary"]["collective"]
     assert (c["op"], c["source"], c["site"]["line"]) == ("all_reduce", "flight_recorder", _line("BACKWARD")), c
     assert r0["summary"]["phase"] == "backward"

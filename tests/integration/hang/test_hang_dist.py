@@ -8,7 +8,6 @@ Every file is read back with Python's json."""
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import os
@@ -18,15 +17,27 @@ import subprocess
 import sys
 import textwrap
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 import fastprof
-from conftest import TORCHRUN_VARS, free_port
 from fastprof.profiler.drivers.hang.verdict import summarize
+from hung_job import (
+    await_verdict,
+    fastprof_run,
+    hangs,
+    job_env,
+    kill,
+    line_of,
+    start,
+    torchrun_cmd,
+    verdicts,
+    wait_for,
+    watched_pids,
+)
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
@@ -89,8 +100,7 @@ WORKER = textwrap.dedent(
 )
 
 
-def _line(marker: str) -> int:
-    return next(i for i, text in enumerate(WORKER.splitlines(), 1) if marker in text)
+_line = partial(line_of, WORKER)
 
 
 def _start(
@@ -102,48 +112,8 @@ def _start(
     launcher: tuple[str, ...] = (),
 ) -> subprocess.Popen[str]:
     (root / "worker.py").write_text(WORKER)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_") and k not in TORCHRUN_VARS}
-    base.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1"]
-    cmd += ["--master-port", str(free_port()), *launcher, str(root / "worker.py"), str(root / "out"), mode, *args]
-    return subprocess.Popen(
-        cmd,
-        cwd=root,
-        env={**base, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def _kill(p: subprocess.Popen[str], run: Path) -> tuple[str, str]:
-    """SIGKILL the job: torchrun's process group, and each rank (torchrun
-    starts them in their own sessions) by the pid its watch file names."""
-    for w in run.glob("rank*/.hang-watch.json"):
-        with contextlib.suppress(OSError, ValueError, psutil.Error):
-            rank = psutil.Process(int(json.loads(w.read_text())["pid"]))
-            for proc in [*rank.children(recursive=True), rank]:  # DataLoader workers too
-                proc.kill()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(os.getpgid(p.pid), signal.SIGKILL)
-    out, err = p.communicate(timeout=60)
-    return out, err
-
-
-def _wait_for(pred: Any, limit: float, p: subprocess.Popen[str]) -> bool:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        if p.poll() is not None:
-            return bool(pred())
-        time.sleep(0.25)
-    return False
-
-
-def _hangs(run: Path, rank: int) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted((run / f"rank{rank}").glob("hang-*.json"))]
+    cmd = torchrun_cmd(str(root / "worker.py"), str(root / "out"), mode, *args, nproc=nproc, launcher=launcher)
+    return start(cmd, root, job_env(env))
 
 
 TIMEOUT_S = 4.0
@@ -158,7 +128,7 @@ def data_hang(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     run = root / "out" / "job"
     t0 = time.monotonic()
     try:
-        seen = _wait_for(lambda: _hangs(run, 0) and _hangs(run, 1) and (run / ".hang-verdict").exists(), 150, p)
+        seen = wait_for(lambda: hangs(run, 0) and hangs(run, 1) and (run / ".hang-verdict").exists(), 150, p)
         took = time.monotonic() - t0
         stacks = None
         if seen:
@@ -170,7 +140,7 @@ def data_hang(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 timeout=90,
             )
     finally:
-        out, err = _kill(p, run)
+        out, err = kill(p, watched_pids(run))
     assert seen, f"no hang evidence within 150 s\nstdout:\n{out}\nstderr:\n{err}"
     rep = root / "rep"
     cli = subprocess.run(
@@ -197,7 +167,7 @@ def data_hang(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_each_rank_writes_its_evidence_with_the_stuck_line(data_hang: dict[str, Any]) -> None:
     run = data_hang["run"]
-    r0, r1 = _hangs(run, 0)[0], _hangs(run, 1)[0]
+    r0, r1 = hangs(run, 0)[0], hangs(run, 1)[0]
     for doc, rank in ((r0, 0), (r1, 1)):
         assert doc["kind"] == "fastprof.hang" and doc["rank"] == rank and doc["reason"] == "stalled"
         assert doc["answered_by"] == "python"
@@ -223,7 +193,7 @@ def test_each_rank_writes_its_evidence_with_the_stuck_line(data_hang: dict[str, 
 
 
 def test_rank0_prints_one_verdict_naming_the_stuck_rank_while_hung(data_hang: dict[str, Any]) -> None:
-    lines = [ln for ln in data_hang["stderr"].splitlines() if "fastprof: hang at step" in ln]
+    lines = verdicts(data_hang["stderr"])
     assert len(lines) == 1, data_hang["stderr"]
     v = lines[0]
     # The collective's number is the default group's in the anatomy's
@@ -233,7 +203,7 @@ def test_rank0_prints_one_verdict_naming_the_stuck_rank_while_hung(data_hang: di
     assert m, v
     assert f"worker.py:{_line('STUCK-DATA')} in __getitem__" in v
     assert f"Rank 0 waits in all_reduce #{m.group(1)} (worker.py:{_line('WAIT-HERE')} in <module>)." in v
-    r1 = _hangs(data_hang["run"], 1)[0]
+    r1 = hangs(data_hang["run"], 1)[0]
     assert r1["collectives"]["default"]["completed"]["seq"] == int(m.group(1)) - 1
     # Within the timeout and the join's bounded wait of the stall (startup included).
     assert data_hang["took"] < 150
@@ -244,7 +214,7 @@ def test_trigger_stacks_asks_every_rank_on_demand(data_hang: dict[str, Any]) -> 
     assert r is not None and r.returncode == 0, (r.stdout, r.stderr) if r else None
     run = data_hang["run"]
     for rank in (0, 1):
-        docs = [d for d in _hangs(run, rank) if d["reason"] == "request"]
+        docs = [d for d in hangs(run, rank) if d["reason"] == "request"]
         assert len(docs) == 1 and docs[0]["request"], docs
     assert "rank 1" in r.stdout and f"worker.py:{_line('STUCK-DATA')}" in r.stdout, r.stdout
 
@@ -269,16 +239,16 @@ def test_a_rank_spinning_with_the_gil_held_gives_its_stack_and_abort_ends_the_jo
     try:
         out, err = p.communicate(timeout=150)
     except subprocess.TimeoutExpired:
-        out, err = _kill(p, tmp_path / "out" / "job")
+        out, err = kill(p, watched_pids(tmp_path / "out" / "job"))
         pytest.fail(f"the aborting job did not end within 150 s\nstdout:\n{out}\nstderr:\n{err}")
     run = tmp_path / "out" / "job"
     assert p.returncode != 0
-    (r1,) = _hangs(run, 1)
+    (r1,) = hangs(run, 1)
     # Python could not answer: the watchdog wrote the stacks, read without the GIL.
     assert r1["answered_by"] == "watchdog", r1
     frames = [f for t in r1["threads"] for f in t["frames"]]
     assert any(f["file"].endswith("worker.py") and f["line"] == _line("STUCK-GIL") for f in frames), frames
-    lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
+    lines = verdicts(err)
     assert len(lines) == 1, err
     assert "rank 1 never entered all_reduce" in lines[0] and "spins with the GIL held" in lines[0]
     assert f"worker.py:{_line('STUCK-GIL')}" in lines[0]
@@ -290,11 +260,11 @@ def test_a_slow_job_reports_no_hang(tmp_path: Path) -> None:
     try:
         out, err = p.communicate(timeout=200)
     except subprocess.TimeoutExpired:
-        out, err = _kill(p, tmp_path / "out" / "job")
+        out, err = kill(p, watched_pids(tmp_path / "out" / "job"))
         pytest.fail(f"the slow job did not end\nstdout:\n{out}\nstderr:\n{err}")
     assert p.returncode == 0, err
     run = tmp_path / "out" / "job"
-    assert _hangs(run, 0) == [] and _hangs(run, 1) == []
+    assert hangs(run, 0) == [] and hangs(run, 1) == []
     assert "fastprof: hang" not in err
     acct = json.loads((run / "rank0" / "profiler.json").read_text())["hang"]
     assert acct["enabled"] and acct["reports"] == []
@@ -305,13 +275,9 @@ def test_a_mismatched_collective_is_named_as_different_code_paths(tmp_path: Path
     forever on both; the verdict names rank 1's call and line."""
     p = _start(tmp_path, "mismatch", {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"})
     run = tmp_path / "out" / "job"
-    try:
-        seen = _wait_for(lambda: (run / ".hang-verdict").exists(), 150, p)
-        time.sleep(1.0)  # the verdict's line reaches stderr
-    finally:
-        out, err = _kill(p, run)
+    seen, out, err = await_verdict(p, run)
     assert seen, f"no verdict within 150 s\nstdout:\n{out}\nstderr:\n{err}"
-    lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
+    lines = verdicts(err)
     assert len(lines) == 1, err
     assert f"rank 1 is in broadcast (worker.py:{_line('MISMATCH')} in <module>" in lines[0]
     assert "the ranks took different code paths" in lines[0]
@@ -325,19 +291,19 @@ def test_sigterm_on_a_stuck_rank_writes_its_evidence(tmp_path: Path) -> None:
     p = _start(tmp_path, "sigterm", {"FASTPROF_HANG_TIMEOUT": "600"})
     run = tmp_path / "out" / "job"
     try:
-        stuck = _wait_for(lambda: (tmp_path / "out" / "stuck").exists(), 150, p)
+        stuck = wait_for(lambda: (tmp_path / "out" / "stuck").exists(), 150, p)
         assert stuck, "rank 1 never reached its stuck read"
         time.sleep(12.0)
         pid = int(json.loads((run / "rank1" / ".hang-watch.json").read_text())["pid"])
         os.kill(pid, signal.SIGTERM)
-        seen = _wait_for(lambda: bool(_hangs(run, 1)), 60, p)
+        seen = wait_for(lambda: bool(hangs(run, 1)), 60, p)
     finally:
-        out, err = _kill(p, run)
+        out, err = kill(p, watched_pids(run))
     assert seen, f"no evidence after SIGTERM\nstdout:\n{out}\nstderr:\n{err}"
-    (doc,) = _hangs(run, 1)
+    (doc,) = hangs(run, 1)
     assert doc["reason"] == "sigterm" and doc["stalled_s"] >= 10.0
     assert doc["summary"]["where"]["line"] == _line("STUCK-DATA")
-    assert _hangs(run, 0) == []  # rank 0 got no signal and its watchdog has 600 s
+    assert hangs(run, 0) == []  # rank 0 got no signal and its watchdog has 600 s
 
 
 def test_a_hung_dataloader_worker_is_named_alive_with_its_rank_in_the_dataloader(tmp_path: Path) -> None:
@@ -346,39 +312,29 @@ def test_a_hung_dataloader_worker_is_named_alive_with_its_rank_in_the_dataloader
     alive, and the verdict names rank 1 in the dataloader at the loop's line."""
     p = _start(tmp_path, "worker", {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"})
     run = tmp_path / "out" / "job"
-    try:
-        seen = _wait_for(lambda: (run / ".hang-verdict").exists() and bool(_hangs(run, 1)), 150, p)
-        time.sleep(1.0)
-    finally:
-        out, err = _kill(p, run)
+    seen, out, err = await_verdict(p, run, also=lambda: hangs(run, 1))
     assert seen, f"no verdict within 150 s\nstdout:\n{out}\nstderr:\n{err}"
-    (r1,) = _hangs(run, 1)
+    (r1,) = hangs(run, 1)
     assert r1["summary"]["phase"] == "dataloader"
     assert r1["summary"]["where"]["line"] == _line("LOOP")
     workers = [w for w in r1["workers"] if w.get("dataloader")]
     assert len(workers) == 1 and workers[0]["alive"] is True, r1["workers"]
-    lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
+    lines = verdicts(err)
     assert len(lines) == 1, err
     loop = _line("LOOP")
     assert re.search(rf"rank 1 never entered all_reduce #\d+; it is in the dataloader: worker.py:{loop} ", lines[0])
 
 
-def _verdict_of(root: Path, mode: str, env: dict[str, str], nproc: int = 2) -> tuple[list[str], Path, float]:
-    """Start the job, wait for the verdict, kill it: the verdict lines on
-    stderr, the run directory and the seconds from start to verdict."""
+def _verdict_of(root: Path, mode: str, env: dict[str, str], nproc: int = 2) -> tuple[str, Path]:
+    """Start the job, wait for the verdict, kill it: the one verdict line on
+    stderr and the run directory."""
     p = _start(root, mode, env, nproc)
     run = root / "out" / "job"
-    t0 = time.monotonic()
-    try:
-        seen = _wait_for(lambda: (run / ".hang-verdict").exists(), 150, p)
-        took = time.monotonic() - t0
-        time.sleep(1.0)  # the verdict's line reaches stderr
-    finally:
-        out, err = _kill(p, run)
+    seen, out, err = await_verdict(p, run)
     assert seen, f"no verdict within 150 s\nstdout:\n{out}\nstderr:\n{err}"
-    lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
+    lines = verdicts(err)
     assert len(lines) == 1, err
-    return lines, run, took
+    return lines[0], run
 
 
 def test_a_skipped_all_reduce_is_named_as_a_skipped_collective(tmp_path: Path) -> None:
@@ -388,7 +344,7 @@ def test_a_skipped_all_reduce_is_named_as_a_skipped_collective(tmp_path: Path) -
     verdict names rank 1 as having skipped one, with both numbers. Rank 1's
     watchdog stopped with its Profiler (8 s is longer than the closing clock
     sync's 5 s): its last step and wavefront come from ``.hang-closed.json``."""
-    (v,), run, _ = _verdict_of(tmp_path, "skip", {"FASTPROF_HANG_TIMEOUT": "8", "FASTPROF_HANG_GRACE": "2"})
+    v, run = _verdict_of(tmp_path, "skip", {"FASTPROF_HANG_TIMEOUT": "8", "FASTPROF_HANG_GRACE": "2"})
     m = re.search(
         r"rank 1 skipped a collective: it ended step 39 after (\d+) collectives of the default group \(the last "
         r"all_reduce #(\d+)\) where rank 0 entered all_reduce #(\d+) in that step: the ranks took different code "
@@ -399,26 +355,26 @@ def test_a_skipped_all_reduce_is_named_as_a_skipped_collective(tmp_path: Path) -
     assert int(m.group(1)) == int(m.group(2)) == 39 and int(m.group(3)) == 40, v
     assert "rank 1 has left its training loop (its Profiler closed after step 39)" in v
     assert f"Rank 0 waits in all_reduce #40 (worker.py:{_line('WAIT-HERE')} in <module>)." in v
-    assert _hangs(run, 1) == []
-    (r0,) = _hangs(run, 0)
+    assert hangs(run, 1) == []
+    (r0,) = hangs(run, 0)
     assert r0["step"] == 38  # rank 0 ended steps 0-38 and waits in step 39's all_reduce
 
 
 def test_a_rank_stuck_in_its_own_function_is_named_with_its_line(tmp_path: Path) -> None:
-    (v,), run, _ = _verdict_of(tmp_path, "own", {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"})
+    v, run = _verdict_of(tmp_path, "own", {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"})
     assert f"rank 1 never entered all_reduce #7; it is in other: worker.py:{_line('STUCK-OWN')} in reload_state" in v
     assert f"Rank 0 waits in all_reduce #7 (worker.py:{_line('WAIT-HERE')} in <module>)." in v
-    (r1,) = _hangs(run, 1)
+    (r1,) = hangs(run, 1)
     assert r1["summary"]["where"]["function"] == "reload_state" and r1["summary"]["collective"] is None
 
 
 def test_one_stuck_rank_among_four_is_named_and_the_three_others_wait(tmp_path: Path) -> None:
     env = {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"}
-    (v,), run, _ = _verdict_of(tmp_path, "data", env, nproc=4)
+    v, run = _verdict_of(tmp_path, "data", env, nproc=4)
     assert f"rank 1 never entered all_reduce #7; it is in the dataloader: worker.py:{_line('STUCK-DATA')} in " in v
     assert f"Ranks 0, 2-3 wait in all_reduce #7 (worker.py:{_line('WAIT-HERE')} in <module>)." in v
     for rank in range(4):
-        (doc,) = _hangs(run, rank)
+        (doc,) = hangs(run, rank)
         assert doc["rank"] == rank and doc["step"] == 5
 
 
@@ -429,7 +385,7 @@ def _finish(root: Path, mode: str, env: dict[str, str], args: tuple[str, ...]) -
     try:
         _out, err = p.communicate(timeout=200)
     except subprocess.TimeoutExpired:
-        out, err = _kill(p, root / "out" / "job")
+        out, err = kill(p, watched_pids(root / "out" / "job"))
         pytest.fail(f"the job did not end\nstdout:\n{out}\nstderr:\n{err}")
     assert p.returncode == 0, err
     return err, time.monotonic() - t0
@@ -441,7 +397,7 @@ def test_a_checkpoint_shorter_than_the_timeout_is_no_hang(tmp_path: Path) -> Non
     env = {"FASTPROF_HANG_TIMEOUT": "6", "FASTPROF_HANG_GRACE": "2"}
     err, _ = _finish(tmp_path, "ckpt", env, ("3",))
     run = tmp_path / "out" / "job"
-    assert _hangs(run, 0) == [] and _hangs(run, 1) == []
+    assert hangs(run, 0) == [] and hangs(run, 1) == []
     assert "fastprof: hang" not in err
 
 
@@ -451,12 +407,12 @@ def test_a_checkpoint_past_the_timeout_is_reported_as_waiting_for_rank0_in_save(
     the job then goes on and ends well (hang_action report)."""
     env = {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"}
     err, _ = _finish(tmp_path, "ckpt", env, ("8",))
-    lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
+    lines = verdicts(err)
     assert len(lines) == 1, err
     assert f"rank 0 never entered barrier #7; it is in other: worker.py:{_line('SAVE')} in save_checkpoint" in lines[0]
     assert f"Rank 1 waits in barrier #7 (worker.py:{_line('BARRIER')} in <module>)." in lines[0]
     run = tmp_path / "out" / "job"
-    assert [d["reason"] for d in _hangs(run, 0)] == ["stalled"]
+    assert [d["reason"] for d in hangs(run, 0)] == ["stalled"]
 
 
 def test_a_sigkilled_rank_makes_the_others_fail_not_hang_and_is_named_gone(tmp_path: Path) -> None:
@@ -472,7 +428,7 @@ def test_a_sigkilled_rank_makes_the_others_fail_not_hang_and_is_named_gone(tmp_p
     p = _start(tmp_path, "kill", env, launcher=("--monitor-interval", "20"))
     run = tmp_path / "out" / "job"
     try:
-        stuck = _wait_for(lambda: (tmp_path / "out" / "stuck").exists(), 150, p)
+        stuck = wait_for(lambda: (tmp_path / "out" / "stuck").exists(), 150, p)
         assert stuck, "rank 1 never reached its stop"
         time.sleep(1.0)  # rank 0 is in its all_reduce
         pid = int(json.loads((run / "rank1" / ".hang-watch.json").read_text())["pid"])
@@ -482,11 +438,11 @@ def test_a_sigkilled_rank_makes_the_others_fail_not_hang_and_is_named_gone(tmp_p
         ended = time.monotonic() - t0
     finally:
         if p.poll() is None:
-            _kill(p, run)
+            kill(p, watched_pids(run))
     assert p.returncode != 0
     assert "Connection closed by peer" in err, err[-3000:]
     assert ended < 60  # the job ended on its own (within a launcher look), before the 60 s hang timeout
-    assert _hangs(run, 0) == [] and _hangs(run, 1) == []
+    assert hangs(run, 0) == [] and hangs(run, 1) == []
     line = next((ln for ln in err.splitlines() if "fastprof: rank 0 stops on RuntimeError" in ln), None)
     assert line is not None, err[-3000:]
     assert f"the process of rank 1 (pid {pid}) is gone, ended outside the launcher" in line
@@ -579,8 +535,7 @@ PLAIN = textwrap.dedent(
 )
 
 
-def _plain(marker: str) -> int:
-    return next(i for i, text in enumerate(PLAIN.splitlines(), 1) if marker in text)
+_plain = partial(line_of, PLAIN)
 
 
 def _start_run(
@@ -589,20 +544,8 @@ def _start_run(
     """``torchrun -m fastprof run train.py OUT MODE``: the script has no Profiler."""
     (root / "train.py").write_text(PLAIN)
     (root / "out").mkdir(exist_ok=True)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_") and k not in TORCHRUN_VARS}
-    base.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1"]
-    cmd += ["--master-port", str(free_port()), *launcher, "-m", "fastprof", "run", "-o", str(root / "out")]
-    cmd += ["--run-name", "job", "train.py", str(root / "out"), mode]
-    return subprocess.Popen(
-        cmd,
-        cwd=root,
-        env={**base, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    cmd = torchrun_cmd(*fastprof_run(root / "out", "train.py", str(root / "out"), mode), nproc=nproc, launcher=launcher)
+    return start(cmd, root, job_env(env))
 
 
 #: mode -> ranks.
@@ -621,17 +564,13 @@ def test_fastprof_run_names_the_stuck_rank_its_line_phase_and_collective(tmp_pat
     env = {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"}
     p = _start_run(tmp_path, mode, env, nproc=nproc)
     run = tmp_path / "out" / "job"
-    try:
-        seen = _wait_for(lambda: (run / ".hang-verdict").exists() and bool(_hangs(run, 0)), 100, p)
-        time.sleep(1.0)  # the verdict's line reaches stderr
-    finally:
-        out, err = _kill(p, run)
+    seen, out, err = await_verdict(p, run, 100, also=lambda: hangs(run, 0))
     assert seen, f"no verdict within 100 s\nstdout:\n{out}\nstderr:\n{err}"
-    lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
+    lines = verdicts(err)
     assert len(lines) == 1, err
     (v,) = lines
     wait = f"all_reduce #(\\d+) \\(train.py:{_plain('PLAIN-WAIT')} in <module>\\)"
-    (r0,) = _hangs(run, 0)
+    (r0,) = hangs(run, 0)
     assert r0["timeout_s"] == TIMEOUT_S and r0["summary"]["collective"]["op"] == "all_reduce", r0["summary"]
     if mode == "mismatch":
         assert f"rank 1 is in broadcast (train.py:{_plain('PLAIN-MISMATCH')} in <module>" in v, v
@@ -647,12 +586,12 @@ def test_fastprof_run_names_the_stuck_rank_its_line_phase_and_collective(tmp_pat
     m = re.search(r"rank 1 never entered all_reduce #(\d+); it is in (.*?)\. (Ranks? [-, 0-9]+) waits? in " + wait, v)
     assert m and re.sub(r"\(pid \d+\)", "(pid PID)", m.group(2)) == where and m.group(1) == m.group(4), v
     assert m.group(3) == ("Ranks 0, 2-3" if nproc == 4 else "Rank 0"), v
-    (r1,) = _hangs(run, 1)
+    (r1,) = hangs(run, 1)
     assert r1["step"] == 5 and r1["summary"]["collective"] is None, r1["summary"]
     assert r1["summary"]["phase"] == ("other" if mode == "own" else "dataloader"), r1["summary"]
     assert r1["collectives"]["default"]["completed"]["seq"] == int(m.group(1)) - 1, r1["collectives"]
     for rank in range(nproc):
-        assert [d["rank"] for d in _hangs(run, rank)] == [rank]
+        assert [d["rank"] for d in hangs(run, rank)] == [rank]
     if mode == "worker":
         workers = [w for w in r1["workers"] if w.get("dataloader")]
         assert len(workers) == 1 and workers[0]["alive"] is True, r1["workers"]
@@ -668,15 +607,15 @@ def test_fastprof_run_a_rank_spinning_in_forward_with_the_gil_held_and_abort(tmp
     try:
         out, err = p.communicate(timeout=100)
     except subprocess.TimeoutExpired:
-        out, err = _kill(p, run)
+        out, err = kill(p, watched_pids(run))
         pytest.fail(f"the aborting job did not end within 100 s\nstdout:\n{out}\nstderr:\n{err}")
     assert p.returncode != 0
-    (r1,) = _hangs(run, 1)
+    (r1,) = hangs(run, 1)
     assert r1["answered_by"] == "watchdog", r1
     # The watchdog's file has the stacks only: where they say rank 1 is.
     s1 = summarize(r1, json.loads((run / "rank1" / ".hang-watch.json").read_text())["training_thread"])
     assert s1["phase"] == "forward" and s1["where"]["line"] == _plain("STUCK-GIL"), s1
-    lines = [ln for ln in err.splitlines() if "fastprof: hang at step" in ln]
+    lines = verdicts(err)
     assert len(lines) == 1, err
     assert "rank 1 never entered all_reduce" in lines[0] and "spins with the GIL held" in lines[0], lines[0]
     assert f"train.py:{_plain('STUCK-GIL')}" in lines[0], lines[0]
@@ -698,11 +637,11 @@ def test_fastprof_run_a_skipped_all_reduce_fails_the_job_and_is_named_a_skip(tmp
     try:
         _out, err = p.communicate(timeout=100)
     except subprocess.TimeoutExpired:
-        out, err = _kill(p, run)
+        out, err = kill(p, watched_pids(run))
         pytest.fail(f"the job did not end\nstdout:\n{out}\nstderr:\n{err}")
     assert p.returncode != 0
     assert "Connection closed by peer" in err, err[-3000:]
-    assert _hangs(run, 0) == [] and _hangs(run, 1) == []
+    assert hangs(run, 0) == [] and hangs(run, 1) == []
     line = next((ln for ln in err.splitlines() if "fastprof: rank 0 stops on RuntimeError" in ln), None)
     assert line is not None, err[-3000:]
     m = re.search(
@@ -726,7 +665,7 @@ def test_fastprof_run_a_sigkilled_rank_is_named_gone(tmp_path: Path) -> None:
     p = _start_run(tmp_path, "kill", env, launcher=("--monitor-interval", "20"))
     run = tmp_path / "out" / "job"
     try:
-        stuck = _wait_for(lambda: (tmp_path / "out" / "stuck").exists(), 100, p)
+        stuck = wait_for(lambda: (tmp_path / "out" / "stuck").exists(), 100, p)
         assert stuck, "rank 1 never reached its stop"
         time.sleep(1.0)  # rank 0 is in its all_reduce
         pid = int(json.loads((run / "rank1" / ".hang-watch.json").read_text())["pid"])
@@ -734,10 +673,10 @@ def test_fastprof_run_a_sigkilled_rank_is_named_gone(tmp_path: Path) -> None:
         _out, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
-            _kill(p, run)
+            kill(p, watched_pids(run))
     assert p.returncode != 0
     assert "Connection closed by peer" in err, err[-3000:]
-    assert _hangs(run, 0) == [] and _hangs(run, 1) == []
+    assert hangs(run, 0) == [] and hangs(run, 1) == []
     line = next((ln for ln in err.splitlines() if "fastprof: rank 0 stops on RuntimeError" in ln), None)
     assert line is not None, err[-3000:]
     assert f"the process of rank 1 (pid {pid}) is gone, ended outside the launcher" in line
@@ -756,10 +695,10 @@ def test_fastprof_run_slow_steps_a_checkpoint_and_an_evaluation_are_no_hang(tmp_
     try:
         out, err = p.communicate(timeout=110)
     except subprocess.TimeoutExpired:
-        out, err = _kill(p, run)
+        out, err = kill(p, watched_pids(run))
         pytest.fail(f"the job did not end\nstdout:\n{out}\nstderr:\n{err}")
     assert p.returncode == 0, err
-    assert _hangs(run, 0) == [] and _hangs(run, 1) == []
+    assert hangs(run, 0) == [] and hangs(run, 1) == []
     assert "fastprof: hang" not in err
     for rank in (0, 1):
         acct = json.loads((run / f"rank{rank}" / "profiler.json").read_text())["hang"]

@@ -17,13 +17,12 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
+from functools import partial
 from typing import Any
 
-import psutil
 import pytest
 
-from conftest import TORCHRUN_VARS, free_port
+from hung_job import fastprof_run, hangs, job_env, kill, line_of, start, torchrun_cmd, wait_for, watched_pids
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
@@ -61,36 +60,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _line(marker: str) -> int:
-    return next(i for i, text in enumerate(SCRIPT.splitlines(), 1) if marker in text)
-
-
-def _hangs(run: Path, rank: int) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted((run / f"rank{rank}").glob("hang-*.json"))]
-
-
-def _wait_for(pred: Any, limit: float, p: subprocess.Popen[str]) -> bool:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        if p.poll() is not None:
-            return bool(pred())
-        time.sleep(0.25)
-    return False
-
-
-def _kill(p: subprocess.Popen[str], run: Path) -> tuple[str, str]:
-    """SIGKILL the job: each rank by the pid its watch file names (torchrun
-    starts them in their own sessions), then torchrun's process group."""
-    for w in run.glob("rank*/.hang-watch.json"):
-        with contextlib.suppress(OSError, ValueError, psutil.Error):
-            rank = psutil.Process(int(json.loads(w.read_text())["pid"]))
-            for proc in [*rank.children(recursive=True), rank]:
-                proc.kill()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(os.getpgid(p.pid), signal.SIGKILL)
-    return p.communicate(timeout=60)
+_line = partial(line_of, SCRIPT)
 
 
 @pytest.fixture(scope="module")
@@ -102,21 +72,14 @@ def on_demand(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("hang-run-demand")
     (root / "train.py").write_text(SCRIPT)
     (root / "out").mkdir()
-    base = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_") and k not in TORCHRUN_VARS}
-    base.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
-    base.update(FASTPROF_HANG_TIMEOUT="600", FASTPROF_HANG_GRACE="2")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-    cmd += ["--master-port", str(free_port()), "-m", "fastprof", "run", "-o", str(root / "out"), "--run-name", "job"]
-    cmd += ["train.py", str(root / "out")]
-    p = subprocess.Popen(
-        cmd, cwd=root, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    base = job_env({"FASTPROF_HANG_TIMEOUT": "600", "FASTPROF_HANG_GRACE": "2"})
+    p = start(torchrun_cmd(*fastprof_run(root / "out", "train.py", str(root / "out"))), root, base)
     run = root / "out" / "job"
     stacks = None
     sigterm_at: float | None = None
     stuck_at: float | None = None
     try:
-        stuck = _wait_for(lambda: (root / "out" / "stuck").exists(), 100, p)
+        stuck = wait_for(lambda: (root / "out" / "stuck").exists(), 100, p)
         stuck_at = time.monotonic()
         if stuck:
             time.sleep(1.0)  # rank 0 is in its all_reduce
@@ -134,7 +97,7 @@ def on_demand(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 p.wait(timeout=60)
     finally:
         ended = p.poll() is not None
-        out, err = _kill(p, run)
+        out, err = kill(p, watched_pids(run))
     assert stuck, f"rank 1 never reached its stuck read\nstdout:\n{out}\nstderr:\n{err}"
     rep = root / "rep"
     report = subprocess.run(
@@ -154,7 +117,7 @@ def test_trigger_stacks_answers_from_every_rank_of_a_fastprof_run_job(on_demand:
     run = on_demand["run"]
     docs = {}
     for rank in (0, 1):
-        asked = [d for d in _hangs(run, rank) if d["reason"] == "request"]
+        asked = [d for d in hangs(run, rank) if d["reason"] == "request"]
         assert len(asked) == 1 and asked[0]["request"] and asked[0]["rank"] == rank, asked
         docs[rank] = asked[0]
     assert docs[0]["request"] == docs[1]["request"]
@@ -178,8 +141,8 @@ def test_trigger_stacks_answers_from_every_rank_of_a_fastprof_run_job(on_demand:
 
 def test_sigterm_to_a_stuck_rank_of_a_fastprof_run_job_writes_its_evidence(on_demand: dict[str, Any]) -> None:
     run = on_demand["run"]
-    docs = [d for d in _hangs(run, 1) if d["reason"] == "sigterm"]
-    assert len(docs) == 1, [(d["reason"], d["n"]) for d in _hangs(run, 1)]
+    docs = [d for d in hangs(run, 1) if d["reason"] == "sigterm"]
+    assert len(docs) == 1, [(d["reason"], d["n"]) for d in hangs(run, 1)]
     (doc,) = docs
     assert doc["rank"] == 1 and doc["stalled_s"] >= 10.0 and doc["step"] == 5, doc
     assert doc["time"] >= on_demand["sigterm_at"]

@@ -17,9 +17,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from functools import partial
 from typing import Any
 
-import psutil
 import pytest
 
 pytest.importorskip("torch")
@@ -28,7 +28,7 @@ pytest.importorskip("moto.server")
 
 import s3fs
 
-from conftest import TORCHRUN_VARS, free_port
+from hung_job import job_env, kill, line_of, start, torchrun_cmd, workers
 from moto_s3 import MotoServer, child_env
 
 pytestmark = pytest.mark.slow
@@ -66,26 +66,13 @@ WORKER = textwrap.dedent(
 TIMEOUT_S = 4.0
 
 
-def _line(marker: str) -> int:
-    return next(i for i, text in enumerate(WORKER.splitlines(), 1) if marker in text)
+_line = partial(line_of, WORKER)
 
 
 def _objects(fs: s3fs.S3FileSystem, url: str) -> list[str]:
     base = url.removeprefix("s3://")
     fs.invalidate_cache()
     return sorted(p[len(base) + 1 :] for p in fs.find(base))
-
-
-def _kill(p: subprocess.Popen[str]) -> tuple[str, str]:
-    """SIGKILL the job: torchrun's workers (in sessions of their own) and their
-    children, then torchrun's process group."""
-    with contextlib.suppress(psutil.Error):
-        for proc in psutil.Process(p.pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(os.getpgid(p.pid), signal.SIGKILL)
-    return p.communicate(timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -102,15 +89,10 @@ def store_hang(moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory
     fs.mkdir(bucket)
     url = f"s3://{bucket}/runs"
     (root / "worker.py").write_text(WORKER)
-    base = {k: v for k, v in env.items() if not k.startswith("FASTPROF_") and k not in TORCHRUN_VARS}
-    base.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
-    base.update(FASTPROF_HANG_TIMEOUT=str(TIMEOUT_S), FASTPROF_HANG_GRACE="2")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-    cmd += ["--master-port", str(free_port()), str(root / "worker.py"), url, str(root / "spools")]
+    base = job_env({"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"}, source=env)
+    cmd = torchrun_cmd(str(root / "worker.py"), url, str(root / "spools"))
     t0 = time.monotonic()
-    p = subprocess.Popen(
-        cmd, cwd=root, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    p = start(cmd, root, base)
     run = f"{url}/job"
     stacks = None
     said = False
@@ -137,7 +119,7 @@ def store_hang(moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=60)
     finally:
-        out, err = _kill(p)
+        out, err = kill(p, workers(p))  # the ranks' watch files are in the bucket
     assert said, f"no verdict in the bucket within 90 s\nstdout:\n{out}\nstderr:\n{err}"
     objects = _objects(fs, run)
     docs = {
@@ -260,15 +242,8 @@ def test_a_skipped_all_reduce_is_named_through_the_bucket(moto_server: MotoServe
     bucket = f"skip-{os.getpid()}-{int(time.time())}"
     fs.mkdir(bucket)
     (root / "worker.py").write_text(WORKER)
-    base = {k: v for k, v in env.items() if not k.startswith("FASTPROF_") and k not in TORCHRUN_VARS}
-    base.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", FASTPROF_SAMPLE_HZ="0", OMP_NUM_THREADS="1")
-    base.update(FASTPROF_HANG_TIMEOUT="8", FASTPROF_HANG_GRACE="2")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-    cmd += ["--master-port", str(free_port()), str(root / "worker.py"), f"s3://{bucket}/runs", str(root / "spools")]
-    cmd += ["skip"]
-    p = subprocess.Popen(
-        cmd, cwd=root, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    base = job_env({"FASTPROF_HANG_TIMEOUT": "8", "FASTPROF_HANG_GRACE": "2"}, source=env)
+    p = start(torchrun_cmd(str(root / "worker.py"), f"s3://{bucket}/runs", str(root / "spools"), "skip"), root, base)
     run = f"s3://{bucket}/runs/job"
     said = False
     try:
@@ -278,7 +253,7 @@ def test_a_skipped_all_reduce_is_named_through_the_bucket(moto_server: MotoServe
             time.sleep(0.5)
         time.sleep(1.0)  # the verdict's line reaches stderr
     finally:
-        _out, err = _kill(p)
+        _out, err = kill(p, workers(p))  # the ranks' watch files are in the bucket
     assert said, err[-3000:]
     assert "rank1/hang-closed.json" in _objects(fs, run)
     assert not (root / "spools" / "node0" / "job" / "rank1").exists()
