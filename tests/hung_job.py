@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from conftest import TORCHRUN_VARS, free_port
 
@@ -101,6 +102,16 @@ def kill(p: subprocess.Popen[str], pids: Iterable[int]) -> tuple[str, str]:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(os.getpgid(p.pid), signal.SIGKILL)
     return p.communicate(timeout=60)
+
+
+def run_to_end(p: subprocess.Popen[str], run: Path, limit: float, what: str) -> tuple[str, str]:
+    """The job's stdout and stderr once it has ended by itself; past ``limit``
+    seconds it is killed and the test fails with ``what`` and its output."""
+    try:
+        return p.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        out, err = kill(p, watched_pids(run))
+        pytest.fail(f"{what}\nstdout:\n{out}\nstderr:\n{err}")
 
 
 def wait_for(pred: Callable[[], Any], limit: float, p: subprocess.Popen[str]) -> bool:

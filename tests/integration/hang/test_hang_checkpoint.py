@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import textwrap
 from functools import partial
 from pathlib import Path
 
 import pytest
 
-from hung_job import fastprof_run, hangs, job_env, kill, line_of, start, torchrun_cmd, watched_pids
+from hung_job import fastprof_run, hangs, job_env, line_of, run_to_end, start, torchrun_cmd
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
@@ -77,11 +76,7 @@ def _run(root: Path, timeout: str) -> tuple[str, Path, dict[str, float]]:
     base = job_env({"FASTPROF_HANG_TIMEOUT": timeout, "FASTPROF_HANG_GRACE": "2"})
     p = start(torchrun_cmd(*fastprof_run(root / "out", "train.py", str(root / "out"), str(SAVE_S))), root, base)
     run = root / "out" / "job"
-    try:
-        out, err = p.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        out, err = kill(p, watched_pids(run))
-        pytest.fail(f"the job did not end within 150 s\nstdout:\n{out}\nstderr:\n{err}")
+    _out, err = run_to_end(p, run, 150, "the job did not end within 150 s")
     assert p.returncode == 0, err[-5000:]
     save = json.loads((root / "out" / "save.json").read_text())
     # The premise: the save lasted its 20 s, after a step had ended.

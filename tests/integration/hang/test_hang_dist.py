@@ -32,6 +32,7 @@ from hung_job import (
     job_env,
     kill,
     line_of,
+    run_to_end,
     start,
     torchrun_cmd,
     verdicts,
@@ -236,11 +237,7 @@ def test_report_of_the_killed_run_has_the_hang(data_hang: dict[str, Any]) -> Non
 def test_a_rank_spinning_with_the_gil_held_gives_its_stack_and_abort_ends_the_job(tmp_path: Path) -> None:
     env = {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2", "FASTPROF_HANG_ACTION": "abort"}
     p = _start(tmp_path, "gil", env)
-    try:
-        out, err = p.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        out, err = kill(p, watched_pids(tmp_path / "out" / "job"))
-        pytest.fail(f"the aborting job did not end within 150 s\nstdout:\n{out}\nstderr:\n{err}")
+    _out, err = run_to_end(p, tmp_path / "out" / "job", 150, "the aborting job did not end within 150 s")
     run = tmp_path / "out" / "job"
     assert p.returncode != 0
     (r1,) = hangs(run, 1)
@@ -257,11 +254,7 @@ def test_a_rank_spinning_with_the_gil_held_gives_its_stack_and_abort_ends_the_jo
 
 def test_a_slow_job_reports_no_hang(tmp_path: Path) -> None:
     p = _start(tmp_path, "slow", {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2"})
-    try:
-        out, err = p.communicate(timeout=200)
-    except subprocess.TimeoutExpired:
-        out, err = kill(p, watched_pids(tmp_path / "out" / "job"))
-        pytest.fail(f"the slow job did not end\nstdout:\n{out}\nstderr:\n{err}")
+    _out, err = run_to_end(p, tmp_path / "out" / "job", 200, "the slow job did not end")
     assert p.returncode == 0, err
     run = tmp_path / "out" / "job"
     assert hangs(run, 0) == [] and hangs(run, 1) == []
@@ -382,11 +375,7 @@ def _finish(root: Path, mode: str, env: dict[str, str], args: tuple[str, ...]) -
     """Run the job to its end: its stderr and wall seconds."""
     p = _start(root, mode, env, args=args)
     t0 = time.monotonic()
-    try:
-        _out, err = p.communicate(timeout=200)
-    except subprocess.TimeoutExpired:
-        out, err = kill(p, watched_pids(root / "out" / "job"))
-        pytest.fail(f"the job did not end\nstdout:\n{out}\nstderr:\n{err}")
+    _out, err = run_to_end(p, root / "out" / "job", 200, "the job did not end")
     assert p.returncode == 0, err
     return err, time.monotonic() - t0
 
@@ -604,11 +593,7 @@ def test_fastprof_run_a_rank_spinning_in_forward_with_the_gil_held_and_abort(tmp
     env = {"FASTPROF_HANG_TIMEOUT": str(TIMEOUT_S), "FASTPROF_HANG_GRACE": "2", "FASTPROF_HANG_ACTION": "abort"}
     p = _start_run(tmp_path, "gil", env)
     run = tmp_path / "out" / "job"
-    try:
-        out, err = p.communicate(timeout=100)
-    except subprocess.TimeoutExpired:
-        out, err = kill(p, watched_pids(run))
-        pytest.fail(f"the aborting job did not end within 100 s\nstdout:\n{out}\nstderr:\n{err}")
+    _out, err = run_to_end(p, run, 100, "the aborting job did not end within 100 s")
     assert p.returncode != 0
     (r1,) = hangs(run, 1)
     assert r1["answered_by"] == "watchdog", r1
@@ -634,11 +619,7 @@ def test_fastprof_run_a_skipped_all_reduce_fails_the_job_and_is_named_a_skip(tmp
     env = {"FASTPROF_HANG_TIMEOUT": "60", "FASTPROF_HANG_GRACE": "2"}
     p = _start_run(tmp_path, "skip", env)
     run = tmp_path / "out" / "job"
-    try:
-        _out, err = p.communicate(timeout=100)
-    except subprocess.TimeoutExpired:
-        out, err = kill(p, watched_pids(run))
-        pytest.fail(f"the job did not end\nstdout:\n{out}\nstderr:\n{err}")
+    _out, err = run_to_end(p, run, 100, "the job did not end")
     assert p.returncode != 0
     assert "Connection closed by peer" in err, err[-3000:]
     assert hangs(run, 0) == [] and hangs(run, 1) == []
@@ -692,11 +673,7 @@ def test_fastprof_run_slow_steps_a_checkpoint_and_an_evaluation_are_no_hang(tmp_
     env = {"FASTPROF_HANG_TIMEOUT": "6", "FASTPROF_HANG_GRACE": "2"}
     p = _start_run(tmp_path, "calm", env)
     run = tmp_path / "out" / "job"
-    try:
-        out, err = p.communicate(timeout=110)
-    except subprocess.TimeoutExpired:
-        out, err = kill(p, watched_pids(run))
-        pytest.fail(f"the job did not end\nstdout:\n{out}\nstderr:\n{err}")
+    _out, err = run_to_end(p, run, 110, "the job did not end")
     assert p.returncode == 0, err
     assert hangs(run, 0) == [] and hangs(run, 1) == []
     assert "fastprof: hang" not in err
