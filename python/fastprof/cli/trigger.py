@@ -422,18 +422,25 @@ def _stacks(args: argparse.Namespace, run_dir: Path | None, name: str) -> int:
     pending = set(live)
     while pending and time.monotonic() < deadline:
         for r in sorted(pending):
-            for _n, p in hangs.evidence_files(live[r]["dir"]):
-                try:
-                    doc = json.loads(p.read_text())
-                except (OSError, ValueError, RecursionError):
-                    continue
-                if isinstance(doc, dict) and doc.get("request") == rid:
-                    pending.discard(r)
-                    print(f"  rank {r}: {p}")
-                    break
+            p = _answer(live[r]["dir"], rid)
+            if p is not None:
+                pending.discard(r)
+                print(f"  rank {r}: {p}")
         if pending:
             time.sleep(0.2)
     return _say_stacks(hangs.join(run_dir, time.time(), 0.0, request=rid), live, pending)
+
+
+def _answer(rank_dir: Path, rid: str) -> Path | None:
+    """The rank's evidence file that answers request ``rid``, if written."""
+    for _n, p in hangs.evidence_files(rank_dir):
+        try:
+            doc = json.loads(p.read_text())
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(doc, dict) and doc.get("request") == rid:
+            return p
+    return None
 
 
 def _live_ranks(watches: dict[int, dict[str, Any]], rank: Any, where: str, none: str) -> dict[int, dict[str, Any]]:
@@ -520,15 +527,10 @@ def _stacks_in_store(args: argparse.Namespace, url: str) -> int:
             except Exception:  # noqa: BLE001 - not there yet, or the store failed once: next look
                 pass
             for r in sorted(pending):
-                for _n, p in hangs.evidence_files(into / f"rank{r}"):
-                    try:
-                        doc = json.loads(p.read_text())
-                    except (OSError, ValueError, RecursionError):
-                        continue
-                    if isinstance(doc, dict) and doc.get("request") == rid:
-                        pending.discard(r)
-                        print(f"  rank {r}: {store.url_of(f'rank{r}/{p.name}')}")
-                        break
+                p = _answer(into / f"rank{r}", rid)
+                if p is not None:
+                    pending.discard(r)
+                    print(f"  rank {r}: {store.url_of(f'rank{r}/{p.name}')}")
             if not pending or time.monotonic() >= deadline:
                 break
             time.sleep(1.0)
