@@ -32,6 +32,7 @@ import heapq
 import html
 from typing import Any
 
+from fastprof.recording.names import REPORT_JSON
 from fastprof.reports.many import MANY_RANKS, TOP_K, many
 
 #: The run's worst slow steps, first captures, flight dumps and notes the view keeps.
@@ -128,7 +129,7 @@ def embedded(doc: dict[str, Any]) -> dict[str, Any]:
         cut.append("anatomy")
     view["page_view"] = {
         "bounded": cut,
-        "full": "report.json",
+        "full": REPORT_JSON,
         "rule": (
             f"above {MANY_RANKS} ranks the page embeds each rank's triggers counted (slow steps by cause, its "
             f"worst), the run's {EMBED_TOP} worst slow steps and first {EMBED_TOP} captures, flight dumps and "
