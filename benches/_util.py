@@ -69,3 +69,43 @@ def median(xs: list[float]) -> float:
 
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
+
+
+#: A long run on one rank, recorded by the real Profiler with three spans a
+#: step and paced so that the rings never fill (the writer drains every
+#: 50 ms): ``python -c PACED_RUN STEPS OUT [SUMMARY [SEGMENT_SIZE]]``, SUMMARY
+#: "1" or "0" for ``rank_summary`` ("-" or absent: the Profiler's default),
+#: SEGMENT_SIZE 0 or absent for the default.
+PACED_RUN = """
+import sys, time, fastprof
+steps, out = int(sys.argv[1]), sys.argv[2]
+opts = {}
+if len(sys.argv) > 3 and sys.argv[3] in ("0", "1"):
+    opts["rank_summary"] = sys.argv[3] == "1"
+if len(sys.argv) > 4 and int(sys.argv[4]):
+    opts["segment_size"] = int(sys.argv[4])
+prof = fastprof.Profiler(out, "run", torch=False, sample_hz=0, flush_interval=0.05, **opts)
+with prof:
+    for i, _ in enumerate(prof.loader(range(steps))):
+        with fastprof.span("forward"):
+            pass
+        with fastprof.span("backward"):
+            pass
+        with fastprof.span("optimizer"):
+            pass
+        prof.step()
+        if i % 2000 == 1999:
+            time.sleep(0.002)  # pace: the writer drains every 50 ms, rings never fill
+"""
+
+#: Run a command (argv[2:]) and write "wall_s cpu_s peak_rss_bytes exit_code"
+#: to argv[1] (its CPU and peak from ``wait4``).
+SPAWN = """
+import os, subprocess, sys, time
+t0 = time.perf_counter()
+p = subprocess.Popen(sys.argv[2:])
+_, status, ru = os.wait4(p.pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(f"{time.perf_counter() - t0} {ru.ru_utime + ru.ru_stime} {ru.ru_maxrss * 1024} "
+            f"{os.waitstatus_to_exitcode(status)}")
+"""

@@ -25,35 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _util import machine
-
-RECORD = """
-import sys, time, fastprof
-steps, out, seg = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-opts = {"segment_size": seg} if seg else {}
-prof = fastprof.Profiler(out, "run", torch=False, sample_hz=0, flush_interval=0.05, **opts)
-with prof:
-    for i, _ in enumerate(prof.loader(range(steps))):
-        with fastprof.span("forward"):
-            pass
-        with fastprof.span("backward"):
-            pass
-        with fastprof.span("optimizer"):
-            pass
-        prof.step()
-        if i % 2000 == 1999:
-            time.sleep(0.002)  # pace: the writer drains every 50 ms, rings never fill
-"""
-
-#: Run a command, write "wall_s peak_rss_bytes exit_code" to argv[1].
-SPAWN = """
-import os, subprocess, sys, time
-t0 = time.perf_counter()
-p = subprocess.Popen(sys.argv[2:])
-_, status, ru = os.wait4(p.pid, 0)
-with open(sys.argv[1], "w") as f:
-    f.write(f"{time.perf_counter() - t0} {ru.ru_maxrss * 1024} {os.waitstatus_to_exitcode(status)}")
-"""
+from _util import PACED_RUN, SPAWN, machine
 
 LOAD = """
 import sys, fastprof
@@ -69,7 +41,7 @@ def measured(cmd: list[str], log: Path) -> tuple[float, int]:
         subprocess.run(
             [sys.executable, "-c", SPAWN, str(result), *cmd], stdout=out, stderr=subprocess.STDOUT, check=True
         )
-    wall, rss, code = result.read_text().split()
+    wall, _cpu, rss, code = result.read_text().split()
     if int(code) != 0:
         raise SystemExit(f"{cmd[:4]} failed ({code}):\n{log.read_text(errors='replace')[-3000:]}")
     return float(wall), int(rss)
@@ -96,7 +68,9 @@ def main() -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", RECORD, str(a.steps), str(tmp), str(a.segment_size)], check=True, env=env)
+        subprocess.run(
+            [sys.executable, "-c", PACED_RUN, str(a.steps), str(tmp), "-", str(a.segment_size)], check=True, env=env
+        )
         run = tmp / "run"
         segs = sorted((run / "rank0").glob("fastprof.*.json.gz"))
         gz = sum(s.stat().st_size for s in segs)

@@ -29,35 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _util import machine
-
-RECORD = """
-import sys, time, fastprof
-steps, out, summary = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
-prof = fastprof.Profiler(out, "run", torch=False, sample_hz=0, flush_interval=0.05, rank_summary=summary)
-with prof:
-    for i, _ in enumerate(prof.loader(range(steps))):
-        with fastprof.span("forward"):
-            pass
-        with fastprof.span("backward"):
-            pass
-        with fastprof.span("optimizer"):
-            pass
-        prof.step()
-        if i % 2000 == 1999:
-            time.sleep(0.002)  # pace: the writer drains every 50 ms, rings never fill
-"""
-
-#: Run a command; write "wall_s cpu_s peak_rss_bytes exit_code" to argv[1].
-SPAWN = """
-import os, subprocess, sys, time
-t0 = time.perf_counter()
-p = subprocess.Popen(sys.argv[2:])
-_, status, ru = os.wait4(p.pid, 0)
-with open(sys.argv[1], "w") as f:
-    f.write(f"{time.perf_counter() - t0} {ru.ru_utime + ru.ru_stime} {ru.ru_maxrss * 1024} "
-            f"{os.waitstatus_to_exitcode(status)}")
-"""
+from _util import PACED_RUN, SPAWN, machine
 
 #: The report from segments, each section's RSS and peak printed (argv: run, out).
 STAGES = """
@@ -141,9 +113,8 @@ def main() -> None:
         else:
             env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
             t0 = time.perf_counter()
-            subprocess.run(
-                [sys.executable, "-c", RECORD, str(a.steps), str(tmp), "1" if a.summary else "0"], check=True, env=env
-            )
+            record = [sys.executable, "-c", PACED_RUN, str(a.steps), str(tmp), "1" if a.summary else "0"]
+            subprocess.run(record, check=True, env=env)
             run = tmp / "run"
             print(f"recorded {a.steps} steps in {time.perf_counter() - t0:.0f} s")
         fp = [sys.executable, "-m", "fastprof"]

@@ -18,32 +18,19 @@ import pytest
 from fastprof.reports import time as time_report_module
 from fastprof.reports.data import load
 
-STEPS = 100_000
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benches"))
 
-JOB = """
-import sys, time, fastprof
-prof = fastprof.Profiler(sys.argv[1], "run", torch=False, sample_hz=0, flush_interval=0.05, rank_summary=False)
-with prof:
-    for i, _ in enumerate(prof.loader(range(int(sys.argv[2])))):
-        with fastprof.span("forward"):
-            pass
-        with fastprof.span("backward"):
-            pass
-        with fastprof.span("optimizer"):
-            pass
-        prof.step()
-        if i % 2000 == 1999:
-            time.sleep(0.002)  # pace: the writer drains every 50 ms, rings never fill
-"""
+from _util import PACED_RUN
+
+STEPS = 100_000
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("time_blocks")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPROF_")}
-    p = subprocess.run(
-        [sys.executable, "-c", JOB, str(tmp), str(STEPS)], capture_output=True, text=True, timeout=300, env=env
-    )
+    cmd = [sys.executable, "-c", PACED_RUN, str(STEPS), str(tmp), "0"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     return tmp / "run"
 

@@ -725,6 +725,22 @@ mod tests {
     /// The watchdog tests share [`BEAT`] (a watchdog's start resets it).
     static WATCHDOGS: Mutex<()> = Mutex::new(());
 
+    /// A watchdog of rank `rank` writing into `dir`, quick to poll, no
+    /// abort, no SIGTERM hook.
+    fn test_config(dir: &Path, rank: u32, timeout: Duration) -> Config {
+        Config {
+            rank_dir: dir.to_path_buf(),
+            rank,
+            timeout: Some(timeout),
+            grace: Duration::from_millis(50),
+            poll: Duration::from_millis(10),
+            abort_status: None,
+            abort_after: Duration::ZERO,
+            sigterm_hook: false,
+            sigterm_default: false,
+        }
+    }
+
     #[test]
     fn steps_before_the_thread_runs_count_and_an_earlier_runs_do_not() {
         let _one = WATCHDOGS.lock().unwrap_or_else(|e| e.into_inner());
@@ -733,17 +749,7 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         // An earlier run in this process ended its step 2.
         beat(2);
-        let cfg = Config {
-            rank_dir: dir.clone(),
-            rank: 0,
-            timeout: Some(Duration::from_millis(200)),
-            grace: Duration::from_millis(50),
-            poll: Duration::from_millis(10),
-            abort_status: None,
-            abort_after: Duration::ZERO,
-            sigterm_hook: false,
-            sigterm_default: false,
-        };
+        let cfg = test_config(&dir, 0, Duration::from_millis(200));
         let w = Watchdog::start(cfg, Box::new(Fake)).unwrap();
         // This run's steps 0-2 end at once (before the thread's first poll),
         // leaving the beat where the earlier run left it; then it stalls.
@@ -768,17 +774,7 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join(REQUEST_FILE), "req-1").unwrap();
-        let cfg = Config {
-            rank_dir: dir.clone(),
-            rank: 3,
-            timeout: Some(Duration::from_secs(3600)),
-            grace: Duration::from_millis(50),
-            poll: Duration::from_millis(10),
-            abort_status: None,
-            abort_after: Duration::ZERO,
-            sigterm_hook: false,
-            sigterm_default: false,
-        };
+        let cfg = test_config(&dir, 3, Duration::from_secs(3600));
         let w = Watchdog::start(cfg, Box::new(Fake)).unwrap();
         let e = w.next(Duration::from_secs(10)).expect("an event");
         assert_eq!(
