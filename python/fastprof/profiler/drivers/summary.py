@@ -9,6 +9,13 @@ Off the step path: only at the close. A normal end gives it
 :data:`SUMMARY_SIGTERM_S`, within the seconds a launcher leaves between
 SIGTERM and SIGKILL (torchrun: 30 s), the process killed past it (then no
 summary, and a report reads the rank's segments, as for a rank cut short).
+A rank whose segments hold more than :data:`SUMMARY_MAX_BYTES` of gzip
+(a long run: ~2.7 M steps of a bare loop) writes none either: its summary,
+made by the report of those segments, would hold the job's end for
+minutes and take GBs of memory beside it (the report of 10^7 steps: 310-409
+s and 3.8 GB on a 2-core machine, past :data:`SUMMARY_TIMEOUT_S`, so it
+would be killed with nothing to show);
+the close says so, and a report reads the rank's segments.
 A run on object storage (its rank folder sent and gone) writes none, and
 neither does a Profiler whose ``rank_summary`` option is off
 (``rank_summary=False``, ``FASTPROF_RANK_SUMMARY=0``): ``drivers/build.py`` then
@@ -23,13 +30,15 @@ import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 from fastprof._core import FastprofWarning
 from fastprof._loop_api import RunEndHost
 from fastprof.profiler.driver import Closing, Driver
+from fastprof.recording.names import OPEN_SUFFIX, SEGMENT
 
-__all__ = ["SUMMARY_SIGTERM_S", "SUMMARY_TIMEOUT_S", "SummaryDriver", "follow"]
+__all__ = ["SUMMARY_MAX_BYTES", "SUMMARY_SIGTERM_S", "SUMMARY_TIMEOUT_S", "SummaryDriver", "follow"]
 
 #: The most a normal end waits for the rank's summary.
 SUMMARY_TIMEOUT_S = 300.0
@@ -37,6 +46,9 @@ SUMMARY_TIMEOUT_S = 300.0
 SUMMARY_SIGTERM_S = 5.0
 #: The module a rank's summary is made by (run with ``-m``).
 SUMMARY_MODULE = "fastprof.reports.rank_summary"
+#: The most gzip a rank's segments may hold for it to summarise itself (one
+#: segment of the default ``segment_size``).
+SUMMARY_MAX_BYTES = 256 << 20
 
 
 class SummaryDriver(Driver):
@@ -49,6 +61,16 @@ class SummaryDriver(Driver):
             return  # fastprof run's Profiler ends the run: it writes the summary
         rank_dir = prof.rank_dir
         if not rank_dir.is_dir() or prof.recorder.spool is not None:
+            return
+        size = segments_size(rank_dir)
+        if size > SUMMARY_MAX_BYTES:
+            warnings.warn(
+                f"fastprof: rank {prof.rank}'s summary was left out: its segments hold {size / 2**20:,.0f} MiB, "
+                f"more than the {SUMMARY_MAX_BYTES >> 20} MiB a summary is made from at the job's end (it would "
+                "take minutes and GBs of memory); a report reads its segments",
+                FastprofWarning,
+                stacklevel=2,
+            )
             return
         budget = SUMMARY_SIGTERM_S if closing.abrupt else SUMMARY_TIMEOUT_S
         cmd = [sys.executable, "-m", SUMMARY_MODULE, str(rank_dir.parent), str(prof.rank)]
@@ -75,6 +97,18 @@ class SummaryDriver(Driver):
                 FastprofWarning,
                 stacklevel=2,
             )
+
+
+def segments_size(rank_dir: Path) -> int:
+    """Bytes of the rank's closed segments (``fastprof.<n>.json.gz``)."""
+    total = 0
+    for p in rank_dir.iterdir():
+        if SEGMENT.match(p.name) and not p.name.endswith(OPEN_SUFFIX):
+            try:
+                total += p.stat().st_size
+            except OSError:
+                continue  # gone since listed (a retention cap)
+    return total
 
 
 def follow(host: Any, wanted: bool) -> None:
