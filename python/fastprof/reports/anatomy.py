@@ -296,31 +296,58 @@ def slow_step_rule(data: RunData, rank: int) -> SlowStepRule:
     return SlowStepRule.of_triggers(triggers.get("config") if isinstance(triggers, dict) else None)
 
 
+#: Steps compared at a time when the args are paired with the step rows
+#: (a few bytes a step of temporaries per chunk, not per step of the run).
+_STEP_CHUNK = 1 << 20
+
+
 def epoch_starts(data: RunData) -> dict[int, Any]:
     """rank -> a bool per step (in time order): the first step of an epoch,
     from the step spans' ``epoch`` args (``_core._read_step_args``: the
     columns carry no args); empty where the args cannot be matched with the
-    columns' step spans (then only a run's first step counts as one)."""
-    sp = data.cols.spans
-    sid = data.name_id(STEP_SPAN)
-    if sid is None:
+    columns' step spans (then only a run's first step counts as one).
+
+    Linear in ranks: each rank's step rows are a slice of the rank index
+    (:meth:`RunData.span_rows`, by start), laid rank after rank; the args
+    come file after file in row order, so the k-th step read is the k-th
+    smallest of those rows, and one sort of the step rows (a merge of one
+    ascending run per rank, mostly) places every epoch in its rank's slice.
+    Held: ~16 bytes a step (the rows, their order, the epochs) and one
+    file's args at a time (24 bytes a step of it)."""
+    if data.name_id(STEP_SPAN) is None:
         return {}
-    is_step = sp["name"] == sid
-    try:
-        got = [_core._read_step_args(str(f["path"])) for f in data.cols.files]
-    except (FastprofError, OSError):
+    parts = [(rank, data.span_rows(STEP_SPAN, rank)) for rank in data.ranks]
+    parts = [(rank, rows) for rank, rows in parts if len(rows)]
+    if not parts:
         return {}
-    if not got:
-        return {}
-    pid = np.concatenate([g["pid"] for g in got])
-    epoch = np.concatenate([g["epoch"] for g in got])
-    if len(pid) != int(is_step.sum()) or not np.array_equal(pid, sp["pid"][is_step]):
+    rows = np.concatenate([r for _, r in parts])
+    cut = np.cumsum([0] + [len(r) for _, r in parts])
+    by_row = np.argsort(rows, kind="stable")
+    if len(rows) < 2**31:
+        by_row = by_row.astype(np.int32)
+    pid = data.cols.spans["pid"]
+    epoch = np.empty(len(rows), np.int64)
+    k = 0
+    for f in data.cols.files:
+        try:
+            got = _core._read_step_args(str(f["path"]))
+        except (FastprofError, OSError):
+            return {}
+        m = len(got["pid"])
+        if k + m > len(rows):
+            return {}
+        for c in range(0, m, _STEP_CHUNK):
+            stop = min(c + _STEP_CHUNK, m)
+            at = by_row[k + c : k + stop]
+            if not np.array_equal(pid[rows[at]], got["pid"][c:stop]):
+                return {}
+            epoch[at] = got["epoch"][c:stop]
+        k += m
+    if k != len(rows):
         return {}
     out: dict[int, Any] = {}
-    ranks, ts = sp["rank"][is_step], sp["ts"][is_step]
-    for rank in np.unique(ranks).tolist():
-        m = ranks == rank
-        e = epoch[m][np.argsort(ts[m], kind="stable")]
+    for (rank, _), a, b in zip(parts, cut[:-1].tolist(), cut[1:].tolist(), strict=True):
+        e = epoch[a:b]
         out[int(rank)] = np.concatenate([[True], e[1:] != e[:-1]])
     return out
 
