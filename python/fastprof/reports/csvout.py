@@ -67,7 +67,7 @@ def write_csv(doc: dict[str, Any], out_dir: Path, breakdown: Any = None) -> list
     when ``breakdown`` (a ``reports.breakdown.Breakdown``) wrote it there as
     its rows were computed."""
     written = []
-    for name, rows in tables(encode(doc)).items():
+    for name, rows in encode(tables(doc)).items():
         if not rows:
             continue
         path = out_dir / f"{name}.csv"
