@@ -22,6 +22,7 @@ from fastprof.readers.columns import Columns
 NAN, INF, NEG_INF = "NaN", "Infinity", "-Infinity"
 #: Paths listed in one warning line before "and N more".
 _LISTED = 8
+_NESTED = (dict, list, tuple)
 
 
 def text(v: float) -> str:
@@ -54,10 +55,22 @@ def paths(doc: Any, at: str = "") -> list[str]:
     of the non-finite floats in ``doc``, in document order."""
     if isinstance(doc, float):
         return [] if math.isfinite(doc) else [at or "$"]
+    # A child is looked into only where it is a container or a non-finite
+    # float: the rest, most of a report, is passed without a call or a path.
     if isinstance(doc, dict):
-        return [p for k, v in doc.items() for p in paths(v, f"{at}.{k}" if at else str(k))]
+        return [
+            p
+            for k, v in doc.items()
+            if isinstance(v, _NESTED) or (isinstance(v, float) and not math.isfinite(v))
+            for p in paths(v, f"{at}.{k}" if at else str(k))
+        ]
     if isinstance(doc, (list, tuple)):
-        return [p for i, v in enumerate(doc) for p in paths(v, f"{at}[{i}]")]
+        return [
+            p
+            for i, v in enumerate(doc)
+            if isinstance(v, _NESTED) or (isinstance(v, float) and not math.isfinite(v))
+            for p in paths(v, f"{at}[{i}]")
+        ]
     return []
 
 
