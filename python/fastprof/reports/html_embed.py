@@ -48,10 +48,21 @@ def bounded(doc: dict[str, Any]) -> bool:
     return many(len(doc["source"]["ranks"]))
 
 
-def _worst_first(rank: int, i: int, a: dict[str, Any]) -> tuple[float, int, int]:
+def worst_first(per_rank: list[dict[str, Any]], k: int | None = None) -> list[int]:
     """The order of the page's slow-step table above MANY_RANKS ranks: the
-    largest factor first, then by rank and the rank's own order."""
-    return (-float(a["factor"] or 0.0), rank, i)
+    largest factor first, then by rank, then the rank's own order; as
+    indices into the run's slow steps listed record by record of
+    ``per_rank`` (the triggers' records, one a rank); with ``k``, the first
+    ``k`` of them. Two stable orderings of indices, no key tuple a slow step:
+    200,000 of them (1,024 ranks beside a CPU hog) made the cyclic collector
+    walk the whole report again."""
+    factor = [-float(a["factor"] or 0.0) for r in per_rank for a in r["anomalies"]]
+    rank = [int(r["rank"]) for r in per_rank for _a in r["anomalies"]]
+    by_rank = sorted(range(len(factor)), key=rank.__getitem__)
+    if k is not None:
+        return heapq.nsmallest(k, by_rank, key=factor.__getitem__)  # stable, as sorted()[:k]
+    by_rank.sort(key=factor.__getitem__)
+    return by_rank
 
 
 def _triggers(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -62,7 +73,9 @@ def _triggers(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         causes: dict[str | None, int] = {}
         for a in r["anomalies"]:
             causes[a.get("cause")] = causes.get(a.get("cause"), 0) + 1
-        worst = min(enumerate(r["anomalies"]), key=lambda ia: _worst_first(rank, *ia), default=None)
+        an = r["anomalies"]
+        factor = [-float(a["factor"] or 0.0) for a in an]
+        worst = an[min(range(len(an)), key=factor.__getitem__)] if an else None  # the first largest
         con = r.get("contention")
         if con and con.get("rule") and con["rule"] not in rules and len(rules) < TOP_K:
             rules.append(str(con["rule"]))
@@ -77,14 +90,12 @@ def _triggers(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
                 "anomalies_by_cause": [
                     {"cause": c, "count": n} for c, n in sorted(causes.items(), key=lambda cn: (-cn[1], str(cn[0])))
                 ],
-                "worst_anomaly": None if worst is None else {k: worst[1].get(k) for k in _WORST},
+                "worst_anomaly": None if worst is None else {k: worst.get(k) for k in _WORST},
             }
         )
-    worst_all = heapq.nsmallest(
-        EMBED_TOP,
-        ((int(r["rank"]), i, a) for r in per_rank for i, a in enumerate(r["anomalies"])),
-        key=lambda ria: _worst_first(*ria),
-    )
+    slow = [a for r in per_rank for a in r["anomalies"]]
+    of = [int(r["rank"]) for r in per_rank for _a in r["anomalies"]]
+    worst_all = [(of[i], slow[i]) for i in worst_first(per_rank, EMBED_TOP)]
 
     def first(key: str) -> list[dict[str, Any]]:
         got: list[dict[str, Any]] = []
@@ -98,7 +109,7 @@ def _triggers(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         "per_rank": ranks,
         "counts": {k: sum(r["counts"][k] for r in ranks) for k in _LISTS},
         "contention_rules": rules,
-        "worst_anomalies": [{"rank": rank, **a} for rank, _i, a in worst_all],
+        "worst_anomalies": [{"rank": rank, **a} for rank, a in worst_all],
         "captures": first("captures"),
         "flight_dumps": first("flight_dumps"),
         "notes": first("notes"),

@@ -22,12 +22,13 @@ from __future__ import annotations
 import html
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
 
-from fastprof.reports.html_embed import EMBED_TOP, bounded, where
+from fastprof.reports.html_embed import EMBED_TOP, bounded, where, worst_first
 from fastprof.reports.many import MANY_RANKS, TOP_K, many, named
 from fastprof.reports.triggers import CONTENTION
 
@@ -43,6 +44,8 @@ CAPTURE_COLOUR = "#d4a72c"
 SLOW_COLOUR = "#c0392b"
 DUMP_COLOUR = "#57606a"
 _RANK_PART = re.compile(r"^rank\d+$")
+#: A table's row (cells of HTML) from a rank (escaped) and its record.
+_Row = Callable[[str, dict[str, Any]], list[str]]
 
 
 def _esc(v: Any) -> str:
@@ -119,44 +122,25 @@ def section(
         return out
     if bounded(doc):
         out.append(_bounded_note(doc, json_href))
-    captures: list[list[str]] = []
-    dumps: list[list[str]] = []
-    slow: list[list[str]] = []
+    # Each table's records and their ranks (escaped); only the rows a table
+    # shows are made (above MANY_RANKS a run may list hundreds of thousands
+    # of slow steps, its table the worst 50).
+    captures: list[dict[str, Any]] = []
+    dumps: list[dict[str, Any]] = []
+    slow: list[dict[str, Any]] = []
+    of: dict[str, list[str]] = {"captures": [], "flight-dumps": [], "slow-steps": []}
     wide = many(len(per_rank))
-    worst: list[tuple[float, int, int]] = []  # (-factor, rank, index in slow) to list the worst first
     if wide:
         out.extend(_notes_across(per_rank))
     for r in per_rank:
         rank = _esc(r["rank"])
-        for c in r["captures"]:
-            last = int(c["first_step"]) + max(int(c["steps"]), 1) - 1
-            file = _link(c["file"], run_dir, link_from) if c["file"] else _esc(c["error"] or "-")
-            late = int(c["late_by_steps"])
-            captures.append(
-                [
-                    rank,
-                    _esc(c["source"]),
-                    f"{int(c['first_step'])}..{last}",
-                    _esc(c["status"]) + (f" ({late} steps late)" if late else ""),
-                    file,
-                ]
-            )
-        for d in r["flight_dumps"]:
-            file = _link(d["file"], run_dir, link_from) if d["file"] else _esc(d["error"] or "-")
-            dumps.append([rank, _esc(d["reason"]), _esc(d["step"]), file])
-        for a in r["anomalies"]:
-            worst.append((-float(a["factor"] or 0.0), int(r["rank"]), len(slow)))
-            slow.append(
-                [
-                    rank,
-                    _esc(a["step"]),
-                    _num(a["duration_ms"], "{:.1f}"),
-                    _num(a["median_ms"], "{:.1f}"),
-                    _num(a["factor"], "{:.1f}x"),
-                    _cause(a),
-                    _esc(a["action"]),
-                ]
-            )
+        for kept, records, ranks in (
+            (captures, r["captures"], of["captures"]),
+            (dumps, r["flight_dumps"], of["flight-dumps"]),
+            (slow, r["anomalies"], of["slow-steps"]),
+        ):
+            kept.extend(records)
+            ranks.extend([rank] * len(records))
         if wide:
             continue
         said = [f"rank {r['rank']}: signal {r['signal'] or 'none'}", f"{r['requests']} request(s)"]
@@ -174,33 +158,45 @@ def section(
         if con and con.get("error"):
             out.append(_note(f"rank {r['rank']}: {con['error']}"))
     if wide:
-        slow = [slow[i] for _f, _r, i in sorted(worst)]
-    for title, header, rows, cls, none in (
+        order = worst_first(per_rank)
+        slow, of["slow-steps"] = [slow[i] for i in order], [of["slow-steps"][i] for i in order]
+    limit = MAX_ROWS_MANY if wide else MAX_ROWS
+    tables: list[tuple[str, list[str], list[dict[str, Any]], _Row, str, str]] = [
         (
             "Captures",
             ["rank", "source", "steps", "status", "torch.profiler trace"],
             captures,
+            lambda rank, c: _capture_row(rank, c, run_dir, link_from),
             "captures",
             "No capture.",
         ),
-        ("Flight dumps", ["rank", "reason", "step", "file"], dumps, "flight-dumps", "No flight dump."),
+        (
+            "Flight dumps",
+            ["rank", "reason", "step", "file"],
+            dumps,
+            lambda rank, d: _dump_row(rank, d, run_dir, link_from),
+            "flight-dumps",
+            "No flight dump.",
+        ),
         (
             "Slow steps (one rule: over anomaly_factor, 3 by default, times the recent steps' median)",
             ["rank", "step", "took ms", "median ms", "factor", "cause (wait for a CPU)", "what was done"],
             slow,
+            _slow_row,
             "slow-steps",
             "No slow step flagged.",
         ),
-    ):
+    ]
+    for title, header, entries, row, cls, none in tables:
         out.append(f"<h3>{_esc(title)}</h3>")
-        if not rows:
+        if not entries:
             out.append(_note(none))
             continue
-        limit = MAX_ROWS_MANY if wide else MAX_ROWS
-        out.append(_table(header, rows[:limit], cls))
-        if len(rows) > limit:
-            order = "; the table lists the worst first" if wide and cls == "slow-steps" else ""
-            out.append(_note(f"{len(rows) - limit:,} more in report.json{order}."))
+        shown = zip(of[cls][:limit], entries[:limit], strict=True)
+        out.append(_table(header, [row(rank, e) for rank, e in shown], cls))
+        if len(entries) > limit:
+            worst = "; the table lists the worst first" if wide and cls == "slow-steps" else ""
+            out.append(_note(f"{len(entries) - limit:,} more in report.json{worst}."))
     out.append(
         _note(
             "Each capture is on the step-time plot (shaded), each slow step a marker on it, each flight dump a "
@@ -209,6 +205,36 @@ def section(
     )
     out.append("</section>")
     return out
+
+
+def _capture_row(rank: str, c: dict[str, Any], run_dir: Path | None, link_from: Path | None) -> list[str]:
+    last = int(c["first_step"]) + max(int(c["steps"]), 1) - 1
+    file = _link(c["file"], run_dir, link_from) if c["file"] else _esc(c["error"] or "-")
+    late = int(c["late_by_steps"])
+    return [
+        rank,
+        _esc(c["source"]),
+        f"{int(c['first_step'])}..{last}",
+        _esc(c["status"]) + (f" ({late} steps late)" if late else ""),
+        file,
+    ]
+
+
+def _dump_row(rank: str, d: dict[str, Any], run_dir: Path | None, link_from: Path | None) -> list[str]:
+    file = _link(d["file"], run_dir, link_from) if d["file"] else _esc(d["error"] or "-")
+    return [rank, _esc(d["reason"]), _esc(d["step"]), file]
+
+
+def _slow_row(rank: str, a: dict[str, Any]) -> list[str]:
+    return [
+        rank,
+        _esc(a["step"]),
+        _num(a["duration_ms"], "{:.1f}"),
+        _num(a["median_ms"], "{:.1f}"),
+        _num(a["factor"], "{:.1f}x"),
+        _cause(a),
+        _esc(a["action"]),
+    ]
 
 
 def _bounded_note(doc: dict[str, Any], json_href: str | None) -> str:
@@ -270,15 +296,19 @@ def mark(fig: go.Figure, doc: dict[str, Any], ranks: list[int]) -> str | None:
     """Mark the plotted ranks' captures, slow steps and flight dumps on the
     step-time plot ``fig`` (x: step); returns the note saying what is marked,
     None when nothing is."""
-    per_rank = [r for r in (doc.get("triggers") or {}).get("per_rank") or [] if int(r["rank"]) in ranks]
+    plotted = set(ranks)
+    per_rank = [r for r in (doc.get("triggers") or {}).get("per_rank") or [] if int(r["rank"]) in plotted]
     shaded: set[tuple[int, int]] = set()
     lines: set[int] = set()
-    xs: list[int] = []
+    # The slow steps' durations, records and ranks; their steps and hover
+    # texts are made for the marks drawn only (above MANY_RANKS the longest
+    # MAX_MARKS of maybe 200,000).
     ys: list[float] = []
-    text: list[str] = []
-    hx: list[int] = []  # the slow steps the host caused
-    hy: list[float] = []
-    htext: list[str] = []
+    slow: list[dict[str, Any]] = []
+    of: list[Any] = []
+    hy: list[float] = []  # the slow steps the host caused
+    hslow: list[dict[str, Any]] = []
+    hof: list[Any] = []
     for r in per_rank:
         for c in r["captures"][:MAX_ROWS]:
             first, n = int(c["first_step"]), max(int(c["steps"]), 1)
@@ -292,13 +322,16 @@ def mark(fig: go.Figure, doc: dict[str, Any], ranks: list[int]) -> str | None:
                 fig.add_vline(x=step, line_dash="dot", line_color=DUMP_COLOUR)
         for a in r["anomalies"][:MAX_ROWS]:
             host = a.get("cause") == CONTENTION
-            (hx if host else xs).append(int(a["step"]))
             (hy if host else ys).append(float(a["duration_ms"]))
-            (htext if host else text).append(f"rank {r['rank']}: {a.get('said') or a['action']}")
-    n_slow, n_host = len(xs), len(hx)
+            (hslow if host else slow).append(a)
+            (hof if host else of).append(r["rank"])
+    n_slow, n_host = len(ys), len(hy)
     if many(len(ranks)):
-        hx, hy, htext = _longest(hx, hy, htext, MAX_MARKS)
-        xs, ys, text = _longest(xs, ys, text, MAX_MARKS - len(hx))
+        hx, hy, htext = _marks(hy, hslow, hof, MAX_MARKS)
+        xs, ys, text = _marks(ys, slow, of, MAX_MARKS - len(hx))
+    else:
+        hx, hy, htext = _marks(hy, hslow, hof, None)
+        xs, ys, text = _marks(ys, slow, of, None)
     if hx:
         fig.add_trace(
             go.Scatter(
@@ -339,12 +372,20 @@ def _of(n: int, drawn: int) -> str:
     return f" (the {drawn:,} longest of {n:,})" if n > drawn else ""
 
 
-def _longest(x: list[int], y: list[float], text: list[str], k: int) -> tuple[list[int], list[float], list[str]]:
-    """The ``k`` longest slow steps of the plot's marks (all when they fit), in their order."""
-    if len(x) <= k:
-        return x, y, text
-    keep = sorted(sorted(range(len(y)), key=lambda i: -y[i])[: max(k, 0)])
-    return [x[i] for i in keep], [y[i] for i in keep], [text[i] for i in keep]
+def _marks(
+    y: list[float], slow: list[dict[str, Any]], of: list[Any], k: int | None
+) -> tuple[list[int], list[float], list[str]]:
+    """The marks of slow steps (durations ``y``, records ``slow`` of ranks
+    ``of``): steps, durations and hover texts; with ``k``, of the ``k``
+    longest only (all when they fit), in their order."""
+    keep: Any = range(len(y))
+    if k is not None and len(y) > k:
+        keep = sorted(sorted(keep, key=lambda i: -y[i])[: max(k, 0)])
+    return (
+        [int(slow[i]["step"]) for i in keep],
+        [y[i] for i in keep],
+        [f"rank {of[i]}: {slow[i].get('said') or slow[i]['action']}" for i in keep],
+    )
 
 
 def _span(first: int, n: int) -> str:
