@@ -28,6 +28,7 @@ bounded; report.json beside the page keeps every list.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import html
 from typing import Any
@@ -70,10 +71,8 @@ def _triggers(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     rules: list[str] = []
     for r in per_rank:
         rank = int(r["rank"])
-        causes: dict[str | None, int] = {}
-        for a in r["anomalies"]:
-            causes[a.get("cause")] = causes.get(a.get("cause"), 0) + 1
         an = r["anomalies"]
+        causes = collections.Counter(a.get("cause") for a in an)
         factor = [-float(a["factor"] or 0.0) for a in an]
         worst = an[min(range(len(an)), key=factor.__getitem__)] if an else None  # the first largest
         con = r.get("contention")

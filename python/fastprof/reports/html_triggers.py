@@ -157,10 +157,11 @@ def section(
         out.extend(_note(f"rank {r['rank']}, {a['said']}") for a in r["anomalies"][:MAX_ROWS] if a.get("said"))
         if con and con.get("error"):
             out.append(_note(f"rank {r['rank']}: {con['error']}"))
-    if wide:
-        order = worst_first(per_rank)
-        slow, of["slow-steps"] = [slow[i] for i in order], [of["slow-steps"][i] for i in order]
     limit = MAX_ROWS_MANY if wide else MAX_ROWS
+    listed = {"captures": len(captures), "flight-dumps": len(dumps), "slow-steps": len(slow)}
+    if wide:  # the worst first: the ones the table shows
+        order = worst_first(per_rank, limit)
+        slow, of["slow-steps"] = [slow[i] for i in order], [of["slow-steps"][i] for i in order]
     tables: list[tuple[str, list[str], list[dict[str, Any]], _Row, str, str]] = [
         (
             "Captures",
@@ -194,9 +195,9 @@ def section(
             continue
         shown = zip(of[cls][:limit], entries[:limit], strict=True)
         out.append(_table(header, [row(rank, e) for rank, e in shown], cls))
-        if len(entries) > limit:
+        if listed[cls] > limit:
             worst = "; the table lists the worst first" if wide and cls == "slow-steps" else ""
-            out.append(_note(f"{len(entries) - limit:,} more in report.json{worst}."))
+            out.append(_note(f"{listed[cls] - limit:,} more in report.json{worst}."))
     out.append(
         _note(
             "Each capture is on the step-time plot (shaded), each slow step a marker on it, each flight dump a "
