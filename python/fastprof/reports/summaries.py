@@ -465,7 +465,7 @@ def with_detail(light: _data.RunData, detail: _data.RunData, sums: list[dict[str
             elif key == "cat":
                 x = np.full(len(x), light_cat, np.uint32)
             dtype = np.result_type(x.dtype, y.dtype)
-            out[key] = np.concatenate((x.astype(dtype), y.astype(dtype)))
+            out[key] = np.concatenate((x.astype(dtype, copy=False), y.astype(dtype, copy=False)))
         return out
 
     folded = dict(detail.cols.folded)
