@@ -8,7 +8,7 @@ memory is proportional to the rows kept by the filters.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -96,6 +96,8 @@ def read_columns(
     step_column: bool = True,
     collapse_numbered: str | Iterable[str] | None = None,
     omit: str | Iterable[str] | None = None,
+    chunk_rows: int | None = None,
+    on_chunk: Callable[[dict[str, Any]], object] | None = None,
 ) -> Columns:
     """Read spans, instants and counters of traces into numpy columns.
 
@@ -130,6 +132,16 @@ def read_columns(
     24 of a counter row's 52 bytes). A left-out ``pid`` still gives the
     rank; it needs ``step_column=False``.
 
+    ``chunk_rows`` with ``on_chunk``: every row goes to ``on_chunk`` instead
+    of the result, a chunk at a time (a fastprof segment's every
+    ``chunk_rows`` rows, another trace whole): a dict of ``spans``,
+    ``instants``, ``counters`` (as :class:`Columns` has them), ``names`` and
+    ``categories`` as read so far (the same ids from chunk to chunk), the
+    ``file`` (index into the result's ``files``), ``last`` (the file's last
+    chunk) and ``moved_ns`` (in a file's last chunk: by how much the times of
+    its earlier chunks move, placed before the file gave its clock offset).
+    The result then holds no rows. Not with ``step_column`` or a window.
+
     Raises :class:`fastprof.TraceError` (a ``ValueError``) for a file named
     here that is not a trace, naming the file and byte offset, and
     :class:`fastprof.FastprofFileNotFoundError` for a missing path.
@@ -157,6 +169,8 @@ def read_columns(
         step_column=bool(step_column),
         collapse_numbered=_strings(collapse_numbered, "collapse_numbered") or [],
         omit=_strings(omit, "omit") or [],
+        chunk_rows=chunk_rows,
+        on_chunk=on_chunk,
     )
     return Columns(
         spans=raw["spans"],

@@ -4,7 +4,9 @@
 
 use crate::errors::Error;
 use fastprof_core::error::CoreError;
-use fastprof_core::offline::trace::columns::{self, ColumnsOptions, FileInfo, Fold, Omit, Table};
+use fastprof_core::offline::trace::columns::{
+    self, Chunk, ColumnsOptions, FileInfo, Fold, Omit, Table,
+};
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -15,11 +17,21 @@ use std::path::PathBuf;
 /// {column: ndarray}, "names", "categories", "files", "warnings"}` (no
 /// `step` column with `step_column=False`; none of those `omit` names, as
 /// `"counters.pid"`: `cat`, `pid`, `tid` or `file` of a table).
+///
+/// With `chunk_rows`, every row goes to `on_chunk` instead, called (with the
+/// GIL, the read itself without it) with `{"spans", "instants", "counters",
+/// "names", "categories", "file", "last", "moved_ns"}` per chunk of at most
+/// about `chunk_rows` rows of a fastprof segment or a merged trace (a whole other trace at its
+/// end; `names` as interned so far, the same ids from chunk to chunk;
+/// `moved_ns` in a file's last chunk: by how much the times of its earlier
+/// chunks move, placed before the file gave its clock offset); the result
+/// then holds no rows. Not with `step_column` or a time window. An exception
+/// raised by `on_chunk` stops the read and is raised.
 #[pyfunction]
 #[pyo3(signature = (paths, *, names=None, name_prefixes=Vec::new(), categories=None,
                     start_ns=None, end_ns=None, spans=true, instants=true, counters=true,
                     fold_categories=Vec::new(), fold_except=Vec::new(), step_column=true,
-                    collapse_numbered=Vec::new(), omit=Vec::new()))]
+                    collapse_numbered=Vec::new(), omit=Vec::new(), chunk_rows=None, on_chunk=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn read_columns(
     py: Python<'_>,
@@ -37,6 +49,8 @@ pub fn read_columns(
     step_column: bool,
     collapse_numbered: Vec<String>,
     omit: Vec<String>,
+    chunk_rows: Option<usize>,
+    on_chunk: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'_, PyDict>> {
     let mut omitted = [Omit::default(); 3];
     for o in &omit {
@@ -70,9 +84,38 @@ pub fn read_columns(
         collapse_numbered,
         omit: omitted,
     };
-    let c = py
-        .detach(|| columns::read_columns(&paths, &opts))
-        .map_err(Error)?;
+    let c = match (chunk_rows, on_chunk) {
+        (None, None) => py
+            .detach(|| columns::read_columns(&paths, &opts))
+            .map_err(Error)?,
+        (Some(n), Some(f)) => {
+            let mut raised: Option<PyErr> = None;
+            let mut sink = |c: Chunk| -> fastprof_core::error::Result<()> {
+                Python::attach(|py| {
+                    let called = chunk_dict(py, c, &omitted).and_then(|d| f.call1(py, (d,)));
+                    called.map(|_| ()).map_err(|e| {
+                        raised = Some(e);
+                        CoreError::Config {
+                            option: "on_chunk",
+                            reason: "raised".into(),
+                        }
+                    })
+                })
+            };
+            let got = py.detach(|| columns::read_columns_chunked(&paths, &opts, n, &mut sink));
+            if let Some(e) = raised {
+                return Err(e);
+            }
+            got.map_err(Error)?
+        }
+        _ => {
+            return Err(Error(CoreError::Config {
+                option: "chunk_rows",
+                reason: "chunk_rows and on_chunk go together".into(),
+            })
+            .into())
+        }
+    };
     let d = PyDict::new(py);
     // Whether every column's capacity is its length (no spare room held).
     let exact = PyDict::new(py);
@@ -114,6 +157,30 @@ pub fn read_columns(
     d.set_item("categories", c.categories)?;
     d.set_item("files", file_dicts(py, c.files)?)?;
     d.set_item("warnings", c.warnings)?;
+    Ok(d)
+}
+
+/// One chunk as the dict `on_chunk` is given.
+fn chunk_dict<'py>(py: Python<'py>, c: Chunk, omitted: &[Omit; 3]) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    let cols = c.columns;
+    d.set_item(
+        "spans",
+        table(py, cols.spans, &["dur"], false, &omitted[0])?,
+    )?;
+    d.set_item(
+        "instants",
+        table(py, cols.instants, &[], false, &omitted[1])?,
+    )?;
+    d.set_item(
+        "counters",
+        table(py, cols.counters, &["series", "value"], false, &omitted[2])?,
+    )?;
+    d.set_item("names", cols.names)?;
+    d.set_item("categories", cols.categories)?;
+    d.set_item("file", c.file)?;
+    d.set_item("last", c.last)?;
+    d.set_item("moved_ns", c.moved_ns)?;
     Ok(d)
 }
 

@@ -309,6 +309,61 @@ pub struct Columns {
 /// directly that is not a trace is [`CoreError::Trace`] (files found in a
 /// directory are skipped with a warning instead).
 pub fn read_columns(inputs: &[PathBuf], opts: &ColumnsOptions) -> Result<Columns> {
+    read_all(inputs, opts, None)
+}
+
+/// Rows handed over by [`read_columns_chunked`].
+#[derive(Debug)]
+pub struct Chunk {
+    /// The chunk's rows (spans, instants, counters) and the names and
+    /// categories their ids index as they stand so far (an id keeps its
+    /// string from one chunk to the next; `folded`, `files` and `warnings`
+    /// are empty: they come in the returned [`Columns`]).
+    pub columns: Columns,
+    /// The index of the chunk's file in the returned [`Columns::files`].
+    pub file: u32,
+    /// The file's last chunk: its rows are placed with the file's final
+    /// clock offset.
+    pub last: bool,
+    /// In a file's last chunk: by how much the times of its earlier chunks
+    /// move (ns), placed with the clock offset known when they were handed
+    /// over (a fastprof segment says its offset at its end).
+    pub moved_ns: i64,
+}
+
+/// What receives each [`Chunk`]; an error stops the read and is returned.
+pub type ChunkSink<'a> = &'a mut dyn FnMut(Chunk) -> Result<()>;
+
+/// [`read_columns`], each file's rows handed to `sink` as they are read, a
+/// fastprof segment's or a merged trace's every `chunk_rows` rows (other
+/// traces, whose time base may come after their events, whole at their
+/// end), so that memory holds a
+/// chunk, not a file: a long run's report reads its rows in steps. Every row
+/// goes to `sink`; the returned [`Columns`] holds no rows, only the folded
+/// totals, the files, the warnings and every name and category. Rows are in
+/// file order. Not with the step column or a time window. A file that fails
+/// after some of its chunks were handed over fails the read (its rows
+/// cannot be taken back).
+pub fn read_columns_chunked<'a>(
+    inputs: &[PathBuf],
+    opts: &'a ColumnsOptions,
+    chunk_rows: usize,
+    sink: ChunkSink<'a>,
+) -> Result<Columns> {
+    if opts.step_column || opts.start_ns.is_some() || opts.end_ns.is_some() {
+        return Err(CoreError::config(
+            "chunk_rows",
+            "cannot be combined with the step column or a time window (start_ns / end_ns)",
+        ));
+    }
+    read_all(inputs, opts, Some((chunk_rows.max(1), sink)))
+}
+
+fn read_all<'a>(
+    inputs: &[PathBuf],
+    opts: &'a ColumnsOptions,
+    chunks: Option<(usize, ChunkSink<'a>)>,
+) -> Result<Columns> {
     if !opts.fold_categories.is_empty() && (opts.start_ns.is_some() || opts.end_ns.is_some()) {
         return Err(CoreError::config(
             "fold_categories",
@@ -327,6 +382,7 @@ pub fn read_columns(inputs: &[PathBuf], opts: &ColumnsOptions) -> Result<Columns
     // its torch traces are placed.
     files.sort_by_key(|(p, _)| !is_fastprof_name(p));
     let mut r = Reading::new(opts);
+    r.chunks = chunks;
     r.out.warnings.extend(input_warnings);
     let several = files.len() > 1;
     let mut merged_skipped = Vec::new();
@@ -463,6 +519,8 @@ struct Reading<'o> {
     /// Per name id: one of `fold_except`'s prefixes or not.
     fold_except: Vec<Option<bool>>,
     folded: HashMap<(i32, u32, u32), Fold>,
+    /// Chunked reading: rows per chunk and where chunks go.
+    chunks: Option<(usize, ChunkSink<'o>)>,
 }
 
 /// Per-file state while scanning.
@@ -483,6 +541,8 @@ struct FileScan {
     /// Per table whose `pid` is left out: the pid of each of this file's
     /// rows (its rank is known only at the end of the file).
     pids: [Vec<i64>; 3],
+    /// Chunked reading: the shift the file's chunks so far were placed with.
+    emitted: Option<i64>,
 }
 
 impl<'o> Reading<'o> {
@@ -502,6 +562,43 @@ impl<'o> Reading<'o> {
             fold_cat: Vec::new(),
             fold_except: Vec::new(),
             folded: HashMap::new(),
+            chunks: None,
+        }
+    }
+
+    /// Rows the current file added since its last chunk.
+    fn rows_since(&self, fs: &FileScan) -> usize {
+        [&self.out.spans, &self.out.instants, &self.out.counters]
+            .iter()
+            .zip(&fs.first)
+            .map(|(t, &from)| t.len() - from)
+            .sum()
+    }
+
+    /// Place the current file's rows since its last chunk with `shift` and
+    /// hand them over.
+    fn emit(&mut self, fs: &mut FileScan, file: u32, last: bool, moved_ns: i64) -> Result<()> {
+        let shift = fs.meta.shift();
+        self.place_rows(fs, shift);
+        let columns = Columns {
+            spans: std::mem::take(&mut self.out.spans),
+            instants: std::mem::take(&mut self.out.instants),
+            counters: std::mem::take(&mut self.out.counters),
+            names: self.names.strings.clone(),
+            categories: self.cats.strings.clone(),
+            ..Columns::default()
+        };
+        fs.first = [0; 3];
+        fs.emitted = Some(shift);
+        let chunk = Chunk {
+            columns,
+            file,
+            last,
+            moved_ns,
+        };
+        match self.chunks.as_mut() {
+            Some((_, sink)) => sink(chunk),
+            None => Ok(()),
         }
     }
 
@@ -602,6 +699,7 @@ impl<'o> Reading<'o> {
             unpaired: 0,
             folded: HashMap::new(),
             pids: Default::default(),
+            emitted: None,
         };
         let result = (|| -> Result<bool> {
             while let Some(item) = sc.next_item()? {
@@ -613,6 +711,11 @@ impl<'o> Reading<'o> {
                             return Ok(false);
                         }
                         fs.meta.info.events += 1;
+                        let every = self.chunks.as_ref().map_or(usize::MAX, |c| c.0);
+                        let placed_early = matches!(fs.meta.info.kind, "fastprof" | "merged");
+                        if placed_early && self.rows_since(&fs) >= every {
+                            self.emit(&mut fs, file, false, 0)?;
+                        }
                     }
                 }
             }
@@ -675,6 +778,27 @@ impl<'o> Reading<'o> {
             ));
         }
         self.place(&mut fs);
+        if self.chunks.is_some() {
+            let moved = fs.emitted.map_or(0, |s| fs.meta.shift().saturating_sub(s));
+            fs.first = [0; 3];
+            // place() has placed the rows: hand them over as they are.
+            let columns = Columns {
+                spans: std::mem::take(&mut self.out.spans),
+                instants: std::mem::take(&mut self.out.instants),
+                counters: std::mem::take(&mut self.out.counters),
+                names: self.names.strings.clone(),
+                categories: self.cats.strings.clone(),
+                ..Columns::default()
+            };
+            if let Some((_, sink)) = self.chunks.as_mut() {
+                sink(Chunk {
+                    columns,
+                    file,
+                    last: true,
+                    moved_ns: moved,
+                })?;
+            }
+        }
         Ok(fs.meta.info)
     }
 
@@ -858,6 +982,27 @@ impl<'o> Reading<'o> {
             self.out.warnings.push(w);
         }
         let shift = fs.meta.shift();
+        self.place_rows(fs, shift);
+        let meta = &fs.meta;
+        let rank_of = |pid: i64| meta.rank_of(pid);
+        for ((pid, name, cat), mut f) in fs.folded.drain() {
+            f.first_ns = f.first_ns.saturating_add(shift);
+            f.last_ns = f.last_ns.saturating_add(shift);
+            self.folded
+                .entry((rank_of(pid), name, cat))
+                .and_modify(|g| g.merge(&f))
+                .or_insert(f);
+        }
+        for m in &mut self.markers[fs.first_marker..] {
+            m.start = m.start.saturating_add(shift);
+            m.end = m.end.map(|e| e.saturating_add(shift));
+            m.rank = rank_of(m.pid);
+        }
+    }
+
+    /// The current file's rows since `fs.first` onto the epoch-ns timeline
+    /// (`shift`), with their ranks, and the time window applied.
+    fn place_rows(&mut self, fs: &mut FileScan, shift: i64) {
         let meta = &fs.meta;
         let rank_of = |pid: i64| meta.rank_of(pid);
         let (start, end) = (
@@ -892,19 +1037,6 @@ impl<'o> Reading<'o> {
                 });
             }
         }
-        for ((pid, name, cat), mut f) in fs.folded.drain() {
-            f.first_ns = f.first_ns.saturating_add(shift);
-            f.last_ns = f.last_ns.saturating_add(shift);
-            self.folded
-                .entry((rank_of(pid), name, cat))
-                .and_modify(|g| g.merge(&f))
-                .or_insert(f);
-        }
-        for m in &mut self.markers[fs.first_marker..] {
-            m.start = m.start.saturating_add(shift);
-            m.end = m.end.map(|e| e.saturating_add(shift));
-            m.rank = rank_of(m.pid);
-        }
     }
 
     fn finish(mut self) -> Columns {
@@ -927,6 +1059,12 @@ impl<'o> Reading<'o> {
             out.folded.name.push(name);
             out.folded.cat.push(cat);
             out.folded.folds.push(f);
+        }
+        if self.chunks.is_some() {
+            // The chunks' ids index the names as interned: keep them all.
+            out.names = std::mem::take(&mut self.names.strings);
+            out.categories = std::mem::take(&mut self.cats.strings);
+            return out;
         }
         // Tables hold only what kept rows use (the time window may have
         // dropped rows after their names were interned).

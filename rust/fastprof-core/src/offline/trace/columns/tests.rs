@@ -674,3 +674,98 @@ fn no_step_markers_are_held_without_the_step_column() {
         assert!(!r.out.spans.is_empty());
     }
 }
+
+/// Rows as comparable tuples: (name, ts, dur or value, rank, series).
+fn rows_of(c: &Columns, t: &Table) -> Vec<(String, i64, String, i32, String)> {
+    (0..t.len())
+        .map(|r| {
+            let v = match (t.dur.get(r), t.value.get(r)) {
+                (Some(d), _) => d.to_string(),
+                (None, Some(v)) => v.to_string(),
+                _ => String::new(),
+            };
+            let series = t
+                .series
+                .get(r)
+                .map_or(String::new(), |&i| c.names[i as usize].clone());
+            (
+                c.names[t.name[r] as usize].clone(),
+                t.ts[r],
+                v,
+                t.rank[r],
+                series,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn chunks_hand_over_every_row_placed_as_the_whole_read_places_it() {
+    let d = dir("chunks");
+    // The offset only in otherData, at the end: chunks before it are moved.
+    let late = fastprof_segment(1, 5000).replacen(r#","clock":{"offset_ns":5000}}}"#, "}}", 1);
+    assert_ne!(late, fastprof_segment(1, 5000));
+    let a = write(&d.join("rank1/fastprof.0.json.gz"), &late);
+    let b = write(
+        &d.join("rank2/fastprof.0.json.gz"),
+        &fastprof_segment(2, 1000),
+    );
+    let opts = ColumnsOptions {
+        step_column: false,
+        ..ColumnsOptions::default()
+    };
+    let inputs = [a, b];
+    let whole = read(&inputs, &opts);
+    let mut got: Vec<Chunk> = Vec::new();
+    let mut sink = |c: Chunk| -> Result<()> {
+        got.push(c);
+        Ok(())
+    };
+    let rest = read_columns_chunked(&inputs, &opts, 2, &mut sink).unwrap();
+    assert_eq!(
+        rest.spans.len() + rest.instants.len() + rest.counters.len(),
+        0
+    );
+    assert_eq!(rest.files, whole.files);
+    // More than one chunk a file, and only the file's last one says it is.
+    assert!(got.len() > 4, "{}", got.len());
+    assert_eq!(got.iter().filter(|c| c.last).count(), 2);
+    let moved: Vec<(u32, i64)> = got
+        .iter()
+        .filter(|c| c.last)
+        .map(|c| (c.file, c.moved_ns))
+        .collect();
+    assert_eq!(moved, [(0, 5000), (1, 0)]);
+    // Apply each file's move to its earlier chunks: the whole read's rows.
+    let mut spans = Vec::new();
+    let mut instants = Vec::new();
+    let mut counters = Vec::new();
+    for (i, c) in got.iter().enumerate() {
+        let shift = if c.last {
+            0
+        } else {
+            got[i..]
+                .iter()
+                .find(|x| x.file == c.file && x.last)
+                .unwrap()
+                .moved_ns
+        };
+        for (out, t) in [
+            (&mut spans, &c.columns.spans),
+            (&mut instants, &c.columns.instants),
+            (&mut counters, &c.columns.counters),
+        ] {
+            out.extend(rows_of(&c.columns, t).into_iter().map(|mut r| {
+                r.1 += shift;
+                r
+            }));
+        }
+    }
+    assert_eq!(spans, rows_of(&whole, &whole.spans));
+    assert_eq!(instants, rows_of(&whole, &whole.instants));
+    assert_eq!(counters, rows_of(&whole, &whole.counters));
+    // Refused with what it cannot serve.
+    let mut none = |_: Chunk| -> Result<()> { Ok(()) };
+    let err = read_columns_chunked(&inputs, &ColumnsOptions::default(), 2, &mut none).unwrap_err();
+    assert!(err.to_string().contains("chunk_rows"), "{err}");
+}
