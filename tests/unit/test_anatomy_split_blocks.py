@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fastprof.recording.names import PHASES
-from fastprof.reports.anatomy import split
+from fastprof.reports.phases import split
 
 
 def _run(n: int, seed: int = 0, overlapping_steps: bool = False) -> tuple[Any, Any, dict[str, list[tuple[Any, Any]]]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastprof.reports.anatomy import PRECEDENCE, split
+from fastprof.reports.phases import PRECEDENCE, split
 
 
 def _a(*xs: int) -> np.ndarray:

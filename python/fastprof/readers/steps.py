@@ -15,7 +15,7 @@ Columns, in this order (:data:`COLUMNS`):
   latest), fastprof's own ``phase.*`` spans or, on a rank with none of them
   for the phase, the user's spans named for it, overlapping phases resolved
   by the anatomy's one rule (:data:`fastprof.reports.anatomy.OVERLAP_RULE`,
-  :func:`fastprof.reports.anatomy.split`); ``other_ns`` what no phase
+  :func:`fastprof.reports.phases.split`); ``other_ns`` what no phase
   covers, so a row's phases add up to its ``duration_ns``. All null on a
   rank with no phase span at all;
 - the memory read at the step's end where it was read (``rss_bytes`` and the
@@ -69,8 +69,9 @@ from fastprof.recording.names import (
     SEGMENT,
     STEP_SPAN,
 )
-from fastprof.reports.anatomy import GPU_PHASES, split
-from fastprof.reports.anatomy import NAMES as PHASE_NAMES
+from fastprof.reports.anatomy import GPU_PHASES
+from fastprof.reports.phases import NAMES as PHASE_NAMES
+from fastprof.reports.phases import split
 from fastprof.storage.run_view import RunView, open_run
 
 I64 = npt.NDArray[np.int64]
@@ -300,7 +301,7 @@ class _Reader:
             "start_ns": ts.copy(),
             "duration_ns": dur.copy(),
         }
-        # Phases: the report's definition and its overlap rule (fastprof.reports.anatomy.split):
+        # Phases: the report's definition and its overlap rule (fastprof.reports.phases.split):
         # the phases are disjoint and add up to the step.
         found = False
         spans: dict[str, list[tuple[I64, I64]]] = {}

@@ -43,6 +43,7 @@ from fastprof.recording.names import (
     STEP_SPAN,
     loader_of_next,
 )
+from fastprof.reports import long_run
 from fastprof.reports.finite import counter_warnings
 from fastprof.storage.run_view import RunView, open_run
 
@@ -127,6 +128,10 @@ class RunData:
     #: The step-time breakdown's columns (a ``reports.breakdown.Breakdown``),
     #: once the report has computed it: breakdown.csv and the page's bars.
     breakdown: Any = None
+    #: A long run (:mod:`fastprof.reports.long_run`): rank -> what the step
+    #: pass kept of the names every step records (their rows are not in
+    #: ``cols``); None for a run read whole.
+    long: dict[int, long_run.RankSteps] | None = None
     _ranks: list[int] | None = None
     _walls: dict[int | None, tuple[int, int]] = field(default_factory=dict)
     _steps: dict[int, tuple[Spans, str]] = field(default_factory=dict)
@@ -145,6 +150,7 @@ class RunData:
         if self._ranks is None:
             cols = (self.cols.spans["rank"], self.cols.counters["rank"], self.cols.folded.get("rank", np.zeros(0)))
             found = {x for col in cols for x in _distinct(col)}
+            found.update(self.long or {})
             self._ranks = sorted(found) or [0]
         return list(self._ranks)
 
@@ -170,7 +176,9 @@ class RunData:
 
     def span_names(self) -> list[str]:
         if self._span_names is None:
-            self._span_names = [self.cols.names[i] for i in self._span_groups().name_ids()]
+            names = [self.cols.names[i] for i in self._span_groups().name_ids()]
+            met = sorted({n for r in (self.long or {}).values() for n in r.stats} - set(names))
+            self._span_names = names + met
         return list(self._span_names)
 
     def _span_groups(self) -> _Groups:
@@ -188,7 +196,18 @@ class RunData:
     def spans(self, name: str, rank: int | None = None) -> Spans:
         """Rows of one span name (all ranks when ``rank`` is None), by start
         (rows of one start in the order read). One rank's rows are a slice
-        of the rank index (:class:`_Groups`), never a scan of the column."""
+        of the rank index (:class:`_Groups`), never a scan of the column.
+        A long run's names the step pass reads have no rows: asking for one
+        is an error (the sections read the pass for them), except those it
+        keeps (:data:`long_run.KEPT_SPANS`)."""
+        if self.long is not None and name in long_run.PASS_SPAN_SET:
+            if name not in long_run.KEPT_SPANS or rank is None:
+                raise LongRunError(f"{name!r}: read through the step pass in a long run, not as rows")
+            got = self.long.get(rank)
+            kept = got.kept.get(name) if got is not None else None
+            if kept is None:
+                return Spans(np.zeros(0, np.int64), np.zeros(0, np.int64))
+            return Spans(kept[0], kept[1])
         nid = self.name_id(name)
         if nid is None:
             return Spans(np.zeros(0, np.int64), np.zeros(0, np.int64))
@@ -237,9 +256,11 @@ class RunData:
         (every rank's, computed together in one pass, when one is asked)."""
         if rank not in self._walls:
             if rank is None:
-                self._walls[None] = self._wall_of_all()
+                self._walls[None] = _widest([self._wall_of_all(), *(r.wall for r in (self.long or {}).values())])
             else:
                 self._walls.update(self._walls_by_rank())
+                for r, got in (self.long or {}).items():
+                    self._walls[r] = _widest([self._walls.get(r, (0, 0)), got.wall])
                 self._walls.setdefault(rank, (0, 0))
         return self._walls[rank]
 
@@ -279,6 +300,16 @@ class RunData:
                 np.minimum.at(lo, idx, ts)
                 np.maximum.at(hi, idx, ts if dur_col is None else ts + dur_col[a : a + _CHUNK])
         return {rlo + i: (int(lo[i]), int(hi[i])) for i in range(width) if lo[i] != big}
+
+
+class LongRunError(RuntimeError):
+    """A section asked a long run for rows the step pass keeps no rows of (a bug)."""
+
+
+def _widest(walls: list[tuple[int, int]]) -> tuple[int, int]:
+    """The span of several (first, last) instants; (0, 0) stands for none."""
+    got = [w for w in walls if w != (0, 0)]
+    return (min(w[0] for w in got), max(w[1] for w in got)) if got else (0, 0)
 
 
 def _distinct(col: npt.NDArray[Any]) -> list[int]:
@@ -460,26 +491,31 @@ def _load(p: Path, fold: bool, run: RunView, side: bool = True, target: Any = No
     if target is None:
         target = run.target
     # Instants are in no report; each unused column is dropped as soon as read.
-    cols = read_columns(
-        target,
-        kinds=("spans", "counters"),
-        fold_categories=sorted(KINETO_CATEGORIES) if fold else None,
-        fold_except="ProfilerStep#",
-        step_column=False,
-        collapse_numbered="ProfilerStep#",
+    opts: dict[str, Any] = {
+        "kinds": ("spans", "counters"),
+        "fold_categories": sorted(KINETO_CATEGORIES) if fold else None,
+        "fold_except": "ProfilerStep#",
+        "step_column": False,
+        "collapse_numbered": "ProfilerStep#",
         # Never stored (the counters' file is read by counter_warnings first).
-        omit=[f"spans.{k}" for k in _UNUSED] + [f"counters.{k}" for k in _UNUSED_COUNTERS if k != "file"],
-    )
+        "omit": [f"spans.{k}" for k in _UNUSED] + [f"counters.{k}" for k in _UNUSED_COUNTERS if k != "file"],
+    }
+    long: dict[int, long_run.RankSteps] | None = None
+    if long_run.is_long(target):
+        # A long rank: the names every step records through the step pass, not as rows.
+        cols, long = long_run.read(target, **opts)
+    else:
+        cols = read_columns(target, **opts)
     cols.warnings.extend(counter_warnings(cols))
     for table, unused in ((cols.spans, _UNUSED), (cols.counters, _UNUSED_COUNTERS)):
         for key in unused:
             table.pop(key, None)
     _narrow(cols.spans, ("pid", "tid"))
     if not cols.files or (
-        not len(cols.spans["ts"]) and not len(cols.counters["ts"]) and not len(cols.folded.get("rank", ()))
+        not len(cols.spans["ts"]) and not len(cols.counters["ts"]) and not len(cols.folded.get("rank", ())) and not long
     ):
         raise ReportInputError(f"{run.name}: no trace events found (expected a fastprof run directory or a trace file)")
-    data = RunData(path=p, run_dir=run_dir, cols=cols, run=run)
+    data = RunData(path=p, run_dir=run_dir, cols=cols, run=run, long=long)
     alone = run.local_file
     if not side:
         return data
@@ -645,7 +681,13 @@ def step_spans(data: RunData, rank: int) -> tuple[Spans, str]:
 
 
 def _step_spans(data: RunData, rank: int) -> tuple[Spans, str]:
-    s = data.spans(STEP_SPAN, rank)
+    got = (data.long or {}).get(rank)
+    if got is not None and len(got.ts):
+        return Spans(got.ts, got.dur), STEP_SPAN
+    if data.long is not None:
+        s = Spans(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    else:
+        s = data.spans(STEP_SPAN, rank)
     if len(s.ts):
         return s, STEP_SPAN
     names = data.cols.names
@@ -657,17 +699,6 @@ def _step_spans(data: RunData, rank: int) -> tuple[Spans, str]:
 
 def loader_names(data: RunData) -> list[str]:
     return sorted(loader for n in data.span_names() if (loader := loader_of_next(n)) is not None)
-
-
-def sum_inside(inner_ts: I64, inner_dur: I64, outer_ts: I64, outer_end: I64) -> I64:
-    """Per outer interval, the summed duration of the inner spans that start
-    inside it (both sorted by start)."""
-    if not len(outer_ts):
-        return np.zeros(0, np.int64)
-    csum = np.concatenate([[0], np.cumsum(inner_dur, dtype=np.int64)])
-    a = np.searchsorted(inner_ts, outer_ts, side="left")
-    b = np.searchsorted(inner_ts, outer_end, side="left")
-    return np.asarray(csum[b] - csum[a], dtype=np.int64)
 
 
 #: Binary units, each 1024 times the one before.

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -271,7 +272,9 @@ class _Bars:
         return f" {self.n} steps are drawn as {len(self.starts)} bars, each the mean of {self.per} consecutive steps."
 
 
-def _stacked_steps(title: str, n: int, series: dict[str, F64], colours: dict[str, str]) -> tuple[go.Figure, _Bars]:
+def _stacked_steps(
+    title: str, n: int, series: Mapping[str, npt.NDArray[Any]], colours: dict[str, str]
+) -> tuple[go.Figure, _Bars]:
     """ "Where the step went, <title>": a stacked bar per step (long runs
     merged by :class:`_Bars`) of each non-zero series (ns), coloured where
     ``colours`` names one."""
@@ -312,7 +315,8 @@ def anatomy_figures(doc: dict[str, Any], data: RunData) -> tuple[list[go.Figure]
         if got is None:
             continue
         dur, per_step = got
-        series = {p: np.asarray(per_step[p], dtype=np.float64) for p in an["phases"]}
+        # Each phase as it is (a long run's in 4 bytes a step): the bars convert one at a time.
+        series = {p: per_step[p] for p in an["phases"]}
         fig, bars = _stacked_steps(f"rank {r['rank']} (step anatomy, every step)", len(dur), series, colours)
         merged = merged or bars.note()
         figs.append(fig)
@@ -433,7 +437,11 @@ def _per_step(which: I64, dur: I64, n: int) -> F64:
 
 def span_parts(data: RunData, rank: int) -> tuple[I64, dict[str, F64]] | None:
     """Per step of a rank: time in the DataLoader's next(), in each span at the
-    top of the step (on the step's thread), and the rest, in ns."""
+    top of the step (on the step's thread), and the rest, in ns; None in a
+    long run (the step pass keeps no span rows of a step: its page draws the
+    anatomy's phases and the step-time breakdown instead)."""
+    if data.long is not None:
+        return None
     steps, src = step_spans(data, rank)
     if not len(steps.ts):
         return None

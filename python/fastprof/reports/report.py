@@ -90,6 +90,15 @@ class _Progress:
             print(f"fastprof report: {time.perf_counter() - self.t0:6.2f} s  {what}", file=sys.stderr, flush=True)
 
 
+def _read_line(data: _data.RunData) -> str:
+    """What the read gave, for the progress line."""
+    line = f"read {len(data.cols.spans['ts'])} spans, {len(data.cols.counters['ts'])} counter samples"
+    if data.long is not None:
+        steps = sum(len(r.ts) for r in data.long.values())
+        line += f" and {steps} steps through the step pass (a long run: its spans of every step are not kept as rows)"
+    return line
+
+
 def breakdown_section(data: _data.RunData) -> tuple[dict[str, Any] | None, str | None]:
     """The step-time breakdown section (``$defs/breakdown`` of the schema: per
     rank, role totals, step-time percentiles and GPU means), computed in Rust
@@ -114,7 +123,7 @@ def build(
     tick = _Progress(progress)
     tick(f"reading {path}")
     data = _data.load(path, fold=not verbose)
-    tick(f"read {len(data.cols.spans['ts'])} spans, {len(data.cols.counters['ts'])} counter samples")
+    tick(_read_line(data))
     return build_from(data, verbose, warmup_steps, batch_size, tick)
 
 
@@ -309,7 +318,7 @@ def _from_segments(
     tick(f"breakdown: {len(breakdown)} steps")
     data = _data.load(run.location, fold=not verbose, run=run)
     data.breakdown = breakdown
-    tick(f"read {len(data.cols.spans['ts'])} spans, {len(data.cols.counters['ts'])} counter samples")
+    tick(_read_line(data))
     return build_from(data, verbose, warmup_steps, batch_size, tick), data
 
 

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from fastprof.recording.names import TRAIN_LOADER, TRAIN_NEXT, loader_batch_size, loader_iter, loader_next, loader_wait
-from fastprof.reports.data import RunData, loader_names, step_spans, sum_inside, warmup_from_schedule
+from fastprof.reports.data import RunData, loader_names, step_spans, warmup_from_schedule
+from fastprof.reports.phases import sum_inside
 
 
 def warmup_steps(data: RunData, given: int | None) -> tuple[int, str]:
@@ -171,9 +172,15 @@ def speed_report(data: RunData, warmup: int | None = None, batch: int | None = N
         total = float(dur.sum())
         ips = len(dur) / total if total > 0 else None
         # Time blocked in the train loader's next() inside the measured steps.
-        nxt = data.spans(TRAIN_NEXT, r)
-        waited = sum_inside(nxt.ts, nxt.dur, steps.ts[skip:], steps.end[skip:])
-        share = 100.0 * float(waited.sum()) / 1e9 / total if total > 0 and len(nxt.ts) else None
+        long = (data.long or {}).get(r)
+        if long is not None:
+            waited, has_next = long.loader[skip:], long.has_loader
+        elif data.long is not None:
+            waited, has_next = np.zeros(0, np.int64), False
+        else:
+            nxt = data.spans(TRAIN_NEXT, r)
+            waited, has_next = sum_inside(nxt.ts, nxt.dur, steps.ts[skip:], steps.end[skip:]), bool(len(nxt.ts))
+        share = 100.0 * float(waited.sum()) / 1e9 / total if total > 0 and has_next else None
         per_rank.append(
             {
                 "rank": r,
@@ -216,13 +223,24 @@ def _loaders(data: RunData, bs: int | None) -> list[dict[str, Any]]:
     rows = []
     for r in data.ranks:
         for name in loader_names(data):
-            _ts, wait_ms = data.counter(loader_wait(name), r)
-            nxt = data.spans(loader_next(name), r)
-            if not len(nxt.ts):
+            if data.long is not None and name == TRAIN_LOADER:
+                # The step pass's counts and sums (no rows of the train loader's next() or waits).
+                long = data.long.get(r)
+                st = long.stats.get(TRAIN_NEXT) if long is not None else None
+                if long is None or st is None or not st.count:
+                    continue
+                waits, wait_sum = long.wait_count, long.wait_sum
+                n_next, next_ns = st.count, st.total
+            else:
+                _ts, wait_ms = data.counter(loader_wait(name), r)
+                nxt = data.spans(loader_next(name), r)
+                waits, wait_sum = len(wait_ms), float(wait_ms.sum())
+                n_next, next_ns = len(nxt.ts), int(nxt.dur.sum())
+            if not n_next:
                 continue
             # One wait_ms sample per batch delivered (the exhausting next() has none).
-            batches = len(wait_ms) if len(wait_ms) else len(nxt.ts)
-            wait = float(wait_ms.sum()) / 1e3 if len(wait_ms) else float(nxt.dur.sum()) / 1e9
+            batches = waits if waits else n_next
+            wait = wait_sum / 1e3 if waits else float(next_ns) / 1e9
             per_batch = wait / batches if batches else None
             rows.append(
                 {

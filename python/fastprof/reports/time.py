@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from fastprof.recording.names import LOADER_PREFIX, RECORD_PREFIX, STEP_SPAN, TORCH_WINDOW_PREFIX
+from fastprof.reports import long_run
 from fastprof.reports.data import KINETO_CATEGORIES as _KINETO_CATS
 from fastprof.reports.data import RunData, grouped_quantiles
 from fastprof.reports.resumed import idle_ns
@@ -79,13 +80,44 @@ def time_report(data: RunData, verbose: bool = False) -> dict[str, Any]:
             if ids is not None:
                 inside &= data.name_mask(ids)[s["name"]]
             rows += _group_rows(data, s, inside, from_kineto, lut, star, walls, idle)
+    note = "totals of nested spans overlap (a step holds its forward); torch window rows cover only the profiled steps"
+    if data.long is not None:
+        rows += _sketched_rows(data, verbose)
+        note += (
+            f"; a long run: the p50 and p95 of the spans every step records come from a sketch of their "
+            f"durations, within {long_run.SKETCH_ERROR:.0%} of the exact value"
+        )
     rows.sort(key=lambda r: (r["rank"], -r["total_s"]))
-    return {
-        "verbose": verbose,
-        "note": "totals of nested spans overlap (a step holds its forward); torch window rows cover only "
-        "the profiled steps",
-        "rows": rows,
-    }
+    return {"verbose": verbose, "note": note, "rows": rows}
+
+
+def _sketched_rows(data: RunData, verbose: bool) -> list[dict[str, Any]]:
+    """The rows of a long run's names the step pass read (no rows of them
+    in the columns): its counts, totals and longest, p50 and p95 from its
+    sketches."""
+    rows: list[dict[str, Any]] = []
+    for r, got in sorted((data.long or {}).items()):
+        w0, w1 = data.wall(r)
+        wall = max(w1 - w0 - idle_ns(data, r, (w0, w1)), 1)
+        for name, st in sorted(got.stats.items()):
+            if not st.count or (not verbose and classify(name) == "other"):
+                continue
+            rows.append(
+                {
+                    "rank": r,
+                    "name": name,
+                    "group": classify(name),
+                    "source": "fastprof",
+                    "count": st.count,
+                    "total_s": st.total / 1e9,
+                    "mean_s": st.total / st.count / 1e9,
+                    "p50_s": st.sketch.quantile(0.5) / 1e9,
+                    "p95_s": st.sketch.quantile(0.95) / 1e9,
+                    "max_s": st.longest / 1e9,
+                    "pct_wall": 100.0 * st.total / wall,
+                }
+            )
+    return rows
 
 
 def _blocks(data: RunData, s: dict[str, Any], keep: Any, lut: Any) -> list[tuple[int | None, int | None, Any]]:
