@@ -98,6 +98,7 @@ def read_columns(
     omit: str | Iterable[str] | None = None,
     chunk_rows: int | None = None,
     on_chunk: Callable[[dict[str, Any]], object] | None = None,
+    step_epochs: bool = False,
 ) -> Columns:
     """Read spans, instants and counters of traces into numpy columns.
 
@@ -141,6 +142,8 @@ def read_columns(
     chunk) and ``moved_ns`` (in a file's last chunk: by how much the times of
     its earlier chunks move, placed before the file gave its clock offset).
     The result then holds no rows. Not with ``step_column`` or a window.
+    ``step_epochs``: the spans' ``epoch`` column, a fastprof ``step`` span's
+    ``args.epoch`` (-1 on other rows and where it has none).
 
     Raises :class:`fastprof.TraceError` (a ``ValueError``) for a file named
     here that is not a trace, naming the file and byte offset, and
@@ -171,6 +174,7 @@ def read_columns(
         omit=_strings(omit, "omit") or [],
         chunk_rows=chunk_rows,
         on_chunk=on_chunk,
+        step_epochs=bool(step_epochs),
     )
     return Columns(
         spans=raw["spans"],

@@ -20,7 +20,7 @@ checkpointing) as backward's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -410,6 +410,23 @@ GPU_BOUND = 1.3
 HOST_BOUND = 1.1
 
 
+class _Without(Mapping[str, Any]):
+    """Each phase's times without step ``i``, made when asked for (one
+    phase's copy at a time: all six at once were 6 x 8 bytes a step)."""
+
+    def __init__(self, per_step: dict[str, Any], i: int) -> None:
+        self._per_step, self._i = per_step, i
+
+    def __getitem__(self, phase: str) -> Any:
+        return np.delete(self._per_step[phase], self._i)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._per_step)
+
+    def __len__(self) -> int:
+        return len(self._per_step)
+
+
 def slow_steps(
     dur: Any,
     per_step: dict[str, Any],
@@ -434,7 +451,7 @@ def slow_steps(
     for f in found[:MAX_SLOW]:
         i = f.index
         step = {p: float(v[i]) for p, v in per_step.items()}
-        got = slow_phase(step, {p: np.delete(v, i) for p, v in per_step.items()})
+        got = slow_phase(step, _Without(per_step, i))
         if got is None:
             continue
         out.append(
@@ -461,9 +478,7 @@ def anatomy_report(data: RunData, warmup_steps: int) -> tuple[dict[str, Any] | N
     def starts_of(rank: int) -> Callable[[], Any]:
         def read() -> Any:
             if "all" not in starts:
-                starts["all"] = (
-                    long_run.epoch_starts(data.long, data.cols.files) if data.long is not None else epoch_starts(data)
-                )
+                starts["all"] = long_run.epoch_starts(data.long) if data.long is not None else epoch_starts(data)
             return starts["all"].get(rank)
 
         return read

@@ -40,7 +40,6 @@ import numpy as np
 import numpy.typing as npt
 
 from fastprof import _core
-from fastprof._core import FastprofError
 from fastprof.readers.columns import Columns, read_columns
 from fastprof.recording.names import (
     BACKWARD_GRADS_SPAN,
@@ -172,29 +171,29 @@ class _Pending:
     ts: I64 = field(default_factory=_empty)
     dur: I64 = field(default_factory=_empty)
     file: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
-    seq: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
+    epoch: I64 = field(default_factory=_empty)
 
-    def add(self, ts: I64, dur: I64, file: int, seq: npt.NDArray[np.int32] | None = None) -> None:
+    def add(self, ts: I64, dur: I64, file: int, epoch: I64 | None = None) -> None:
         self.ts = np.concatenate([self.ts, ts])
         self.dur = np.concatenate([self.dur, dur])
         self.file = np.concatenate([self.file, np.full(len(ts), file, np.int32)])
-        if seq is not None:
-            self.seq = np.concatenate([self.seq, seq])
+        if epoch is not None:
+            self.epoch = np.concatenate([self.epoch, epoch])
 
     def sort(self) -> None:
         if len(self.ts) > 1 and np.any(self.ts[1:] < self.ts[:-1]):
             o = np.argsort(self.ts, kind="stable")
             self.ts, self.dur, self.file = self.ts[o], self.dur[o], self.file[o]
-            if len(self.seq):
-                self.seq = self.seq[o]
+            if len(self.epoch):
+                self.epoch = self.epoch[o]
 
     def take(self, upto: int) -> tuple[I64, I64]:
         """The first ``upto`` rows out (ts, dur): copies, so that what is kept
         of them never holds the pending buffer (a view would keep all of it)."""
         ts, dur = self.ts[:upto].copy(), self.dur[:upto].copy()
         self.ts, self.dur, self.file = self.ts[upto:], self.dur[upto:], self.file[upto:]
-        if len(self.seq):
-            self.seq = self.seq[upto:]
+        if len(self.epoch):
+            self.epoch = self.epoch[upto:]
         return ts, dur
 
     def move(self, file: int, by: int) -> None:
@@ -218,7 +217,9 @@ class _Rank:
     c_ts: list[I64] = field(default_factory=list)
     c_dur: list[I64] = field(default_factory=list)
     c_file: list[npt.NDArray[np.int32]] = field(default_factory=list)
-    c_seq: list[npt.NDArray[np.int32]] = field(default_factory=list)
+    c_start: list[npt.NDArray[np.bool_]] = field(default_factory=list)
+    #: The epoch of the last step closed (None before the first).
+    last_epoch: int | None = None
     c_phase: dict[str, list[npt.NDArray[Any]]] = field(default_factory=dict)
     c_given: dict[tuple[str, str], list[tuple[int, npt.NDArray[Any]]]] = field(default_factory=dict)
     c_loader: list[npt.NDArray[Any]] = field(default_factory=list)
@@ -235,7 +236,7 @@ def _join(parts: list[npt.NDArray[Any]], dtype: Any) -> npt.NDArray[Any]:
     back at once."""
     out = np.concatenate(parts) if parts else np.zeros(0, dtype)
     parts.clear()
-    _trim()
+    trim()
     return out
 
 
@@ -252,8 +253,8 @@ class RankSteps:
 
     ts: I64
     dur: I64
-    #: Each step's place among the traces' step span rows, in reading order.
-    seq: npt.NDArray[np.int32]
+    #: Each step: the first of an epoch (its ``args.epoch`` not the step's before; the first step).
+    epoch_start: npt.NDArray[np.bool_]
     phases: dict[str, npt.NDArray[Any]] | None
     given: dict[tuple[str, str], I64]
     loader: I64
@@ -265,8 +266,6 @@ class RankSteps:
     kept: dict[str, tuple[I64, I64]]
     #: Phases whose span names changed after some steps were closed: steps closed before.
     changed: dict[str, int]
-    #: Step span rows read, every rank's (the length of the traces' step args).
-    step_rows: int = 0
 
     def split(self, skip: int = 0) -> PhaseSplit | None:
         """The anatomy's :class:`PhaseSplit` of the steps from ``skip`` (as
@@ -286,7 +285,6 @@ class StepPass:
         self.ranks: dict[int, _Rank] = {}
         self.span_names = set(pass_spans())
         self.counter_names = set(PASS_COUNTERS)
-        self.step_rows = 0
         self.done: dict[int, RankSteps] = {}
 
     # -- reading
@@ -302,6 +300,7 @@ class StepPass:
         if not take.any():
             return
         name, ts, dur, rank = sp["name"][take], sp["ts"][take], sp["dur"][take], sp["rank"][take]
+        epoch = sp["epoch"][take]
         step_id = names.index(STEP_SPAN) if STEP_SPAN in names else -1
         for r in np.unique(rank).tolist():
             st = self.ranks.setdefault(int(r), _Rank(int(r)))
@@ -317,16 +316,11 @@ class StepPass:
                 st.met.add(nm)
                 st.stats.setdefault(nm, NameStats()).add(dur_r[k])
                 if nid == step_id:
-                    # The step rows' place in reading order, every rank's together (as the args come).
-                    seq_all = (self.step_rows + np.flatnonzero(name == step_id)).astype(np.int32)
-                    mine = rank[name == step_id] == r
-                    st.steps.add(ts_r[k], dur_r[k], file, seq_all[mine])
+                    st.steps.add(ts_r[k], dur_r[k], file, epoch[m][k])
                     continue
                 st.spans.setdefault(nm, _Pending()).add(ts_r[k], dur_r[k], file)
                 if nm in KEPT_SPANS:
                     st.kept.setdefault(nm, []).append((ts_r[k], dur_r[k], np.full(int(k.sum()), file, np.int32)))
-        if step_id >= 0:
-            self.step_rows += int((name == step_id).sum())
 
     def counters(self, names: list[str], ct: dict[str, Any], take: npt.NDArray[np.bool_]) -> None:
         if not take.any():
@@ -400,8 +394,11 @@ class StepPass:
 
     def _batch(self, st: _Rank, k: int, cut: int) -> None:
         f_step = st.steps.file[:k].copy()
-        seq = st.steps.seq[:k].copy()
+        ep = st.steps.epoch[:k].copy()
         ts, dur = st.steps.take(k)
+        first = st.last_epoch is None or int(ep[0]) != st.last_epoch
+        st.c_start.append(np.concatenate([[first], ep[1:] != ep[:-1]]))
+        st.last_epoch = int(ep[-1])
         rows: dict[str, tuple[I64, I64]] = {}
         for nm, p in st.spans.items():
             j = int(np.searchsorted(p.ts, cut, side="left"))
@@ -420,7 +417,6 @@ class StepPass:
         st.c_ts.append(ts)
         st.c_dur.append(dur)
         st.c_file.append(f_step)
-        st.c_seq.append(seq)
         st.closed += len(ts)
 
     def finish(self) -> dict[int, RankSteps]:
@@ -434,7 +430,7 @@ class StepPass:
             st.c_file = []
             ts = _join(st.c_ts, np.int64)
             dur = _join(st.c_dur, np.int64)
-            seq = _join(st.c_seq, np.int32)
+            starts = _join(st.c_start, np.bool_)
             found = any(
                 phase != "dataloader" and any(x in st.met for x in (*ours, *theirs))
                 for phase, (ours, theirs) in NAMES.items()
@@ -460,7 +456,7 @@ class StepPass:
             out[r] = RankSteps(
                 ts=ts,
                 dur=dur,
-                seq=seq,
+                epoch_start=starts,
                 phases=phases,
                 given=given,
                 loader=loader,
@@ -471,7 +467,6 @@ class StepPass:
                 wall=(st.lo, st.hi),
                 kept=kept,
                 changed={p: c for p, c in st.changed.items() if c > 0},
-                step_rows=self.step_rows,
             )
         self.done = out
         return out
@@ -527,7 +522,7 @@ def read(target: Any, **opts: Any) -> tuple[Columns, dict[int, RankSteps]]:
         lut_s, lut_c = luts[len(names)]
         for kind, lut in (("spans", lut_s), ("counters", lut_c)):
             t = ch[kind]
-            empty.setdefault(kind, {k: v[:0] for k, v in t.items()})
+            empty.setdefault(kind, {k: v[:0] for k, v in t.items() if k != "epoch"})
             take = lut[t["name"]] if len(t["name"]) else np.zeros(0, bool)
             if kind == "spans":
                 sp.spans(names, t, take, file)
@@ -538,11 +533,11 @@ def read(target: Any, **opts: Any) -> tuple[Columns, dict[int, RankSteps]]:
                 if odd.any():
                     bad.append({k: v[odd] for k, v in t.items()})
             if len(take) and not take.all():
-                blocks[kind].append((file, {k: v[~take] for k, v in t.items()}))
+                blocks[kind].append((file, {k: v[~take] for k, v in t.items() if k != "epoch"}))
         sp.close()
-        _trim()
+        trim()
 
-    got = read_columns(target, **opts, chunk_rows=CHUNK_ROWS, on_chunk=on_chunk)
+    got = read_columns(target, **opts, chunk_rows=CHUNK_ROWS, on_chunk=on_chunk, step_epochs=True)
     tables: dict[str, dict[str, Any]] = {}
     for kind in ("spans", "counters"):
         parts = [b for _, b in blocks[kind]]
@@ -572,11 +567,11 @@ def read(target: Any, **opts: Any) -> tuple[Columns, dict[int, RankSteps]]:
         exact=dict.fromkeys(("spans", "instants", "counters"), True),
     )
     done = sp.finish()
-    _trim()
+    trim()
     return cols, done
 
 
-def _trim() -> None:
+def trim() -> None:
     """Give the C heap's free pages back to the system (glibc's
     ``malloc_trim``; nothing elsewhere). Each chunk's rows and the pass's
     batches come and go below the size glibc maps on its own, and the holes
@@ -597,24 +592,8 @@ def _libc() -> Any:
 _LIBC = _libc()
 
 
-def epoch_starts(long: dict[int, RankSteps], files: list[dict[str, Any]]) -> dict[int, Any]:
+def epoch_starts(long: dict[int, RankSteps]) -> dict[int, Any]:
     """rank -> a bool per step (in time order): the first step of an epoch,
-    from the step spans' ``epoch`` args, as ``anatomy.epoch_starts`` gives
-    it for a run read whole; empty where the args are not one per step row
-    the pass read."""
-    try:
-        got = [_core._read_step_args(str(f["path"])) for f in files]
-    except (FastprofError, OSError):
-        return {}
-    if not got:
-        return {}
-    epoch = np.concatenate([g["epoch"] for g in got])
-    out: dict[int, Any] = {}
-    for rank, r in long.items():
-        if len(epoch) != r.step_rows or (len(r.seq) and int(r.seq.max()) >= len(epoch)):
-            return {}
-        if not len(r.seq):
-            continue
-        e = epoch[r.seq]
-        out[rank] = np.concatenate([[True], e[1:] != e[:-1]])
-    return out
+    as ``anatomy.epoch_starts`` gives it for a run read whole (the reader
+    gave each step span's ``args.epoch`` with the rows: no second pass)."""
+    return {r: x.epoch_start for r, x in long.items() if len(x.ts)}

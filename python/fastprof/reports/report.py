@@ -22,6 +22,7 @@ import numpy as np
 from fastprof._core import ConfigError, __version__
 from fastprof.recording.names import OPERATORS_JSON, REPORT_JSON
 from fastprof.reports import data as _data
+from fastprof.reports import long_run
 from fastprof.reports import summaries as _summaries
 from fastprof.reports.anatomy import anatomy_report
 from fastprof.reports.breakdown import step_breakdown, steps_from
@@ -90,6 +91,10 @@ class _Progress:
             print(f"fastprof report: {time.perf_counter() - self.t0:6.2f} s  {what}", file=sys.stderr, flush=True)
 
 
+def _nothing() -> None:
+    """What a run read whole does between its sections."""
+
+
 def _read_line(data: _data.RunData) -> str:
     """What the read gave, for the progress line."""
     line = f"read {len(data.cols.spans['ts'])} spans, {len(data.cols.counters['ts'])} counter samples"
@@ -150,17 +155,23 @@ def build_from(
 def _build_from(
     data: _data.RunData, verbose: bool, warmup_steps: int | None, batch_size: int | None, tick: _Progress
 ) -> dict[str, Any]:
+    # A long run's sections each free what they made before the next (long_run.trim).
+    done = long_run.trim if data.long is not None else _nothing
     t = time_report(data, verbose=verbose)
     tick("time report")
     speed = speed_report(data, warmup_steps, batch_size)
+    done()
     tick("speed report")
     system = system_report(data, speed["batch_size"]["value"])
     tick("system report")
     ranks = ranks_report(data, speed["warmup"]["steps_excluded"])
+    done()
     breakdown, reason = breakdown_section(data)
     tick("breakdown")
     memory, memory_reason = memory_report(data, int(speed["warmup"]["steps_excluded"]))
+    done()
     anatomy, anatomy_reason = anatomy_report(data, int(speed["warmup"]["steps_excluded"]))
+    done()
     triggers = triggers_report(data)
     if breakdown is not None:
         # Its figures are quoted as what they are: which steps it covers (#36, item 3).
@@ -439,6 +450,8 @@ def _write(
                 (tmp / f"{stem}.csv").write_text(table.csv_text())
                 names.append(f"{stem}.csv")
         if "html" in fmts:
+            if data.long is not None:
+                long_run.trim()
             names.append(write_html(doc, data, tmp, link_from=out).name)
             tick("report.html")
         if not out.exists():

@@ -31,7 +31,8 @@ use std::path::PathBuf;
 #[pyo3(signature = (paths, *, names=None, name_prefixes=Vec::new(), categories=None,
                     start_ns=None, end_ns=None, spans=true, instants=true, counters=true,
                     fold_categories=Vec::new(), fold_except=Vec::new(), step_column=true,
-                    collapse_numbered=Vec::new(), omit=Vec::new(), chunk_rows=None, on_chunk=None))]
+                    collapse_numbered=Vec::new(), omit=Vec::new(), chunk_rows=None, on_chunk=None,
+                    step_epochs=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn read_columns(
     py: Python<'_>,
@@ -51,6 +52,7 @@ pub fn read_columns(
     omit: Vec<String>,
     chunk_rows: Option<usize>,
     on_chunk: Option<Py<PyAny>>,
+    step_epochs: bool,
 ) -> PyResult<Bound<'_, PyDict>> {
     let mut omitted = [Omit::default(); 3];
     for o in &omit {
@@ -83,6 +85,12 @@ pub fn read_columns(
         step_column,
         collapse_numbered,
         omit: omitted,
+        step_epochs,
+    };
+    let span_cols: &[&str] = if step_epochs {
+        &["dur", "epoch"]
+    } else {
+        &["dur"]
     };
     let c = match (chunk_rows, on_chunk) {
         (None, None) => py
@@ -92,7 +100,8 @@ pub fn read_columns(
             let mut raised: Option<PyErr> = None;
             let mut sink = |c: Chunk| -> fastprof_core::error::Result<()> {
                 Python::attach(|py| {
-                    let called = chunk_dict(py, c, &omitted).and_then(|d| f.call1(py, (d,)));
+                    let called =
+                        chunk_dict(py, c, &omitted, span_cols).and_then(|d| f.call1(py, (d,)));
                     called.map(|_| ()).map_err(|e| {
                         raised = Some(e);
                         CoreError::Config {
@@ -125,7 +134,7 @@ pub fn read_columns(
     d.set_item("exact", exact)?;
     d.set_item(
         "spans",
-        table(py, c.spans, &["dur"], step_column, &omitted[0])?,
+        table(py, c.spans, span_cols, step_column, &omitted[0])?,
     )?;
     d.set_item(
         "instants",
@@ -161,12 +170,17 @@ pub fn read_columns(
 }
 
 /// One chunk as the dict `on_chunk` is given.
-fn chunk_dict<'py>(py: Python<'py>, c: Chunk, omitted: &[Omit; 3]) -> PyResult<Bound<'py, PyDict>> {
+fn chunk_dict<'py>(
+    py: Python<'py>,
+    c: Chunk,
+    omitted: &[Omit; 3],
+    span_cols: &[&str],
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     let cols = c.columns;
     d.set_item(
         "spans",
-        table(py, cols.spans, &["dur"], false, &omitted[0])?,
+        table(py, cols.spans, span_cols, false, &omitted[0])?,
     )?;
     d.set_item(
         "instants",
@@ -245,6 +259,9 @@ fn table<'py>(
     }
     if !omit.file {
         d.set_item("file", PyArray1::from_vec(py, t.file))?;
+    }
+    if extra.contains(&"epoch") {
+        d.set_item("epoch", PyArray1::from_vec(py, t.epoch))?;
     }
     if extra.contains(&"series") {
         d.set_item("series", PyArray1::from_vec(py, t.series))?;

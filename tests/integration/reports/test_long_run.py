@@ -27,8 +27,10 @@ import pytest
 
 import fastprof
 from conftest import torchrun
+from fastprof import _core
 from fastprof.readers.columns import read_columns
 from fastprof.reports import long_run
+from fastprof.reports.anatomy import epoch_starts
 from fastprof.reports.data import load
 
 LOOP = textwrap.dedent(
@@ -170,6 +172,11 @@ def test_the_step_pass_keeps_no_row_of_what_it_reads(loop_job: Path, monkeypatch
     assert {v.dtype for v in got.phases.values()} == {np.dtype(np.uint32)}
     with pytest.raises(fastprof.reports.data.LongRunError):
         data.spans("forward", 0)
+    # The epochs came with the rows: the same starts as the args' second pass gives.
+    monkeypatch.setattr(long_run, "LONG_BYTES", 1 << 62)
+    whole = epoch_starts(load(loop_job))
+    assert np.flatnonzero(whole[0]).tolist() == [0, 400]
+    assert np.array_equal(long_run.epoch_starts(data.long)[0], whole[0])
 
 
 def test_chunks_are_the_whole_read(loop_job: Path) -> None:
@@ -186,6 +193,13 @@ def test_chunks_are_the_whole_read(loop_job: Path) -> None:
                 assert [rest.names[i] for i in got[k]] == [whole.names[i] for i in v], (kind, k)
             else:
                 assert np.array_equal(got[k], v), (kind, k)
+    # The step spans' epochs, with the rows, as their args say.
+    epochs: list[int] = []
+    read_columns(loop_job, step_column=False, kinds=("spans",), names="step", chunk_rows=300,
+                 on_chunk=lambda c: epochs.extend(c["spans"]["epoch"].tolist()), step_epochs=True)  # fmt: skip
+    args = [_core._read_step_args(str(f["path"])) for f in whole.files if not f.get("skipped")]
+    assert epochs == np.concatenate([a["epoch"] for a in args]).tolist()
+    assert sorted(set(epochs)) == [0, 1]
     with pytest.raises(fastprof.ConfigError, match="chunk_rows"):
         read_columns(loop_job, chunk_rows=10, on_chunk=parts.append)
 

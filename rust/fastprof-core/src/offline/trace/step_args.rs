@@ -29,7 +29,7 @@ pub struct StepArgs {
 }
 
 /// The integer value of the first of `keys` present in the `args` object.
-fn arg_int(args: Option<&[u8]>, keys: &[&[u8]]) -> Option<i64> {
+pub(crate) fn arg_int(args: Option<&[u8]>, keys: &[&[u8]]) -> Option<i64> {
     let mut found: [Option<i64>; 4] = [None; 4];
     scan::for_each_entry(args?, |k, v| {
         if let Some(i) = keys.iter().position(|key| *key == k) {

@@ -40,6 +40,7 @@ use super::scan::{self, str_text as text, Fields, Item};
 use crate::contract;
 use crate::error::{CoreError, Result};
 use crate::offline::trace::inputs;
+use crate::offline::trace::step_args;
 
 /// What to read. Name and category filters apply while reading, so rows they
 /// leave out never take memory.
@@ -81,6 +82,10 @@ pub struct ColumnsOptions {
     /// still read for the rank, into a per-file buffer dropped at the end of
     /// its file; it needs `step_column` off (the step index reads it).
     pub omit: [Omit; 3],
+    /// The spans' `epoch` column: a fastprof `step` span's `args.epoch`
+    /// (-1 elsewhere), 8 bytes a span: a long run's step pass reads the
+    /// epochs with the rows, not in a second pass over the files.
+    pub step_epochs: bool,
 }
 
 /// Which of a table's optional columns [`ColumnsOptions::omit`] leaves out
@@ -124,6 +129,7 @@ impl Default for ColumnsOptions {
             step_column: true,
             collapse_numbered: Vec::new(),
             omit: [Omit::default(); 3],
+            step_epochs: false,
         }
     }
 }
@@ -194,6 +200,9 @@ pub struct Table {
     pub series: Vec<u32>,
     /// Counters only.
     pub value: Vec<f64>,
+    /// Spans with [`ColumnsOptions::step_epochs`]: a fastprof `step` span's
+    /// `args.epoch` (-1 on every other row and where it has none).
+    pub epoch: Vec<i64>,
 }
 
 impl Table {
@@ -238,6 +247,9 @@ impl Table {
                     self.series[w] = self.series[r];
                     self.value[w] = self.value[r];
                 }
+                if !self.epoch.is_empty() {
+                    self.epoch[w] = self.epoch[r];
+                }
             }
             w += 1;
         }
@@ -249,7 +261,13 @@ impl Table {
         ] {
             v.truncate(w.min(v.len()));
         }
-        for v in [&mut self.ts, &mut self.pid, &mut self.tid, &mut self.dur] {
+        for v in [
+            &mut self.ts,
+            &mut self.pid,
+            &mut self.tid,
+            &mut self.dur,
+            &mut self.epoch,
+        ] {
             v.truncate(w.min(v.len()));
         }
         self.value.truncate(w.min(self.value.len()));
@@ -271,6 +289,7 @@ impl Table {
         self.file.shrink_to_fit();
         self.series.shrink_to_fit();
         self.value.shrink_to_fit();
+        self.epoch.shrink_to_fit();
     }
 
     /// Whether every column's capacity is its length (see [`Table::shrink`]).
@@ -286,6 +305,7 @@ impl Table {
             && self.file.capacity() == self.file.len()
             && self.series.capacity() == self.series.len()
             && self.value.capacity() == self.value.len()
+            && self.epoch.capacity() == self.epoch.len()
     }
 }
 
@@ -656,6 +676,7 @@ impl<'o> Reading<'o> {
         pid: i64,
         tid: i64,
         file: u32,
+        epoch: i64,
     ) {
         if self.folds(name, cat) {
             fs.folded
@@ -677,6 +698,9 @@ impl<'o> Reading<'o> {
             file,
         );
         t.dur.push(dur);
+        if self.opts.step_epochs {
+            t.epoch.push(epoch);
+        }
     }
 
     /// Scan one file into the tables. With `skip_merged`, a previous merge
@@ -861,7 +885,9 @@ impl<'o> Reading<'o> {
             // Closes the innermost B of its thread, whatever its own name says.
             match fs.open.get_mut(&(pid, tid)).and_then(Vec::pop) {
                 Some(o) if o.keep && ts < o.ts => *fs.bad_dur.entry(o.name).or_default() += 1,
-                Some(o) if o.keep => self.span(fs, o.name, o.cat, o.ts, ts - o.ts, pid, tid, file),
+                Some(o) if o.keep => {
+                    self.span(fs, o.name, o.cat, o.ts, ts - o.ts, pid, tid, file, -1)
+                }
                 Some(_) => {}
                 None => fs.unpaired += 1,
             }
@@ -891,7 +917,17 @@ impl<'o> Reading<'o> {
         let cat_id = self.cats.id(&cat);
         match kind {
             0 if f.dur_checked(raw).is_none() => *fs.bad_dur.entry(name_id).or_default() += 1,
-            0 => self.span(fs, name_id, cat_id, ts, dur, pid, tid, file),
+            0 => {
+                let epoch = if self.opts.step_epochs
+                    && name == contract::STEP_SPAN
+                    && matches!(fs.meta.info.kind, "fastprof" | "merged")
+                {
+                    step_args::arg_int(get(&f.args), &[b"epoch"]).unwrap_or(-1)
+                } else {
+                    -1
+                };
+                self.span(fs, name_id, cat_id, ts, dur, pid, tid, file, epoch)
+            }
             1 => push_row(
                 &mut self.out.instants,
                 &self.opts.omit[1],
