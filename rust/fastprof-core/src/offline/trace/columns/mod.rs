@@ -595,11 +595,18 @@ impl<'o> Reading<'o> {
             .sum()
     }
 
-    /// Place the current file's rows since its last chunk with `shift` and
-    /// hand them over.
-    fn emit(&mut self, fs: &mut FileScan, file: u32, last: bool, moved_ns: i64) -> Result<()> {
+    /// Place the current file's rows since its last chunk with the clock
+    /// offset known so far and hand them over.
+    fn emit(&mut self, fs: &mut FileScan, file: u32) -> Result<()> {
         let shift = fs.meta.shift();
         self.place_rows(fs, shift);
+        fs.first = [0; 3];
+        fs.emitted = Some(shift);
+        self.hand_over(file, false, 0)
+    }
+
+    /// The rows read since the last chunk, placed, to the sink as a chunk.
+    fn hand_over(&mut self, file: u32, last: bool, moved_ns: i64) -> Result<()> {
         let columns = Columns {
             spans: std::mem::take(&mut self.out.spans),
             instants: std::mem::take(&mut self.out.instants),
@@ -608,16 +615,13 @@ impl<'o> Reading<'o> {
             categories: self.cats.strings.clone(),
             ..Columns::default()
         };
-        fs.first = [0; 3];
-        fs.emitted = Some(shift);
-        let chunk = Chunk {
-            columns,
-            file,
-            last,
-            moved_ns,
-        };
         match self.chunks.as_mut() {
-            Some((_, sink)) => sink(chunk),
+            Some((_, sink)) => sink(Chunk {
+                columns,
+                file,
+                last,
+                moved_ns,
+            }),
             None => Ok(()),
         }
     }
@@ -738,7 +742,7 @@ impl<'o> Reading<'o> {
                         let every = self.chunks.as_ref().map_or(usize::MAX, |c| c.0);
                         let placed_early = matches!(fs.meta.info.kind, "fastprof" | "merged");
                         if placed_early && self.rows_since(&fs) >= every {
-                            self.emit(&mut fs, file, false, 0)?;
+                            self.emit(&mut fs, file)?;
                         }
                     }
                 }
@@ -803,25 +807,10 @@ impl<'o> Reading<'o> {
         }
         self.place(&mut fs);
         if self.chunks.is_some() {
+            // place() has placed the rows with the file's own offset: handed over as they are.
             let moved = fs.emitted.map_or(0, |s| fs.meta.shift().saturating_sub(s));
             fs.first = [0; 3];
-            // place() has placed the rows: hand them over as they are.
-            let columns = Columns {
-                spans: std::mem::take(&mut self.out.spans),
-                instants: std::mem::take(&mut self.out.instants),
-                counters: std::mem::take(&mut self.out.counters),
-                names: self.names.strings.clone(),
-                categories: self.cats.strings.clone(),
-                ..Columns::default()
-            };
-            if let Some((_, sink)) = self.chunks.as_mut() {
-                sink(Chunk {
-                    columns,
-                    file,
-                    last: true,
-                    moved_ns: moved,
-                })?;
-            }
+            self.hand_over(file, true, moved)?;
         }
         Ok(fs.meta.info)
     }
