@@ -8,7 +8,8 @@ p50 and p95 of the names the pass reads, which come from its sketch (within
 
 The jobs are real: a Python loop under the Profiler (two epochs, a slow
 step, a validation loader, a span of the user's own at every step, two
-segments), and a ``torchrun`` job of 2 ranks (gloo, DDP, the Profiler's own
+segments and no merged trace: the report reads the segments), and a
+``torchrun`` job of 2 ranks (gloo, DDP, the Profiler's own
 phase spans, a straggler). Read back with Python's ``json``; the chunked
 reader's rows are compared with the whole read's."""
 
@@ -39,7 +40,7 @@ LOOP = textwrap.dedent(
     import fastprof
 
     prof = fastprof.Profiler(out_dir=sys.argv[1], run_name="job", torch=False, sample_hz=0,
-                             rank_summary=False, segment_size=int(sys.argv[2]))
+                             rank_summary=False, segment_size=int(sys.argv[2]), merge=False)
     with prof:
         for epoch in range(2):
             for i, _ in enumerate(prof.loader(range(400))):
@@ -139,7 +140,8 @@ def loop_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Segments of 64 KiB: the rank's rows cross segment ends, and the reader's chunks cut segments.
     subprocess.run([sys.executable, "-c", LOOP, str(root), str(64 << 10)], check=True, timeout=120)
     job = root / "job"
-    assert len(list((job / "rank0").glob("fastprof.*.json.gz"))) >= 2
+    # No merged trace: the report reads the segments, one rank's state carried from one to the next.
+    assert len(list((job / "rank0").glob("fastprof.*.json.gz"))) >= 2 and not (job / "trace.json.gz").exists()
     return job
 
 
@@ -217,4 +219,10 @@ def test_ranks_reported_through_the_step_pass_say_what_the_whole_read_says(
     assert [r["rank"] for r in an["per_rank"]] == [0, 1]
     assert an["stragglers"] and an["stragglers"][0]["rank"] == 1, an.get("stragglers")
     assert "sketch" in long["time"]["note"]
+    _same_but_the_sketches(whole, long)
+    # Its ranks' segments too (no merged trace): each rank's clock offset given at its segment's end.
+    (job / "trace.json.gz").unlink()
+    whole, long = _reports(job, tmp_path / "segments", monkeypatch)
+    assert {Path(i["path"]).parent.name for i in long["source"]["inputs"]} == {"rank0", "rank1"}
+    assert long["anatomy"]["stragglers"][0]["rank"] == 1
     _same_but_the_sketches(whole, long)
