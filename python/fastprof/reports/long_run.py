@@ -31,7 +31,9 @@ were closed, the report says so.
 from __future__ import annotations
 
 import ctypes
+import gzip
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -497,11 +499,37 @@ def is_long(target: Any) -> bool:
     return any(v > LONG_BYTES for v in per.values())
 
 
+#: A recording's flush interval, as its head writes it (``fastprof_info``'s config).
+_FLUSH = re.compile(rb'"flush_interval_s":\s*([0-9.eE+-]+)')
+#: How much of a trace's head is looked at for it.
+_HEAD_BYTES = 64 << 10
+
+
+def lag_ns(target: Any) -> int:
+    """How long the pass keeps a step open: :data:`LAG_NS`, or three of the
+    longest flush interval the traces' heads name where that is longer (a
+    span of another thread is written within a flush of its end)."""
+    paths = [str(t) for t in (target if isinstance(target, (list, tuple)) else [target])]
+    longest = 0.0
+    for f in _core.trace_inputs(paths)[0]:
+        try:
+            with gzip.open(f, "rb") if f.endswith(".gz") else open(f, "rb") as fh:
+                head = fh.read(_HEAD_BYTES)
+        except (OSError, EOFError, gzip.BadGzipFile):
+            continue
+        for m in _FLUSH.finditer(head):
+            try:
+                longest = max(longest, float(m.group(1)))
+            except ValueError:
+                continue
+    return max(LAG_NS, int(3 * longest * 1e9))
+
+
 def read(target: Any, **opts: Any) -> tuple[Columns, dict[int, RankSteps]]:
     """``read_columns(target, **opts)`` in chunks: the rows of the names the
     step pass reads go to it, the others are the returned columns (as the
     whole read gives them), with what the pass kept of each rank."""
-    sp = StepPass()
+    sp = StepPass(lag_ns(target))
     blocks: dict[str, list[tuple[int, dict[str, Any]]]] = {"spans": [], "counters": []}
     empty: dict[str, dict[str, Any]] = {}
     luts: dict[int, tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]] = {}

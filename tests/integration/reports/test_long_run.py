@@ -226,3 +226,17 @@ def test_ranks_reported_through_the_step_pass_say_what_the_whole_read_says(
     assert {Path(i["path"]).parent.name for i in long["source"]["inputs"]} == {"rank0", "rank1"}
     assert long["anatomy"]["stragglers"][0]["rank"] == 1
     _same_but_the_sketches(whole, long)
+
+
+def test_the_pass_keeps_steps_open_three_flush_intervals_of_the_recording(loop_job: Path, tmp_path: Path) -> None:
+    """A span of another thread is written within a flush of its end: a
+    recording flushing every 2.5 s keeps its steps open 7.5 s, one at the
+    default (1 s) the pass's own 5 s."""
+    script = "import sys, fastprof\n" + (
+        "p = fastprof.Profiler(out_dir=sys.argv[1], run_name='job', torch=False, sample_hz=0, "
+        "rank_summary=False, merge=False, flush_interval=2.5)\n"
+        "with p:\n    for _ in p.loader(range(3)):\n        p.step()\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, timeout=60)
+    assert long_run.lag_ns(tmp_path / "job") == 7_500_000_000
+    assert long_run.lag_ns(loop_job) == long_run.LAG_NS == 5_000_000_000
