@@ -501,9 +501,9 @@ def _load(p: Path, fold: bool, run: RunView, side: bool = True, target: Any = No
         "omit": [f"spans.{k}" for k in _UNUSED] + [f"counters.{k}" for k in _UNUSED_COUNTERS if k != "file"],
     }
     long: dict[int, long_run.RankSteps] | None = None
-    if long_run.is_long(target):
+    if files := long_run.long_files(target):
         # A long rank: the names every step records through the step pass, not as rows.
-        cols, long = long_run.read(target, **opts)
+        cols, long = long_run.read(target, files, **opts)
     else:
         cols = read_columns(target, **opts)
     cols.warnings.extend(counter_warnings(cols))

@@ -1,16 +1,16 @@
 """A long run's report in bounded memory (issue #38, item 1): a rank whose
 traces hold more than :data:`LONG_BYTES` of gzip is read in chunks
 (``read_columns(..., chunk_rows=...)``), and the spans and counters every
-step records (:data:`PASS_SPANS`, :data:`PASS_COUNTERS`) are not kept as
+step records (:data:`PASS_SPAN_SET`, :data:`PASS_COUNTERS`) are not kept as
 rows: a step pass (:class:`StepPass`) keeps of them what the sections read,
-~50 bytes a step where the rows took ~235:
+~45 bytes a step where the rows took ~235:
 
 - each step's start and duration (``data.step_spans``), its six phases by
   the anatomy's own rule (:func:`fastprof.reports.phases.split`, run on
   each batch of closed steps: the rule exists once) and the time the
   overlap rule gave from one phase to another, the train loader's time
-  inside it, and where it stands among the traces' step spans (for the
-  epochs' args);
+  inside it, and whether it starts an epoch (the reader gives each step
+  span's ``args.epoch`` with the rows);
 - per (rank, name) the count, total, longest, and a quantile sketch of the
   durations (:class:`Sketch`: the time table's p50 and p95 within
   :data:`SKETCH_ERROR` of the exact value, said in the table);
@@ -24,8 +24,7 @@ span of another thread is written within a flush interval of its end); the
 rows of closed steps are then dropped. Every other name is kept as rows, as
 the report reads a run of any length. Which phase names count (fastprof's
 ``phase.*`` or the user's) is decided with what has been read so far of the
-rank, as ``fastprof export`` decides it; where that changed after some steps
-were closed, the report says so.
+rank, as ``fastprof export`` decides it.
 """
 
 from __future__ import annotations
@@ -78,17 +77,11 @@ WAIT_COUNTER = loader_wait(TRAIN_LOADER)
 PASS_COUNTERS = (WAIT_COUNTER, STEP_COUNTER)
 
 
-def pass_spans() -> tuple[str, ...]:
-    """Every span name the pass reads instead of rows."""
-    names = {STEP_SPAN, TRAIN_NEXT, BACKWARD_GRADS_SPAN}
-    for ours, theirs in NAMES.values():
-        names.update(ours)
-        names.update(theirs)
-    return tuple(sorted(names))
-
-
-#: :func:`pass_spans` as a set.
-PASS_SPAN_SET = frozenset(pass_spans())
+#: Every span name the pass reads instead of rows: the steps, the train
+#: loader's next(), the gradients-ready mark and every phase's names.
+PASS_SPAN_SET = frozenset(
+    {STEP_SPAN, TRAIN_NEXT, BACKWARD_GRADS_SPAN, *(n for names in NAMES.values() for group in names for n in group)}
+)
 
 
 class Sketch:
@@ -211,10 +204,10 @@ class _Rank:
     stats: dict[str, NameStats] = field(default_factory=dict)
     wait_count: int = 0
     wait_sum: float = 0.0
+    #: The rank's first instant, and its latest end read so far (the
+    #: reading's front: steps close :data:`LAG_NS` behind it).
     lo: int = np.iinfo(np.int64).max
     hi: int = np.iinfo(np.int64).min
-    #: The reading's latest end on the rank.
-    seen: int = np.iinfo(np.int64).min
     # Closed steps, batch by batch (joined by finish()).
     c_ts: list[I64] = field(default_factory=list)
     c_dur: list[I64] = field(default_factory=list)
@@ -226,10 +219,6 @@ class _Rank:
     c_given: dict[tuple[str, str], list[tuple[int, npt.NDArray[Any]]]] = field(default_factory=dict)
     c_loader: list[npt.NDArray[Any]] = field(default_factory=list)
     closed: int = 0
-    #: Per phase: whether fastprof's own names were used (None: no phase span yet).
-    used_ours: dict[str, bool] = field(default_factory=dict)
-    #: Steps closed before the choice of a phase's names changed.
-    changed: dict[str, int] = field(default_factory=dict)
     kept: dict[str, list[tuple[I64, I64, npt.NDArray[np.int32]]]] = field(default_factory=dict)
 
 
@@ -259,15 +248,14 @@ class RankSteps:
     epoch_start: npt.NDArray[np.bool_]
     phases: dict[str, npt.NDArray[Any]] | None
     given: dict[tuple[str, str], I64]
-    loader: I64
+    #: The train loader's time inside each step (uint32 where every value fits).
+    loader: npt.NDArray[Any]
     has_loader: bool
     stats: dict[str, NameStats]
     wait_count: int
     wait_sum: float
     wall: tuple[int, int]
     kept: dict[str, tuple[I64, I64]]
-    #: Phases whose span names changed after some steps were closed: steps closed before.
-    changed: dict[str, int]
 
     def split(self, skip: int = 0) -> PhaseSplit | None:
         """The anatomy's :class:`PhaseSplit` of the steps from ``skip`` (as
@@ -285,16 +273,14 @@ class StepPass:
     def __init__(self, lag_ns: int = LAG_NS) -> None:
         self.lag_ns = lag_ns
         self.ranks: dict[int, _Rank] = {}
-        self.span_names = set(pass_spans())
-        self.counter_names = set(PASS_COUNTERS)
-        self.done: dict[int, RankSteps] = {}
 
     # -- reading
 
-    def luts(self, names: list[str]) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    @staticmethod
+    def luts(names: list[str]) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
         """Per name id: a pass span, a pass counter."""
-        spans = np.array([n in self.span_names for n in names], bool)
-        counters = np.array([n in self.counter_names for n in names], bool)
+        spans = np.array([n in PASS_SPAN_SET for n in names], bool)
+        counters = np.array([n in PASS_COUNTERS for n in names], bool)
         return spans, counters
 
     def spans(self, names: list[str], sp: dict[str, Any], take: npt.NDArray[np.bool_], file: int) -> None:
@@ -311,7 +297,6 @@ class StepPass:
             st.lo = min(st.lo, int(ts_r.min()))
             end = ts_r + dur_r
             st.hi = max(st.hi, int(end.max()))
-            st.seen = max(st.seen, int(end.max()))
             for nid in np.unique(n_r).tolist():
                 k = n_r == nid
                 nm = names[int(nid)]
@@ -334,7 +319,6 @@ class StepPass:
             m = rank == r
             st.lo = min(st.lo, int(ts[m].min()))
             st.hi = max(st.hi, int(ts[m].max()))
-            st.seen = max(st.seen, int(ts[m].max()))
             w = m & (name == wait)
             st.wait_count += int(w.sum())
             st.wait_sum += float(value[w].sum())
@@ -355,7 +339,6 @@ class StepPass:
             if np.any(st.steps.file == file) or any(np.any(f == file) for f in st.c_file):
                 st.lo += by
                 st.hi += by
-                st.seen += by
 
     # -- closing steps
 
@@ -372,7 +355,7 @@ class StepPass:
             if final:
                 k = len(ends)
             else:
-                late = np.flatnonzero(ends > st.seen - self.lag_ns)
+                late = np.flatnonzero(ends > st.hi - self.lag_ns)
                 k = int(late[0]) if len(late) else len(ends)
             k = min(k, BATCH_STEPS)
             if k == 0:
@@ -382,17 +365,6 @@ class StepPass:
             if final and k == len(ends):
                 cut = np.iinfo(np.int64).max
             self._batch(st, k, cut)
-
-    def _choose(self, st: _Rank) -> dict[str, list[str]]:
-        """Each phase's span names, by what was read so far (as the anatomy chooses)."""
-        out: dict[str, list[str]] = {}
-        for phase, (ours, theirs) in NAMES.items():
-            has_ours = any(x in st.met for x in ours)
-            if phase in st.used_ours and st.used_ours[phase] != has_ours and phase not in st.changed:
-                st.changed[phase] = st.closed
-            st.used_ours[phase] = has_ours
-            out[phase] = list(ours if has_ours else theirs)
-        return out
 
     def _batch(self, st: _Rank, k: int, cut: int) -> None:
         f_step = st.steps.file[:k].copy()
@@ -405,7 +377,8 @@ class StepPass:
         for nm, p in st.spans.items():
             j = int(np.searchsorted(p.ts, cut, side="left"))
             rows[nm] = p.take(j)
-        use = self._choose(st)
+        # Each phase's names by what was read so far of the rank (as the anatomy chooses them).
+        use = {ph: ours if any(x in st.met for x in ours) else theirs for ph, (ours, theirs) in NAMES.items()}
         spans = {ph: [(rows[n][0], rows[n][0] + rows[n][1]) for n in names if n in rows] for ph, names in use.items()}
         got = split(ts, dur, spans)
         for ph, v in got.per_step.items():
@@ -468,23 +441,25 @@ class StepPass:
                 wait_sum=st.wait_sum,
                 wall=(st.lo, st.hi),
                 kept=kept,
-                changed={p: c for p, c in st.changed.items() if c > 0},
             )
-        self.done = out
         return out
 
 
-def is_long(target: Any) -> bool:
-    """Whether some rank's traces in ``target`` (what the report reads: a
-    run directory, a trace, a merged trace, a list of rank folders) hold
-    more than :data:`LONG_BYTES`: a rank folder's files together, a merged
-    trace shared by the rank folders beside it. Local files only (a run in
-    a store is read whole)."""
+def _trace_files(target: Any) -> list[str]:
+    """The trace files of ``target`` (what the report reads: a run
+    directory, a trace, a merged trace, a list of rank folders), as the
+    reader finds them; none for a run in a store (read whole)."""
     paths = [str(t) for t in (target if isinstance(target, (list, tuple)) else [target])]
-    if any("://" in p for p in paths):
-        return False
+    return [] if any("://" in p for p in paths) else list(_core.trace_inputs(paths)[0])
+
+
+def long_files(target: Any) -> list[str]:
+    """The trace files of ``target`` where some rank's hold more than
+    :data:`LONG_BYTES` (a rank folder's files together, a merged trace
+    shared by the rank folders beside it), else none."""
+    files = _trace_files(target)
     per: dict[str, int] = {}
-    for f in _core.trace_inputs(paths)[0]:
+    for f in files:
         p = Path(f)
         try:
             size = p.stat().st_size
@@ -496,7 +471,7 @@ def is_long(target: Any) -> bool:
             ranks = sum(1 for d in p.parent.iterdir() if d.is_dir() and RANK_DIR.match(d.name))
             key, size = str(p), size // max(ranks, 1)
         per[key] = per.get(key, 0) + size
-    return any(v > LONG_BYTES for v in per.values())
+    return files if any(v > LONG_BYTES for v in per.values()) else []
 
 
 #: A recording's flush interval, as its head writes it (``fastprof_info``'s config).
@@ -505,13 +480,13 @@ _FLUSH = re.compile(rb'"flush_interval_s":\s*([0-9.eE+-]+)')
 _HEAD_BYTES = 64 << 10
 
 
-def lag_ns(target: Any) -> int:
+def lag_ns(target: Any, files: list[str] | None = None) -> int:
     """How long the pass keeps a step open: :data:`LAG_NS`, or three of the
     longest flush interval the traces' heads name where that is longer (a
-    span of another thread is written within a flush of its end)."""
-    paths = [str(t) for t in (target if isinstance(target, (list, tuple)) else [target])]
+    span of another thread is written within a flush of its end).
+    ``files``: the target's trace files, when already found."""
     longest = 0.0
-    for f in _core.trace_inputs(paths)[0]:
+    for f in _trace_files(target) if files is None else files:
         try:
             with gzip.open(f, "rb") if f.endswith(".gz") else open(f, "rb") as fh:
                 head = fh.read(_HEAD_BYTES)
@@ -525,11 +500,12 @@ def lag_ns(target: Any) -> int:
     return max(LAG_NS, int(3 * longest * 1e9))
 
 
-def read(target: Any, **opts: Any) -> tuple[Columns, dict[int, RankSteps]]:
+def read(target: Any, files: list[str], **opts: Any) -> tuple[Columns, dict[int, RankSteps]]:
     """``read_columns(target, **opts)`` in chunks: the rows of the names the
     step pass reads go to it, the others are the returned columns (as the
-    whole read gives them), with what the pass kept of each rank."""
-    sp = StepPass(lag_ns(target))
+    whole read gives them), with what the pass kept of each rank.
+    ``files``: the target's trace files (:func:`long_files`)."""
+    sp = StepPass(lag_ns(target, files))
     blocks: dict[str, list[tuple[int, dict[str, Any]]]] = {"spans": [], "counters": []}
     empty: dict[str, dict[str, Any]] = {}
     luts: dict[int, tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]] = {}

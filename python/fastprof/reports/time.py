@@ -102,22 +102,29 @@ def _sketched_rows(data: RunData, verbose: bool) -> list[dict[str, Any]]:
         for name, st in sorted(got.stats.items()):
             if not st.count or (not verbose and classify(name) == "other"):
                 continue
-            rows.append(
-                {
-                    "rank": r,
-                    "name": name,
-                    "group": classify(name),
-                    "source": "fastprof",
-                    "count": st.count,
-                    "total_s": st.total / 1e9,
-                    "mean_s": st.total / st.count / 1e9,
-                    "p50_s": st.sketch.quantile(0.5) / 1e9,
-                    "p95_s": st.sketch.quantile(0.95) / 1e9,
-                    "max_s": st.longest / 1e9,
-                    "pct_wall": 100.0 * st.total / wall,
-                }
-            )
+            p50, p95 = st.sketch.quantile(0.5), st.sketch.quantile(0.95)
+            rows.append(_row(r, name, "fastprof", st.count, st.total, p50, p95, st.longest, wall))
     return rows
+
+
+def _row(
+    rank: int, name: str, source: str, count: int, total: float, p50: float, p95: float, longest: float, wall: float
+) -> dict[str, Any]:
+    """One row of the time table (times in ns; ``wall``: the rank's time
+    less its idle gaps)."""
+    return {
+        "rank": rank,
+        "name": name,
+        "group": classify(name),
+        "source": source,
+        "count": count,
+        "total_s": total / 1e9,
+        "mean_s": total / count / 1e9,
+        "p50_s": p50 / 1e9,
+        "p95_s": p95 / 1e9,
+        "max_s": longest / 1e9,
+        "pct_wall": 100.0 * total / wall,
+    }
 
 
 def _blocks(data: RunData, s: dict[str, Any], keep: Any, lut: Any) -> list[tuple[int | None, int | None, Any]]:
@@ -206,19 +213,8 @@ def _group_rows(
         name = "ProfilerStep#*" if star is not None and nid[g] == star else names[int(nid[g])]
         w0, w1 = walls.get(r, (0, 0))
         wall = max(w1 - w0 - idle.get(r, 0), 1)
+        source = "torch window" if kin_any[g] else "fastprof"
         rows.append(
-            {
-                "rank": r,
-                "name": name,
-                "group": classify(name),
-                "source": "torch window" if kin_any[g] else "fastprof",
-                "count": int(counts[g]),
-                "total_s": float(totals[g]) / 1e9,
-                "mean_s": float(totals[g]) / counts[g] / 1e9,
-                "p50_s": float(p50[g]) / 1e9,
-                "p95_s": float(p95[g]) / 1e9,
-                "max_s": float(maxes[g]) / 1e9,
-                "pct_wall": 100.0 * float(totals[g]) / wall,
-            }
+            _row(r, name, source, int(counts[g]), float(totals[g]), float(p50[g]), float(p95[g]), float(maxes[g]), wall)
         )
     return rows
