@@ -70,8 +70,9 @@ pub struct Config {
     pub grace: Duration,
     /// How often progress and the request file are looked at (one atomic load and one stat).
     pub poll: Duration,
-    /// `hang_action=abort`: the exit status, and how long after writing the evidence itself
-    /// (Python not answering) the process waits for the other ranks before it ends.
+    /// `hang_action=abort`: the exit status, and how long after writing a stall's evidence
+    /// itself (Python not answering) the process waits for the other ranks before it ends.
+    /// A request's evidence never ends it.
     pub abort_status: Option<i32>,
     pub abort_after: Duration,
     /// Hook SIGTERM ([`super::hang_sigterm`]): a SIGTERM that Python's handler does not take
@@ -416,7 +417,9 @@ fn run(config: Config, dumper: Box<dyn StackDumper>, shared: Arc<Shared>, mut pr
             }
             continue;
         }
-        if wrote {
+        // Only a stall ends the process: a request (`fastprof trigger --stacks`) asked for
+        // stacks, and a job that answers it is not hung.
+        if wrote && stalled_now {
             if let Some(status) = config.abort_status {
                 std::thread::sleep(config.abort_after);
                 // SAFETY: _exit ends the process at once; nothing here is left half-written
@@ -794,6 +797,36 @@ mod tests {
         assert_eq!(doc["rank"], 3);
         assert_eq!(doc["answered_by"], "watchdog");
         assert_eq!(doc["threads"][0]["frames"][0]["line"], 7);
+        drop(w);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_request_unclaimed_under_abort_does_not_end_the_process() {
+        // hang_action=abort ends a stalled rank after its evidence; a request is no stall.
+        // Were it to end the process, this test binary would exit with status 71.
+        let _one = WATCHDOGS.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = std::env::temp_dir().join(format!("fastprof-hang-test-c-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join(REQUEST_FILE), "req-2").unwrap();
+        let mut cfg = test_config(&dir, 0, Duration::from_secs(3600));
+        cfg.abort_status = Some(71);
+        cfg.abort_after = Duration::from_millis(20);
+        let w = Watchdog::start(cfg, Box::new(Fake)).unwrap();
+        let e = w.next(Duration::from_secs(10)).expect("an event");
+        assert_eq!((e.reason, e.request.as_deref()), ("request", Some("req-2")));
+        let path = dir.join("hang-1.json");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !path.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(path.exists(), "the thread wrote no evidence");
+        // Past abort_after, and another request is still answered.
+        std::thread::sleep(Duration::from_millis(300));
+        fs::write(dir.join(REQUEST_FILE), "req-3").unwrap();
+        let e = w.next(Duration::from_secs(10)).expect("a second event");
+        assert_eq!((e.n, e.request.as_deref()), (2, Some("req-3")));
         drop(w);
         let _ = fs::remove_dir_all(&dir);
     }
