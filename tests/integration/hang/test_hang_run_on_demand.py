@@ -18,8 +18,10 @@ import sys
 import textwrap
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from hung_job import fastprof_run, hangs, job_env, kill, line_of, start, torchrun_cmd, wait_for, watched_pids
@@ -76,6 +78,7 @@ def on_demand(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     p = start(torchrun_cmd(*fastprof_run(root / "out", "train.py", str(root / "out"))), root, base)
     run = root / "out" / "job"
     stacks = None
+    after: dict[int, str] = {}
     sigterm_at: float | None = None
     stuck_at: float | None = None
     try:
@@ -89,6 +92,7 @@ def on_demand(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 text=True,
                 timeout=90,
             )
+            after = _ranks_now(run)
             # More than 10 s without a step on rank 1 (the handler writes nothing before).
             time.sleep(max(0.0, 12.0 - (time.monotonic() - stuck_at)))
             sigterm_at = time.time()
@@ -108,12 +112,46 @@ def on_demand(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     assert report.returncode == 0, report.stderr
     doc = json.loads((rep / "report.json").read_text())
-    return {"run": run, "stacks": stacks, "stderr": err, "sigterm_at": sigterm_at, "ended": ended, "report": doc}
+    return {
+        "run": run,
+        "stacks": stacks,
+        "stderr": err,
+        "sigterm_at": sigterm_at,
+        "ended": ended,
+        "report": doc,
+        "after": after,
+    }
+
+
+def _ranks_now(run: Path) -> dict[int, str]:
+    """Each rank's process (pid from its watch file): running, a zombie, or gone."""
+    out = {}
+    for w in sorted(run.glob("rank*/.hang-watch.json")):
+        try:
+            pid = int(json.loads(w.read_text())["pid"])
+            out[int(w.parent.name[4:])] = f"pid {pid} {psutil.Process(pid).status()}"
+        except psutil.NoSuchProcess:
+            out[int(w.parent.name[4:])] = f"pid {pid} gone"
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
+def _job(on_demand: dict[str, Any]) -> str:
+    """What a failure needs to be understood: the trigger's output, each
+    rank's process once it answered, and the end of torchrun's stderr (its
+    summary names a rank that failed first, and how)."""
+    r = on_demand["stacks"]
+    said = f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}" if r is not None else "not run"
+    return (
+        f"\ntrigger --stacks (exit {r.returncode if r else None}):\n{said}\n"
+        f"ranks after it: {on_demand['after']}\njob's stderr (end):\n{on_demand['stderr'][-4000:]}"
+    )
 
 
 def test_trigger_stacks_answers_from_every_rank_of_a_fastprof_run_job(on_demand: dict[str, Any]) -> None:
     r = on_demand["stacks"]
-    assert r is not None and r.returncode == 0, (r.stdout, r.stderr) if r else None
+    assert r is not None and r.returncode == 0, _job(on_demand)
     run = on_demand["run"]
     docs = {}
     for rank in (0, 1):
@@ -142,7 +180,7 @@ def test_trigger_stacks_answers_from_every_rank_of_a_fastprof_run_job(on_demand:
 def test_sigterm_to_a_stuck_rank_of_a_fastprof_run_job_writes_its_evidence(on_demand: dict[str, Any]) -> None:
     run = on_demand["run"]
     docs = [d for d in hangs(run, 1) if d["reason"] == "sigterm"]
-    assert len(docs) == 1, [(d["reason"], d["n"]) for d in hangs(run, 1)]
+    assert len(docs) == 1, f"{[(d['reason'], d['n']) for d in hangs(run, 1)]}{_job(on_demand)}"
     (doc,) = docs
     assert doc["rank"] == 1 and doc["stalled_s"] >= 10.0 and doc["step"] == 5, doc
     assert doc["time"] >= on_demand["sigterm_at"]
@@ -160,7 +198,7 @@ def test_the_report_of_a_job_ended_by_sigterm_while_stuck_has_the_hang(on_demand
     SIGTERM evidence is the hang's, and report.json's ``hangs[]`` says it
     (the request's evidence, asked while the job ran, is no hang)."""
     hangs = on_demand["report"]["hangs"]
-    assert len(hangs) == 1, hangs
+    assert len(hangs) == 1, f"{hangs}{_job(on_demand)}"
     (h,) = hangs
     assert h["step"] == 6 and h["seconds"] >= 10.0 and 1 in h["suspect_ranks"], h
     (w,) = [w for w in h["where"] if w["rank"] == 1]
