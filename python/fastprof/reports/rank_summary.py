@@ -26,6 +26,7 @@ from fastprof.reports.report import build_from
 from fastprof.reports.summaries import (
     FORMAT,
     VERSION,
+    account_kept,
     breakdown_kept,
     columns_kept,
     names_of,
@@ -71,7 +72,7 @@ def summarize(run_dir: Path, rank: int, run_name: str | None) -> dict[str, Any]:
         "run_name": run_name,
         "rank": rank,
         "segments": segments,
-        "profiler": data.profiler.get(rank),
+        "profiler": account_kept(data.profiler.get(rank)),
         "wall": list(data.wall()),
         "report": doc,
         "breakdown": breakdown,

@@ -279,3 +279,54 @@ def test_a_sigterm_leaves_the_summary_of_what_was_recorded(tmp_path: Path) -> No
     assert summaries["speed"]["train"]["per_rank"][0]["steps"] == 31
     summaries["source"]["inputs"] = segments["source"]["inputs"]
     assert _diff(summaries, segments) == []
+
+
+#: One process whose anomaly trigger records slow steps (40x at steps 70, 90, 110).
+SLOW = textwrap.dedent(
+    """
+    import sys, time
+    import torch
+    import fastprof
+
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    triggers = fastprof.Triggers(anomaly_on_contention=True)
+    prof = fastprof.Profiler(out_dir=sys.argv[1], run_name="slow", schedule="never", triggers=triggers)
+    with prof:
+        for i, x in enumerate(prof.loader([torch.randn(4, 16) for _ in range(130)])):
+            with fastprof.span("forward"):
+                loss = model(x).sum()
+            with fastprof.span("backward"):
+                loss.backward()
+            time.sleep(0.002 * (40 if i in (70, 90, 110) else 1))
+            opt.step()
+            prof.step()
+    """
+)
+
+
+def test_a_summary_keeps_the_slow_steps_once_and_its_report_is_the_segments(tmp_path: Path) -> None:
+    """The trigger's slow steps are in the summary's report section, not a
+    second time in its copy of profiler.json (a third of a trigger-heavy
+    summary), and the report from the summary lists them as the report of
+    the segments does."""
+    pytest.importorskip("torch")
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW)
+    r = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out")], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = tmp_path / "out" / "slow"
+    raw = json.loads((run / "rank0" / "profiler.json").read_text())["triggers"]
+    slow = [a["step"] for a in raw["anomalies"]]
+    assert {70, 90, 110} <= set(slow), raw["anomalies"]
+    kept = json.loads((run / "rank0" / RANK_SUMMARY_JSON).read_text())
+    assert "anomalies" not in kept["profiler"]["triggers"]
+    assert kept["profiler"]["triggers"]["config"] == raw["config"]
+    assert [a["step"] for a in kept["report"]["triggers"]["per_rank"][0]["anomalies"]] == slow
+    summaries, segments = _reports(run, tmp_path)
+    assert _kinds(summaries) == {"summary"}
+    assert [a["step"] for a in summaries["triggers"]["per_rank"][0]["anomalies"]] == slow
+    summaries["source"]["inputs"] = segments["source"]["inputs"]
+    assert _diff(summaries, segments) == []
