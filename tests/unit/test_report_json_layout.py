@@ -129,3 +129,17 @@ def test_a_document_without_non_finite_numbers_is_written_as_it_is(tmp_path: Pat
     text = _written(tmp_path, doc)
     assert _strict(text) == json.loads(json.dumps(doc))
     assert text == jsonout.dumps(finite.encode(doc))
+
+
+def test_spelt_copies_only_a_document_with_a_non_finite_float() -> None:
+    """The tables and the page's data are written through ``finite.spelt``:
+    the document itself when every float is finite (no copy of a 1,024-rank
+    report's), the trace's spellings otherwise, nested or at the top."""
+    plain: dict[str, Any] = {"a": [1, 2.5, {"b": -0.0}], "c": "NaN", "d": None}
+    assert finite.spelt(plain) is plain
+    for bad, want in ((math.inf, "Infinity"), (-math.inf, "-Infinity"), (math.nan, "NaN")):
+        doc = {"a": [1, {"b": bad}], "c": 2.0}
+        out = finite.spelt(doc)
+        assert out == {"a": [1, {"b": want}], "c": 2.0} and doc["a"][1]["b"] is bad
+        assert json.loads(json.dumps(out, allow_nan=False)) == out
+        assert finite.spelt(bad) == want

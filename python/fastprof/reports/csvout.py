@@ -10,7 +10,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from fastprof.reports.finite import encode
+from fastprof.reports.finite import spelt
 
 #: Every table a report can have, in order (``breakdown`` only with a
 #: breakdown: its per-step rows come from the breakdown's columns, not from
@@ -67,7 +67,7 @@ def write_csv(doc: dict[str, Any], out_dir: Path, breakdown: Any = None) -> list
     when ``breakdown`` (a ``reports.breakdown.Breakdown``) wrote it there as
     its rows were computed."""
     written = []
-    for name, rows in encode(tables(doc)).items():
+    for name, rows in spelt(tables(doc)).items():
         if not rows:
             continue
         path = out_dir / f"{name}.csv"

@@ -11,6 +11,7 @@ has no literal for them, and a CSV or the HTML page should read the same.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -47,6 +48,18 @@ def encode(doc: Any) -> Any:
         return {k: encode(v) for k, v in doc.items()}
     if isinstance(doc, (list, tuple)):
         return [encode(v) for v in doc]
+    return doc
+
+
+def spelt(doc: Any) -> Any:
+    """``doc`` itself when it holds no non-finite float (as Python's C
+    encoder finds, ~10x quicker than :func:`encode`'s copy), else
+    :func:`encode`'s copy. A 1,024-rank report's tables and page data
+    were copied whole for none (0.2-0.4 s each)."""
+    try:
+        json.dumps(doc, allow_nan=False)
+    except (ValueError, TypeError):  # a non-finite float, or a type json does not write
+        return encode(doc)
     return doc
 
 

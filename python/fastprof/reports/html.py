@@ -48,7 +48,7 @@ from fastprof.reports.data import (
     human_bytes,
     step_spans,
 )
-from fastprof.reports.finite import encode
+from fastprof.reports.finite import spelt
 from fastprof.reports.many import MANY_RANKS, many, ranges, representatives
 from fastprof.reports.memory import reading_steps
 from fastprof.reports.resumed import describe as describe_resumed
@@ -941,7 +941,7 @@ def _render(doc: dict[str, Any], data: RunData, link_from: Path | None, json_bes
     # "<", ">" and "&" escaped as JSON \u escapes: the block cannot end early.
     # Above MANY_RANKS ranks the per-rank lists are bounded (report.json has them all).
     embedded = (
-        json.dumps(encode(html_embed.embedded(doc)), allow_nan=False, separators=(",", ":"))
+        json.dumps(spelt(html_embed.embedded(doc)), allow_nan=False, separators=(",", ":"))
         .replace("<", "\\u003c")
         .replace(">", "\\u003e")
         .replace("&", "\\u0026")
