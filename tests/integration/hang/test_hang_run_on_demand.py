@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ import pytest
 
 from hung_job import fastprof_run, hangs, job_env, kill, line_of, start, torchrun_cmd, wait_for, watched_pids
 
-pytestmark = pytest.mark.slow
+#: The first run's account when it is run again (see ``on_demand``): shown, not an error.
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("always:a rank of the job was killed from outside it")]
 pytest.importorskip("torch")
 
 SCRIPT = textwrap.dedent(
@@ -70,8 +72,24 @@ def on_demand(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The job, stuck: ``--stacks`` once rank 1 is stuck, then SIGTERM to
     torchrun once rank 1 has made no progress for more than 10 s (the
     handler's threshold); the job then ends (killed if it has not within
-    60 s)."""
-    root = tmp_path_factory.mktemp("hang-run-demand")
+    60 s).
+
+    Run again, once, when a rank's process was gone before the test sent
+    any signal: nothing in fastprof ends a process that received no signal
+    (the watchdog's SIGTERM path and the exit handlers re-raise a signal
+    received; ``hang_action=abort`` is off here), so that rank was killed
+    from outside the job (seen once in CI: torchrun said "Signal 15
+    (SIGTERM) received" by a rank before the request was answered; never
+    here in 7 runs). The first run's account is a warning of the test."""
+    first = _job_once(tmp_path_factory.mktemp("hang-run-demand"))
+    gone = {r: s for r, s in first["after"].items() if s.endswith((" gone", " zombie", " dead"))}
+    if not gone:
+        return first
+    warnings.warn(f"a rank of the job was killed from outside it ({gone}); run again{_job(first)}", stacklevel=1)
+    return _job_once(tmp_path_factory.mktemp("hang-run-demand-again"))
+
+
+def _job_once(root: Path) -> dict[str, Any]:
     (root / "train.py").write_text(SCRIPT)
     (root / "out").mkdir()
     base = job_env({"FASTPROF_HANG_TIMEOUT": "600", "FASTPROF_HANG_GRACE": "2"})
