@@ -77,14 +77,15 @@ def on_demand(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     Run again, once, when a rank's process was gone before the test sent
     any signal: nothing in fastprof ends a process that received no signal
     (the watchdog's SIGTERM path and the exit handlers re-raise a signal
-    received; ``hang_action=abort`` is off here), so that rank was killed
-    from outside the job (seen once in CI: torchrun said "Signal 15
+    received; ``hang_action=abort`` is off here), so a rank ended by SIGTERM
+    or SIGKILL (torchrun's summary says which) was killed from outside the
+    job (seen once in CI: torchrun said "Signal 15
     (SIGTERM) received" by a rank before the request was answered; never
     here in 7 runs). The first run's account is a warning of the test."""
     first = _job_once(tmp_path_factory.mktemp("hang-run-demand"))
     gone = {r: s for r, s in first["after"].items() if s.endswith((" gone", " zombie", " dead"))}
-    if not gone:
-        return first
+    if not gone or _root_cause(first["stderr"]) not in (-signal.SIGTERM, -signal.SIGKILL):
+        return first  # a crash (SIGSEGV, an exit status) is the test's failure
     warnings.warn(f"a rank of the job was killed from outside it ({gone}); run again{_job(first)}", stacklevel=1)
     return _job_once(tmp_path_factory.mktemp("hang-run-demand-again"))
 
@@ -139,6 +140,14 @@ def _job_once(root: Path) -> dict[str, Any]:
         "report": doc,
         "after": after,
     }
+
+
+def _root_cause(err: str) -> int | None:
+    """The exit code torchrun's summary gives the first rank that failed
+    (a signal as its negative), None when it names none."""
+    _, _, cause = err.partition("Root Cause (first observed failure)")
+    m = re.search(r"exitcode\s*:\s*(-?\d+)", cause)
+    return int(m.group(1)) if m else None
 
 
 def _ranks_now(run: Path) -> dict[int, str]:
