@@ -304,13 +304,17 @@ class _Reader:
         # Phases: the report's definition and its overlap rule (fastprof.reports.phases.split):
         # the phases are disjoint and add up to the step.
         found = False
-        spans: dict[str, list[tuple[I64, I64]]] = {}
+        spans: dict[str, list[tuple[I64, Any]]] = {}
+        # Only the spans that start by the closed steps' end can be theirs
+        # (views, their ends made a block at a time): not every held span's
+        # end each time a row group closes (O(held) per close).
+        reach = int((ts + dur).max())
         for phase, (ours, theirs) in PHASE_NAMES.items():
             has_ours = any(x in state.met for x in ours)
             use = ours if has_ours else theirs
             found |= phase != "dataloader" and (has_ours or any(x in state.met for x in theirs))
             got = (state.spans.get(name) for name in use)
-            spans[phase] = [(s[0], s[0] + s[1]) for s in got if s is not None and len(s[0])]
+            spans[phase] = [_upto(s, reach) for s in got if s is not None and len(s[0])]
         if found:
             for phase, v in split(ts, dur, spans).per_step.items():
                 out[f"{phase}_ns"] = v.astype(np.float64)
@@ -318,13 +322,16 @@ class _Reader:
             for p in PHASES:
                 out[f"{p}_ns"] = np.full(n, np.nan)
         # Memory: each reading to the last step that ended at or before it.
-        ends_all = state.ts + state.dur
-        order = np.argsort(ends_all, kind="stable")
+        ends: I64 | None = None
         for name, column in MEMORY.items():
             col = np.full(n, np.nan)
             r = state.readings.get(name)
             if r is not None and len(r[0]):
-                at = np.searchsorted(ends_all[order], r[0], side="right") - 1
+                if ends is None:  # the held steps' ends in order (a run without readings sorts none)
+                    ends_all = state.ts + state.dur
+                    order = np.argsort(ends_all, kind="stable")
+                    ends = ends_all[order]
+                at = np.searchsorted(ends, r[0], side="right") - 1
                 idx = np.where(at >= 0, order[np.maximum(at, 0)], -1)
                 if state.first:
                     idx = np.where(at < 0, 0, idx)  # before the first step's end: step 0, as the report reads it
@@ -359,6 +366,15 @@ class _Reader:
                 k = sts >= cut
                 state.spans[name] = (sts[k], sdur[k])
         return out
+
+
+def _upto(s: tuple[I64, I64], reach: int) -> tuple[I64, Any]:
+    """One name's (begins, ends) for :func:`~fastprof.reports.phases.split`:
+    the spans (``s``: begins and durations, by begin) that begin by
+    ``reach``, their ends a function of a slice."""
+    k = int(np.searchsorted(s[0], reach, side="right"))
+    b, d = s[0][:k], s[1][:k]
+    return b, lambda i, j: b[i:j] + d[i:j]
 
 
 def _sources(view: RunView) -> list[tuple[str, bool]]:
