@@ -399,3 +399,30 @@ def test_two_ranks_of_a_torchrun_job_are_each_their_steps(tmp_path: Path) -> Non
         # The all_reduce called from Python each step is the communication phase.
         assert (got["communication_ns"] > 0).all()
         assert got["communication_ns"].tolist() == [w["communication_ns"] for w in want]
+
+
+@pytest.mark.parametrize("asked", [None, "mimalloc"])
+def test_the_command_runs_pyarrow_on_the_c_allocators_pool_unless_told(
+    run: Path, tmp_path: Path, asked: str | None
+) -> None:
+    """``fastprof export`` in its own process: pyarrow's buffers from the C
+    allocator, which gives a written row group's back (mimalloc kept them),
+    unless ``ARROW_DEFAULT_MEMORY_POOL`` says otherwise."""
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if asked:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = asked
+    code = (
+        "import sys; from fastprof.cli.main import main; rc = main(sys.argv[1:]); "
+        "import pyarrow as pa; print(pa.default_memory_pool().backend_name); sys.exit(rc)"
+    )
+    out = tmp_path / "steps.parquet"
+    r = subprocess.run(
+        [sys.executable, "-c", code, "export", str(run), "-o", str(out), "-q"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [asked or "system"], r.stdout
+    assert pq.read_table(out).num_rows > 0
