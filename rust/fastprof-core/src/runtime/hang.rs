@@ -725,6 +725,26 @@ mod tests {
         }
     }
 
+    /// A fresh directory of this test process, `tag` telling the tests apart, holding a
+    /// request file that asks `request`.
+    fn dir_with_request(tag: &str, request: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("fastprof-hang-test-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join(REQUEST_FILE), request).unwrap();
+        dir
+    }
+
+    /// `path` once it exists (10 s at most).
+    fn written(path: PathBuf) -> PathBuf {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !path.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        path
+    }
+
     /// The watchdog tests share [`BEAT`] (a watchdog's start resets it).
     static WATCHDOGS: Mutex<()> = Mutex::new(());
 
@@ -773,10 +793,7 @@ mod tests {
     #[test]
     fn a_request_unclaimed_is_written_by_the_thread() {
         let _one = WATCHDOGS.lock().unwrap_or_else(|e| e.into_inner());
-        let dir = std::env::temp_dir().join(format!("fastprof-hang-test-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        fs::write(dir.join(REQUEST_FILE), "req-1").unwrap();
+        let dir = dir_with_request("a", "req-1");
         let cfg = test_config(&dir, 3, Duration::from_secs(3600));
         let w = Watchdog::start(cfg, Box::new(Fake)).unwrap();
         let e = w.next(Duration::from_secs(10)).expect("an event");
@@ -784,11 +801,7 @@ mod tests {
             (e.n, e.reason, e.request.as_deref()),
             (1, "request", Some("req-1"))
         );
-        let path = dir.join("hang-1.json");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !path.exists() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let path = written(dir.join("hang-1.json"));
         assert!(
             !w.claim(1),
             "the thread wrote it: Python's claim comes too late"
@@ -806,22 +819,17 @@ mod tests {
         // hang_action=abort ends a stalled rank after its evidence; a request is no stall.
         // Were it to end the process, this test binary would exit with status 71.
         let _one = WATCHDOGS.lock().unwrap_or_else(|e| e.into_inner());
-        let dir = std::env::temp_dir().join(format!("fastprof-hang-test-c-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        fs::write(dir.join(REQUEST_FILE), "req-2").unwrap();
+        let dir = dir_with_request("c", "req-2");
         let mut cfg = test_config(&dir, 0, Duration::from_secs(3600));
         cfg.abort_status = Some(71);
         cfg.abort_after = Duration::from_millis(20);
         let w = Watchdog::start(cfg, Box::new(Fake)).unwrap();
         let e = w.next(Duration::from_secs(10)).expect("an event");
         assert_eq!((e.reason, e.request.as_deref()), ("request", Some("req-2")));
-        let path = dir.join("hang-1.json");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !path.exists() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert!(path.exists(), "the thread wrote no evidence");
+        assert!(
+            written(dir.join("hang-1.json")).exists(),
+            "the thread wrote no evidence"
+        );
         // Past abort_after, and another request is still answered.
         std::thread::sleep(Duration::from_millis(300));
         fs::write(dir.join(REQUEST_FILE), "req-3").unwrap();
