@@ -70,8 +70,7 @@ from fastprof.recording.names import (
     STEP_SPAN,
 )
 from fastprof.reports.anatomy import GPU_PHASES
-from fastprof.reports.phases import NAMES as PHASE_NAMES
-from fastprof.reports.phases import split
+from fastprof.reports.phases import ALL_NAMES, chosen, split
 from fastprof.storage.run_view import RunView, open_run
 
 I64 = npt.NDArray[np.int64]
@@ -112,7 +111,7 @@ HOLD = 8
 #: Rows per row group written (a batch of fewer rows waits for the next).
 ROW_GROUP = 1 << 17
 
-_SPAN_NAMES = sorted({STEP_SPAN, *(n for ours, theirs in PHASE_NAMES.values() for n in (*ours, *theirs))})
+_SPAN_NAMES = sorted({STEP_SPAN, *ALL_NAMES})
 _COUNTER_NAMES = sorted({*MEMORY, GPU_PHASE_COUNTER, GPU_PHASE_STEP_COUNTER})
 
 
@@ -303,17 +302,14 @@ class _Reader:
         }
         # Phases: the report's definition and its overlap rule (fastprof.reports.phases.split):
         # the phases are disjoint and add up to the step.
-        found = False
-        spans: dict[str, list[tuple[I64, Any]]] = {}
+        use, found = chosen(lambda names: any(x in state.met for x in names))
         # Only the spans that start by the closed steps' end can be theirs
         # (views, their ends made a block at a time): not every held span's
         # end each time a row group closes (O(held) per close).
         reach = int((ts + dur).max())
-        for phase, (ours, theirs) in PHASE_NAMES.items():
-            has_ours = any(x in state.met for x in ours)
-            use = ours if has_ours else theirs
-            found |= phase != "dataloader" and (has_ours or any(x in state.met for x in theirs))
-            got = (state.spans.get(name) for name in use)
+        spans: dict[str, list[tuple[I64, Any]]] = {}
+        for phase, names in use.items():
+            got = (state.spans.get(name) for name in names)
             spans[phase] = [_upto(s, reach) for s in got if s is not None and len(s[0])]
         if found:
             for phase, v in split(ts, dur, spans).per_step.items():

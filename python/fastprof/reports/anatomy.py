@@ -39,7 +39,7 @@ from fastprof.recording.names import (
 )
 from fastprof.reports import long_run
 from fastprof.reports.data import RunData, step_spans
-from fastprof.reports.phases import NAMES, PhaseSplit, split
+from fastprof.reports.phases import PhaseSplit, chosen, split
 from fastprof.reports.stragglers import straggler_section
 from fastprof.reports.triggers import triggers_report
 
@@ -59,10 +59,6 @@ NO_ANATOMY = (
     "no step anatomy in this trace: no fastprof step spans with phase spans in them (the Profiler records "
     "them at every step unless anatomy=False, and fastprof run does too)"
 )
-
-
-def _has(data: RunData, rank: int, names: tuple[str, ...]) -> bool:
-    return any(len(data.span_rows(n, rank)) for n in names)
 
 
 def _begin_end(data: RunData, rank: int, name: str) -> tuple[Any, Callable[[int, int], Any]]:
@@ -88,15 +84,10 @@ def split_phases(data: RunData, rank: int, skip: int = 0) -> PhaseSplit | None:
     steps, source = step_spans(data, rank)
     if source != STEP_SPAN or len(steps.ts) <= skip:
         return None
-    found = False
-    spans: dict[str, list[tuple[Any, Any]]] = {}
-    for phase, (ours, theirs) in NAMES.items():
-        has_ours = _has(data, rank, ours)
-        names = ours if has_ours else theirs
-        found |= phase != "dataloader" and (has_ours or _has(data, rank, theirs))
-        spans[phase] = [_begin_end(data, rank, n) for n in names]
+    use, found = chosen(lambda names: any(len(data.span_rows(n, rank)) for n in names))
     if not found:
         return None
+    spans = {phase: [_begin_end(data, rank, n) for n in names] for phase, names in use.items()}
     return split(steps.ts[skip:], steps.dur[skip:], spans)
 
 

@@ -44,6 +44,7 @@ from fastprof import _core
 from fastprof.readers.columns import Columns, read_columns
 from fastprof.recording.names import (
     BACKWARD_GRADS_SPAN,
+    LONG_RANK_BYTES,
     PHASE_SPANS,
     PHASES,
     RANK_DIR,
@@ -54,12 +55,12 @@ from fastprof.recording.names import (
     loader_wait,
 )
 from fastprof.reports.finite import counter_warnings
-from fastprof.reports.phases import NAMES, PhaseSplit, split, sum_inside
+from fastprof.reports.phases import ALL_NAMES, PhaseSplit, chosen, split, sum_inside
 
 I64 = npt.NDArray[np.int64]
 
 #: A rank is read through the step pass above this much gzip of traces.
-LONG_BYTES = 256 << 20
+LONG_BYTES = LONG_RANK_BYTES
 #: Rows per chunk of the reader.
 CHUNK_ROWS = 1 << 18
 #: How far past a step's end its rank's reading must be before it is closed.
@@ -79,9 +80,7 @@ PASS_COUNTERS = (WAIT_COUNTER, STEP_COUNTER)
 
 #: Every span name the pass reads instead of rows: the steps, the train
 #: loader's next(), the gradients-ready mark and every phase's names.
-PASS_SPAN_SET = frozenset(
-    {STEP_SPAN, TRAIN_NEXT, BACKWARD_GRADS_SPAN, *(n for names in NAMES.values() for group in names for n in group)}
-)
+PASS_SPAN_SET = frozenset({STEP_SPAN, TRAIN_NEXT, BACKWARD_GRADS_SPAN, *ALL_NAMES})
 
 
 class Sketch:
@@ -220,6 +219,10 @@ class _Rank:
     c_loader: list[npt.NDArray[Any]] = field(default_factory=list)
     closed: int = 0
     kept: dict[str, list[tuple[I64, I64, npt.NDArray[np.int32]]]] = field(default_factory=dict)
+
+    def has(self, names: tuple[str, ...]) -> bool:
+        """Whether a span of one of ``names`` was read on the rank so far."""
+        return any(x in self.met for x in names)
 
 
 def _join(parts: list[npt.NDArray[Any]], dtype: Any) -> npt.NDArray[Any]:
@@ -378,7 +381,7 @@ class StepPass:
             j = int(np.searchsorted(p.ts, cut, side="left"))
             rows[nm] = p.take(j)
         # Each phase's names by what was read so far of the rank (as the anatomy chooses them).
-        use = {ph: ours if any(x in st.met for x in ours) else theirs for ph, (ours, theirs) in NAMES.items()}
+        use, _ = chosen(st.has)
         spans = {ph: [(rows[n][0], rows[n][0] + rows[n][1]) for n in names if n in rows] for ph, names in use.items()}
         got = split(ts, dur, spans)
         for ph, v in got.per_step.items():
@@ -406,10 +409,7 @@ class StepPass:
             ts = _join(st.c_ts, np.int64)
             dur = _join(st.c_dur, np.int64)
             starts = _join(st.c_start, np.bool_)
-            found = any(
-                phase != "dataloader" and any(x in st.met for x in (*ours, *theirs))
-                for phase, (ours, theirs) in NAMES.items()
-            )
+            _, found = chosen(st.has)
             phases = None
             if found and n:
                 # Each phase joined and its batches dropped at once (never every phase twice).

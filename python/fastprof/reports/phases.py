@@ -9,6 +9,7 @@ the step table (:mod:`fastprof.readers.steps`) and a long run's step pass
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,25 @@ NAMES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "optimizer": ((PHASE_SPANS["optimizer"],), ("optimizer", "optimizer_step")),
     "communication": ((PHASE_SPANS["communication"],), ()),
 }
+#: Every span name of :data:`NAMES`, fastprof's and the user's.
+ALL_NAMES = frozenset(n for pair in NAMES.values() for group in pair for n in group)
+
+
+def chosen(has: Callable[[tuple[str, ...]], bool]) -> tuple[dict[str, tuple[str, ...]], bool]:
+    """Each phase's span names on a rank, fastprof's where the rank has any
+    of them, else the user's (``has(names)``: whether the rank has a span of
+    one of ``names``), and whether it has a phase beside the dataloader's
+    (none: no anatomy). The anatomy, the step table and the step pass choose
+    by this one rule."""
+    use: dict[str, tuple[str, ...]] = {}
+    found = False
+    for phase, (ours, theirs) in NAMES.items():
+        has_ours = has(ours)
+        use[phase] = ours if has_ours else theirs
+        found |= phase != "dataloader" and (has_ours or has(theirs))
+    return use, found
+
+
 #: Which phase an instant several phases cover belongs to: the first here.
 #: In every nesting fastprof records this is the innermost phase (a
 #: collective inside backward or forward, an optimizer step in a gradient
