@@ -51,6 +51,7 @@ __all__ = [
     "LIVE_JSON",
     "LOADER_NEXT_SUFFIX",
     "LOADER_PREFIX",
+    "LONG_RANK_BYTES",
     "MODEL_SUMMARY_JSON",
     "OOM_JSON",
     "OPEN_SUFFIX",
@@ -239,6 +240,12 @@ DONE_MARKER = ".fastprof-done"
 #: of many ranks combines without reading their traces, #38). Not ``.json``:
 #: no reader of a rank folder (the merge's walker, HTA) takes it for a trace.
 RANK_SUMMARY_JSON = "summary.fastprof"
+#: A rank whose traces hold more gzip than this (one segment of the default
+#: ``segment_size``, ~2.7 M steps of a bare loop) is a long run: it writes no
+#: summary at its end (``profiler/drivers/summary.py``) and its report reads
+#: it through the step pass (``reports/long_run.py``). One figure for both,
+#: so that a rank the summary leaves out is the one the pass reads.
+LONG_RANK_BYTES = 256 << 20
 #: In a spool's rank folder (hidden: never uploaded by name): which claim of
 #: the store this rank's files belong to, ``{"key": ..., "job": ...}``, so
 #: that ``fastprof upload`` sends them only where that job's claim stands.

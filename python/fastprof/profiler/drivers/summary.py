@@ -36,7 +36,7 @@ from typing import Any
 from fastprof._core import FastprofWarning
 from fastprof._loop_api import RunEndHost
 from fastprof.profiler.driver import Closing, Driver
-from fastprof.recording.names import OPEN_SUFFIX, SEGMENT
+from fastprof.recording.names import LONG_RANK_BYTES, OPEN_SUFFIX, SEGMENT
 
 __all__ = ["SUMMARY_MAX_BYTES", "SUMMARY_SIGTERM_S", "SUMMARY_TIMEOUT_S", "SummaryDriver", "follow"]
 
@@ -46,9 +46,8 @@ SUMMARY_TIMEOUT_S = 300.0
 SUMMARY_SIGTERM_S = 5.0
 #: The module a rank's summary is made by (run with ``-m``).
 SUMMARY_MODULE = "fastprof.reports.rank_summary"
-#: The most gzip a rank's segments may hold for it to summarise itself (one
-#: segment of the default ``segment_size``).
-SUMMARY_MAX_BYTES = 256 << 20
+#: The most gzip a rank's segments may hold for it to summarise itself.
+SUMMARY_MAX_BYTES = LONG_RANK_BYTES
 
 
 class SummaryDriver(Driver):
