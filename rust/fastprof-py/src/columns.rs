@@ -132,23 +132,13 @@ pub fn read_columns(
     exact.set_item("instants", c.instants.is_exact())?;
     exact.set_item("counters", c.counters.is_exact())?;
     d.set_item("exact", exact)?;
-    d.set_item(
-        "spans",
-        table(py, c.spans, span_cols, step_column, &omitted[0])?,
-    )?;
-    d.set_item(
-        "instants",
-        table(py, c.instants, &[], step_column, &omitted[1])?,
-    )?;
-    d.set_item(
-        "counters",
-        table(
-            py,
-            c.counters,
-            &["series", "value"],
-            step_column,
-            &omitted[2],
-        )?,
+    put_tables(
+        py,
+        &d,
+        [c.spans, c.instants, c.counters],
+        span_cols,
+        step_column,
+        &omitted,
     )?;
     let f = c.folded;
     let fd = PyDict::new(py);
@@ -178,17 +168,13 @@ fn chunk_dict<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     let cols = c.columns;
-    d.set_item(
-        "spans",
-        table(py, cols.spans, span_cols, false, &omitted[0])?,
-    )?;
-    d.set_item(
-        "instants",
-        table(py, cols.instants, &[], false, &omitted[1])?,
-    )?;
-    d.set_item(
-        "counters",
-        table(py, cols.counters, &["series", "value"], false, &omitted[2])?,
+    put_tables(
+        py,
+        &d,
+        [cols.spans, cols.instants, cols.counters],
+        span_cols,
+        false,
+        omitted,
     )?;
     d.set_item("names", cols.names)?;
     d.set_item("categories", cols.categories)?;
@@ -196,6 +182,31 @@ fn chunk_dict<'py>(
     d.set_item("last", c.last)?;
     d.set_item("moved_ns", c.moved_ns)?;
     Ok(d)
+}
+
+/// The spans, instants and counters tables into `d` (`span_cols`: the spans' extra columns).
+fn put_tables(
+    py: Python<'_>,
+    d: &Bound<'_, PyDict>,
+    [spans, instants, counters]: [Table; 3],
+    span_cols: &[&str],
+    step_column: bool,
+    omitted: &[Omit; 3],
+) -> PyResult<()> {
+    d.set_item(
+        "spans",
+        table(py, spans, span_cols, step_column, &omitted[0])?,
+    )?;
+    d.set_item(
+        "instants",
+        table(py, instants, &[], step_column, &omitted[1])?,
+    )?;
+    let extra = ["series", "value"];
+    d.set_item(
+        "counters",
+        table(py, counters, &extra, step_column, &omitted[2])?,
+    )?;
+    Ok(())
 }
 
 /// What was read from each file, as Python dicts (read_columns and
