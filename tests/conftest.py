@@ -329,6 +329,30 @@ def pyscript(tmp_path: Path) -> PyScript:
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
+def summarised_rank(run: Path, rank: int, profiler_json: str | None = None, **doc: object) -> Path:
+    """``run/rank{rank}``: a stand-in segment (100 + rank bytes), its
+    profiler.json (``profiler_json``, else naming run ``job`` and the rank)
+    and a rank summary current for that segment (``doc`` over its required
+    members)."""
+    from fastprof.reports import summaries  # the reports only for the tests that ask
+
+    d = run / f"rank{rank}"
+    d.mkdir(parents=True)
+    (d / "fastprof.0.json.gz").write_bytes(b"x" * (100 + rank))
+    own = json.dumps({"run_name": "job", "rank": rank}) if profiler_json is None else profiler_json
+    (d / "profiler.json").write_text(own)
+    base = {
+        "format": summaries.FORMAT,
+        "version": summaries.VERSION,
+        "fastprof_version": fastprof.__version__,
+        "run_name": "job",
+        "rank": rank,
+        "segments": summaries.segments_of(d),
+    }
+    summaries.write(d, base | doc)
+    return d
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastprof._core import __version__
+from conftest import summarised_rank
 from fastprof.memory import leaks
-from fastprof.recording.names import PROFILER_JSON, RANK_SUMMARY_JSON
+from fastprof.recording.names import RANK_SUMMARY_JSON
 from fastprof.reports import summaries
 
 
@@ -32,21 +32,7 @@ def test_a_packed_column_comes_back_bit_for_bit(a: np.ndarray) -> None:
     assert back.tobytes() == a.tobytes()
 
 
-def _rank(run: Path, rank: int, **doc: object) -> Path:
-    d = run / f"rank{rank}"
-    d.mkdir(parents=True)
-    (d / "fastprof.0.json.gz").write_bytes(b"x" * (100 + rank))
-    (d / PROFILER_JSON).write_text(json.dumps({"run_name": "job", "rank": rank}))
-    base = {
-        "format": summaries.FORMAT,
-        "version": summaries.VERSION,
-        "fastprof_version": __version__,
-        "run_name": "job",
-        "rank": rank,
-        "segments": summaries.segments_of(d),
-    }
-    summaries.write(d, base | doc)
-    return d
+_rank = summarised_rank
 
 
 def test_every_rank_summary_current_is_read_and_any_other_is_refused_with_why(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from fastprof._core import __version__
-from fastprof.recording.names import PROFILER_JSON, RANK_SUMMARY_JSON
+from conftest import summarised_rank
+from fastprof.recording.names import RANK_SUMMARY_JSON
 from fastprof.reports import summaries
 
 
@@ -53,21 +53,7 @@ def test_the_member_is_read_without_what_follows_it_and_malformed_json_before_it
             json.loads(text)
 
 
-def _rank(run: Path, rank: int, profiler_json: str) -> Path:
-    d = run / f"rank{rank}"
-    d.mkdir(parents=True)
-    (d / "fastprof.0.json.gz").write_bytes(b"x" * (100 + rank))
-    (d / PROFILER_JSON).write_text(profiler_json)
-    doc = {
-        "format": summaries.FORMAT,
-        "version": summaries.VERSION,
-        "fastprof_version": __version__,
-        "run_name": "job",
-        "rank": rank,
-        "segments": summaries.segments_of(d),
-    }
-    summaries.write(d, doc)
-    return d
+_rank = summarised_rank
 
 
 def test_a_summary_is_refused_when_profiler_json_names_another_run_before_anything_unreadable(tmp_path: Path) -> None:
